@@ -1,0 +1,101 @@
+//! The admin HTTP server: readiness, metrics and debug views.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::aggregate::Aggregate;
+use crate::metrics::Metrics;
+use crate::model::{Endpoint, Provider};
+use crate::registry::ClusterStatus;
+
+pub struct AdminState {
+    pub aggregate: Arc<Aggregate>,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/debug/clusterz", get(clusterz))
+        .route("/debug/endpointShardz", get(endpoint_shardz))
+        .with_state(state)
+}
+
+async fn ready(State(state): State<Arc<AdminState>>) -> Response {
+    let waiting: Vec<String> = state
+        .aggregate
+        .clusters()
+        .iter()
+        .filter(|c| c.status().state == crate::registry::SyncState::Syncing)
+        .map(|c| c.id().to_string())
+        .collect();
+    if waiting.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        let body = format!("not ready: waiting for clusters {}\n", waiting.join(", "));
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
+    let body = state.metrics.render(&state.aggregate);
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+#[derive(Serialize)]
+struct ClusterView {
+    id: String,
+    provider: Provider,
+    source: String,
+    services: usize,
+    endpoints: usize,
+    #[serde(flatten)]
+    status: ClusterStatus,
+}
+
+async fn clusterz(State(state): State<Arc<AdminState>>) -> Json<Vec<ClusterView>> {
+    let views = state
+        .aggregate
+        .clusters()
+        .iter()
+        .map(|c| ClusterView {
+            id: c.id().to_string(),
+            provider: c.shard().provider,
+            source: c.source().to_string(),
+            services: c.service_count(),
+            endpoints: c.endpoint_count(),
+            status: c.status(),
+        })
+        .collect();
+    Json(views)
+}
+
+/// hostname → namespace → cluster id → endpoints.
+type ShardView = BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<Endpoint>>>>;
+
+async fn endpoint_shardz(State(state): State<Arc<AdminState>>) -> Json<ShardView> {
+    let mut view = ShardView::new();
+    for (key, shards) in state.aggregate.mesh().endpoints.snapshot() {
+        let by_cluster = view
+            .entry(key.hostname.to_string())
+            .or_default()
+            .entry(key.namespace.to_string())
+            .or_default();
+        for (shard, endpoints) in &shards.shards {
+            by_cluster
+                .entry(shard.cluster.to_string())
+                .or_default()
+                .extend(endpoints.iter().cloned());
+        }
+    }
+    Json(view)
+}

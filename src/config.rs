@@ -1,0 +1,57 @@
+//! Typed configuration of `meshpilot discovery`: every flag also settable by environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::model::MeshNaming;
+
+#[derive(Debug, Clone, Args)]
+pub struct DiscoveryArgs {
+    /// Directory holding `clusters/<cluster-id>/*.yaml` (file-backed clusters).
+    #[arg(long, env = "MESHPILOT_CONFIG_DIR")]
+    pub config_dir: Option<PathBuf>,
+
+    /// Admin HTTP server: /ready, /metrics, /debug/*.
+    #[arg(long, env = "MESHPILOT_HTTP_ADDR", default_value = "127.0.0.1:15014")]
+    pub http_addr: SocketAddr,
+
+    /// Plaintext xDS (ADS) server.
+    #[arg(long, env = "MESHPILOT_XDS_ADDR", default_value = "127.0.0.1:15010")]
+    pub xds_addr: SocketAddr,
+
+    /// mTLS xDS and certificate-signing server.
+    #[arg(
+        long,
+        env = "MESHPILOT_SECURE_XDS_ADDR",
+        default_value = "127.0.0.1:15012"
+    )]
+    pub secure_xds_addr: SocketAddr,
+
+    /// Kubernetes DNS domain suffix of service hostnames.
+    #[arg(long, env = "MESHPILOT_DOMAIN_SUFFIX", default_value = "cluster.local")]
+    pub domain_suffix: String,
+
+    /// SPIFFE trust domain of workload identities.
+    #[arg(long, env = "MESHPILOT_TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+
+    /// Namespace of the control plane in every cluster.
+    #[arg(
+        long,
+        env = "MESHPILOT_SYSTEM_NAMESPACE",
+        default_value = "istio-system"
+    )]
+    pub system_namespace: String,
+}
+
+impl DiscoveryArgs {
+    pub fn naming(&self) -> MeshNaming {
+        MeshNaming {
+            domain_suffix: self.domain_suffix.clone(),
+            trust_domain: self.trust_domain.clone(),
+            system_namespace: self.system_namespace.clone(),
+        }
+    }
+}

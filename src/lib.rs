@@ -1,0 +1,12 @@
+//! meshpilot: a multicluster service-mesh control plane compatible with Istio's formats.
+//!
+//! Data flows sources → registries → model → (xDS) → proxies; see docs/architecture.md.
+
+pub mod admin;
+pub mod aggregate;
+pub mod app;
+pub mod config;
+pub mod metrics;
+pub mod model;
+pub mod registry;
+pub mod sources;

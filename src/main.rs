@@ -1,0 +1,56 @@
+use std::io::IsTerminal;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use meshpilot::config::DiscoveryArgs;
+
+#[derive(Parser)]
+#[command(
+    name = "meshpilot",
+    version,
+    about = "Multicluster service-mesh control plane"
+)]
+struct Cli {
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info,meshpilot=debug`).
+    #[arg(long, env = "MESHPILOT_LOG", default_value = "info", global = true)]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the control plane.
+    Discovery(DiscoveryArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&cli.log).context("invalid --log filter")?)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match cli.command {
+        Command::Discovery(args) => {
+            let running = meshpilot::app::start(args).await?;
+            shutdown_signal().await?;
+            drop(running);
+        }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Prometheus metrics served on `/metrics`.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::aggregate::Aggregate;
+
+type Labels = Vec<(&'static str, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    clusters: Family<Labels, Gauge>,
+    cluster_endpoints: Family<Labels, Gauge>,
+    cluster_errors: Family<Labels, Gauge>,
+    services: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("meshpilot");
+        let clusters = Family::<Labels, Gauge>::default();
+        let cluster_endpoints = Family::<Labels, Gauge>::default();
+        let cluster_errors = Family::<Labels, Gauge>::default();
+        let services = Gauge::default();
+        registry.register(
+            "managed_clusters",
+            "Clusters by sync state",
+            clusters.clone(),
+        );
+        registry.register(
+            "cluster_endpoints",
+            "Endpoints served per cluster",
+            cluster_endpoints.clone(),
+        );
+        registry.register(
+            "cluster_errors",
+            "1 while a cluster has an unresolved configuration error",
+            cluster_errors.clone(),
+        );
+        registry.register(
+            "services",
+            "Services in the merged service table",
+            services.clone(),
+        );
+        Self {
+            registry,
+            clusters,
+            cluster_endpoints,
+            cluster_errors,
+            services,
+        }
+    }
+
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// Refreshes the model gauges and renders every metric in Prometheus text format.
+    pub fn render(&self, aggregate: &Aggregate) -> String {
+        self.clusters.clear();
+        self.cluster_endpoints.clear();
+        self.cluster_errors.clear();
+        for cluster in aggregate.clusters() {
+            let status = cluster.status();
+            let state = serde_json::to_value(status.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            self.clusters.get_or_create(&vec![("state", state)]).inc();
+            let id = vec![("cluster", cluster.id().to_string())];
+            self.cluster_endpoints
+                .get_or_create(&id)
+                .set(cluster.endpoint_count() as i64);
+            self.cluster_errors
+                .get_or_create(&id)
+                .set(i64::from(status.last_error.is_some()));
+        }
+        self.services
+            .set(aggregate.mesh().services.all().len() as i64);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

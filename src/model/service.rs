@@ -1,0 +1,141 @@
+//! Services in Istio's shape.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::ClusterId;
+
+/// A fully qualified service hostname, e.g. `reviews.bookinfo.svc.cluster.local`.
+pub type Hostname = Arc<str>;
+
+/// Key of a service in the endpoint index: Istio indexes by hostname, then namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ServiceKey {
+    pub hostname: Hostname,
+    pub namespace: Arc<str>,
+}
+
+/// Application protocol of a port, chosen as Istio does: `appProtocol` first, then the port-name prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    Http,
+    Http2,
+    Grpc,
+    Https,
+    Tls,
+    Tcp,
+    Udp,
+    Mongo,
+    Redis,
+    Mysql,
+    /// Not declared: treated as opaque TCP.
+    Unsupported,
+}
+
+impl Protocol {
+    /// `app_protocol` is the port's `appProtocol`, `l4` its `protocol` (TCP when absent).
+    pub fn from_port(name: &str, app_protocol: Option<&str>, l4: Option<&str>) -> Self {
+        if l4.is_some_and(|p| p.eq_ignore_ascii_case("UDP")) {
+            return Self::Udp;
+        }
+        if let Some(p) = app_protocol.and_then(Self::parse) {
+            return p;
+        }
+        let prefix = name.split('-').next().unwrap_or_default();
+        Self::parse(prefix).unwrap_or(Self::Unsupported)
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "http" | "http1" => Self::Http,
+            "http2" | "h2c" | "kubernetes.io/h2c" => Self::Http2,
+            "grpc" | "grpc-web" => Self::Grpc,
+            "https" => Self::Https,
+            "tls" => Self::Tls,
+            "tcp" => Self::Tcp,
+            "udp" => Self::Udp,
+            "mongo" => Self::Mongo,
+            "redis" => Self::Redis,
+            "mysql" => Self::Mysql,
+            _ => return None,
+        })
+    }
+
+    /// Whether the port carries HTTP that a proxy routes by host.
+    pub fn is_http(self) -> bool {
+        matches!(self, Self::Http | Self::Http2 | Self::Grpc)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// How a client reaches the service's endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Resolution {
+    /// Load-balanced by the proxy over EDS endpoints.
+    ClientSideLb,
+    /// Headless: the proxy forwards to the original destination.
+    Passthrough,
+    /// ExternalName: a DNS alias.
+    DnsAlias,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Service {
+    pub hostname: Hostname,
+    pub name: String,
+    pub namespace: Arc<str>,
+    pub ports: Vec<ServicePort>,
+    /// Cluster IPs by cluster: one service merged from several clusters keeps each cluster's VIPs.
+    pub cluster_vips: BTreeMap<ClusterId, Vec<IpAddr>>,
+    pub labels: BTreeMap<String, String>,
+    pub resolution: Resolution,
+    /// Target of an ExternalName service.
+    pub external_name: Option<String>,
+}
+
+impl Service {
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey {
+            hostname: self.hostname.clone(),
+            namespace: self.namespace.clone(),
+        }
+    }
+
+    pub fn port(&self, number: u16) -> Option<&ServicePort> {
+        self.ports.iter().find(|p| p.port == number)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_follows_istio_precedence() {
+        assert_eq!(Protocol::from_port("http-web", None, None), Protocol::Http);
+        assert_eq!(
+            Protocol::from_port("web", Some("grpc"), None),
+            Protocol::Grpc
+        );
+        assert_eq!(
+            Protocol::from_port("grpc", Some("kubernetes.io/h2c"), None),
+            Protocol::Http2
+        );
+        assert_eq!(Protocol::from_port("dns", None, Some("UDP")), Protocol::Udp);
+        assert_eq!(
+            Protocol::from_port("metrics", None, Some("TCP")),
+            Protocol::Unsupported
+        );
+        assert_eq!(Protocol::from_port("", None, None), Protocol::Unsupported);
+    }
+}

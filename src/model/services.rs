@@ -1,0 +1,245 @@
+//! The merged service table: one Service per hostname across every cluster.
+//!
+//! Istio's aggregate rule: the definition of the first cluster (in registry order) wins, and every
+//! cluster's VIPs are kept under its cluster id.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::{ClusterId, Hostname, Service};
+
+#[derive(Debug, Default)]
+pub struct ServiceTable {
+    inner: RwLock<Inner>,
+    version: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Registry order: the config cluster first.
+    order: Vec<ClusterId>,
+    hosts: HashMap<Hostname, HostEntry>,
+}
+
+#[derive(Debug)]
+struct HostEntry {
+    per_cluster: BTreeMap<ClusterId, Arc<Service>>,
+    merged: Arc<Service>,
+}
+
+impl Inner {
+    fn rank(&self, cluster: &ClusterId) -> usize {
+        self.order
+            .iter()
+            .position(|c| c == cluster)
+            .unwrap_or(usize::MAX)
+    }
+
+    fn merge(&self, per_cluster: &BTreeMap<ClusterId, Arc<Service>>) -> Option<Service> {
+        let (_, first) = per_cluster.iter().min_by_key(|(c, _)| self.rank(c))?;
+        let mut merged = Service::clone(first);
+        merged.cluster_vips = per_cluster
+            .values()
+            .flat_map(|s| s.cluster_vips.iter())
+            .map(|(c, vips)| (c.clone(), vips.clone()))
+            .collect();
+        Some(merged)
+    }
+
+    /// Recomputes a host's merged service; returns whether the published one changed.
+    fn remerge(&mut self, host: &Hostname, per_cluster: BTreeMap<ClusterId, Arc<Service>>) -> bool {
+        let Some(merged) = self.merge(&per_cluster) else {
+            return self.hosts.remove(host).is_some();
+        };
+        let changed = self.hosts.get(host).is_none_or(|e| *e.merged != merged);
+        let merged = if changed {
+            Arc::new(merged)
+        } else {
+            self.hosts[host].merged.clone()
+        };
+        self.hosts.insert(
+            host.clone(),
+            HostEntry {
+                per_cluster,
+                merged,
+            },
+        );
+        changed
+    }
+}
+
+impl ServiceTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the registry order used to pick each host's definition; re-merges every host.
+    pub fn set_order(&self, order: Vec<ClusterId>) -> Vec<Hostname> {
+        let mut inner = self.inner.write();
+        inner.order = order;
+        let hosts: Vec<_> = inner
+            .hosts
+            .iter()
+            .map(|(h, e)| (h.clone(), e.per_cluster.clone()))
+            .collect();
+        let changed: Vec<_> = hosts
+            .into_iter()
+            .filter_map(|(h, per)| inner.remerge(&h, per).then_some(h))
+            .collect();
+        self.bump(!changed.is_empty());
+        changed
+    }
+
+    /// Sets one cluster's definition of a service; returns whether the merged service changed.
+    pub fn upsert(&self, cluster: &ClusterId, service: Service) -> bool {
+        let host = service.hostname.clone();
+        let mut inner = self.inner.write();
+        let mut per = inner
+            .hosts
+            .get(&host)
+            .map(|e| e.per_cluster.clone())
+            .unwrap_or_default();
+        if per.get(cluster).is_some_and(|s| **s == service) {
+            return false;
+        }
+        per.insert(cluster.clone(), Arc::new(service));
+        let changed = inner.remerge(&host, per);
+        self.bump(changed);
+        changed
+    }
+
+    /// Removes one cluster's definition of a service; returns whether the merged service changed.
+    pub fn remove(&self, cluster: &ClusterId, host: &Hostname) -> bool {
+        let mut inner = self.inner.write();
+        let Some(entry) = inner.hosts.get(host) else {
+            return false;
+        };
+        if !entry.per_cluster.contains_key(cluster) {
+            return false;
+        }
+        let mut per = entry.per_cluster.clone();
+        per.remove(cluster);
+        let changed = inner.remerge(host, per);
+        self.bump(changed);
+        changed
+    }
+
+    /// Removes every definition a cluster contributed; returns the hosts whose merged service changed.
+    pub fn remove_cluster(&self, cluster: &ClusterId) -> Vec<Hostname> {
+        let mut inner = self.inner.write();
+        let hosts: Vec<_> = inner
+            .hosts
+            .iter()
+            .filter(|(_, e)| e.per_cluster.contains_key(cluster))
+            .map(|(h, e)| {
+                let mut per = e.per_cluster.clone();
+                per.remove(cluster);
+                (h.clone(), per)
+            })
+            .collect();
+        let changed: Vec<_> = hosts
+            .into_iter()
+            .filter_map(|(h, per)| inner.remerge(&h, per).then_some(h))
+            .collect();
+        self.bump(!changed.is_empty());
+        changed
+    }
+
+    pub fn get(&self, host: &str) -> Option<Arc<Service>> {
+        self.inner.read().hosts.get(host).map(|e| e.merged.clone())
+    }
+
+    /// Every merged service, sorted by hostname.
+    pub fn all(&self) -> Vec<Arc<Service>> {
+        let mut all: Vec<_> = self
+            .inner
+            .read()
+            .hosts
+            .values()
+            .map(|e| e.merged.clone())
+            .collect();
+        all.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+        all
+    }
+
+    /// Bumped on every change of any merged service.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    fn bump(&self, changed: bool) {
+        if changed {
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Protocol, Resolution, ServicePort};
+
+    fn svc(cluster: &str, vip: &str, port: u16) -> Service {
+        Service {
+            hostname: "web.shop.svc.cluster.local".into(),
+            name: "web".into(),
+            namespace: "shop".into(),
+            ports: vec![ServicePort {
+                name: "http".into(),
+                port,
+                protocol: Protocol::Http,
+            }],
+            cluster_vips: BTreeMap::from([(ClusterId::new(cluster), vec![vip.parse().unwrap()])]),
+            labels: Default::default(),
+            resolution: Resolution::ClientSideLb,
+            external_name: None,
+        }
+    }
+
+    #[test]
+    fn first_cluster_definition_wins_and_every_vip_is_kept() {
+        let table = ServiceTable::new();
+        table.set_order(vec![ClusterId::new("primary"), ClusterId::new("remote")]);
+        assert!(table.upsert(&ClusterId::new("remote"), svc("remote", "10.2.0.1", 9090)));
+        assert!(table.upsert(&ClusterId::new("primary"), svc("primary", "10.1.0.1", 80)));
+        let merged = table.get("web.shop.svc.cluster.local").unwrap();
+        assert_eq!(
+            merged.ports[0].port, 80,
+            "the config cluster's definition wins"
+        );
+        assert_eq!(merged.cluster_vips.len(), 2);
+        assert_eq!(
+            merged.cluster_vips[&ClusterId::new("remote")][0].to_string(),
+            "10.2.0.1"
+        );
+    }
+
+    #[test]
+    fn removing_a_cluster_falls_back_to_the_next_definition() {
+        let table = ServiceTable::new();
+        table.set_order(vec![ClusterId::new("a"), ClusterId::new("b")]);
+        table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80));
+        table.upsert(&ClusterId::new("b"), svc("b", "10.2.0.1", 8080));
+        let v = table.version();
+        assert_eq!(table.remove_cluster(&ClusterId::new("a")).len(), 1);
+        assert!(table.version() > v);
+        let merged = table.get("web.shop.svc.cluster.local").unwrap();
+        assert_eq!(merged.ports[0].port, 8080);
+        assert_eq!(merged.cluster_vips.len(), 1);
+        assert!(table.remove(&ClusterId::new("b"), &merged.hostname));
+        assert!(table.get("web.shop.svc.cluster.local").is_none());
+    }
+
+    #[test]
+    fn unchanged_definition_is_not_a_change() {
+        let table = ServiceTable::new();
+        table.set_order(vec![ClusterId::new("a")]);
+        assert!(table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80)));
+        let v = table.version();
+        assert!(!table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80)));
+        assert_eq!(table.version(), v);
+    }
+}

@@ -1,0 +1,116 @@
+//! Trimmed Kubernetes objects → model Services and Endpoints, with Istio's rules.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::objects::{
+    NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
+};
+use crate::model::{
+    ClusterId, Endpoint, Health, Locality, MeshNaming, Resolution, Service, TlsMode,
+};
+
+/// `(namespace, name)` of a namespaced object.
+pub type NsName = (String, String);
+
+pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Service {
+    let resolution = if obj.external_name.is_some() {
+        Resolution::DnsAlias
+    } else if obj.headless {
+        Resolution::Passthrough
+    } else {
+        Resolution::ClientSideLb
+    };
+    Service {
+        hostname: naming.hostname(&obj.name, &obj.namespace),
+        name: obj.name.clone(),
+        namespace: Arc::from(obj.namespace.as_str()),
+        ports: obj.ports.clone(),
+        cluster_vips: BTreeMap::from([(cluster.clone(), obj.cluster_ips.clone())]),
+        labels: obj.labels.clone(),
+        resolution,
+        external_name: obj.external_name.clone(),
+    }
+}
+
+/// What endpoint conversion reads from the rest of the cluster.
+pub struct EndpointContext<'a> {
+    pub cluster: &'a ClusterId,
+    pub naming: &'a MeshNaming,
+    pub pods: &'a HashMap<NsName, PodObj>,
+    pub pods_by_ip: &'a HashMap<(String, IpAddr), String>,
+    pub nodes: &'a HashMap<String, NodeObj>,
+    /// Network label of the cluster's system namespace.
+    pub cluster_network: Option<&'a str>,
+}
+
+impl EndpointContext<'_> {
+    /// Appends the endpoints of one slice. An endpoint whose `targetRef` pod is not known yet is
+    /// left out: it is added when the pod arrives (Istio's pending-pod rule).
+    pub fn slice_endpoints(&self, slice: &SliceObj, out: &mut Vec<Endpoint>) {
+        for ep in &slice.endpoints {
+            let pod = match &ep.pod {
+                Some(name) => match self.pods.get(&(slice.namespace.clone(), name.clone())) {
+                    Some(pod) => Some(pod),
+                    None => continue,
+                },
+                None => ep.addresses.first().and_then(|ip| {
+                    let name = self.pods_by_ip.get(&(slice.namespace.clone(), *ip))?;
+                    self.pods.get(&(slice.namespace.clone(), name.clone()))
+                }),
+            };
+            let template = self.template(
+                pod,
+                Health::from_conditions(ep.ready, ep.serving, ep.terminating),
+            );
+            for address in &ep.addresses {
+                for (port_name, port) in &slice.ports {
+                    out.push(Endpoint {
+                        address: *address,
+                        port: *port,
+                        service_port_name: Arc::from(port_name.as_str()),
+                        ..template.clone()
+                    });
+                }
+            }
+        }
+    }
+
+    /// The per-workload part of an endpoint, shared by each of its addresses and ports.
+    fn template(&self, pod: Option<&PodObj>, health: Health) -> Endpoint {
+        let label = |key: &str| pod.and_then(|p| p.labels.get(key)).map(String::as_str);
+        let network = label(LABEL_NETWORK)
+            .or(self.cluster_network)
+            .unwrap_or_default();
+        let locality = match label(LABEL_LOCALITY) {
+            Some(l) => Locality::parse(&l.replace('.', "/")),
+            None => pod
+                .and_then(|p| p.node.as_ref())
+                .and_then(|n| self.nodes.get(n))
+                .map(|n| n.locality.clone())
+                .unwrap_or_default(),
+        };
+        Endpoint {
+            address: IpAddr::from([0, 0, 0, 0]),
+            port: 0,
+            service_port_name: Arc::from(""),
+            labels: pod.map(|p| p.labels.clone()).unwrap_or_default(),
+            service_account: pod
+                .map(|p| Arc::from(self.naming.spiffe_id(&p.namespace, &p.service_account)))
+                .unwrap_or_else(|| Arc::from("")),
+            network: Arc::from(network),
+            locality,
+            cluster_id: self.cluster.clone(),
+            tls_mode: if label(LABEL_TLS_MODE) == Some("istio") {
+                TlsMode::Istio
+            } else {
+                TlsMode::Disabled
+            },
+            health,
+            workload: pod
+                .map(|p| Arc::from(p.name.as_str()))
+                .unwrap_or_else(|| Arc::from("")),
+        }
+    }
+}

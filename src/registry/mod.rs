@@ -1,0 +1,690 @@
+//! One cluster's registry: its trimmed Kubernetes objects, and what they mean for the mesh.
+//!
+//! Sources (file directories, Kubernetes watches) feed [`ObjectChange`]s into
+//! [`ClusterRegistry::apply`]; the registry works out which services they touch, converts only those,
+//! writes the cluster's shard of the model and emits one [`Change`] per batch.
+
+mod convert;
+pub mod objects;
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{debug, warn};
+
+use crate::model::{Change, ClusterId, Mesh, PushNeed, ServiceKey, ShardKey};
+use convert::EndpointContext;
+pub use convert::NsName;
+use objects::{
+    Kind, NamespaceObj, NodeObj, Object, ObjectChange, ObjectKey, PodObj, ServiceObj, SliceObj,
+};
+
+/// Where a cluster is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncState {
+    Syncing,
+    Synced,
+    TimedOut,
+    Failed,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterStatus {
+    pub state: SyncState,
+    pub last_error: Option<String>,
+    #[serde(with = "rfc3339")]
+    pub last_error_at: Option<SystemTime>,
+}
+
+mod rfc3339 {
+    use std::time::SystemTime;
+
+    pub fn serialize<S: serde::Serializer>(
+        t: &Option<SystemTime>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+pub struct ClusterRegistry {
+    id: ClusterId,
+    shard: ShardKey,
+    /// Where the cluster came from, for operators (a directory, a kubeconfig, a Secret).
+    source: String,
+    mesh: Arc<Mesh>,
+    changes: UnboundedSender<Change>,
+    store: Mutex<Store>,
+    status: Mutex<ClusterStatus>,
+}
+
+impl std::fmt::Debug for ClusterRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRegistry")
+            .field("shard", &self.shard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterRegistry {
+    pub(crate) fn new(
+        shard: ShardKey,
+        source: String,
+        mesh: Arc<Mesh>,
+        changes: UnboundedSender<Change>,
+    ) -> Self {
+        Self {
+            id: shard.cluster.clone(),
+            shard,
+            source,
+            mesh,
+            changes,
+            store: Mutex::default(),
+            status: Mutex::new(ClusterStatus {
+                state: SyncState::Syncing,
+                last_error: None,
+                last_error_at: None,
+            }),
+        }
+    }
+
+    pub fn id(&self) -> &ClusterId {
+        &self.id
+    }
+
+    pub fn shard(&self) -> &ShardKey {
+        &self.shard
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        self.status.lock().clone()
+    }
+
+    pub fn set_state(&self, state: SyncState) {
+        self.status.lock().state = state;
+    }
+
+    /// Records (or, with None, clears) the cluster's current error.
+    pub fn set_error(&self, error: Option<String>) {
+        let mut status = self.status.lock();
+        status.last_error_at = error.as_ref().map(|_| SystemTime::now());
+        status.last_error = error;
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.store.lock().services.len()
+    }
+
+    pub fn endpoint_count(&self) -> usize {
+        self.mesh.endpoints.count_endpoints(&self.shard)
+    }
+
+    /// Applies a batch of object changes and publishes what they mean for the mesh.
+    pub fn apply(&self, changes: impl IntoIterator<Item = ObjectChange>) {
+        let mut store = self.store.lock();
+        let mut dirty = Dirty::default();
+        for change in changes {
+            store.apply(change, &self.mesh.naming.system_namespace, &mut dirty);
+        }
+        let services: Vec<NsName> = if dirty.all {
+            store.service_names()
+        } else {
+            dirty.services.into_iter().collect()
+        };
+        let mut change = Change::default();
+        for (namespace, name) in services {
+            self.publish_service(&store, &namespace, &name, &mut change);
+        }
+        drop(store);
+        self.emit(change);
+    }
+
+    /// Removes everything this cluster contributed to the mesh (the cluster left).
+    pub fn clear(&self) {
+        *self.store.lock() = Store::default();
+        let mut change = Change {
+            full: true,
+            ..Default::default()
+        };
+        change
+            .services
+            .extend(self.mesh.services.remove_cluster(&self.id));
+        let removed = self.mesh.endpoints.delete_cluster(&self.shard);
+        change
+            .services
+            .extend(removed.into_iter().map(|k| k.hostname));
+        self.emit(change);
+    }
+
+    fn publish_service(&self, store: &Store, namespace: &str, name: &str, change: &mut Change) {
+        let mesh = &self.mesh;
+        let ns_name = (namespace.to_string(), name.to_string());
+        let key = ServiceKey {
+            hostname: mesh.naming.hostname(name, namespace),
+            namespace: Arc::from(namespace),
+        };
+        let defined = match store.services.get(&ns_name) {
+            Some(obj) => {
+                let svc = convert::service(obj, &self.id, &mesh.naming);
+                mesh.services.upsert(&self.id, svc)
+            }
+            None => mesh.services.remove(&self.id, &key.hostname),
+        };
+        let need = match store.slices_by_service.get(&ns_name) {
+            Some(slices) if !slices.is_empty() => {
+                let mut endpoints = Vec::new();
+                let ctx = store.endpoint_context(&self.id, mesh);
+                for slice in slices
+                    .iter()
+                    .filter_map(|s| store.slices.get(&(namespace.to_string(), s.clone())))
+                {
+                    ctx.slice_endpoints(slice, &mut endpoints);
+                }
+                mesh.endpoints.update(&key, &self.shard, endpoints)
+            }
+            _ if store.services.contains_key(&ns_name) => {
+                mesh.endpoints.update(&key, &self.shard, Vec::new())
+            }
+            _ => mesh.endpoints.delete_service_shard(&key, &self.shard),
+        };
+        if defined || need == PushNeed::Full {
+            change.full = true;
+        }
+        if defined || need != PushNeed::None {
+            change.services.insert(key.hostname);
+        }
+    }
+
+    fn emit(&self, change: Change) {
+        if change.is_empty() {
+            return;
+        }
+        debug!(cluster = %self.id, full = change.full, services = change.services.len(), "registry change");
+        if self.changes.send(change).is_err() {
+            warn!(cluster = %self.id, "change stream closed; change dropped");
+        }
+    }
+}
+
+/// Services a batch touched.
+#[derive(Default)]
+struct Dirty {
+    services: BTreeSet<NsName>,
+    /// The cluster's network changed: every endpoint is re-derived.
+    all: bool,
+}
+
+/// A cluster's objects and the reverse indexes that find the services an object change touches.
+#[derive(Default)]
+struct Store {
+    namespaces: HashMap<String, NamespaceObj>,
+    services: HashMap<NsName, ServiceObj>,
+    slices: HashMap<NsName, SliceObj>,
+    slices_by_service: HashMap<NsName, BTreeSet<String>>,
+    pods: HashMap<NsName, PodObj>,
+    pods_by_ip: HashMap<(String, IpAddr), String>,
+    pods_by_node: HashMap<String, HashSet<NsName>>,
+    nodes: HashMap<String, NodeObj>,
+    /// Slices naming a pod in a targetRef, or (without targetRef) holding one of its addresses.
+    slices_by_pod: HashMap<NsName, HashSet<String>>,
+    slices_by_ip: HashMap<(String, IpAddr), HashSet<String>>,
+}
+
+impl Store {
+    fn apply(&mut self, change: ObjectChange, system_namespace: &str, dirty: &mut Dirty) {
+        match change {
+            ObjectChange::Upsert(object) => self.upsert(object, system_namespace, dirty),
+            ObjectChange::Delete(key) => self.delete(key, system_namespace, dirty),
+        }
+    }
+
+    fn upsert(&mut self, object: Object, system_namespace: &str, dirty: &mut Dirty) {
+        match object {
+            Object::Namespace(ns) => {
+                let name = ns.name.clone();
+                let old = self.namespaces.insert(name.clone(), ns);
+                let network_changed =
+                    old.map(|o| o.network) != Some(self.namespaces[&name].network.clone());
+                dirty.all |= name == system_namespace && network_changed;
+            }
+            Object::Service(svc) => {
+                let key = (svc.namespace.clone(), svc.name.clone());
+                if self.services.get(&key) != Some(&svc) {
+                    self.services.insert(key.clone(), svc);
+                    dirty.services.insert(key);
+                }
+            }
+            Object::EndpointSlice(slice) => {
+                let key = (slice.namespace.clone(), slice.name.clone());
+                if self.slices.get(&key) == Some(&slice) {
+                    return;
+                }
+                self.remove_slice(&key, dirty);
+                self.index_slice(&slice, true);
+                dirty
+                    .services
+                    .insert((slice.namespace.clone(), slice.service.clone()));
+                self.slices_by_service
+                    .entry((slice.namespace.clone(), slice.service.clone()))
+                    .or_default()
+                    .insert(slice.name.clone());
+                self.slices.insert(key, slice);
+            }
+            Object::Pod(pod) => {
+                let key = (pod.namespace.clone(), pod.name.clone());
+                if self.pods.get(&key) == Some(&pod) {
+                    return;
+                }
+                self.remove_pod(&key, dirty);
+                for ip in &pod.ips {
+                    self.pods_by_ip
+                        .insert((pod.namespace.clone(), *ip), pod.name.clone());
+                }
+                if let Some(node) = &pod.node {
+                    self.pods_by_node
+                        .entry(node.clone())
+                        .or_default()
+                        .insert(key.clone());
+                }
+                self.pods.insert(key.clone(), pod);
+                self.mark_pod(&key, dirty);
+            }
+            Object::Node(node) => {
+                let name = node.name.clone();
+                if self.nodes.get(&name) == Some(&node) {
+                    return;
+                }
+                self.nodes.insert(name.clone(), node);
+                self.mark_node(&name, dirty);
+            }
+        }
+    }
+
+    fn delete(&mut self, key: ObjectKey, system_namespace: &str, dirty: &mut Dirty) {
+        let ns_name = (key.namespace, key.name);
+        match key.kind {
+            Kind::Namespace => {
+                let old = self.namespaces.remove(&ns_name.1);
+                dirty.all |=
+                    ns_name.1 == system_namespace && old.is_some_and(|o| o.network.is_some());
+            }
+            Kind::Service => {
+                if self.services.remove(&ns_name).is_some() {
+                    dirty.services.insert(ns_name);
+                }
+            }
+            Kind::EndpointSlice => self.remove_slice(&ns_name, dirty),
+            Kind::Pod => self.remove_pod(&ns_name, dirty),
+            Kind::Node => {
+                if self.nodes.remove(&ns_name.1).is_some() {
+                    self.mark_node(&ns_name.1, dirty);
+                }
+            }
+        }
+    }
+
+    fn remove_slice(&mut self, key: &NsName, dirty: &mut Dirty) {
+        let Some(old) = self.slices.remove(key) else {
+            return;
+        };
+        self.index_slice(&old, false);
+        let service = (old.namespace.clone(), old.service.clone());
+        if let Some(names) = self.slices_by_service.get_mut(&service) {
+            names.remove(&old.name);
+            if names.is_empty() {
+                self.slices_by_service.remove(&service);
+            }
+        }
+        dirty.services.insert(service);
+    }
+
+    /// Adds (or removes) a slice's references to pods, by targetRef or by address.
+    fn index_slice(&mut self, slice: &SliceObj, add: bool) {
+        let ns = &slice.namespace;
+        for ep in &slice.endpoints {
+            match &ep.pod {
+                Some(pod) => toggle(
+                    &mut self.slices_by_pod,
+                    (ns.clone(), pod.clone()),
+                    &slice.name,
+                    add,
+                ),
+                None => {
+                    for ip in &ep.addresses {
+                        toggle(&mut self.slices_by_ip, (ns.clone(), *ip), &slice.name, add);
+                    }
+                }
+            }
+        }
+    }
+
+    fn remove_pod(&mut self, key: &NsName, dirty: &mut Dirty) {
+        let Some(old) = self.pods.remove(key) else {
+            return;
+        };
+        for ip in &old.ips {
+            let ip_key = (old.namespace.clone(), *ip);
+            if self.pods_by_ip.get(&ip_key) == Some(&old.name) {
+                self.pods_by_ip.remove(&ip_key);
+            }
+        }
+        if let Some(node) = &old.node {
+            if let Entry::Occupied(mut pods) = self.pods_by_node.entry(node.clone()) {
+                pods.get_mut().remove(key);
+                if pods.get().is_empty() {
+                    pods.remove();
+                }
+            }
+        }
+        self.mark_pod_ips(&old.namespace, &old.ips, dirty);
+        self.mark_pod(key, dirty);
+    }
+
+    /// Marks the services whose slices reference a pod.
+    fn mark_pod(&self, key: &NsName, dirty: &mut Dirty) {
+        if let Some(pod) = self.pods.get(key) {
+            self.mark_pod_ips(&pod.namespace, &pod.ips, dirty);
+        }
+        for slice in self.slices_by_pod.get(key).into_iter().flatten() {
+            self.mark_slice(&key.0, slice, dirty);
+        }
+    }
+
+    fn mark_pod_ips(&self, namespace: &str, ips: &[IpAddr], dirty: &mut Dirty) {
+        for ip in ips {
+            for slice in self
+                .slices_by_ip
+                .get(&(namespace.to_string(), *ip))
+                .into_iter()
+                .flatten()
+            {
+                self.mark_slice(namespace, slice, dirty);
+            }
+        }
+    }
+
+    fn mark_slice(&self, namespace: &str, slice: &str, dirty: &mut Dirty) {
+        if let Some(s) = self.slices.get(&(namespace.to_string(), slice.to_string())) {
+            dirty
+                .services
+                .insert((s.namespace.clone(), s.service.clone()));
+        }
+    }
+
+    fn mark_node(&self, node: &str, dirty: &mut Dirty) {
+        for pod in self.pods_by_node.get(node).into_iter().flatten() {
+            self.mark_pod(pod, dirty);
+        }
+    }
+
+    /// Every service this cluster knows of, by definition or by slices.
+    fn service_names(&self) -> Vec<NsName> {
+        let all: BTreeSet<NsName> = self
+            .services
+            .keys()
+            .chain(self.slices_by_service.keys())
+            .cloned()
+            .collect();
+        all.into_iter().collect()
+    }
+
+    fn endpoint_context<'a>(
+        &'a self,
+        cluster: &'a ClusterId,
+        mesh: &'a Mesh,
+    ) -> EndpointContext<'a> {
+        EndpointContext {
+            cluster,
+            naming: &mesh.naming,
+            pods: &self.pods,
+            pods_by_ip: &self.pods_by_ip,
+            nodes: &self.nodes,
+            cluster_network: self
+                .namespaces
+                .get(&mesh.naming.system_namespace)
+                .and_then(|ns| ns.network.as_deref()),
+        }
+    }
+}
+
+/// Adds `name` to, or removes it from, the set under `key`; empty sets are dropped.
+fn toggle<K: Hash + Eq>(map: &mut HashMap<K, HashSet<String>>, key: K, name: &str, add: bool) {
+    if add {
+        map.entry(key).or_default().insert(name.to_string());
+    } else if let Entry::Occupied(mut set) = map.entry(key) {
+        set.get_mut().remove(name);
+        if set.get().is_empty() {
+            set.remove();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Health, MeshNaming, Provider, TlsMode};
+    use crate::sources::manifest;
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    const HOST: &str = "web.shop.svc.cluster.local";
+
+    fn registry() -> (ClusterRegistry, UnboundedReceiver<Change>) {
+        let mesh = Arc::new(Mesh::new(MeshNaming::default()));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let shard = ShardKey {
+            provider: Provider::Kubernetes,
+            cluster: ClusterId::new("c1"),
+        };
+        (ClusterRegistry::new(shard, "test".into(), mesh, tx), rx)
+    }
+
+    fn apply(reg: &ClusterRegistry, yaml: &str) {
+        reg.apply(
+            manifest::parse(yaml)
+                .unwrap()
+                .into_iter()
+                .map(ObjectChange::Upsert),
+        );
+    }
+
+    fn endpoints(reg: &ClusterRegistry) -> Vec<Endpoint> {
+        let key = ServiceKey {
+            hostname: HOST.into(),
+            namespace: "shop".into(),
+        };
+        reg.mesh
+            .endpoints
+            .get(&key)
+            .map(|s| s.endpoints().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    use crate::model::Endpoint;
+
+    const SERVICE: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.0.0.10, ports: [{name: http, port: 80}]}
+";
+    const NODE: &str = "
+apiVersion: v1
+kind: Node
+metadata:
+  name: n1
+  labels: {topology.kubernetes.io/region: r1, topology.kubernetes.io/zone: z1, topology.istio.io/subzone: s1}
+";
+    const POD: &str = "
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: shop, labels: {app: web, security.istio.io/tlsMode: istio}}
+spec: {serviceAccountName: web-sa, nodeName: n1, containers: []}
+status: {podIP: 10.1.0.1}
+";
+    const SLICE: &str = "
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.1.0.1]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, name: web-1, namespace: shop}
+- addresses: [10.1.0.2]
+  conditions: {ready: false}
+";
+
+    #[test]
+    fn slice_pod_and_node_become_endpoints() {
+        let (reg, _rx) = registry();
+        apply(&reg, &[SERVICE, NODE, POD, SLICE].join("---"));
+        let eps = endpoints(&reg);
+        assert_eq!(eps.len(), 2);
+        let ready = &eps[0];
+        assert_eq!(ready.address.to_string(), "10.1.0.1");
+        assert_eq!(ready.port, 8080);
+        assert_eq!(&*ready.service_port_name, "http");
+        assert_eq!(
+            &*ready.service_account,
+            "spiffe://cluster.local/ns/shop/sa/web-sa"
+        );
+        assert_eq!(ready.tls_mode, TlsMode::Istio);
+        assert_eq!(ready.health, Health::Healthy);
+        assert_eq!(
+            (
+                &*ready.locality.region,
+                &*ready.locality.zone,
+                &*ready.locality.subzone
+            ),
+            ("r1", "z1", "s1")
+        );
+        assert_eq!(ready.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(ready.cluster_id.as_str(), "c1");
+        // No targetRef and no pod with that IP: served without workload details.
+        let unready = &eps[1];
+        assert_eq!(unready.health, Health::Unhealthy);
+        assert_eq!(unready.tls_mode, TlsMode::Disabled);
+        assert!(unready.service_account.is_empty());
+        let svc = reg.mesh.services.get(HOST).unwrap();
+        assert_eq!(
+            svc.cluster_vips[&ClusterId::new("c1")][0].to_string(),
+            "10.0.0.10"
+        );
+    }
+
+    #[test]
+    fn endpoint_waits_for_its_pod() {
+        let (reg, mut rx) = registry();
+        apply(&reg, &[SERVICE, NODE, SLICE].join("---"));
+        assert_eq!(
+            endpoints(&reg).len(),
+            1,
+            "the targetRef'd endpoint waits for its pod"
+        );
+        while rx.try_recv().is_ok() {}
+        apply(&reg, POD);
+        assert_eq!(endpoints(&reg).len(), 2);
+        let change = rx.try_recv().unwrap();
+        assert!(change.services.contains(HOST));
+    }
+
+    #[test]
+    fn pod_label_locality_and_network_win() {
+        let (reg, _rx) = registry();
+        let pod = POD.replace(
+            "labels: {app: web,",
+            "labels: {istio-locality: ra.za, topology.istio.io/network: pod-net, app: web,",
+        );
+        let system_ns = "\napiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system, labels: {topology.istio.io/network: ns-net}}\n";
+        apply(&reg, &[SERVICE, NODE, &pod, SLICE, system_ns].join("---"));
+        let eps = endpoints(&reg);
+        assert_eq!(
+            (&*eps[0].locality.region, &*eps[0].locality.zone),
+            ("ra", "za")
+        );
+        assert_eq!(&*eps[0].network, "pod-net");
+        assert_eq!(
+            &*eps[1].network, "ns-net",
+            "the system namespace labels the cluster's network"
+        );
+    }
+
+    #[test]
+    fn changes_are_classified_full_eds_or_nothing() {
+        let (reg, mut rx) = registry();
+        apply(&reg, &[SERVICE, NODE, POD, SLICE].join("---"));
+        assert!(rx.try_recv().unwrap().full, "a new service is a full push");
+        // Node moved zones: endpoints re-derived, EDS only.
+        apply(&reg, &NODE.replace("z1", "z2"));
+        let change = rx.try_recv().unwrap();
+        assert!(!change.full && change.services.contains(HOST));
+        assert_eq!(&*endpoints(&reg)[0].locality.zone, "z2");
+        // Re-applying identical objects changes nothing.
+        apply(&reg, &[SERVICE, POD, SLICE].join("---"));
+        assert!(rx.try_recv().is_err());
+        // A port change redefines the service: full.
+        apply(&reg, &SERVICE.replace("port: 80", "port: 81"));
+        assert!(rx.try_recv().unwrap().full);
+    }
+
+    #[test]
+    fn deletes_remove_endpoints_and_services() {
+        let (reg, _rx) = registry();
+        apply(&reg, &[SERVICE, NODE, POD, SLICE].join("---"));
+        let slice_key = ObjectKey {
+            kind: Kind::EndpointSlice,
+            namespace: "shop".into(),
+            name: "web-abc".into(),
+        };
+        reg.apply([ObjectChange::Delete(slice_key)]);
+        assert!(endpoints(&reg).is_empty());
+        assert!(reg.mesh.services.get(HOST).is_some());
+        let svc_key = ObjectKey {
+            kind: Kind::Service,
+            namespace: "shop".into(),
+            name: "web".into(),
+        };
+        reg.apply([ObjectChange::Delete(svc_key)]);
+        assert!(reg.mesh.services.get(HOST).is_none());
+        assert_eq!(reg.service_count(), 0);
+    }
+
+    #[test]
+    fn mcs_slices_are_ignored() {
+        let (reg, _rx) = registry();
+        let mcs = SLICE.replace(
+            "kubernetes.io/service-name: web}",
+            "kubernetes.io/service-name: web, multicluster.kubernetes.io/service-name: web}",
+        );
+        apply(&reg, &[SERVICE, NODE, POD, &mcs].join("---"));
+        assert!(endpoints(&reg).is_empty());
+    }
+
+    #[test]
+    fn clear_removes_everything_the_cluster_served() {
+        let (reg, mut rx) = registry();
+        apply(&reg, &[SERVICE, NODE, POD, SLICE].join("---"));
+        while rx.try_recv().is_ok() {}
+        reg.clear();
+        assert!(endpoints(&reg).is_empty());
+        assert!(reg.mesh.services.get(HOST).is_none());
+        let change = rx.try_recv().unwrap();
+        assert!(change.full && change.services.contains(HOST));
+    }
+}

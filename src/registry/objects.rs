@@ -1,0 +1,324 @@
+//! Kubernetes objects trimmed on arrival to the fields conversion reads.
+//!
+//! Both the file-backed and the Kubernetes sources turn their objects into these, so the two can
+//! never disagree, and a cluster's cache holds kilobytes where full objects would hold megabytes.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use thiserror::Error;
+
+use crate::model::{Labels, Locality, Protocol, ServicePort};
+
+pub const LABEL_NETWORK: &str = "topology.istio.io/network";
+pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
+pub const LABEL_LOCALITY: &str = "istio-locality";
+pub const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub const LABEL_MCS_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
+const LABEL_REGION: [&str; 2] = [
+    "topology.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/region",
+];
+const LABEL_ZONE: [&str; 2] = [
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/zone",
+];
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TrimError {
+    #[error("{kind} has no metadata.name")]
+    NoName { kind: Kind },
+    #[error("{kind} {name} has no metadata.namespace")]
+    NoNamespace { kind: Kind, name: String },
+    #[error("{kind} {namespace}/{name}: {detail}")]
+    Invalid {
+        kind: Kind,
+        namespace: String,
+        name: String,
+        detail: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum Kind {
+    Namespace,
+    Service,
+    EndpointSlice,
+    Pod,
+    Node,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Identity of an object within one cluster. Cluster-scoped kinds have an empty namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Namespace(NamespaceObj),
+    Service(ServiceObj),
+    EndpointSlice(SliceObj),
+    Pod(PodObj),
+    Node(NodeObj),
+}
+
+/// One change to a cluster's objects, from a watch event or a file diff.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ObjectChange {
+    Upsert(Object),
+    Delete(ObjectKey),
+}
+
+impl Object {
+    pub fn key(&self) -> ObjectKey {
+        let (kind, namespace, name) = match self {
+            Object::Namespace(o) => (Kind::Namespace, "", &o.name),
+            Object::Service(o) => (Kind::Service, o.namespace.as_str(), &o.name),
+            Object::EndpointSlice(o) => (Kind::EndpointSlice, o.namespace.as_str(), &o.name),
+            Object::Pod(o) => (Kind::Pod, o.namespace.as_str(), &o.name),
+            Object::Node(o) => (Kind::Node, "", &o.name),
+        };
+        ObjectKey {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamespaceObj {
+    pub name: String,
+    /// `topology.istio.io/network`: the network of a cluster when set on its system namespace.
+    pub network: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceObj {
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub cluster_ips: Vec<IpAddr>,
+    pub headless: bool,
+    pub external_name: Option<String>,
+    pub ports: Vec<ServicePort>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SliceObj {
+    pub name: String,
+    pub namespace: String,
+    /// Name of the Service the slice belongs to.
+    pub service: String,
+    /// (port name, port number) pairs; endpoints expose each.
+    pub ports: Vec<(String, u16)>,
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SliceEndpoint {
+    pub addresses: Vec<IpAddr>,
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    /// Name of the pod in `targetRef`, when the reference is to a pod.
+    pub pod: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodObj {
+    pub name: String,
+    pub namespace: String,
+    pub labels: Labels,
+    pub service_account: String,
+    pub node: Option<String>,
+    pub ips: Vec<IpAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeObj {
+    pub name: String,
+    pub locality: Locality,
+}
+
+fn name_of(kind: Kind, meta: &ObjectMeta) -> Result<String, TrimError> {
+    meta.name.clone().ok_or(TrimError::NoName { kind })
+}
+
+fn namespaced(kind: Kind, meta: &ObjectMeta) -> Result<(String, String), TrimError> {
+    let name = name_of(kind, meta)?;
+    match &meta.namespace {
+        Some(ns) => Ok((ns.clone(), name)),
+        None => Err(TrimError::NoNamespace { kind, name }),
+    }
+}
+
+fn invalid(kind: Kind, namespace: &str, name: &str, detail: impl Into<String>) -> TrimError {
+    TrimError::Invalid {
+        kind,
+        namespace: namespace.into(),
+        name: name.into(),
+        detail: detail.into(),
+    }
+}
+
+fn port_number(kind: Kind, ns: &str, name: &str, port: i32) -> Result<u16, TrimError> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| invalid(kind, ns, name, format!("port {port} is out of range")))
+}
+
+/// Addresses that do not parse as IPs are skipped: Kubernetes validates them, and one bad entry must
+/// not cost the rest of the object.
+fn ips<'a>(addrs: impl IntoIterator<Item = &'a String>) -> Vec<IpAddr> {
+    addrs.into_iter().filter_map(|a| a.parse().ok()).collect()
+}
+
+pub fn namespace(ns: &core::Namespace) -> Result<Object, TrimError> {
+    let name = name_of(Kind::Namespace, &ns.metadata)?;
+    let network = ns
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_NETWORK))
+        .cloned();
+    Ok(Object::Namespace(NamespaceObj { name, network }))
+}
+
+pub fn service(svc: &core::Service) -> Result<Object, TrimError> {
+    let (namespace, name) = namespaced(Kind::Service, &svc.metadata)?;
+    let spec = svc.spec.clone().unwrap_or_default();
+    let mut ports = Vec::new();
+    for p in spec.ports.iter().flatten() {
+        let port_name = p.name.clone().unwrap_or_default();
+        ports.push(ServicePort {
+            protocol: Protocol::from_port(
+                &port_name,
+                p.app_protocol.as_deref(),
+                p.protocol.as_deref(),
+            ),
+            port: port_number(Kind::Service, &namespace, &name, p.port)?,
+            name: port_name,
+        });
+    }
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    let cluster_ips = match &spec.cluster_ips {
+        Some(list) if !list.is_empty() => ips(list),
+        _ => ips(spec.cluster_ip.iter()),
+    };
+    let external_name = (spec.type_.as_deref() == Some("ExternalName"))
+        .then(|| spec.external_name.clone())
+        .flatten();
+    Ok(Object::Service(ServiceObj {
+        labels: svc.metadata.labels.clone().unwrap_or_default(),
+        name,
+        namespace,
+        cluster_ips,
+        headless,
+        external_name,
+        ports,
+    }))
+}
+
+/// Returns None for slices Istio ignores: MCS-managed, FQDN-addressed, or not owned by a Service.
+pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Option<Object>, TrimError> {
+    let (namespace, name) = namespaced(Kind::EndpointSlice, &slice.metadata)?;
+    let labels = slice.metadata.labels.as_ref();
+    let service = labels.and_then(|l| l.get(LABEL_SERVICE_NAME));
+    let mcs = labels.is_some_and(|l| l.contains_key(LABEL_MCS_SERVICE_NAME));
+    let Some(service) = service.filter(|_| !mcs && slice.address_type != "FQDN") else {
+        return Ok(None);
+    };
+    let mut ports = Vec::new();
+    for p in slice.ports.iter().flatten() {
+        let Some(number) = p.port else { continue };
+        ports.push((
+            p.name.clone().unwrap_or_default(),
+            port_number(Kind::EndpointSlice, &namespace, &name, number)?,
+        ));
+    }
+    let endpoints = slice
+        .endpoints
+        .iter()
+        .flatten()
+        .map(|ep| {
+            let conditions = ep.conditions.clone().unwrap_or_default();
+            let pod = ep
+                .target_ref
+                .as_ref()
+                .filter(|r| r.kind.as_deref() == Some("Pod"))
+                .and_then(|r| r.name.clone());
+            SliceEndpoint {
+                addresses: ips(&ep.addresses),
+                ready: conditions.ready,
+                serving: conditions.serving,
+                terminating: conditions.terminating,
+                pod,
+            }
+        })
+        .collect();
+    Ok(Some(Object::EndpointSlice(SliceObj {
+        service: service.clone(),
+        name,
+        namespace,
+        ports,
+        endpoints,
+    })))
+}
+
+pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
+    let (namespace, name) = namespaced(Kind::Pod, &pod.metadata)?;
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref();
+    let mut addrs: Vec<IpAddr> = status
+        .map(|s| ips(s.pod_ips.iter().flatten().map(|p| &p.ip)))
+        .unwrap_or_default();
+    if addrs.is_empty() {
+        addrs = status.map(|s| ips(s.pod_ip.iter())).unwrap_or_default();
+    }
+    Ok(Object::Pod(PodObj {
+        labels: Arc::new(pod.metadata.labels.clone().unwrap_or_default()),
+        service_account: spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
+        node: spec.and_then(|s| s.node_name.clone()),
+        ips: addrs,
+        name,
+        namespace,
+    }))
+}
+
+pub fn node(node: &core::Node) -> Result<Object, TrimError> {
+    let name = name_of(Kind::Node, &node.metadata)?;
+    let empty = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    let first = |keys: &[&str]| -> Arc<str> {
+        keys.iter()
+            .find_map(|k| labels.get(*k))
+            .map(|v| Arc::from(v.as_str()))
+            .unwrap_or_else(|| Arc::from(""))
+    };
+    Ok(Object::Node(NodeObj {
+        locality: Locality {
+            region: first(&LABEL_REGION),
+            zone: first(&LABEL_ZONE),
+            subzone: first(&[LABEL_SUBZONE]),
+        },
+        name,
+    }))
+}

@@ -1,0 +1,173 @@
+//! Multi-document Kubernetes YAML → trimmed objects.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+use thiserror::Error;
+use tracing::debug;
+
+use crate::registry::objects::{self, Object, TrimError};
+
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    #[error("line {line}, column {column}: {message}")]
+    Syntax {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("document {doc}: {message}")]
+    Document { doc: usize, message: String },
+    #[error("document {doc}: {source}")]
+    Object { doc: usize, source: TrimError },
+}
+
+/// Parses every document of a manifest. Kinds other than Namespace, Service, EndpointSlice
+/// (discovery.k8s.io/v1), Pod and Node are skipped; `kind: List` is unpacked.
+/// Any malformed document fails the whole manifest, so a half-read file is never applied.
+pub fn parse(text: &str) -> Result<Vec<Object>, ManifestError> {
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let doc = i + 1;
+        let value = Value::deserialize(document).map_err(|e| syntax(doc, e))?;
+        collect(value, doc, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn syntax(doc: usize, e: serde_yaml_ng::Error) -> ManifestError {
+    match e.location() {
+        Some(loc) => ManifestError::Syntax {
+            line: loc.line(),
+            column: loc.column(),
+            message: e.to_string(),
+        },
+        None => ManifestError::Document {
+            doc,
+            message: e.to_string(),
+        },
+    }
+}
+
+fn collect(value: Value, doc: usize, out: &mut Vec<Object>) -> Result<(), ManifestError> {
+    if value.is_null() {
+        return Ok(());
+    }
+    let field = |name: &str| {
+        value
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (kind, api_version) = (field("kind"), field("apiVersion"));
+    let object = |e: TrimError| ManifestError::Object { doc, source: e };
+    let parsed = match (kind.as_str(), api_version.as_str()) {
+        ("", _) => {
+            return Err(ManifestError::Document {
+                doc,
+                message: "not a Kubernetes object: no `kind`".into(),
+            })
+        }
+        ("List", _) => {
+            let items = value
+                .get("items")
+                .and_then(Value::as_sequence)
+                .cloned()
+                .unwrap_or_default();
+            for item in items {
+                collect(item, doc, out)?;
+            }
+            return Ok(());
+        }
+        ("Namespace", "v1") => objects::namespace(&typed(value, doc, &kind)?).map_err(object)?,
+        ("Service", "v1") => objects::service(&typed(value, doc, &kind)?).map_err(object)?,
+        ("Pod", "v1") => objects::pod(&typed(value, doc, &kind)?).map_err(object)?,
+        ("Node", "v1") => objects::node(&typed(value, doc, &kind)?).map_err(object)?,
+        ("EndpointSlice", "discovery.k8s.io/v1") => {
+            match objects::endpoint_slice(&typed(value, doc, &kind)?).map_err(object)? {
+                Some(o) => o,
+                None => return Ok(()),
+            }
+        }
+        (kind, api_version) => {
+            debug!(
+                kind,
+                api_version, doc, "skipping object of a kind meshpilot does not read"
+            );
+            return Ok(());
+        }
+    };
+    out.push(parsed);
+    Ok(())
+}
+
+fn typed<T: DeserializeOwned>(value: Value, doc: usize, kind: &str) -> Result<T, ManifestError> {
+    let name = value
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("<unnamed>")
+        .to_string();
+    serde_yaml_ng::from_value(value).map_err(|e| ManifestError::Document {
+        doc,
+        message: format!("{kind} {name}: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::objects::Kind;
+
+    #[test]
+    fn reads_every_supported_kind_and_skips_the_rest() {
+        let text = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {topology.istio.io/network: net1}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: shop}
+  spec: {clusterIP: 10.0.0.1, ports: [{name: http, port: 80}]}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n1}
+---
+"#;
+        let objs = parse(text).unwrap();
+        let kinds: Vec<Kind> = objs.iter().map(|o| o.key().kind).collect();
+        assert_eq!(kinds, vec![Kind::Namespace, Kind::Service, Kind::Node]);
+    }
+
+    #[test]
+    fn syntax_error_names_the_line() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: web\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.starts_with("line "), "{err}");
+    }
+
+    #[test]
+    fn type_error_names_document_and_object() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: x}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {ports: [{port: eighty}]}\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(
+            err.contains("document 2") && err.contains("Service web"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn object_without_namespace_is_refused() {
+        let err = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n").unwrap_err();
+        assert!(err.to_string().contains("no metadata.namespace"), "{err}");
+    }
+}

@@ -1,0 +1,4 @@
+//! Where clusters come from: directories of manifests, (later) Kubernetes API servers.
+
+pub mod file;
+pub mod manifest;
