@@ -1,0 +1,179 @@
+//! End to end: file-backed clusters served through the admin server, watched for changes.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use common::*;
+use meshpilot::app::{self, Running};
+use meshpilot::config::DiscoveryArgs;
+
+const REVIEWS: &str = "reviews.bookinfo.svc.cluster.local";
+const BOUND: Duration = Duration::from_secs(10);
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
+}
+
+async fn start(dir: &std::path::Path) -> Running {
+    let args = Args::parse_from([
+        "meshpilot",
+        "--config-dir",
+        dir.to_str().unwrap(),
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    app::start(args.discovery).await.expect("meshpilot starts")
+}
+
+async fn admin(running: &Running) -> SocketAddr {
+    let addr = running.http_addr;
+    wait_for("ready", BOUND, || async move {
+        let (status, _) = http_get(addr, "/ready").await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    addr
+}
+
+#[tokio::test]
+async fn example_is_sharded_by_cluster() {
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let running = start(dir.path()).await;
+    let admin = admin(&running).await;
+
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await, ["10.1.1.11", "10.1.2.12"]);
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+
+    let shards = get_json(admin, "/debug/endpointShardz").await;
+    let c1 = shards[REVIEWS]["bookinfo"]["cluster1"].as_array().unwrap();
+    let ready = c1.iter().find(|e| e["address"] == "10.1.1.11").unwrap();
+    assert_eq!(ready["health"], "healthy");
+    assert_eq!(ready["tls_mode"], "istio");
+    assert_eq!(ready["service_account"], "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews");
+    assert_eq!(ready["locality"]["zone"], "us-east1-b");
+    let starting = c1.iter().find(|e| e["address"] == "10.1.2.12").unwrap();
+    assert_eq!(starting["health"], "unhealthy");
+    assert_eq!(starting["locality"]["subzone"], "rack-7");
+
+    let c1_view = cluster_view(admin, "cluster1").await.unwrap();
+    assert_eq!(c1_view["state"], "synced");
+    assert_eq!(c1_view["services"], 2);
+    assert_eq!(c1_view["endpoints"], 3);
+    assert!(c1_view["last_error"].is_null());
+
+    let (status, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(metrics.contains("meshpilot_cluster_endpoints{cluster=\"cluster2\"} 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn edited_file_is_applied_incrementally() {
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let running = start(dir.path()).await;
+    let admin = admin(&running).await;
+
+    let file = dir.path().join("clusters/cluster2/reviews.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let edited = text.replace("10.2.3.13", "10.2.3.99");
+    let started = Instant::now();
+    write_atomic(&file, &edited);
+    wait_for("edited endpoint served", BOUND, || async move {
+        (shard_addresses(admin, REVIEWS, "cluster2").await == ["10.2.3.99"]).then_some(())
+    })
+    .await;
+    eprintln!("edit reflected after {:?}", started.elapsed());
+    // The other cluster is untouched.
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await, ["10.1.1.11", "10.1.2.12"]);
+}
+
+#[tokio::test]
+async fn clusters_come_and_go_with_their_directories() {
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let running = start(dir.path()).await;
+    let admin = admin(&running).await;
+
+    std::fs::remove_dir_all(dir.path().join("clusters/cluster2")).unwrap();
+    wait_for("cluster2 removed", BOUND, || async move {
+        cluster_view(admin, "cluster2").await.is_none().then_some(())
+    })
+    .await;
+    assert!(shard_addresses(admin, REVIEWS, "cluster2").await.is_empty());
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await.len(), 2);
+
+    // A new directory is a new cluster.
+    let cluster3 = dir.path().join("clusters/cluster3");
+    std::fs::create_dir(&cluster3).unwrap();
+    let reviews = std::fs::read_to_string(format!("{EXAMPLE}/clusters/cluster2/reviews.yaml")).unwrap();
+    write_atomic(&cluster3.join("reviews.yaml"), &reviews.replace("10.2.3.13", "10.3.0.7"));
+    wait_for("cluster3 endpoints", BOUND, || async move {
+        (shard_addresses(admin, REVIEWS, "cluster3").await == ["10.3.0.7"]).then_some(())
+    })
+    .await;
+    // cluster3 has no node for its pod, so no locality, but the endpoint is there and synced.
+    assert_eq!(cluster_view(admin, "cluster3").await.unwrap()["state"], "synced");
+}
+
+#[tokio::test]
+async fn malformed_file_keeps_the_last_good_state() {
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let running = start(dir.path()).await;
+    let admin = admin(&running).await;
+
+    let file = dir.path().join("clusters/cluster2/reviews.yaml");
+    let good = std::fs::read_to_string(&file).unwrap();
+    write_atomic(&file, &good.replace("addresses: [10.2.3.13]", "addresses: [10.2.3.14\n  bad: {"));
+    let error = wait_for("error reported", BOUND, || async move {
+        let view = cluster_view(admin, "cluster2").await?;
+        view["last_error"].as_str().map(str::to_string)
+    })
+    .await;
+    assert!(error.contains("reviews.yaml") && error.contains("line"), "{error}");
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+    assert_eq!(cluster_view(admin, "cluster2").await.unwrap()["state"], "synced");
+
+    // A well-formed YAML object of the wrong shape is refused too, naming the object.
+    write_atomic(&file, &good.replace("port: 9080", "port: ninety"));
+    wait_for("type error reported", BOUND, || async move {
+        let view = cluster_view(admin, "cluster2").await?;
+        let err = view["last_error"].as_str()?.to_string();
+        err.contains("Service reviews").then_some(())
+    })
+    .await;
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+
+    // Fixing the file clears the error and applies the fix.
+    write_atomic(&file, &good.replace("10.2.3.13", "10.2.3.15"));
+    wait_for("fixed file applied", BOUND, || async move {
+        let view = cluster_view(admin, "cluster2").await?;
+        let fixed = shard_addresses(admin, REVIEWS, "cluster2").await == ["10.2.3.15"];
+        (view["last_error"].is_null() && fixed).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn binary_runs_the_example_and_logs_errors() {
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let config_dir = dir.path().to_str().unwrap();
+    let process = MeshpilotProcess::spawn(&["discovery", "--config-dir", config_dir, "--http-addr", "127.0.0.1:0"]);
+    let admin = process.bound_addr("admin").await;
+    wait_for("ready", BOUND, || async move {
+        let (status, _) = http_get(admin, "/ready").await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+
+    std::fs::write(dir.path().join("clusters/cluster1/broken.yaml"), "kind: [unclosed\n").unwrap();
+    wait_for("error logged", BOUND, || {
+        let log = process.log();
+        async move { (log.contains("broken.yaml") && log.contains("ERROR")).then_some(()) }
+    })
+    .await;
+    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await.len(), 2, "still serving");
+}
