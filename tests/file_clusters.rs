@@ -46,15 +46,24 @@ async fn example_is_sharded_by_cluster() {
     let running = start(dir.path()).await;
     let admin = admin(&running).await;
 
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await, ["10.1.1.11", "10.1.2.12"]);
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster1").await,
+        ["10.1.1.11", "10.1.2.12"]
+    );
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster2").await,
+        ["10.2.3.13"]
+    );
 
     let shards = get_json(admin, "/debug/endpointShardz").await;
     let c1 = shards[REVIEWS]["bookinfo"]["cluster1"].as_array().unwrap();
     let ready = c1.iter().find(|e| e["address"] == "10.1.1.11").unwrap();
     assert_eq!(ready["health"], "healthy");
     assert_eq!(ready["tls_mode"], "istio");
-    assert_eq!(ready["service_account"], "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews");
+    assert_eq!(
+        ready["service_account"],
+        "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews"
+    );
     assert_eq!(ready["locality"]["zone"], "us-east1-b");
     let starting = c1.iter().find(|e| e["address"] == "10.1.2.12").unwrap();
     assert_eq!(starting["health"], "unhealthy");
@@ -68,7 +77,10 @@ async fn example_is_sharded_by_cluster() {
 
     let (status, metrics) = http_get(admin, "/metrics").await.unwrap();
     assert_eq!(status, 200);
-    assert!(metrics.contains("meshpilot_cluster_endpoints{cluster=\"cluster2\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("meshpilot_cluster_endpoints{cluster=\"cluster2\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -88,7 +100,10 @@ async fn edited_file_is_applied_incrementally() {
     .await;
     eprintln!("edit reflected after {:?}", started.elapsed());
     // The other cluster is untouched.
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await, ["10.1.1.11", "10.1.2.12"]);
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster1").await,
+        ["10.1.1.11", "10.1.2.12"]
+    );
 }
 
 #[tokio::test]
@@ -99,7 +114,10 @@ async fn clusters_come_and_go_with_their_directories() {
 
     std::fs::remove_dir_all(dir.path().join("clusters/cluster2")).unwrap();
     wait_for("cluster2 removed", BOUND, || async move {
-        cluster_view(admin, "cluster2").await.is_none().then_some(())
+        cluster_view(admin, "cluster2")
+            .await
+            .is_none()
+            .then_some(())
     })
     .await;
     assert!(shard_addresses(admin, REVIEWS, "cluster2").await.is_empty());
@@ -108,14 +126,21 @@ async fn clusters_come_and_go_with_their_directories() {
     // A new directory is a new cluster.
     let cluster3 = dir.path().join("clusters/cluster3");
     std::fs::create_dir(&cluster3).unwrap();
-    let reviews = std::fs::read_to_string(format!("{EXAMPLE}/clusters/cluster2/reviews.yaml")).unwrap();
-    write_atomic(&cluster3.join("reviews.yaml"), &reviews.replace("10.2.3.13", "10.3.0.7"));
+    let reviews =
+        std::fs::read_to_string(format!("{EXAMPLE}/clusters/cluster2/reviews.yaml")).unwrap();
+    write_atomic(
+        &cluster3.join("reviews.yaml"),
+        &reviews.replace("10.2.3.13", "10.3.0.7"),
+    );
     wait_for("cluster3 endpoints", BOUND, || async move {
         (shard_addresses(admin, REVIEWS, "cluster3").await == ["10.3.0.7"]).then_some(())
     })
     .await;
     // cluster3 has no node for its pod, so no locality, but the endpoint is there and synced.
-    assert_eq!(cluster_view(admin, "cluster3").await.unwrap()["state"], "synced");
+    assert_eq!(
+        cluster_view(admin, "cluster3").await.unwrap()["state"],
+        "synced"
+    );
 }
 
 #[tokio::test]
@@ -126,15 +151,27 @@ async fn malformed_file_keeps_the_last_good_state() {
 
     let file = dir.path().join("clusters/cluster2/reviews.yaml");
     let good = std::fs::read_to_string(&file).unwrap();
-    write_atomic(&file, &good.replace("addresses: [10.2.3.13]", "addresses: [10.2.3.14\n  bad: {"));
+    write_atomic(
+        &file,
+        &good.replace("addresses: [10.2.3.13]", "addresses: [10.2.3.14\n  bad: {"),
+    );
     let error = wait_for("error reported", BOUND, || async move {
         let view = cluster_view(admin, "cluster2").await?;
         view["last_error"].as_str().map(str::to_string)
     })
     .await;
-    assert!(error.contains("reviews.yaml") && error.contains("line"), "{error}");
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
-    assert_eq!(cluster_view(admin, "cluster2").await.unwrap()["state"], "synced");
+    assert!(
+        error.contains("reviews.yaml") && error.contains("line"),
+        "{error}"
+    );
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster2").await,
+        ["10.2.3.13"]
+    );
+    assert_eq!(
+        cluster_view(admin, "cluster2").await.unwrap()["state"],
+        "synced"
+    );
 
     // A well-formed YAML object of the wrong shape is refused too, naming the object.
     write_atomic(&file, &good.replace("port: 9080", "port: ninety"));
@@ -144,7 +181,10 @@ async fn malformed_file_keeps_the_last_good_state() {
         err.contains("Service reviews").then_some(())
     })
     .await;
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster2").await,
+        ["10.2.3.13"]
+    );
 
     // Fixing the file clears the error and applies the fix.
     write_atomic(&file, &good.replace("10.2.3.13", "10.2.3.15"));
@@ -160,20 +200,37 @@ async fn malformed_file_keeps_the_last_good_state() {
 async fn binary_runs_the_example_and_logs_errors() {
     let dir = copy_tree(std::path::Path::new(EXAMPLE));
     let config_dir = dir.path().to_str().unwrap();
-    let process = MeshpilotProcess::spawn(&["discovery", "--config-dir", config_dir, "--http-addr", "127.0.0.1:0"]);
+    let process = MeshpilotProcess::spawn(&[
+        "discovery",
+        "--config-dir",
+        config_dir,
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
     let admin = process.bound_addr("admin").await;
     wait_for("ready", BOUND, || async move {
         let (status, _) = http_get(admin, "/ready").await.ok()?;
         (status == 200).then_some(())
     })
     .await;
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster2").await, ["10.2.3.13"]);
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster2").await,
+        ["10.2.3.13"]
+    );
 
-    std::fs::write(dir.path().join("clusters/cluster1/broken.yaml"), "kind: [unclosed\n").unwrap();
+    std::fs::write(
+        dir.path().join("clusters/cluster1/broken.yaml"),
+        "kind: [unclosed\n",
+    )
+    .unwrap();
     wait_for("error logged", BOUND, || {
         let log = process.log();
         async move { (log.contains("broken.yaml") && log.contains("ERROR")).then_some(()) }
     })
     .await;
-    assert_eq!(shard_addresses(admin, REVIEWS, "cluster1").await.len(), 2, "still serving");
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster1").await.len(),
+        2,
+        "still serving"
+    );
 }

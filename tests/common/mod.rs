@@ -13,7 +13,10 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/multicluster/examples/two-clusters");
+pub const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/multicluster/examples/two-clusters"
+);
 
 /// Polls `check` until it yields a value, failing the test after `bound`.
 pub async fn wait_for<T, F, Fut>(what: &str, bound: Duration, mut check: F) -> T
@@ -26,7 +29,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {bound:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -45,7 +51,10 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(body)
     } else {
         body.to_string()
@@ -56,7 +65,9 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
 fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || rest.len() < n {
             break;
         }
@@ -154,15 +165,19 @@ impl MeshpilotProcess {
     /// The address a server logged as bound (`listening server="<name>" addr=...`).
     pub async fn bound_addr(&self, server: &str) -> SocketAddr {
         let needle = format!("server=\"{server}\" addr=");
-        wait_for(&format!("{server} listening"), Duration::from_secs(20), || {
-            let log = self.log();
-            let needle = needle.clone();
-            async move {
-                let line = log.lines().find(|l| l.contains(&needle))?;
-                let addr = line.split(&needle).nth(1)?.split_whitespace().next()?;
-                addr.parse().ok()
-            }
-        })
+        wait_for(
+            &format!("{server} listening"),
+            Duration::from_secs(20),
+            || {
+                let log = self.log();
+                let needle = needle.clone();
+                async move {
+                    let line = log.lines().find(|l| l.contains(&needle))?;
+                    let addr = line.split(&needle).nth(1)?.split_whitespace().next()?;
+                    addr.parse().ok()
+                }
+            },
+        )
         .await
     }
 }
