@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod sources;
+pub mod xds;

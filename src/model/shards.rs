@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -84,6 +85,8 @@ impl EndpointShards {
 #[derive(Debug, Default)]
 pub struct EndpointIndex {
     services: RwLock<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    /// Which service shards hold an address: finds the services a proxy's own workload serves.
+    by_address: RwLock<HashMap<IpAddr, BTreeSet<(ServiceKey, ShardKey)>>>,
     version: AtomicU64,
 }
 
@@ -109,6 +112,19 @@ impl EndpointIndex {
         all
     }
 
+    /// Services with an endpoint at `address`, in any shard.
+    pub fn services_at(&self, address: &IpAddr) -> Vec<ServiceKey> {
+        let by_address = self.by_address.read();
+        let mut keys: Vec<ServiceKey> = by_address
+            .get(address)
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.dedup();
+        keys
+    }
+
     /// Number of endpoints held in one shard key across every service.
     pub fn count_endpoints(&self, shard: &ShardKey) -> usize {
         self.services
@@ -123,7 +139,7 @@ impl EndpointIndex {
     /// healthiest. An empty list drops the shard but keeps the service known, as Istio does.
     pub fn update(&self, key: &ServiceKey, shard: &ShardKey, endpoints: Vec<Endpoint>) -> PushNeed {
         let endpoints = canonical(endpoints);
-        self.swap(key, |old| match old {
+        self.swap(key, shard, |old| match old {
             None if endpoints.is_empty() => None,
             None => {
                 let next = EndpointShards::default().with_shard(shard, Some(endpoints.clone()));
@@ -152,7 +168,7 @@ impl EndpointIndex {
     /// Removes one cluster's shard of one service (the service was deleted there). The service leaves
     /// the index once no shard is left.
     pub fn delete_service_shard(&self, key: &ServiceKey, shard: &ShardKey) -> PushNeed {
-        self.swap(key, |old| {
+        self.swap(key, shard, |old| {
             let old = old?;
             old.shards.get(shard)?;
             let next = old.with_shard(shard, None);
@@ -176,10 +192,14 @@ impl EndpointIndex {
             .filter(|(_, s)| s.shards.contains_key(shard))
             .map(|(k, _)| k.clone())
             .collect();
+        let mut dropped = Vec::new();
         for key in &touched {
             let Some(old) = services.get(key) else {
                 continue;
             };
+            if let Some(eps) = old.shards.get(shard) {
+                dropped.push((key.clone(), eps.clone()));
+            }
             let mut next = old.with_shard(shard, None);
             if next.shards.is_empty() {
                 services.remove(key);
@@ -187,6 +207,10 @@ impl EndpointIndex {
                 next.version = self.next_version();
                 services.insert(key.clone(), Arc::new(next));
             }
+        }
+        drop(services);
+        for (key, eps) in dropped {
+            self.reindex(&key, shard, Some(&eps[..]), None);
         }
         touched
     }
@@ -196,6 +220,7 @@ impl EndpointIndex {
     fn swap(
         &self,
         key: &ServiceKey,
+        shard: &ShardKey,
         change: impl Fn(Option<&Arc<EndpointShards>>) -> Option<(Option<EndpointShards>, PushNeed)>,
     ) -> PushNeed {
         loop {
@@ -217,11 +242,45 @@ impl EndpointIndex {
             if !same {
                 continue;
             }
+            let added = next.as_ref().and_then(|n| n.shards.get(shard)).cloned();
             match next {
                 Some(n) => services.insert(key.clone(), n),
                 None => services.remove(key),
             };
+            drop(services);
+            let removed = old.as_ref().and_then(|o| o.shards.get(shard)).cloned();
+            self.reindex(key, shard, removed.as_deref(), added.as_deref());
             return need;
+        }
+    }
+
+    /// Moves a shard's addresses in the address index from `old` to `new`.
+    fn reindex(
+        &self,
+        key: &ServiceKey,
+        shard: &ShardKey,
+        old: Option<&[Endpoint]>,
+        new: Option<&[Endpoint]>,
+    ) {
+        let addrs = |eps: Option<&[Endpoint]>| -> BTreeSet<IpAddr> {
+            eps.into_iter().flatten().map(|e| e.address).collect()
+        };
+        let (old, new) = (addrs(old), addrs(new));
+        if old == new {
+            return;
+        }
+        let entry = (key.clone(), shard.clone());
+        let mut by_address = self.by_address.write();
+        for ip in old.difference(&new) {
+            if let Some(set) = by_address.get_mut(ip) {
+                set.remove(&entry);
+                if set.is_empty() {
+                    by_address.remove(ip);
+                }
+            }
+        }
+        for ip in new.difference(&old) {
+            by_address.entry(*ip).or_default().insert(entry.clone());
         }
     }
 
@@ -396,6 +455,8 @@ mod tests {
         assert!(remaining.version > v_before);
         assert!(remaining.endpoints().all(|e| e.cluster_id.as_str() == "c1"));
         assert_eq!(index.count_endpoints(&shard("c2")), 0);
+        assert!(index.services_at(&"10.1.0.2".parse().unwrap()).is_empty());
+        assert_eq!(index.services_at(&"10.0.0.1".parse().unwrap()), vec![key()]);
         assert_eq!(index.count_endpoints(&shard("c1")), 1);
     }
 

@@ -1,0 +1,311 @@
+//! LDS, laid out as Istio does so iptables-captured traffic works:
+//! - `virtualOutbound` on 15001 hands connections, by original destination, to per-port listeners
+//!   `0.0.0.0_<port>` that are not bound themselves: HTTP via RDS route `<port>`, TCP services matched
+//!   by VIP and proxied to their cluster;
+//! - `virtualInbound` on 15006 has a filter chain per port of the proxy's own workload;
+//! - proxyless gRPC clients get API listeners named `<hostname>:<port>`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
+use envoy_types::pb::envoy::config::listener::v3::{
+    filter, listener_filter, ApiListener, Filter, FilterChain, FilterChainMatch, Listener,
+    ListenerFilter,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+use envoy_types::util::pack_any;
+
+use super::cds::{inbound_cluster, INBOUND_PASSTHROUGH, PASSTHROUGH};
+use super::rds::{grpc_route_name, inbound_route};
+use super::{ads, outbound_cluster, socket, Generation};
+use crate::model::{Resolution, Service};
+use crate::xds::protocol::ResourceType;
+use crate::xds::proxy::Generator;
+use crate::xds::wire::Resource;
+
+pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
+pub const VIRTUAL_INBOUND: &str = "virtualInbound";
+const OUTBOUND_PORT: u16 = 15001;
+const INBOUND_PORT: u16 = 15006;
+
+pub fn all_names(g: &Generation<'_>) -> Vec<String> {
+    if g.proxy.generator == Generator::Grpc {
+        return g
+            .routable_services()
+            .iter()
+            .flat_map(|s| s.ports.iter().map(|p| grpc_route_name(&s.hostname, p.port)))
+            .collect();
+    }
+    if !g.is_sidecar() {
+        return Vec::new();
+    }
+    let ports: BTreeSet<u16> = g
+        .routable_services()
+        .iter()
+        .filter(|s| s.resolution != Resolution::Passthrough)
+        .flat_map(|s| s.ports.iter().map(|p| p.port))
+        .collect();
+    let mut names = vec![VIRTUAL_OUTBOUND.to_string(), VIRTUAL_INBOUND.to_string()];
+    names.extend(ports.iter().map(|p| port_listener_name(*p)));
+    names
+}
+
+fn port_listener_name(port: u16) -> String {
+    format!("0.0.0.0_{port}")
+}
+
+pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+    if g.proxy.generator == Generator::Grpc {
+        let (host, port) = name.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        g.mesh.services.get(host)?.port(port)?;
+        return g.cache.get_or_build(
+            ResourceType::Listener,
+            name,
+            g.variant(&[]),
+            (g.services_version(), 0),
+            || Some(Resource::encode(name, &api_listener(name))),
+        );
+    }
+    match name {
+        VIRTUAL_OUTBOUND => g.cache.get_or_build(
+            ResourceType::Listener,
+            name,
+            0,
+            (g.services_version(), 0),
+            || Some(Resource::encode(name, &virtual_outbound())),
+        ),
+        VIRTUAL_INBOUND => Some(Arc::new(Resource::encode(name, &virtual_inbound(g)))),
+        _ => {
+            let port: u16 = name.strip_prefix("0.0.0.0_")?.parse().ok()?;
+            let cluster = g
+                .proxy
+                .cluster_id
+                .as_ref()
+                .map(|c| c.as_str())
+                .unwrap_or_default();
+            let variant = g.variant(&[cluster]);
+            g.cache.get_or_build(
+                ResourceType::Listener,
+                name,
+                variant,
+                (g.services_version(), 0),
+                || port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
+            )
+        }
+    }
+}
+
+fn virtual_outbound() -> Listener {
+    Listener {
+        name: VIRTUAL_OUTBOUND.to_string(),
+        address: Some(socket("0.0.0.0", OUTBOUND_PORT)),
+        use_original_dst: Some(BoolValue { value: true }),
+        filter_chains: vec![FilterChain {
+            name: "virtualOutbound-catchall-tcp".to_string(),
+            filters: vec![tcp_proxy_filter(PASSTHROUGH, PASSTHROUGH)],
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Outbound as i32,
+        ..Default::default()
+    }
+}
+
+/// The listener for one service port, reached through `virtualOutbound`'s original-destination hand-off.
+fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> {
+    let services: Vec<Arc<Service>> = g
+        .routable_services()
+        .into_iter()
+        .filter(|s| s.resolution != Resolution::Passthrough && s.port(port).is_some())
+        .collect();
+    if services.is_empty() {
+        return None;
+    }
+    let has_http = services
+        .iter()
+        .any(|s| s.port(port).is_some_and(|p| p.protocol.is_http()));
+    let mut seen_vips = BTreeSet::new();
+    let mut filter_chains = Vec::new();
+    for service in services
+        .iter()
+        .filter(|s| s.port(port).is_some_and(|p| !p.protocol.is_http()))
+    {
+        let vips: Vec<CidrRange> = vips_for(g, service)
+            .into_iter()
+            .filter(|vip| seen_vips.insert(vip.clone()))
+            .map(|vip| CidrRange {
+                prefix_len: Some(UInt32Value {
+                    value: if vip.contains(':') { 128 } else { 32 },
+                }),
+                address_prefix: vip,
+            })
+            .collect();
+        if vips.is_empty() {
+            continue;
+        }
+        let cluster = outbound_cluster(port, &service.hostname);
+        filter_chains.push(FilterChain {
+            name: cluster.clone(),
+            filter_chain_match: Some(FilterChainMatch {
+                prefix_ranges: vips,
+                ..Default::default()
+            }),
+            filters: vec![tcp_proxy_filter(&cluster, &cluster)],
+            ..Default::default()
+        });
+    }
+    let default_chain = if has_http {
+        FilterChain {
+            name: format!("{name}-http"),
+            filters: vec![hcm_filter(
+                &format!("outbound_{name}"),
+                rds(&port.to_string()),
+            )],
+            ..Default::default()
+        }
+    } else {
+        FilterChain {
+            name: format!("{name}-passthrough"),
+            filters: vec![tcp_proxy_filter(PASSTHROUGH, PASSTHROUGH)],
+            ..Default::default()
+        }
+    };
+    Some(Listener {
+        name: name.to_string(),
+        address: Some(socket("0.0.0.0", port)),
+        bind_to_port: Some(BoolValue { value: false }),
+        filter_chains,
+        default_filter_chain: Some(default_chain),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        ..Default::default()
+    })
+}
+
+/// The VIPs a proxy uses for a service: those of its own cluster when it says which, else all.
+pub(super) fn vips_for(g: &Generation<'_>, service: &Service) -> Vec<String> {
+    let own = g
+        .proxy
+        .cluster_id
+        .as_ref()
+        .and_then(|c| service.cluster_vips.get(c));
+    let vips: Vec<_> = match own {
+        Some(v) => v.iter().collect(),
+        None => service.cluster_vips.values().flatten().collect(),
+    };
+    vips.into_iter()
+        .filter(|ip| !ip.is_unspecified())
+        .map(|ip| ip.to_string())
+        .collect()
+}
+
+fn virtual_inbound(g: &Generation<'_>) -> Listener {
+    let mut filter_chains: Vec<FilterChain> = g
+        .inbound_ports()
+        .into_iter()
+        .map(|(port, protocol)| {
+            let cluster = inbound_cluster(port);
+            let filter = if protocol.is_http() {
+                let route = inbound_route(port, &cluster);
+                hcm_filter(
+                    &format!("inbound_0.0.0.0_{port}"),
+                    RouteSpecifier::RouteConfig(route),
+                )
+            } else {
+                tcp_proxy_filter(&cluster, &cluster)
+            };
+            FilterChain {
+                name: cluster,
+                filter_chain_match: Some(FilterChainMatch {
+                    destination_port: Some(UInt32Value {
+                        value: u32::from(port),
+                    }),
+                    ..Default::default()
+                }),
+                filters: vec![filter],
+                ..Default::default()
+            }
+        })
+        .collect();
+    filter_chains.push(FilterChain {
+        name: "virtualInbound-catchall-tcp".to_string(),
+        filters: vec![tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
+        ..Default::default()
+    });
+    Listener {
+        name: VIRTUAL_INBOUND.to_string(),
+        address: Some(socket("0.0.0.0", INBOUND_PORT)),
+        listener_filters: vec![ListenerFilter {
+            name: "envoy.filters.listener.original_dst".to_string(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
+                OriginalDst::default(),
+            ))),
+            ..Default::default()
+        }],
+        filter_chains,
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    }
+}
+
+/// A proxyless gRPC client's listener: an API listener whose routes come over RDS.
+fn api_listener(name: &str) -> Listener {
+    let hcm = hcm(name, rds(name));
+    Listener {
+        name: name.to_string(),
+        api_listener: Some(ApiListener {
+            api_listener: Some(pack_any(hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+fn rds(route_name: &str) -> RouteSpecifier {
+    RouteSpecifier::Rds(Rds {
+        config_source: Some(ads()),
+        route_config_name: route_name.to_string(),
+    })
+}
+
+fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        route_specifier: Some(routes),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn hcm_filter(stat_prefix: &str, routes: RouteSpecifier) -> Filter {
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm(
+            stat_prefix,
+            routes,
+        )))),
+    }
+}
+
+fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack_any(proxy))),
+    }
+}

@@ -1,0 +1,283 @@
+//! Resource generators, with Istio's names, and the cache that builds each distinct resource once.
+//!
+//! A resource depends on the model and on a few proxy traits (its generator, namespace, cluster).
+//! The cache keys entries by (type, name, traits) and stamps them with the model versions they were
+//! built from; every proxy with the same traits gets the same encoded bytes.
+
+mod cds;
+mod eds;
+mod lds;
+mod rds;
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use envoy_types::pb::envoy::config::core::v3::{
+    address, config_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
+    ConfigSource, SocketAddress,
+};
+use envoy_types::pb::google::protobuf::Duration;
+use parking_lot::RwLock;
+
+use super::protocol::ResourceType;
+use super::proxy::{Generator, Proxy, ProxyType};
+use super::wire::Resource;
+use crate::model::{Hostname, Mesh, Protocol, Service, ServiceKey};
+
+/// Builds resources for one proxy from the current model.
+pub struct Generation<'a> {
+    pub mesh: &'a Mesh,
+    pub cache: &'a ResourceCache,
+    pub proxy: &'a Proxy,
+}
+
+impl Generation<'_> {
+    /// Every resource of a wildcard subscription.
+    pub fn all(&self, ty: ResourceType) -> Vec<Arc<Resource>> {
+        let names = match ty {
+            ResourceType::Cluster => cds::all_names(self),
+            ResourceType::Listener => lds::all_names(self),
+            ResourceType::Endpoint | ResourceType::Route => Vec::new(),
+        };
+        names.iter().filter_map(|n| self.build(ty, n)).collect()
+    }
+
+    /// The named resources that exist, in the order given.
+    pub fn named<'n>(
+        &self,
+        ty: ResourceType,
+        names: impl IntoIterator<Item = &'n String>,
+    ) -> Vec<Arc<Resource>> {
+        names
+            .into_iter()
+            .filter_map(|n| self.build(ty, n))
+            .collect()
+    }
+
+    fn build(&self, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
+        match ty {
+            ResourceType::Cluster => cds::build(self, name),
+            ResourceType::Endpoint => eds::build(self, name),
+            ResourceType::Listener => lds::build(self, name),
+            ResourceType::Route => rds::build(self, name),
+        }
+    }
+
+    fn services_version(&self) -> u64 {
+        self.mesh.services.version()
+    }
+
+    /// Client-side load-balanced services (the ones with EDS clusters and routes).
+    fn routable_services(&self) -> Vec<Arc<Service>> {
+        self.mesh.services.all()
+    }
+
+    /// The ports the proxy's own workload serves: (target port, protocol), from the endpoints at
+    /// the proxy's addresses.
+    fn inbound_ports(&self) -> Vec<(u16, Protocol)> {
+        let mut ports: Vec<(u16, Protocol)> = Vec::new();
+        for ip in &self.proxy.ips {
+            for key in self.mesh.endpoints.services_at(ip) {
+                self.collect_inbound(ip, &key, &mut ports);
+            }
+        }
+        ports.sort_by_key(|(p, _)| *p);
+        ports.dedup_by_key(|(p, _)| *p);
+        ports
+    }
+
+    fn collect_inbound(&self, ip: &IpAddr, key: &ServiceKey, ports: &mut Vec<(u16, Protocol)>) {
+        let Some(service) = self.mesh.services.get(&key.hostname) else {
+            return;
+        };
+        let Some(shards) = self.mesh.endpoints.get(key) else {
+            return;
+        };
+        for ep in shards.endpoints().filter(|e| e.address == *ip) {
+            if let Some(port) = service
+                .ports
+                .iter()
+                .find(|p| *p.name == *ep.service_port_name)
+            {
+                ports.push((ep.port, port.protocol));
+            }
+        }
+    }
+
+    fn is_sidecar(&self) -> bool {
+        self.proxy.kind == ProxyType::Sidecar && self.proxy.generator == Generator::Envoy
+    }
+
+    /// Traits hash for cache entries that depend on where the proxy sits.
+    fn variant(&self, parts: &[&str]) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        parts.hash(&mut h);
+        self.proxy.generator.hash(&mut h);
+        h.finish()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct CacheKey {
+    ty: ResourceType,
+    name: Arc<str>,
+    variant: u64,
+}
+
+struct CacheEntry {
+    /// Model versions the entry was built from.
+    stamp: (u64, u64),
+    cell: Arc<OnceLock<Option<Arc<Resource>>>>,
+}
+
+/// Encoded resources shared by every proxy that receives them.
+#[derive(Default)]
+pub struct ResourceCache {
+    entries: RwLock<HashMap<CacheKey, CacheEntry>>,
+    builds: AtomicU64,
+}
+
+impl ResourceCache {
+    fn get_or_build(
+        &self,
+        ty: ResourceType,
+        name: &str,
+        variant: u64,
+        stamp: (u64, u64),
+        build: impl FnOnce() -> Option<Resource>,
+    ) -> Option<Arc<Resource>> {
+        let key = CacheKey {
+            ty,
+            name: name.into(),
+            variant,
+        };
+        let cached = self
+            .entries
+            .read()
+            .get(&key)
+            .filter(|e| e.stamp == stamp)
+            .map(|e| e.cell.clone());
+        let cell = match cached {
+            Some(cell) => cell,
+            None => {
+                let mut entries = self.entries.write();
+                let entry = entries.entry(key).or_insert_with(|| CacheEntry {
+                    stamp,
+                    cell: Arc::default(),
+                });
+                if entry.stamp != stamp {
+                    *entry = CacheEntry {
+                        stamp,
+                        cell: Arc::default(),
+                    };
+                }
+                entry.cell.clone()
+            }
+        };
+        // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
+        cell.get_or_init(|| {
+            self.builds.fetch_add(1, Ordering::Relaxed);
+            build().map(Arc::new)
+        })
+        .clone()
+    }
+
+    /// Drops entries built from an older service table (after a full push).
+    pub fn prune(&self, services_version: u64) {
+        self.entries
+            .write()
+            .retain(|_, e| e.stamp.0 == services_version);
+    }
+
+    /// How many resources have been built (not served from cache) so far.
+    pub fn builds(&self) -> u64 {
+        self.builds.load(Ordering::Relaxed)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `outbound|<port>||<hostname>`
+pub fn outbound_cluster(port: u16, host: &str) -> String {
+    format!("outbound|{port}||{host}")
+}
+
+/// Splits `outbound|<port>|<subset>|<hostname>` into port and hostname (subsets are not served).
+pub fn parse_outbound(name: &str) -> Option<(u16, &str)> {
+    let mut parts = name.splitn(4, '|');
+    let (dir, port, subset, host) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    (dir == "outbound" && subset.is_empty() && !host.is_empty()).then_some(())?;
+    Some((port.parse().ok()?, host))
+}
+
+/// The service and port an outbound cluster name points at.
+fn outbound_target(generation: &Generation<'_>, name: &str) -> Option<(Arc<Service>, u16)> {
+    let (port, host) = parse_outbound(name)?;
+    let service = generation.mesh.services.get(host)?;
+    service.port(port)?;
+    Some((service, port))
+}
+
+fn ads() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    }
+}
+
+fn socket(ip: &str, port: u16) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ip.to_string(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
+            ..Default::default()
+        })),
+    }
+}
+
+fn seconds(s: i64) -> Duration {
+    Duration {
+        seconds: s,
+        nanos: 0,
+    }
+}
+
+/// Hostnames a change touched → the outbound cluster names (EDS resources) they back.
+pub fn eds_names_for(
+    hosts: &BTreeSet<Hostname>,
+    subscribed: impl Iterator<Item = String>,
+) -> BTreeSet<String> {
+    subscribed
+        .filter(|name| parse_outbound(name).is_some_and(|(_, host)| hosts.contains(host)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbound_names_round_trip() {
+        let name = outbound_cluster(9080, "reviews.bookinfo.svc.cluster.local");
+        assert_eq!(name, "outbound|9080||reviews.bookinfo.svc.cluster.local");
+        assert_eq!(
+            parse_outbound(&name),
+            Some((9080, "reviews.bookinfo.svc.cluster.local"))
+        );
+        assert_eq!(parse_outbound("inbound|9080||"), None);
+        assert_eq!(parse_outbound("outbound|x||h"), None);
+        assert_eq!(parse_outbound("outbound|80|v1|h"), None);
+    }
+}

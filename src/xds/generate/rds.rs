@@ -1,0 +1,157 @@
+//! RDS: route configuration `<port>` for sidecars (a virtual host per HTTP service on that port, with
+//! the names Kubernetes clients use) and `<hostname>:<port>` for proxyless gRPC clients.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::route::v3::{
+    route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost,
+};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration};
+
+use super::cds::PASSTHROUGH;
+use super::lds::vips_for;
+use super::{outbound_cluster, Generation};
+use crate::model::{Resolution, Service};
+use crate::xds::protocol::ResourceType;
+use crate::xds::proxy::Generator;
+use crate::xds::wire::Resource;
+
+pub fn grpc_route_name(host: &str, port: u16) -> String {
+    format!("{host}:{port}")
+}
+
+pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+    if g.proxy.generator == Generator::Grpc {
+        let (host, port) = name.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        g.mesh.services.get(host)?.port(port)?;
+        return g.cache.get_or_build(
+            ResourceType::Route,
+            name,
+            g.variant(&[]),
+            (g.services_version(), 0),
+            || Some(Resource::encode(name, &grpc_routes(name, host, port))),
+        );
+    }
+    let port: u16 = name.parse().ok()?;
+    let cluster = g
+        .proxy
+        .cluster_id
+        .as_ref()
+        .map(|c| c.as_str())
+        .unwrap_or_default();
+    let variant = g.variant(&[&g.proxy.namespace, cluster]);
+    g.cache.get_or_build(
+        ResourceType::Route,
+        name,
+        variant,
+        (g.services_version(), 0),
+        || Some(Resource::encode(name, &sidecar_routes(g, name, port))),
+    )
+}
+
+fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration {
+    let mut taken = HashSet::new();
+    let mut virtual_hosts: Vec<VirtualHost> = g
+        .routable_services()
+        .iter()
+        .filter(|s| s.resolution != Resolution::Passthrough)
+        .filter(|s| s.port(port).is_some_and(|p| p.protocol.is_http()))
+        .filter_map(|s| {
+            // Envoy rejects a domain listed twice; the first service keeps it.
+            let domains: Vec<String> = domains(g, s, port)
+                .into_iter()
+                .filter(|d| taken.insert(d.clone()))
+                .collect();
+            (!domains.is_empty()).then(|| {
+                virtual_host(
+                    &format!("{}:{port}", s.hostname),
+                    domains,
+                    &outbound_cluster(port, &s.hostname),
+                )
+            })
+        })
+        .collect();
+    virtual_hosts.push(virtual_host(
+        "allow_any",
+        vec!["*".to_string()],
+        PASSTHROUGH,
+    ));
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// The host names a client in the proxy's namespace may use: the FQDN, the short forms Kubernetes DNS
+/// resolves (`name` only from the same namespace), and the VIPs, each with and without the port.
+fn domains(g: &Generation<'_>, service: &Service, port: u16) -> Vec<String> {
+    let host = service.hostname.to_string();
+    let ns = &*service.namespace;
+    let mut names = vec![host.clone()];
+    if let Some(svc_prefix) = host.find(".svc.").map(|i| &host[..i + 4]) {
+        names.push(format!("{}.{ns}", service.name));
+        names.push(svc_prefix.to_string());
+        if *g.proxy.namespace == *ns {
+            names.push(service.name.clone());
+        }
+    }
+    names.extend(vips_for(g, service));
+    names
+        .iter()
+        .flat_map(|n| [n.clone(), format!("{n}:{port}")])
+        .collect()
+}
+
+fn grpc_routes(name: &str, host: &str, port: u16) -> RouteConfiguration {
+    let domains = vec![name.to_string(), host.to_string()];
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts: vec![virtual_host(name, domains, &outbound_cluster(port, host))],
+        ..Default::default()
+    }
+}
+
+/// The route of an inbound HTTP filter chain: everything to the local workload.
+pub fn inbound_route(port: u16, cluster: &str) -> RouteConfiguration {
+    RouteConfiguration {
+        name: format!("inbound|{port}||"),
+        virtual_hosts: vec![virtual_host(
+            &format!("inbound|http|{port}"),
+            vec!["*".to_string()],
+            cluster,
+        )],
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> VirtualHost {
+    VirtualHost {
+        name: name.to_string(),
+        domains,
+        routes: vec![Route {
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
+                ..Default::default()
+            }),
+            action: Some(route::Action::Route(RouteAction {
+                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                    cluster.to_string(),
+                )),
+                // No timeout by default, as Istio: long streams (gRPC, watches) must not be cut.
+                timeout: Some(Duration {
+                    seconds: 0,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}

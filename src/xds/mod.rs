@@ -1,0 +1,6 @@
+//! The xDS server: proxy identity, generators, the per-stream protocol, and the push pipeline.
+
+pub mod generate;
+pub mod protocol;
+pub mod proxy;
+pub mod wire;

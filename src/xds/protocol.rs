@@ -1,0 +1,493 @@
+//! The xDS protocol per stream, as pure state machines: request in → what to do out.
+//!
+//! No gRPC here: versions, nonces, ACK/NACK and subscriptions for SotW and Delta are tested
+//! without a server. The server only moves messages.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::wire::Resource;
+
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const ENDPOINT_TYPE: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ResourceType {
+    #[serde(rename = "cds")]
+    Cluster,
+    #[serde(rename = "eds")]
+    Endpoint,
+    #[serde(rename = "lds")]
+    Listener,
+    #[serde(rename = "rds")]
+    Route,
+}
+
+impl ResourceType {
+    pub const ALL: [ResourceType; 4] = [Self::Cluster, Self::Endpoint, Self::Listener, Self::Route];
+
+    pub fn from_url(url: &str) -> Option<Self> {
+        Some(match url {
+            CLUSTER_TYPE => Self::Cluster,
+            ENDPOINT_TYPE => Self::Endpoint,
+            LISTENER_TYPE => Self::Listener,
+            ROUTE_TYPE => Self::Route,
+            _ => return None,
+        })
+    }
+
+    pub fn url(self) -> &'static str {
+        match self {
+            Self::Cluster => CLUSTER_TYPE,
+            Self::Endpoint => ENDPOINT_TYPE,
+            Self::Listener => LISTENER_TYPE,
+            Self::Route => ROUTE_TYPE,
+        }
+    }
+
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::Cluster => "cds",
+            Self::Endpoint => "eds",
+            Self::Listener => "lds",
+            Self::Route => "rds",
+        }
+    }
+
+    /// CDS and LDS subscribe to everything when no names are given.
+    fn wildcard_capable(self) -> bool {
+        matches!(self, Self::Cluster | Self::Listener)
+    }
+}
+
+/// What the server must do with one request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send the type's resources (for Delta, `names` limits which were newly asked for).
+    Respond,
+    /// The client accepted our last response.
+    Ack,
+    /// The client rejected our last response; it keeps its previous config. Nothing is resent.
+    Nack(String),
+    /// Nothing to do (stale nonce, unsubscribe, ACK without new names).
+    Ignore,
+}
+
+/// Per-type bookkeeping shared by both variants, shown on /debug/syncz.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TypeStatus {
+    pub sent_version: Option<String>,
+    pub sent_nonce: Option<String>,
+    pub acked_version: Option<String>,
+    pub last_nack: Option<String>,
+    pub resources: usize,
+}
+
+/// Which resources of a type a push should (re)send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything the client watches.
+    All,
+    /// Only these names (those a change touched), where the client watches them.
+    Names(BTreeSet<String>),
+}
+
+impl Scope {
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Names(names) => names.contains(name),
+        }
+    }
+}
+
+/// State of one type on a SotW stream.
+#[derive(Debug, Default)]
+pub struct SotwWatch {
+    pub wildcard: bool,
+    pub names: BTreeSet<String>,
+    pub status: TypeStatus,
+}
+
+impl SotwWatch {
+    /// Whether `name` is one this watch asked for.
+    pub fn wants(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct SotwStream {
+    pub watches: BTreeMap<ResourceType, SotwWatch>,
+}
+
+impl SotwStream {
+    /// Istio's rules: a NACK is recorded; a first request or one without nonce is answered; a stale
+    /// nonce is ignored; an ACK is answered only when it asks for names not asked for before.
+    pub fn on_request(
+        &mut self,
+        ty: ResourceType,
+        names: Vec<String>,
+        nonce: &str,
+        version: &str,
+        error: Option<String>,
+    ) -> Action {
+        let watch = self.watches.entry(ty).or_default();
+        if let Some(message) = error {
+            if watch.status.sent_nonce.as_deref() == Some(nonce) || nonce.is_empty() {
+                watch.status.last_nack = Some(message.clone());
+            }
+            return Action::Nack(message);
+        }
+        let first = watch.status.sent_nonce.is_none();
+        if first || nonce.is_empty() {
+            watch.wildcard =
+                ty.wildcard_capable() && (names.is_empty() || names.iter().any(|n| n == "*"));
+            watch.names = names.into_iter().filter(|n| n != "*").collect();
+            return Action::Respond;
+        }
+        if watch.status.sent_nonce.as_deref() != Some(nonce) {
+            return Action::Ignore;
+        }
+        watch.status.acked_version = Some(version.to_string());
+        watch.status.last_nack = None;
+        if watch.wildcard {
+            return Action::Ack;
+        }
+        let names: BTreeSet<String> = names.into_iter().collect();
+        let grew = names.iter().any(|n| !watch.names.contains(n));
+        watch.names = names;
+        if grew {
+            Action::Respond
+        } else {
+            Action::Ack
+        }
+    }
+
+    /// Records a response sent for `ty`.
+    pub fn sent(&mut self, ty: ResourceType, version: &str, nonce: &str, resources: usize) {
+        let status = &mut self.watches.entry(ty).or_default().status;
+        status.sent_version = Some(version.to_string());
+        status.sent_nonce = Some(nonce.to_string());
+        status.resources = resources;
+    }
+}
+
+/// State of one type on a Delta stream.
+#[derive(Debug, Default)]
+pub struct DeltaWatch {
+    pub wildcard: bool,
+    pub subscribed: BTreeSet<String>,
+    /// What the client holds: name → version.
+    pub known: HashMap<String, Arc<str>>,
+    pub status: TypeStatus,
+}
+
+impl DeltaWatch {
+    pub fn wants(&self, name: &str) -> bool {
+        self.wildcard || self.subscribed.contains(name)
+    }
+
+    /// Given the current resources within `scope`, returns what to send (changed or new to the
+    /// client) and which names the client holds that no longer exist; updates what the client holds.
+    pub fn diff(
+        &mut self,
+        scope: &Scope,
+        current: Vec<Arc<Resource>>,
+    ) -> (Vec<Arc<Resource>>, Vec<String>) {
+        let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
+        let mut removed: Vec<String> = self
+            .known
+            .keys()
+            .filter(|n| scope.contains(n) && !present.contains(n.as_str()))
+            .cloned()
+            .collect();
+        removed.sort();
+        for name in &removed {
+            self.known.remove(name);
+        }
+        let changed: Vec<Arc<Resource>> = current
+            .into_iter()
+            .filter(|r| self.known.get(&*r.name) != Some(&r.version))
+            .collect();
+        for r in &changed {
+            self.known.insert(r.name.to_string(), r.version.clone());
+        }
+        (changed, removed)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct DeltaStream {
+    pub watches: BTreeMap<ResourceType, DeltaWatch>,
+}
+
+/// One Delta request, reduced to what the state machine reads.
+pub struct DeltaRequest<'a> {
+    pub ty: ResourceType,
+    pub subscribe: Vec<String>,
+    pub unsubscribe: Vec<String>,
+    pub initial_versions: HashMap<String, String>,
+    pub nonce: &'a str,
+    pub error: Option<String>,
+}
+
+impl DeltaStream {
+    /// Returns the action and, for `Respond`, the scope to send: everything on a first request,
+    /// else just the newly subscribed names.
+    pub fn on_request(&mut self, req: DeltaRequest<'_>) -> (Action, Scope) {
+        let first = !self.watches.contains_key(&req.ty);
+        let watch = self.watches.entry(req.ty).or_default();
+        if let Some(message) = req.error {
+            watch.status.last_nack = Some(message.clone());
+            return (Action::Nack(message), Scope::All);
+        }
+        if first {
+            watch.wildcard = req.ty.wildcard_capable() && req.subscribe.is_empty();
+            watch.known = req
+                .initial_versions
+                .into_iter()
+                .map(|(name, version)| (name, Arc::from(version)))
+                .collect();
+        }
+        let mut added = BTreeSet::new();
+        for name in req.subscribe {
+            if name == "*" {
+                watch.wildcard = true;
+            } else if watch.subscribed.insert(name.clone()) {
+                added.insert(name);
+            }
+        }
+        for name in req.unsubscribe {
+            if name == "*" {
+                watch.wildcard = false;
+            }
+            watch.subscribed.remove(&name);
+            // The client drops what it unsubscribes from; re-subscribing must resend it.
+            watch.known.remove(&name);
+        }
+        if first {
+            return (Action::Respond, Scope::All);
+        }
+        let acked = !req.nonce.is_empty() && watch.status.sent_nonce.as_deref() == Some(req.nonce);
+        if acked {
+            watch.status.acked_version = watch.status.sent_version.clone();
+            watch.status.last_nack = None;
+        }
+        match (added.is_empty(), acked) {
+            (false, _) => (Action::Respond, Scope::Names(added)),
+            (true, true) => (Action::Ack, Scope::All),
+            (true, false) => (Action::Ignore, Scope::All),
+        }
+    }
+
+    pub fn sent(&mut self, ty: ResourceType, version: &str, nonce: &str) {
+        let watch = self.watches.entry(ty).or_default();
+        watch.status.sent_version = Some(version.to_string());
+        watch.status.sent_nonce = Some(nonce.to_string());
+        watch.status.resources = watch.known.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ResourceType::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn sotw_first_request_then_ack_then_stale() {
+        let mut s = SotwStream::default();
+        assert_eq!(s.on_request(Cluster, vec![], "", "", None), Action::Respond);
+        assert!(s.watches[&Cluster].wildcard);
+        s.sent(Cluster, "v1", "n1", 3);
+        assert_eq!(s.on_request(Cluster, vec![], "n1", "v1", None), Action::Ack);
+        assert_eq!(
+            s.watches[&Cluster].status.acked_version.as_deref(),
+            Some("v1")
+        );
+        s.sent(Cluster, "v2", "n2", 3);
+        assert_eq!(
+            s.on_request(Cluster, vec![], "n1", "v1", None),
+            Action::Ignore,
+            "stale nonce"
+        );
+    }
+
+    #[test]
+    fn sotw_nack_is_recorded_and_not_answered() {
+        let mut s = SotwStream::default();
+        s.on_request(Endpoint, names(&["a"]), "", "", None);
+        s.sent(Endpoint, "v1", "n1", 1);
+        let action = s.on_request(
+            Endpoint,
+            names(&["a"]),
+            "n1",
+            "",
+            Some("bad cluster".into()),
+        );
+        assert_eq!(action, Action::Nack("bad cluster".into()));
+        assert_eq!(
+            s.watches[&Endpoint].status.last_nack.as_deref(),
+            Some("bad cluster")
+        );
+        assert_eq!(s.watches[&Endpoint].status.acked_version, None);
+        // The next ACK clears it.
+        s.sent(Endpoint, "v2", "n2", 1);
+        assert_eq!(
+            s.on_request(Endpoint, names(&["a"]), "n2", "v2", None),
+            Action::Ack
+        );
+        assert!(s.watches[&Endpoint].status.last_nack.is_none());
+    }
+
+    #[test]
+    fn sotw_ack_with_new_names_is_answered() {
+        let mut s = SotwStream::default();
+        s.on_request(Endpoint, names(&["a"]), "", "", None);
+        s.sent(Endpoint, "v1", "n1", 1);
+        assert_eq!(
+            s.on_request(Endpoint, names(&["a", "b"]), "n1", "v1", None),
+            Action::Respond
+        );
+        s.sent(Endpoint, "v1", "n2", 2);
+        assert_eq!(
+            s.on_request(Endpoint, names(&["b"]), "n2", "v1", None),
+            Action::Ack,
+            "shrinking needs no answer"
+        );
+        assert!(!s.watches[&Endpoint].wants("a"));
+    }
+
+    #[test]
+    fn sotw_named_listener_request_is_not_wildcard() {
+        let mut s = SotwStream::default();
+        s.on_request(
+            Listener,
+            names(&["svc.ns.svc.cluster.local:80"]),
+            "",
+            "",
+            None,
+        );
+        assert!(!s.watches[&Listener].wildcard);
+        assert!(s.watches[&Listener].wants("svc.ns.svc.cluster.local:80"));
+    }
+
+    fn delta<'a>(
+        ty: ResourceType,
+        sub: &[&str],
+        unsub: &[&str],
+        nonce: &'a str,
+    ) -> DeltaRequest<'a> {
+        DeltaRequest {
+            ty,
+            subscribe: names(sub),
+            unsubscribe: names(unsub),
+            initial_versions: HashMap::new(),
+            nonce,
+            error: None,
+        }
+    }
+
+    fn res(name: &str, version: &str) -> Arc<Resource> {
+        Arc::new(Resource {
+            name: name.into(),
+            any: Default::default(),
+            version: version.into(),
+        })
+    }
+
+    #[test]
+    fn delta_sends_only_changes_and_removals() {
+        let mut s = DeltaStream::default();
+        assert_eq!(
+            s.on_request(delta(Cluster, &[], &[], "")),
+            (Action::Respond, Scope::All)
+        );
+        let w = s.watches.get_mut(&Cluster).unwrap();
+        assert!(w.wildcard);
+        let (send, removed) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")]);
+        assert_eq!((send.len(), removed.len()), (2, 0));
+        let (send, removed) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "2")]);
+        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["b"]);
+        assert!(removed.is_empty());
+        let (send, removed) = w.diff(&Scope::All, vec![res("b", "2")]);
+        assert!(send.is_empty());
+        assert_eq!(removed, ["a"]);
+    }
+
+    #[test]
+    fn delta_scoped_diff_leaves_other_names_alone() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Endpoint, &["a", "b"], &[], ""));
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")]);
+        let scope = Scope::Names(["a".to_string()].into());
+        let (send, removed) = w.diff(&scope, vec![res("a", "2")]);
+        assert_eq!(
+            (send.len(), removed.len()),
+            (1, 0),
+            "b is out of scope, not removed"
+        );
+    }
+
+    #[test]
+    fn delta_subscribe_ack_unsubscribe() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Endpoint, &["a"], &[], ""));
+        s.watches
+            .get_mut(&Endpoint)
+            .unwrap()
+            .diff(&Scope::All, vec![res("a", "1")]);
+        s.sent(Endpoint, "v1", "n1");
+        assert_eq!(s.on_request(delta(Endpoint, &[], &[], "n1")).0, Action::Ack);
+        let (action, scope) = s.on_request(delta(Endpoint, &["b"], &[], "n1"));
+        assert_eq!(
+            (action, scope),
+            (Action::Respond, Scope::Names(["b".to_string()].into()))
+        );
+        assert_eq!(
+            s.on_request(delta(Endpoint, &[], &["a"], "")).0,
+            Action::Ignore
+        );
+        let w = &s.watches[&Endpoint];
+        assert!(!w.wants("a") && w.wants("b") && !w.known.contains_key("a"));
+    }
+
+    #[test]
+    fn delta_initial_versions_avoid_resending() {
+        let mut s = DeltaStream::default();
+        let mut req = delta(Cluster, &[], &[], "");
+        req.initial_versions.insert("a".into(), "1".into());
+        s.on_request(req);
+        let (send, removed) = s
+            .watches
+            .get_mut(&Cluster)
+            .unwrap()
+            .diff(&Scope::All, vec![res("a", "1"), res("b", "1")]);
+        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["b"]);
+        assert!(removed.is_empty());
+    }
+
+    #[test]
+    fn delta_nack_is_recorded() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Cluster, &[], &[], ""));
+        s.sent(Cluster, "v1", "n1");
+        let mut req = delta(Cluster, &[], &[], "n1");
+        req.error = Some("boom".into());
+        assert_eq!(s.on_request(req).0, Action::Nack("boom".into()));
+        assert_eq!(
+            s.watches[&Cluster].status.last_nack.as_deref(),
+            Some("boom")
+        );
+    }
+}
