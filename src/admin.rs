@@ -14,10 +14,12 @@ use crate::aggregate::Aggregate;
 use crate::metrics::Metrics;
 use crate::model::{Endpoint, Provider};
 use crate::registry::ClusterStatus;
+use crate::xds::server::{SyncView, XdsServer};
 
 pub struct AdminState {
     pub aggregate: Arc<Aggregate>,
     pub metrics: Arc<Metrics>,
+    pub xds: Arc<XdsServer>,
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
@@ -26,6 +28,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/debug/clusterz", get(clusterz))
         .route("/debug/endpointShardz", get(endpoint_shardz))
+        .route("/debug/syncz", get(syncz))
         .with_state(state)
 }
 
@@ -98,4 +101,8 @@ async fn endpoint_shardz(State(state): State<Arc<AdminState>>) -> Json<ShardView
         }
     }
     Json(view)
+}
+
+async fn syncz(State(state): State<Arc<AdminState>>) -> Json<Vec<SyncView>> {
+    Json(state.xds.syncz())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
@@ -14,6 +14,8 @@ use crate::config::DiscoveryArgs;
 use crate::metrics::Metrics;
 use crate::model::Mesh;
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
+use crate::xds::push::{debounce, DebounceConfig};
+use crate::xds::server::XdsServer;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -21,6 +23,8 @@ pub enum StartError {
     NoSources,
     #[error(transparent)]
     FileSource(#[from] FileSourceError),
+    #[error("xDS server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         what: &'static str,
@@ -32,6 +36,8 @@ pub enum StartError {
 /// A running control plane. Dropping it stops its servers and watches.
 pub struct Running {
     pub http_addr: SocketAddr,
+    pub xds_addr: SocketAddr,
+    pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,
     tasks: Vec<JoinHandle<()>>,
     _file_watch: Option<FileWatch>,
@@ -58,7 +64,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
 
 pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let mesh = Arc::new(Mesh::new(args.naming()));
-    let (aggregate, mut changes) = Aggregate::new(mesh);
+    let (aggregate, changes) = Aggregate::new(mesh);
 
     let Some(config_dir) = &args.config_dir else {
         return Err(StartError::NoSources);
@@ -66,35 +72,61 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let file_watch = FileClusters::load(config_dir, aggregate.clone())?.watch()?;
 
     let metrics = Arc::new(Metrics::new());
+    let xds = XdsServer::new(
+        aggregate.mesh().clone(),
+        args.push_concurrency,
+        metrics.xds(),
+    );
+    let mut tasks = Vec::new();
+
+    let grpc = bind("xds", args.xds_addr).await?;
+    let xds_addr = local_addr("xds", &grpc, args.xds_addr)?;
+    let router = tonic::transport::Server::builder().add_service(xds.service());
+    tasks.push(tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+        if let Err(e) = router.serve_with_incoming(incoming).await {
+            tracing::error!(error = %e, "xDS server stopped");
+        }
+    }));
+
+    let config = DebounceConfig {
+        after: args.debounce_after,
+        max: args.debounce_max,
+    };
+    let pusher = xds.clone();
+    tasks.push(tokio::spawn(debounce(changes, config, move |change| {
+        pusher.push(change)
+    })));
+
     let http = bind("admin", args.http_addr).await?;
-    let http_addr = http.local_addr().map_err(|source| StartError::Bind {
-        what: "admin",
-        addr: args.http_addr,
-        source,
-    })?;
+    let http_addr = local_addr("admin", &http, args.http_addr)?;
     let router = admin::router(Arc::new(AdminState {
         aggregate: aggregate.clone(),
         metrics,
+        xds: xds.clone(),
     }));
-    let mut tasks = vec![tokio::spawn(async move {
+    tasks.push(tokio::spawn(async move {
         if let Err(e) = axum::serve(http, router).await {
             tracing::error!(error = %e, "admin server stopped");
-        }
-    })];
-    tasks.push(tokio::spawn(async move {
-        while let Some(change) = changes.recv().await {
-            debug!(
-                full = change.full,
-                services = change.services.len(),
-                "mesh changed"
-            );
         }
     }));
 
     Ok(Running {
         http_addr,
+        xds_addr,
+        xds,
         aggregate,
         tasks,
         _file_watch: Some(file_watch),
     })
+}
+
+fn local_addr(
+    what: &'static str,
+    listener: &TcpListener,
+    addr: SocketAddr,
+) -> Result<SocketAddr, StartError> {
+    listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { what, addr, source })
 }

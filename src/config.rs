@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 
@@ -44,6 +45,18 @@ pub struct DiscoveryArgs {
         default_value = "istio-system"
     )]
     pub system_namespace: String,
+
+    /// Quiet period before a push (e.g. `100ms`); `0s` pushes every change at once.
+    #[arg(long, env = "MESHPILOT_DEBOUNCE_AFTER", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub debounce_after: Duration,
+
+    /// Longest a change waits for the quiet period (e.g. `10s`).
+    #[arg(long, env = "MESHPILOT_DEBOUNCE_MAX", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub debounce_max: Duration,
+
+    /// Proxies pushed to at once.
+    #[arg(long, env = "MESHPILOT_PUSH_CONCURRENCY", default_value_t = 64)]
+    pub push_concurrency: usize,
 }
 
 impl DiscoveryArgs {

@@ -1,11 +1,13 @@
 //! Prometheus metrics served on `/metrics`.
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::aggregate::Aggregate;
+use crate::xds::protocol::ResourceType;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -15,6 +17,29 @@ pub struct Metrics {
     cluster_endpoints: Family<Labels, Gauge>,
     cluster_errors: Family<Labels, Gauge>,
     services: Gauge,
+    xds: XdsMetrics,
+}
+
+/// Handles the xDS server updates (cheap clones of the registered metrics).
+#[derive(Clone, Default)]
+pub struct XdsMetrics {
+    pub connections: Gauge,
+    pushes: Family<Labels, Counter>,
+    nacks: Family<Labels, Counter>,
+}
+
+impl XdsMetrics {
+    pub fn pushed(&self, ty: ResourceType) {
+        self.pushes
+            .get_or_create(&vec![("type", ty.short().to_string())])
+            .inc();
+    }
+
+    pub fn nacked(&self, ty: ResourceType) {
+        self.nacks
+            .get_or_create(&vec![("type", ty.short().to_string())])
+            .inc();
+    }
 }
 
 impl Default for Metrics {
@@ -50,7 +75,24 @@ impl Metrics {
             "Services in the merged service table",
             services.clone(),
         );
+        let xds = XdsMetrics::default();
+        registry.register(
+            "xds_connections",
+            "Connected xDS streams",
+            xds.connections.clone(),
+        );
+        registry.register(
+            "xds_pushes",
+            "xDS responses sent, by type",
+            xds.pushes.clone(),
+        );
+        registry.register(
+            "xds_nacks",
+            "xDS responses rejected by proxies, by type",
+            xds.nacks.clone(),
+        );
         Self {
+            xds,
             registry,
             clusters,
             cluster_endpoints,
@@ -59,8 +101,8 @@ impl Metrics {
         }
     }
 
-    pub fn registry_mut(&mut self) -> &mut Registry {
-        &mut self.registry
+    pub fn xds(&self) -> XdsMetrics {
+        self.xds.clone()
     }
 
     /// Refreshes the model gauges and renders every metric in Prometheus text format.

@@ -3,4 +3,6 @@
 pub mod generate;
 pub mod protocol;
 pub mod proxy;
+pub mod push;
+pub mod server;
 pub mod wire;

@@ -1,0 +1,273 @@
+//! The push pipeline: registry changes → debounce → one merged request per proxy → what to send.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::generate::eds_names_for;
+use super::protocol::{ResourceType, Scope};
+use crate::model::{Change, Hostname};
+
+/// What a proxy must be brought up to date with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PushRequest {
+    /// Every watched type is recomputed; otherwise only EDS of `services`.
+    pub full: bool,
+    pub services: BTreeSet<Hostname>,
+}
+
+impl PushRequest {
+    pub fn merge(&mut self, other: PushRequest) {
+        self.full |= other.full;
+        self.services.extend(other.services);
+    }
+}
+
+impl From<Change> for PushRequest {
+    fn from(change: Change) -> Self {
+        Self {
+            full: change.full,
+            services: change.services,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct DebounceConfig {
+    /// Quiet period: a push waits until no change arrived for this long. Zero disables debouncing.
+    pub after: Duration,
+    /// A push never waits longer than this after the first change it carries.
+    pub max: Duration,
+}
+
+/// Merges bursts of changes: emits once the stream has been quiet for `after`, or `max` after the
+/// first change of the burst, whichever comes first. Returns when the change stream closes.
+pub async fn debounce(
+    mut changes: UnboundedReceiver<Change>,
+    config: DebounceConfig,
+    mut emit: impl FnMut(Change),
+) {
+    while let Some(first) = changes.recv().await {
+        let mut merged = first;
+        if config.after.is_zero() {
+            while let Ok(more) = changes.try_recv() {
+                merged.merge(more);
+            }
+            emit(merged);
+            continue;
+        }
+        let start = Instant::now();
+        let mut last = start;
+        loop {
+            let deadline = (last + config.after).min(start + config.max);
+            tokio::select! {
+                next = changes.recv() => match next {
+                    Some(change) => {
+                        merged.merge(change);
+                        last = Instant::now();
+                    }
+                    None => {
+                        emit(merged);
+                        return;
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    emit(merged);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A proxy's place in the push queue: at most one pending request. Offering a request to a proxy
+/// that already has one pending (or is being pushed) merges it, so a slow proxy never accumulates a
+/// backlog and always gets the union of what changed.
+#[derive(Debug, Default)]
+pub struct PushSlot {
+    pending: Mutex<Option<PushRequest>>,
+    notify: Notify,
+}
+
+impl PushSlot {
+    pub fn offer(&self, request: PushRequest) {
+        let mut pending = self.pending.lock();
+        match pending.as_mut() {
+            Some(existing) => existing.merge(request),
+            None => *pending = Some(request),
+        }
+        drop(pending);
+        self.notify.notify_one();
+    }
+
+    /// Waits until a request may be pending.
+    pub async fn ready(&self) {
+        self.notify.notified().await;
+    }
+
+    pub fn take(&self) -> Option<PushRequest> {
+        self.pending.lock().take()
+    }
+}
+
+/// Which types to send, and which of their resources, for a push to a proxy watching `watched`.
+/// `eds_names` are the EDS resources the proxy subscribes to.
+pub fn plan(
+    request: &PushRequest,
+    watched: &[ResourceType],
+    eds_names: impl Iterator<Item = String>,
+) -> Vec<(ResourceType, Scope)> {
+    if request.full {
+        // Istio's order, so Envoy warms clusters before listeners reference them.
+        let order = [
+            ResourceType::Cluster,
+            ResourceType::Endpoint,
+            ResourceType::Listener,
+            ResourceType::Route,
+        ];
+        return order
+            .into_iter()
+            .filter(|t| watched.contains(t))
+            .map(|t| (t, Scope::All))
+            .collect();
+    }
+    if !watched.contains(&ResourceType::Endpoint) {
+        return Vec::new();
+    }
+    let names = eds_names_for(&request.services, eds_names);
+    if names.is_empty() {
+        return Vec::new();
+    }
+    vec![(ResourceType::Endpoint, Scope::Names(names))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn change(full: bool, hosts: &[&str]) -> Change {
+        Change {
+            full,
+            services: hosts.iter().map(|h| Hostname::from(*h)).collect(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn debounce_merges_a_burst_into_one_push() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        let config = DebounceConfig {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        };
+        let task = tokio::spawn(debounce(rx, config, move |c| sink.lock().push(c)));
+        tx.send(change(false, &["a"])).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tx.send(change(true, &["b"])).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(out.lock().is_empty(), "still within the quiet period");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert_eq!(*out.lock(), vec![change(true, &["a", "b"])]);
+        drop(tx);
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn debounce_max_delay_bounds_a_steady_stream() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        let config = DebounceConfig {
+            after: Duration::from_millis(100),
+            max: Duration::from_millis(300),
+        };
+        tokio::spawn(debounce(rx, config, move |c| sink.lock().push(c)));
+        for _ in 0..5 {
+            tx.send(change(false, &["a"])).unwrap();
+            tokio::time::sleep(Duration::from_millis(80)).await;
+        }
+        assert_eq!(
+            out.lock().len(),
+            1,
+            "max delay forced a push although changes kept coming"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_debounce_pushes_at_once() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        let config = DebounceConfig {
+            after: Duration::ZERO,
+            max: Duration::from_secs(10),
+        };
+        tokio::spawn(debounce(rx, config, move |c| sink.lock().push(c)));
+        tx.send(change(false, &["a"])).unwrap();
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert_eq!(out.lock().len(), 1);
+    }
+
+    #[test]
+    fn a_queued_proxy_has_its_requests_merged() {
+        let slot = PushSlot::default();
+        slot.offer(PushRequest::from(change(false, &["a"])));
+        slot.offer(PushRequest::from(change(false, &["b"])));
+        slot.offer(PushRequest::from(change(true, &[])));
+        assert_eq!(
+            slot.take(),
+            Some(PushRequest::from(change(true, &["a", "b"])))
+        );
+        assert_eq!(slot.take(), None);
+    }
+
+    #[test]
+    fn endpoint_change_pushes_eds_only_for_subscribed_clusters() {
+        let watched = [
+            ResourceType::Cluster,
+            ResourceType::Endpoint,
+            ResourceType::Listener,
+            ResourceType::Route,
+        ];
+        let subscribed = || {
+            [
+                "outbound|80||a.ns.svc.cluster.local",
+                "outbound|81||a.ns.svc.cluster.local",
+                "outbound|80||b.ns.svc.cluster.local",
+            ]
+            .map(String::from)
+            .into_iter()
+        };
+        let eds_only = PushRequest::from(change(false, &["a.ns.svc.cluster.local"]));
+        let plan_eds = plan(&eds_only, &watched, subscribed());
+        assert_eq!(plan_eds.len(), 1);
+        let (ty, scope) = &plan_eds[0];
+        assert_eq!(*ty, ResourceType::Endpoint);
+        assert_eq!(
+            *scope,
+            Scope::Names(
+                [
+                    "outbound|80||a.ns.svc.cluster.local",
+                    "outbound|81||a.ns.svc.cluster.local"
+                ]
+                .map(String::from)
+                .into()
+            )
+        );
+        let unrelated = PushRequest::from(change(false, &["c.ns.svc.cluster.local"]));
+        assert!(plan(&unrelated, &watched, subscribed()).is_empty());
+        let full = PushRequest::from(change(true, &[]));
+        let types: Vec<_> = plan(&full, &watched, subscribed())
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(types, watched.to_vec());
+    }
+}
