@@ -13,14 +13,20 @@ use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::metrics::Metrics;
 use crate::model::Mesh;
+use crate::model::{ClusterId, Provider, ShardKey};
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
+use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::XdsServer;
 
 #[derive(Debug, Error)]
 pub enum StartError {
-    #[error("nothing to serve: give --config-dir")]
+    #[error("nothing to serve: give --config-dir, --kubeconfig or --in-cluster")]
     NoSources,
+    #[error(transparent)]
+    KubeSource(#[from] KubeSourceError),
+    #[error(transparent)]
+    Aggregate(#[from] crate::aggregate::AggregateError),
     #[error(transparent)]
     FileSource(#[from] FileSourceError),
     #[error("xDS server: {0}")]
@@ -41,6 +47,7 @@ pub struct Running {
     pub aggregate: Arc<Aggregate>,
     tasks: Vec<JoinHandle<()>>,
     _file_watch: Option<FileWatch>,
+    _config_cluster: Option<KubeWatch>,
 }
 
 impl Drop for Running {
@@ -63,17 +70,44 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
 }
 
 pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
+    install_crypto_provider();
     let mesh = Arc::new(Mesh::new(args.naming()));
     let (aggregate, changes) = Aggregate::new(mesh);
 
-    let Some(config_dir) = &args.config_dir else {
+    if args.config_dir.is_none() && args.kubeconfig.is_none() && !args.in_cluster {
         return Err(StartError::NoSources);
+    }
+    let config_cluster = match (&args.kubeconfig, args.in_cluster) {
+        (None, false) => None,
+        (path, _) => {
+            let client = kube_source::client(path.as_deref()).await?;
+            let source = match path {
+                Some(p) => format!("kubeconfig:{}", p.display()),
+                None => "in-cluster".to_string(),
+            };
+            let shard = ShardKey {
+                provider: Provider::Kubernetes,
+                cluster: ClusterId::new(&args.cluster_id),
+            };
+            let registry = aggregate.add_cluster(shard, source, true)?;
+            Some(kube_source::watch_cluster(
+                client,
+                registry,
+                &args.system_namespace,
+            ))
+        }
     };
-    let file_watch = FileClusters::load(config_dir, aggregate.clone())?.watch()?;
+    let file_watch = match &args.config_dir {
+        Some(dir) => Some(FileClusters::load(dir, aggregate.clone())?.watch()?),
+        None => None,
+    };
 
     let metrics = Arc::new(Metrics::new());
+    let loaded = aggregate.clone();
+    let ready = Box::new(move || loaded.all_loaded());
     let xds = XdsServer::new(
         aggregate.mesh().clone(),
+        ready,
         args.push_concurrency,
         metrics.xds(),
     );
@@ -117,7 +151,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         xds,
         aggregate,
         tasks,
-        _file_watch: Some(file_watch),
+        _file_watch: file_watch,
+        _config_cluster: config_cluster,
     })
 }
 
@@ -129,4 +164,13 @@ fn local_addr(
     listener
         .local_addr()
         .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// Selects the process-wide rustls crypto provider (one, by Cargo feature).
+fn install_crypto_provider() {
+    #[cfg(feature = "tls-ring")]
+    {
+        // Fails only if a provider is already installed, which is what we want anyway.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }

@@ -14,6 +14,18 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_CONFIG_DIR")]
     pub config_dir: Option<PathBuf>,
 
+    /// Kubeconfig of the config (primary) cluster.
+    #[arg(long, env = "MESHPILOT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Use the pod's service account to reach the config cluster.
+    #[arg(long, env = "MESHPILOT_IN_CLUSTER", conflicts_with = "kubeconfig")]
+    pub in_cluster: bool,
+
+    /// Cluster id of the config cluster (Istio's CLUSTER_ID).
+    #[arg(long, env = "MESHPILOT_CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+
     /// Admin HTTP server: /ready, /metrics, /debug/*.
     #[arg(long, env = "MESHPILOT_HTTP_ADDR", default_value = "127.0.0.1:15014")]
     pub http_addr: SocketAddr,

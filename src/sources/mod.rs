@@ -1,4 +1,5 @@
 //! Where clusters come from: directories of manifests, (later) Kubernetes API servers.
 
 pub mod file;
+pub mod kube;
 pub mod manifest;

@@ -39,8 +39,12 @@ const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// Shared state of the xDS server.
+/// Whether the model is complete enough to serve (every cluster loaded or given up on).
+pub type Readiness = Box<dyn Fn() -> bool + Send + Sync>;
+
 pub struct XdsServer {
     mesh: Arc<Mesh>,
+    ready: Readiness,
     cache: ResourceCache,
     connections: RwLock<HashMap<u64, Arc<Connection>>>,
     push_permits: Semaphore,
@@ -78,9 +82,15 @@ impl Connection {
 }
 
 impl XdsServer {
-    pub fn new(mesh: Arc<Mesh>, push_concurrency: usize, metrics: XdsMetrics) -> Arc<Self> {
+    pub fn new(
+        mesh: Arc<Mesh>,
+        ready: Readiness,
+        push_concurrency: usize,
+        metrics: XdsMetrics,
+    ) -> Arc<Self> {
         Arc::new(Self {
             mesh,
+            ready,
             cache: ResourceCache::default(),
             connections: RwLock::default(),
             push_permits: Semaphore::new(push_concurrency.max(1)),
@@ -210,6 +220,13 @@ async fn serve<Req, S>(
     S: FnOnce(Arc<XdsServer>, Arc<Connection>, ResponseTx) -> Box<dyn Session<Req>>,
     Req: NodeOf,
 {
+    if !(server.ready)() {
+        // As istiod: a proxy must not get a partial view while clusters are still syncing.
+        let _ = tx.send(Err(Status::unavailable(
+            "meshpilot is not ready: clusters are still syncing",
+        )));
+        return;
+    }
     let first = match requests.message().await {
         Ok(Some(first)) => first,
         _ => return,

@@ -203,7 +203,13 @@ mod tests {
     fn delta_bytes_decode_as_a_delta_response() {
         let type_url = ClusterLoadAssignment::type_url();
         let a = cla("a");
-        let bytes = delta_response(&type_url, "s1", "n2", std::slice::from_ref(&a), &["gone".to_string()]);
+        let bytes = delta_response(
+            &type_url,
+            "s1",
+            "n2",
+            std::slice::from_ref(&a),
+            &["gone".to_string()],
+        );
         let decoded = DeltaDiscoveryResponse::decode(bytes).unwrap();
         assert_eq!(decoded.nonce, "n2");
         assert_eq!(decoded.removed_resources, vec!["gone".to_string()]);

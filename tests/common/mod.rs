@@ -337,6 +337,13 @@ pub async fn sidecar_ports() -> tokio::sync::MutexGuard<'static, ()> {
 
 /// Starts meshpilot in-process on a config dir, every server on port 0.
 pub async fn start_meshpilot(config_dir: &Path, extra: &[&str]) -> meshpilot::app::Running {
+    let mut args = vec!["--config-dir", config_dir.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    start_meshpilot_with(&args).await
+}
+
+/// Starts meshpilot in-process with these flags, every server on port 0, and waits until ready.
+pub async fn start_meshpilot_with(flags: &[&str]) -> meshpilot::app::Running {
     use clap::Parser;
     #[derive(Parser)]
     struct Args {
@@ -345,14 +352,12 @@ pub async fn start_meshpilot(config_dir: &Path, extra: &[&str]) -> meshpilot::ap
     }
     let mut argv = vec![
         "meshpilot",
-        "--config-dir",
-        config_dir.to_str().expect("utf-8 path"),
         "--http-addr",
         "127.0.0.1:0",
         "--xds-addr",
         "127.0.0.1:0",
     ];
-    argv.extend_from_slice(extra);
+    argv.extend_from_slice(flags);
     let running = meshpilot::app::start(Args::parse_from(argv).discovery)
         .await
         .expect("meshpilot starts");

@@ -1,0 +1,747 @@
+//! A Kubernetes API server for meshpilot's tests.
+//!
+//! It speaks the real protocol over HTTPS with its own CA and bearer tokens: list and watch with
+//! resource versions, ADDED/MODIFIED/DELETED/BOOKMARK events, label and field selectors, 410 Gone
+//! for compacted resource versions, TokenReviews against a token table, and TokenRequests. Objects
+//! live in memory. A test can stop and restart it on the same port, or make it hang.
+
+mod store;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use store::{kind_by_name, kind_by_plural, Filter, ResourceKind, Store, WatchStart};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// Who a bearer token authenticates as.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub username: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    /// Audiences the token is bound to; empty accepts any.
+    pub audiences: Vec<String>,
+}
+
+impl User {
+    /// A service account's identity, as the Kubernetes token authenticator reports it.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        Self {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            uid: format!("uid-{namespace}-{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            audiences: Vec::new(),
+        }
+    }
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    tokens: Mutex<HashMap<String, User>>,
+    hang: AtomicBool,
+    unhang: Notify,
+    requests: Mutex<HashMap<String, u64>>,
+    bookmark_interval: Duration,
+    ca_pem: String,
+    tls: Arc<rustls::ServerConfig>,
+    token_serial: AtomicU64,
+}
+
+/// One running (or stopped) test API server.
+pub struct TestApiServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    admin_token: String,
+    running: Mutex<Option<Running>>,
+}
+
+struct Running {
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        if let Some(running) = self.running.lock().take() {
+            running.abort();
+        }
+    }
+}
+
+impl Running {
+    fn abort(self) {
+        self.accept.abort();
+        for c in self.connections.lock().drain(..) {
+            c.abort();
+        }
+    }
+}
+
+impl TestApiServer {
+    /// Starts a server on a free port of 127.0.0.1 with an admin token.
+    pub async fn start() -> Self {
+        Self::start_with_bookmarks(Duration::from_secs(1)).await
+    }
+
+    pub async fn start_with_bookmarks(bookmark_interval: Duration) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (ca_pem, tls) = tls_config();
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind test API server");
+        let addr = listener.local_addr().expect("local addr");
+        let admin_token = "admin-token".to_string();
+        let admin = User {
+            username: "admin".into(),
+            uid: "admin".into(),
+            groups: vec!["system:masters".into(), "system:authenticated".into()],
+            audiences: Vec::new(),
+        };
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            tokens: Mutex::new(HashMap::from([(admin_token.clone(), admin)])),
+            hang: AtomicBool::new(false),
+            unhang: Notify::new(),
+            requests: Mutex::default(),
+            bookmark_interval,
+            ca_pem,
+            tls: Arc::new(tls),
+            token_serial: AtomicU64::new(0),
+        });
+        let server = Self {
+            shared,
+            addr,
+            admin_token,
+            running: Mutex::new(None),
+        };
+        *server.running.lock() = Some(server.serve(listener));
+        server
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        &self.shared.ca_pem
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    /// A kubeconfig for this server authenticating with `token`.
+    pub fn kubeconfig(&self, token: &str) -> String {
+        kubeconfig_for(&self.url(), &self.shared.ca_pem, token, "test")
+    }
+
+    pub fn add_token(&self, token: &str, user: User) {
+        self.shared.tokens.lock().insert(token.to_string(), user);
+    }
+
+    pub fn revoke_token(&self, token: &str) {
+        self.shared.tokens.lock().remove(token);
+    }
+
+    /// Creates or replaces every object of a (multi-document) YAML manifest.
+    pub fn apply_yaml(&self, yaml: &str) {
+        for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+            let value: Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
+            if !value.is_null() {
+                self.apply(value);
+            }
+        }
+    }
+
+    pub fn apply(&self, object: Value) -> Value {
+        let kind_name = object["kind"].as_str().unwrap_or_default().to_string();
+        let kind =
+            kind_by_name(&kind_name).unwrap_or_else(|| panic!("unsupported kind {kind_name}"));
+        upsert(&self.shared, kind, object)
+    }
+
+    pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let kind = kind_by_name(kind)?;
+        self.shared.store.lock().get(kind, namespace, name)
+    }
+
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let kind = kind_by_name(kind).unwrap_or_else(|| panic!("unsupported kind {kind}"));
+        self.shared.store.lock().delete(kind, namespace, name)
+    }
+
+    /// Forgets the watch history: clients watching from an older resource version get 410 Gone.
+    pub fn compact(&self) {
+        self.shared.store.lock().compact();
+    }
+
+    /// While hung, new connections are accepted but never answered and watches stall.
+    pub fn set_hang(&self, hang: bool) {
+        self.shared.hang.store(hang, Ordering::SeqCst);
+        if !hang {
+            self.shared.unhang.notify_waiters();
+        }
+    }
+
+    /// Closes the listener and every connection, as an API server going down.
+    pub fn stop(&self) {
+        if let Some(running) = self.running.lock().take() {
+            running.abort();
+        }
+    }
+
+    /// Listens again on the same address, keeping every object.
+    pub async fn restart(&self) {
+        self.stop();
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        *self.running.lock() = Some(self.serve(listener));
+    }
+
+    /// How many requests of a kind were made: `list:<plural>`, `watch:<plural>`, `tokenreview`, ….
+    pub fn request_count(&self, what: &str) -> u64 {
+        self.shared.requests.lock().get(what).copied().unwrap_or(0)
+    }
+
+    fn serve(&self, listener: TcpListener) -> Running {
+        let shared = self.shared.clone();
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let conns = connections.clone();
+        let accept = tokio::spawn(async move {
+            let acceptor = tokio_rustls::TlsAcceptor::from(shared.tls.clone());
+            while let Ok((tcp, _)) = listener.accept().await {
+                let shared = shared.clone();
+                let acceptor = acceptor.clone();
+                let task = tokio::spawn(async move {
+                    while shared.hang.load(Ordering::SeqCst) {
+                        shared.unhang.notified().await;
+                    }
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(handle(shared, req).await) }
+                    });
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    let _ = builder
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+                let mut conns = conns.lock();
+                conns.retain(|c| !c.is_finished());
+                conns.push(task);
+            }
+        });
+        Running {
+            accept,
+            connections,
+        }
+    }
+}
+
+/// A kubeconfig document (the shape `kubectl` and istioctl write).
+pub fn kubeconfig_for(server: &str, ca_pem: &str, token: &str, name: &str) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: {name}
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+contexts:
+- name: {name}
+  context: {{cluster: {name}, user: {name}}}
+current-context: {name}
+users:
+- name: {name}
+  user:
+    token: {token}
+"
+    )
+}
+
+fn tls_config() -> (String, rustls::ServerConfig) {
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test-apiserver-ca");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let ca = ca_params.self_signed(&ca_key).expect("CA cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver");
+    let cert = params.signed_by(&key, &issuer).expect("server cert");
+
+    let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key_der)
+        .expect("TLS config");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (ca.pem(), config)
+}
+
+fn count(shared: &Shared, what: String) {
+    *shared.requests.lock().entry(what).or_default() += 1;
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .expect("response")
+}
+
+fn status_error(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    json_response(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+/// A parsed REST path.
+struct Target {
+    kind: ResourceKind,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Result<Target, &'static str>> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group_version, rest) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => ("v1".to_string(), rest),
+        ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
+        _ => return None,
+    };
+    let target = |plural: &str, namespace: Option<&str>, name: Option<&str>, sub: Option<&str>| {
+        kind_by_plural(&group_version, plural)
+            .map(|kind| Target {
+                kind,
+                namespace: namespace.map(str::to_string),
+                name: name.map(str::to_string),
+                sub: sub.map(str::to_string),
+            })
+            .ok_or("no such resource")
+    };
+    Some(match rest {
+        ["tokenreviews"] => return Some(Err("tokenreviews")),
+        ["namespaces", ns, plural] => target(plural, Some(ns), None, None),
+        ["namespaces", ns, plural, name] => target(plural, Some(ns), Some(name), None),
+        ["namespaces", ns, plural, name, sub] => target(plural, Some(ns), Some(name), Some(sub)),
+        ["namespaces", name] => target("namespaces", None, Some(name), None),
+        [plural] => target(plural, None, None, None),
+        [plural, name] => target(plural, None, Some(name), None),
+        _ => Err("no such path"),
+    })
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let token = req
+        .headers()
+        .get("authorization")
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::to_string);
+    if token
+        .as_ref()
+        .is_none_or(|t| !shared.tokens.lock().contains_key(t))
+    {
+        return status_error(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+    }
+    let query: HashMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+                .map(|(k, v)| (k.to_string(), percent_decode(v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body"),
+    };
+    let target = match parse_path(&path) {
+        Some(Ok(t)) => t,
+        Some(Err("tokenreviews")) if method == Method::POST => return token_review(&shared, &body),
+        _ => {
+            return status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{method} {path}: not found"),
+            )
+        }
+    };
+    match (&method, &target.name, &target.sub) {
+        (&Method::GET, None, None) => {
+            let filter = match Filter::parse(
+                query.get("labelSelector").map(String::as_str),
+                query.get("fieldSelector").map(String::as_str),
+            ) {
+                Ok(f) => f,
+                Err(e) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", &e),
+            };
+            if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
+                count(&shared, format!("watch:{}", target.kind.plural));
+                watch(shared, target, filter, &query)
+            } else {
+                count(&shared, format!("list:{}", target.kind.plural));
+                list(&shared, &target, &filter)
+            }
+        }
+        (&Method::GET, Some(name), None) => {
+            let ns = target.namespace.clone().unwrap_or_default();
+            match shared.store.lock().get(target.kind, &ns, name) {
+                Some(obj) => json_response(StatusCode::OK, &obj),
+                None => status_error(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("{} {name} not found", target.kind.kind),
+                ),
+            }
+        }
+        (&Method::POST, None, None) | (&Method::PUT, Some(_), None) => {
+            let mut object: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return status_error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string())
+                }
+            };
+            if let Some(ns) = &target.namespace {
+                object["metadata"]["namespace"] = json!(ns);
+            }
+            let ns = target.namespace.clone().unwrap_or_default();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if method == Method::POST && shared.store.lock().get(target.kind, &ns, &name).is_some()
+            {
+                return status_error(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    &format!("{} {name} already exists", target.kind.kind),
+                );
+            }
+            let status = if method == Method::POST {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            json_response(status, &upsert(&shared, target.kind, object))
+        }
+        (&Method::DELETE, Some(name), None) => {
+            let ns = target.namespace.clone().unwrap_or_default();
+            match shared.store.lock().delete(target.kind, &ns, name) {
+                Some(obj) => json_response(StatusCode::OK, &obj),
+                None => status_error(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("{name} not found"),
+                ),
+            }
+        }
+        (&Method::POST, Some(name), Some(sub))
+            if target.kind.plural == "serviceaccounts" && sub == "token" =>
+        {
+            token_request(
+                &shared,
+                target.namespace.as_deref().unwrap_or_default(),
+                name,
+                &body,
+            )
+        }
+        _ => status_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "method not allowed",
+        ),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// Stores an object; a service-account token Secret is filled in as Kubernetes' token controller does.
+fn upsert(shared: &Shared, kind: ResourceKind, mut object: Value) -> Value {
+    let is_sa_token = object["type"] == "kubernetes.io/service-account-token"
+        && object["data"]["token"].is_null();
+    if kind.plural == "secrets" && is_sa_token {
+        let ns = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let sa = object["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let token = new_token(shared, &ns, &sa, Vec::new());
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        object["data"] =
+            json!({"token": b64(&token), "ca.crt": b64(&shared.ca_pem), "namespace": b64(&ns)});
+    }
+    shared.store.lock().upsert(kind, object)
+}
+
+fn new_token(
+    shared: &Shared,
+    namespace: &str,
+    service_account: &str,
+    audiences: Vec<String>,
+) -> String {
+    let serial = shared.token_serial.fetch_add(1, Ordering::Relaxed) + 1;
+    let token = format!("sa-{namespace}-{service_account}-{serial}");
+    let mut user = User::service_account(namespace, service_account);
+    user.audiences = audiences;
+    shared.tokens.lock().insert(token.clone(), user);
+    token
+}
+
+fn token_request(shared: &Shared, namespace: &str, name: &str, body: &[u8]) -> Response<Body> {
+    let request: Value = serde_json::from_slice(body).unwrap_or_default();
+    let audiences: Vec<String> = request["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let token = new_token(shared, namespace, name, audiences.clone());
+    json_response(
+        StatusCode::CREATED,
+        &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"audiences": audiences},
+                "status": {"token": token, "expirationTimestamp": "2099-01-01T00:00:00Z"}}),
+    )
+}
+
+fn token_review(shared: &Shared, body: &[u8]) -> Response<Body> {
+    count(shared, "tokenreview".into());
+    let review: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let token = review["spec"]["token"].as_str().unwrap_or_default();
+    let wanted: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let user = shared.tokens.lock().get(token).cloned();
+    let status = match user {
+        None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        Some(user) => {
+            let audiences: Vec<String> = if user.audiences.is_empty() {
+                wanted.clone()
+            } else {
+                wanted
+                    .iter()
+                    .filter(|a| user.audiences.contains(a))
+                    .cloned()
+                    .collect()
+            };
+            if !wanted.is_empty() && audiences.is_empty() {
+                json!({"authenticated": false, "error": "token audiences do not match"})
+            } else {
+                json!({"authenticated": true, "audiences": audiences,
+                       "user": {"username": user.username, "uid": user.uid, "groups": user.groups}})
+            }
+        }
+    };
+    json_response(
+        StatusCode::CREATED,
+        &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "metadata": {}, "spec": review["spec"], "status": status}),
+    )
+}
+
+fn list(shared: &Shared, target: &Target, filter: &Filter) -> Response<Body> {
+    let store = shared.store.lock();
+    let items = store.list(target.kind, target.namespace.as_deref(), filter);
+    let list_version = target.kind.api_version;
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": format!("{}List", target.kind.kind), "apiVersion": list_version,
+                "metadata": {"resourceVersion": store.resource_version().to_string()},
+                "items": items}),
+    )
+}
+
+fn watch_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn watch(
+    shared: Arc<Shared>,
+    target: Target,
+    filter: Filter,
+    query: &HashMap<String, String>,
+) -> Response<Body> {
+    let from: Option<u64> = query
+        .get("resourceVersion")
+        .filter(|v| !v.is_empty() && *v != "0")
+        .and_then(|v| v.parse().ok());
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(300));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1024);
+    let kind = target.kind;
+    let namespace = target.namespace.clone();
+    let in_scope = move |object: &Value| {
+        namespace
+            .as_deref()
+            .is_none_or(|ns| object["metadata"]["namespace"].as_str() == Some(ns))
+            && filter.matches(object)
+    };
+    tokio::spawn(async move {
+        let (replay, mut live) = {
+            let store = shared.store.lock();
+            match from {
+                Some(rv) => match store.watch_from(rv) {
+                    WatchStart::Replay(events, live) => (
+                        events
+                            .into_iter()
+                            .filter(|e| e.plural == kind.plural && in_scope(&e.object))
+                            .map(|e| watch_line(e.kind.as_str(), &e.object))
+                            .collect::<Vec<_>>(),
+                        live,
+                    ),
+                    WatchStart::Gone { requested, oldest } => {
+                        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                            "message": format!("too old resource version: {requested} ({oldest})"),
+                            "reason": "Expired", "code": 410});
+                        let _ = tx.try_send(watch_line("ERROR", &status));
+                        return;
+                    }
+                },
+                None => {
+                    let current = store.list(kind, None, &Filter::default());
+                    let lines = current
+                        .iter()
+                        .filter(|o| in_scope(o))
+                        .map(|o| watch_line("ADDED", o))
+                        .collect();
+                    (lines, store.subscribe())
+                }
+            }
+        };
+        for line in replay {
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut ticker = tokio::time::interval(shared.bookmark_interval);
+        loop {
+            let line = tokio::select! {
+                event = live.recv() => match event {
+                    Ok(e) if e.plural == kind.plural && in_scope(&e.object) => watch_line(e.kind.as_str(), &e.object),
+                    Ok(_) => continue,
+                    Err(_) => return,
+                },
+                _ = ticker.tick(), if bookmarks => {
+                    let rv = shared.store.lock().resource_version().to_string();
+                    watch_line("BOOKMARK", &json!({"kind": kind.kind, "apiVersion": kind.api_version,
+                        "metadata": {"resourceVersion": rv}}))
+                }
+                _ = tokio::time::sleep_until(deadline) => return,
+            };
+            while shared.hang.load(Ordering::SeqCst) {
+                shared.unhang.notified().await;
+            }
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
+        .map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("response")
+}

@@ -1,0 +1,425 @@
+//! The object store: resource versions, a bounded event history for watches, label selectors.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+/// A resource the server serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceKind {
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub api_version: &'static str,
+    pub namespaced: bool,
+}
+
+pub const KINDS: &[ResourceKind] = &[
+    ResourceKind {
+        plural: "namespaces",
+        kind: "Namespace",
+        api_version: "v1",
+        namespaced: false,
+    },
+    ResourceKind {
+        plural: "nodes",
+        kind: "Node",
+        api_version: "v1",
+        namespaced: false,
+    },
+    ResourceKind {
+        plural: "services",
+        kind: "Service",
+        api_version: "v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "pods",
+        kind: "Pod",
+        api_version: "v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "secrets",
+        kind: "Secret",
+        api_version: "v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "configmaps",
+        kind: "ConfigMap",
+        api_version: "v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "serviceaccounts",
+        kind: "ServiceAccount",
+        api_version: "v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "endpointslices",
+        kind: "EndpointSlice",
+        api_version: "discovery.k8s.io/v1",
+        namespaced: true,
+    },
+];
+
+pub fn kind_by_plural(group_version: &str, plural: &str) -> Option<ResourceKind> {
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.plural == plural && k.api_version == group_version)
+}
+
+pub fn kind_by_name(kind: &str) -> Option<ResourceKind> {
+    KINDS.iter().copied().find(|k| k.kind == kind)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub rv: u64,
+    pub plural: &'static str,
+    pub kind: EventType,
+    pub object: Arc<Value>,
+}
+
+/// (plural, namespace, name)
+type Key = (&'static str, String, String);
+
+const HISTORY: usize = 50_000;
+
+pub struct Store {
+    objects: BTreeMap<Key, Value>,
+    rv: u64,
+    history: VecDeque<Event>,
+    /// Watches from a resource version at or below this one get 410 Gone.
+    compacted: u64,
+    uids: u64,
+    live: broadcast::Sender<Event>,
+}
+
+pub enum WatchStart {
+    /// Replay these, then follow `live`.
+    Replay(Vec<Event>, broadcast::Receiver<Event>),
+    Gone {
+        requested: u64,
+        oldest: u64,
+    },
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            rv: 1000,
+            history: VecDeque::new(),
+            compacted: 0,
+            uids: 0,
+            live: broadcast::channel(65_536).0,
+        }
+    }
+}
+
+impl Store {
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// Creates or replaces an object; returns it as stored.
+    pub fn upsert(&mut self, kind: ResourceKind, mut object: Value) -> Value {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let namespace = if kind.namespaced {
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        } else {
+            String::new()
+        };
+        let key = (kind.plural, namespace.clone(), name);
+        let previous = self.objects.get(&key);
+        self.rv += 1;
+        let uid = match previous {
+            Some(p) => p["metadata"]["uid"].clone(),
+            None => {
+                self.uids += 1;
+                json!(format!("00000000-0000-4000-8000-{:012}", self.uids))
+            }
+        };
+        let event = if previous.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        object["apiVersion"] = json!(kind.api_version);
+        object["kind"] = json!(kind.kind);
+        let meta = &mut object["metadata"];
+        meta["resourceVersion"] = json!(self.rv.to_string());
+        meta["uid"] = uid;
+        if meta["creationTimestamp"].is_null() {
+            meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        if kind.namespaced {
+            meta["namespace"] = json!(namespace);
+        }
+        self.objects.insert(key, object.clone());
+        self.record(kind.plural, event, object.clone());
+        object
+    }
+
+    pub fn get(&self, kind: ResourceKind, namespace: &str, name: &str) -> Option<Value> {
+        self.objects
+            .get(&(kind.plural, namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn delete(&mut self, kind: ResourceKind, namespace: &str, name: &str) -> Option<Value> {
+        let mut object =
+            self.objects
+                .remove(&(kind.plural, namespace.to_string(), name.to_string()))?;
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.record(kind.plural, EventType::Deleted, object.clone());
+        Some(object)
+    }
+
+    fn record(&mut self, plural: &'static str, kind: EventType, object: Value) {
+        let event = Event {
+            rv: self.rv,
+            plural,
+            kind,
+            object: Arc::new(object),
+        };
+        self.history.push_back(event.clone());
+        while self.history.len() > HISTORY {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        // No receiver is fine: nobody is watching.
+        let _ = self.live.send(event);
+    }
+
+    /// Forgets the event history: every watch from an older resource version gets 410 Gone.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    pub fn list(&self, kind: ResourceKind, namespace: Option<&str>, filter: &Filter) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((plural, ns, _), _)| {
+                *plural == kind.plural && namespace.is_none_or(|n| n == ns)
+            })
+            .map(|(_, o)| o)
+            .filter(|o| filter.matches(o))
+            .cloned()
+            .collect()
+    }
+
+    /// Events after `from` (exclusive) for a watch, or Gone if they were compacted away.
+    pub fn watch_from(&self, from: u64) -> WatchStart {
+        if from < self.compacted {
+            return WatchStart::Gone {
+                requested: from,
+                oldest: self.compacted,
+            };
+        }
+        let replay = self
+            .history
+            .iter()
+            .filter(|e| e.rv > from)
+            .cloned()
+            .collect();
+        WatchStart::Replay(replay, self.live.subscribe())
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.live.subscribe()
+    }
+}
+
+/// Label and field selectors of a list or watch.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    labels: Vec<Requirement>,
+    fields: Vec<(String, String, bool)>,
+}
+
+#[derive(Debug, Clone)]
+enum Requirement {
+    Equals(String, String),
+    NotEquals(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+impl Filter {
+    pub fn parse(
+        label_selector: Option<&str>,
+        field_selector: Option<&str>,
+    ) -> Result<Self, String> {
+        let mut filter = Filter::default();
+        if let Some(sel) = label_selector.filter(|s| !s.is_empty()) {
+            for term in split_terms(sel) {
+                filter.labels.push(parse_requirement(term.trim())?);
+            }
+        }
+        if let Some(sel) = field_selector.filter(|s| !s.is_empty()) {
+            for term in sel.split(',') {
+                let (field, value, equal) = if let Some((f, v)) = term.split_once("!=") {
+                    (f, v, false)
+                } else if let Some((f, v)) = term.split_once("==").or_else(|| term.split_once('='))
+                {
+                    (f, v, true)
+                } else {
+                    return Err(format!("invalid field selector {term:?}"));
+                };
+                filter
+                    .fields
+                    .push((field.trim().to_string(), value.trim().to_string(), equal));
+            }
+        }
+        Ok(filter)
+    }
+
+    pub fn matches(&self, object: &Value) -> bool {
+        let labels: HashMap<&str, &str> = object["metadata"]["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let labels_ok = self.labels.iter().all(|r| match r {
+            Requirement::Equals(k, v) => labels.get(k.as_str()) == Some(&v.as_str()),
+            Requirement::NotEquals(k, v) => labels.get(k.as_str()) != Some(&v.as_str()),
+            Requirement::In(k, vs) => labels
+                .get(k.as_str())
+                .is_some_and(|l| vs.iter().any(|v| v == l)),
+            Requirement::NotIn(k, vs) => labels
+                .get(k.as_str())
+                .is_none_or(|l| vs.iter().all(|v| v != l)),
+            Requirement::Exists(k) => labels.contains_key(k.as_str()),
+            Requirement::NotExists(k) => !labels.contains_key(k.as_str()),
+        });
+        let fields_ok = self.fields.iter().all(|(field, value, equal)| {
+            let actual = field
+                .split('.')
+                .try_fold(object, |v, part| v.get(part))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            (actual == value) == *equal
+        });
+        labels_ok && fields_ok
+    }
+}
+
+/// Splits on commas outside parentheses (`a in (x,y),b`).
+fn split_terms(sel: &str) -> Vec<&str> {
+    let (mut terms, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in sel.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(&sel[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&sel[start..]);
+    terms
+}
+
+fn parse_requirement(term: &str) -> Result<Requirement, String> {
+    let set = |rest: &str| -> Result<Vec<String>, String> {
+        let inner = rest
+            .trim()
+            .strip_prefix('(')
+            .and_then(|r| r.strip_suffix(')'))
+            .ok_or_else(|| format!("invalid set in {term:?}"))?;
+        Ok(inner.split(',').map(|v| v.trim().to_string()).collect())
+    };
+    if let Some(key) = term.strip_prefix('!') {
+        return Ok(Requirement::NotExists(key.trim().to_string()));
+    }
+    if let Some((k, v)) = term.split_once("!=") {
+        return Ok(Requirement::NotEquals(k.trim().into(), v.trim().into()));
+    }
+    if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+        return Ok(Requirement::Equals(k.trim().into(), v.trim().into()));
+    }
+    if let Some((k, rest)) = term.split_once(" notin ") {
+        return Ok(Requirement::NotIn(k.trim().into(), set(rest)?));
+    }
+    if let Some((k, rest)) = term.split_once(" in ") {
+        return Ok(Requirement::In(k.trim().into(), set(rest)?));
+    }
+    if term.is_empty() || term.contains(' ') {
+        return Err(format!("invalid label selector term {term:?}"));
+    }
+    Ok(Requirement::Exists(term.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_selectors() {
+        let obj = json!({"metadata": {"name": "a", "labels": {"app": "web", "tier": "front"}}});
+        let m = |s: &str| Filter::parse(Some(s), None).unwrap().matches(&obj);
+        assert!(m("app=web"));
+        assert!(m("app==web,tier"));
+        assert!(!m("app!=web"));
+        assert!(m("tier in (front, back)"));
+        assert!(!m("tier notin (front)"));
+        assert!(m("!missing"));
+        assert!(!m("missing"));
+        let f = Filter::parse(None, Some("metadata.name=a")).unwrap();
+        assert!(f.matches(&obj));
+    }
+
+    #[test]
+    fn compaction_makes_old_versions_gone() {
+        let mut store = Store::default();
+        let ns = kind_by_name("Namespace").unwrap();
+        store.upsert(ns, json!({"metadata": {"name": "a"}}));
+        let rv = store.resource_version();
+        store.upsert(ns, json!({"metadata": {"name": "b"}}));
+        match store.watch_from(rv) {
+            WatchStart::Replay(events, _) => assert_eq!(events.len(), 1),
+            WatchStart::Gone { .. } => panic!("not compacted yet"),
+        }
+        store.compact();
+        assert!(matches!(store.watch_from(rv), WatchStart::Gone { .. }));
+    }
+}
