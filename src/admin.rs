@@ -14,9 +14,10 @@ use crate::aggregate::Aggregate;
 use crate::metrics::Metrics;
 use crate::model::{Endpoint, Provider};
 use crate::registry::ClusterStatus;
-use crate::xds::server::{SyncView, XdsServer};
+use crate::xds::server::{Readiness, SyncView, XdsServer};
 
 pub struct AdminState {
+    pub ready: Readiness,
     pub aggregate: Arc<Aggregate>,
     pub metrics: Arc<Metrics>,
     pub xds: Arc<XdsServer>,
@@ -40,10 +41,13 @@ async fn ready(State(state): State<Arc<AdminState>>) -> Response {
         .filter(|c| c.status().state == crate::registry::SyncState::Syncing)
         .map(|c| c.id().to_string())
         .collect();
-    if waiting.is_empty() {
+    if (state.ready)() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        let body = format!("not ready: waiting for clusters {}\n", waiting.join(", "));
+        let body = match waiting.is_empty() {
+            true => "not ready: remote-cluster secrets not processed yet\n".to_string(),
+            false => format!("not ready: waiting for clusters {}\n", waiting.join(", ")),
+        };
         (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
     }
 }

@@ -68,6 +68,7 @@ impl Aggregate {
                 source,
                 self.mesh.clone(),
                 self.changes.clone(),
+                true,
             ));
             if config_cluster {
                 clusters.insert(0, registry.clone());
@@ -79,6 +80,33 @@ impl Aggregate {
         info!(cluster = %registry.id(), source = registry.source(), "cluster added");
         self.reorder();
         Ok(registry)
+    }
+
+    /// A registry for a cluster that is already registered, built beside it: it collects the
+    /// cluster's objects but publishes nothing until [`Self::promote`] swaps it in.
+    pub fn stage_cluster(&self, shard: ShardKey, source: String) -> Arc<ClusterRegistry> {
+        Arc::new(ClusterRegistry::new(
+            shard,
+            source,
+            self.mesh.clone(),
+            self.changes.clone(),
+            false,
+        ))
+    }
+
+    /// Swaps a staged registry in for the registered one of the same cluster (same position, same
+    /// shard key). The old one is retired first, so it can never write or delete the shard again;
+    /// proxies see only the difference. Returns the retired registry.
+    pub fn promote(&self, staged: Arc<ClusterRegistry>) -> Option<Arc<ClusterRegistry>> {
+        let old = {
+            let mut clusters = self.clusters.write();
+            let pos = clusters.iter().position(|c| c.id() == staged.id())?;
+            std::mem::replace(&mut clusters[pos], staged.clone())
+        };
+        let served = old.retire();
+        staged.go_live(served);
+        info!(cluster = %staged.id(), source = staged.source(), "cluster registry swapped");
+        Some(old)
     }
 
     /// Unregisters a cluster and removes everything it contributed.

@@ -16,8 +16,9 @@ use crate::model::Mesh;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
+use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
 use crate::xds::push::{debounce, DebounceConfig};
-use crate::xds::server::XdsServer;
+use crate::xds::server::{Readiness, XdsServer};
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -47,7 +48,20 @@ pub struct Running {
     pub aggregate: Arc<Aggregate>,
     tasks: Vec<JoinHandle<()>>,
     _file_watch: Option<FileWatch>,
-    _config_cluster: Option<KubeWatch>,
+    config_cluster: Option<ConfigCluster>,
+}
+
+/// The config cluster's watches and the remote clusters its Secrets onboard.
+struct ConfigCluster {
+    _watch: KubeWatch,
+    remotes: RemoteController,
+}
+
+impl Running {
+    /// Clients of the remote clusters onboarded from Secrets (none without a Kubernetes config cluster).
+    pub fn remote_clients(&self) -> Option<RemoteClients> {
+        self.config_cluster.as_ref().map(|c| c.remotes.clients())
+    }
 }
 
 impl Drop for Running {
@@ -77,24 +91,11 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     if args.config_dir.is_none() && args.kubeconfig.is_none() && !args.in_cluster {
         return Err(StartError::NoSources);
     }
+    let metrics = Arc::new(Metrics::new());
     let config_cluster = match (&args.kubeconfig, args.in_cluster) {
         (None, false) => None,
         (path, _) => {
-            let client = kube_source::client(path.as_deref()).await?;
-            let source = match path {
-                Some(p) => format!("kubeconfig:{}", p.display()),
-                None => "in-cluster".to_string(),
-            };
-            let shard = ShardKey {
-                provider: Provider::Kubernetes,
-                cluster: ClusterId::new(&args.cluster_id),
-            };
-            let registry = aggregate.add_cluster(shard, source, true)?;
-            Some(kube_source::watch_cluster(
-                client,
-                registry,
-                &args.system_namespace,
-            ))
+            Some(start_config_cluster(&args, path.as_deref(), &aggregate, &metrics).await?)
         }
     };
     let file_watch = match &args.config_dir {
@@ -102,12 +103,16 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         None => None,
     };
 
-    let metrics = Arc::new(Metrics::new());
     let loaded = aggregate.clone();
-    let ready = Box::new(move || loaded.all_loaded());
+    let secrets_listed = config_cluster
+        .as_ref()
+        .map(|c| c.remotes.initial_sync_signal());
+    let ready: Readiness = Arc::new(move || {
+        loaded.all_loaded() && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
+    });
     let xds = XdsServer::new(
         aggregate.mesh().clone(),
-        ready,
+        ready.clone(),
         args.push_concurrency,
         metrics.xds(),
     );
@@ -135,6 +140,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let http = bind("admin", args.http_addr).await?;
     let http_addr = local_addr("admin", &http, args.http_addr)?;
     let router = admin::router(Arc::new(AdminState {
+        ready: ready.clone(),
         aggregate: aggregate.clone(),
         metrics,
         xds: xds.clone(),
@@ -152,7 +158,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         aggregate,
         tasks,
         _file_watch: file_watch,
-        _config_cluster: config_cluster,
+        config_cluster,
     })
 }
 
@@ -166,8 +172,39 @@ fn local_addr(
         .map_err(|source| StartError::Bind { what, addr, source })
 }
 
+async fn start_config_cluster(
+    args: &DiscoveryArgs,
+    kubeconfig: Option<&std::path::Path>,
+    aggregate: &Arc<Aggregate>,
+    metrics: &Metrics,
+) -> Result<ConfigCluster, StartError> {
+    let client = kube_source::client(kubeconfig).await?;
+    let source = match kubeconfig {
+        Some(p) => format!("kubeconfig:{}", p.display()),
+        None => "in-cluster".to_string(),
+    };
+    let id = ClusterId::new(&args.cluster_id);
+    let shard = ShardKey {
+        provider: Provider::Kubernetes,
+        cluster: id.clone(),
+    };
+    let registry = aggregate.add_cluster(shard, source, true)?;
+    let watch = kube_source::watch_cluster(client.clone(), registry, &args.system_namespace);
+    let options = RemoteOptions {
+        system_namespace: args.system_namespace.clone(),
+        config_cluster: id,
+        sync_timeout: args.remote_cluster_timeout,
+        insecure: args.insecure_kubeconfig_options.clone(),
+    };
+    let remotes = RemoteController::start(client, aggregate.clone(), options, metrics.remote());
+    Ok(ConfigCluster {
+        _watch: watch,
+        remotes,
+    })
+}
+
 /// Selects the process-wide rustls crypto provider (one, by Cargo feature).
-fn install_crypto_provider() {
+pub fn install_crypto_provider() {
     #[cfg(feature = "tls-ring")]
     {
         // Fails only if a provider is already installed, which is what we want anyway.

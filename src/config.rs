@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::model::MeshNaming;
+use crate::sources::kubeconfig::InsecureOptions;
 
 #[derive(Debug, Clone, Args)]
 pub struct DiscoveryArgs {
@@ -25,6 +26,20 @@ pub struct DiscoveryArgs {
     /// Cluster id of the config cluster (Istio's CLUSTER_ID).
     #[arg(long, env = "MESHPILOT_CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
+
+    /// How long readiness waits for a remote cluster to sync (`0s`: forever).
+    #[arg(long, env = "MESHPILOT_REMOTE_CLUSTER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub remote_cluster_timeout: Duration,
+
+    /// Kubeconfig options remote-cluster Secrets may use although they run programs or read local
+    /// files: comma-separated among exec, authProvider, tokenFile, clientCertificate, clientKey,
+    /// certificateAuthority.
+    #[arg(
+        long,
+        env = "MESHPILOT_INSECURE_KUBECONFIG_OPTIONS",
+        default_value = ""
+    )]
+    pub insecure_kubeconfig_options: InsecureOptions,
 
     /// Admin HTTP server: /ready, /metrics, /debug/*.
     #[arg(long, env = "MESHPILOT_HTTP_ADDR", default_value = "127.0.0.1:15014")]

@@ -9,5 +9,6 @@ pub mod config;
 pub mod metrics;
 pub mod model;
 pub mod registry;
+pub mod remote_secret;
 pub mod sources;
 pub mod xds;

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use meshpilot::config::DiscoveryArgs;
+use meshpilot::remote_secret::RemoteSecretArgs;
 
 #[derive(Parser)]
 #[command(
@@ -24,7 +25,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the control plane.
-    Discovery(DiscoveryArgs),
+    Discovery(Box<DiscoveryArgs>),
+    /// Print the Secret that onboards a remote cluster (as istioctl create-remote-secret).
+    RemoteSecret(RemoteSecretArgs),
 }
 
 #[tokio::main]
@@ -37,9 +40,13 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Discovery(args) => {
-            let running = meshpilot::app::start(args).await?;
+            let running = meshpilot::app::start(*args).await?;
             shutdown_signal().await?;
             drop(running);
+        }
+        Command::RemoteSecret(args) => {
+            meshpilot::app::install_crypto_provider();
+            print!("{}", meshpilot::remote_secret::generate(&args).await?);
         }
     }
     Ok(())

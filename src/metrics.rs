@@ -4,6 +4,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::aggregate::Aggregate;
@@ -18,6 +19,26 @@ pub struct Metrics {
     cluster_errors: Family<Labels, Gauge>,
     services: Gauge,
     xds: XdsMetrics,
+    remote: RemoteMetrics,
+}
+
+/// Remote-cluster lifecycle metrics, updated by the secret controller.
+#[derive(Clone)]
+pub struct RemoteMetrics {
+    pub sync_timeouts: Counter,
+    pub sync_duration: Histogram,
+    pub rotations: Counter,
+}
+
+impl Default for RemoteMetrics {
+    fn default() -> Self {
+        Self {
+            sync_timeouts: Counter::default(),
+            // 10 ms … ~40 s
+            sync_duration: Histogram::new(exponential_buckets(0.01, 2.0, 13)),
+            rotations: Counter::default(),
+        }
+    }
 }
 
 /// Handles the xDS server updates (cheap clones of the registered metrics).
@@ -91,7 +112,24 @@ impl Metrics {
             "xDS responses rejected by proxies, by type",
             xds.nacks.clone(),
         );
+        let remote = RemoteMetrics::default();
+        registry.register(
+            "remote_cluster_sync_timeouts",
+            "Remote clusters that did not sync within --remote-cluster-timeout",
+            remote.sync_timeouts.clone(),
+        );
+        registry.register(
+            "remote_cluster_sync_duration_seconds",
+            "Time from a remote cluster's onboarding to its first full sync",
+            remote.sync_duration.clone(),
+        );
+        registry.register(
+            "remote_cluster_rotations",
+            "Remote clusters swapped to a rotated kubeconfig without a gap",
+            remote.rotations.clone(),
+        );
         Self {
+            remote,
             xds,
             registry,
             clusters,
@@ -99,6 +137,10 @@ impl Metrics {
             cluster_errors,
             services,
         }
+    }
+
+    pub fn remote(&self) -> RemoteMetrics {
+        self.remote.clone()
     }
 
     pub fn xds(&self) -> XdsMetrics {

@@ -78,19 +78,25 @@ impl std::fmt::Debug for ClusterRegistry {
 }
 
 impl ClusterRegistry {
+    /// A registry that publishes (`live`) or only collects until it goes live (see [`Self::go_live`]).
     pub(crate) fn new(
         shard: ShardKey,
         source: String,
         mesh: Arc<Mesh>,
         changes: UnboundedSender<Change>,
+        live: bool,
     ) -> Self {
+        let store = Store {
+            mode: if live { Mode::Live } else { Mode::Staging },
+            ..Default::default()
+        };
         Self {
             id: shard.cluster.clone(),
             shard,
             source,
             mesh,
             changes,
-            store: Mutex::default(),
+            store: Mutex::new(store),
             status: Mutex::new(ClusterStatus {
                 state: SyncState::Syncing,
                 last_error: None,
@@ -137,9 +143,15 @@ impl ClusterRegistry {
     /// Applies a batch of object changes and publishes what they mean for the mesh.
     pub fn apply(&self, changes: impl IntoIterator<Item = ObjectChange>) {
         let mut store = self.store.lock();
+        if store.mode == Mode::Retired {
+            return;
+        }
         let mut dirty = Dirty::default();
         for change in changes {
             store.apply(change, &self.mesh.naming.system_namespace, &mut dirty);
+        }
+        if store.mode == Mode::Staging {
+            return;
         }
         let services: Vec<NsName> = if dirty.all {
             store.service_names()
@@ -154,9 +166,35 @@ impl ClusterRegistry {
         self.emit(change);
     }
 
+    /// Stops this registry from ever writing the mesh again; returns the services it served.
+    pub(crate) fn retire(&self) -> Vec<NsName> {
+        let mut store = self.store.lock();
+        store.mode = Mode::Retired;
+        store.service_names()
+    }
+
+    /// Publishes a staged registry in place of a retired one of the same cluster: every service it
+    /// knows is written over the shard, and those only the predecessor served are removed. Proxies see
+    /// the difference between the two, never a gap.
+    pub(crate) fn go_live(&self, predecessor_services: Vec<NsName>) {
+        let mut store = self.store.lock();
+        store.mode = Mode::Live;
+        let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
+        services.extend(predecessor_services);
+        let mut change = Change::default();
+        for (namespace, name) in services {
+            self.publish_service(&store, &namespace, &name, &mut change);
+        }
+        drop(store);
+        self.emit(change);
+    }
+
     /// Removes everything this cluster contributed to the mesh (the cluster left).
     pub fn clear(&self) {
-        *self.store.lock() = Store::default();
+        *self.store.lock() = Store {
+            mode: Mode::Retired,
+            ..Default::default()
+        };
         let mut change = Change {
             full: true,
             ..Default::default()
@@ -229,9 +267,21 @@ struct Dirty {
     all: bool,
 }
 
+/// Whether a registry writes the mesh.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Mode {
+    /// Building beside the registry it will replace: keeps objects, publishes nothing.
+    Staging,
+    #[default]
+    Live,
+    /// Replaced: ignores every change, so it can never touch the shard it handed over.
+    Retired,
+}
+
 /// A cluster's objects and the reverse indexes that find the services an object change touches.
 #[derive(Default)]
 struct Store {
+    mode: Mode,
     namespaces: HashMap<String, NamespaceObj>,
     services: HashMap<NsName, ServiceObj>,
     slices: HashMap<NsName, SliceObj>,
@@ -490,7 +540,10 @@ mod tests {
             provider: Provider::Kubernetes,
             cluster: ClusterId::new("c1"),
         };
-        (ClusterRegistry::new(shard, "test".into(), mesh, tx), rx)
+        (
+            ClusterRegistry::new(shard, "test".into(), mesh, tx, true),
+            rx,
+        )
     }
 
     fn apply(reg: &ClusterRegistry, yaml: &str) {
@@ -674,6 +727,65 @@ endpoints:
         );
         apply(&reg, &[SERVICE, NODE, POD, &mcs].join("---"));
         assert!(endpoints(&reg).is_empty());
+    }
+
+    #[test]
+    fn staged_registry_takes_over_without_a_gap() {
+        let (old, mut rx) = registry();
+        apply(&old, &[SERVICE, NODE, POD, SLICE].join("---"));
+        let other = "\napiVersion: v1\nkind: Service\nmetadata: {name: gone, namespace: shop}\nspec: {clusterIP: 10.0.0.11}\n";
+        apply(&old, other);
+        while rx.try_recv().is_ok() {}
+        let (tx, mut new_rx) = tokio::sync::mpsc::unbounded_channel();
+        let new = ClusterRegistry::new(
+            old.shard.clone(),
+            "rotated".into(),
+            old.mesh.clone(),
+            tx,
+            false,
+        );
+        // The new registry sees the same cluster minus one service, plus one moved endpoint.
+        apply(
+            &new,
+            &[
+                SERVICE,
+                NODE,
+                &POD.replace("10.1.0.1", "10.1.0.9"),
+                &SLICE.replace("10.1.0.1", "10.1.0.9"),
+            ]
+            .join("---"),
+        );
+        assert_eq!(
+            endpoints(&old)[0].address.to_string(),
+            "10.1.0.1",
+            "staging publishes nothing"
+        );
+        assert_eq!(new.service_count(), 1, "but keeps what it saw");
+        assert!(new_rx.try_recv().is_err());
+
+        let served = old.retire();
+        apply(&old, &SERVICE.replace("port: 80", "port: 99"));
+        assert_eq!(
+            old.mesh.services.get(HOST).unwrap().ports[0].port,
+            80,
+            "retired registries write nothing"
+        );
+        new.go_live(served);
+        let addrs: Vec<String> = endpoints(&new)
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect();
+        assert_eq!(addrs, ["10.1.0.2", "10.1.0.9"]);
+        assert!(new
+            .mesh
+            .services
+            .get("gone.shop.svc.cluster.local")
+            .is_none());
+        let change = new_rx.try_recv().unwrap();
+        assert!(
+            change.services.contains(HOST)
+                && change.services.contains("gone.shop.svc.cluster.local")
+        );
     }
 
     #[test]

@@ -71,6 +71,11 @@ impl Drop for KubeWatch {
 }
 
 impl KubeWatch {
+    /// Becomes true once every kind has been listed for the first time.
+    pub fn synced_signal(&self) -> watch::Receiver<bool> {
+        self.synced.clone()
+    }
+
     /// Resolves once every kind has been listed for the first time.
     pub async fn synced(&self) {
         let mut synced = self.synced.clone();
@@ -171,15 +176,21 @@ where
         let mut known: HashSet<ObjectKey> = HashSet::new();
         let mut relist: Option<(Vec<ObjectChange>, HashSet<ObjectKey>)> = None;
         let mut listed_once = false;
+        let mut failing = false;
         while let Some(event) = events.next().await {
             let event = match event {
                 Ok(event) => event,
                 Err(e) => {
                     // The watcher re-establishes itself with backoff; a single error ends nothing.
                     warn!(cluster = %registry.id(), kind = %kind, error = %e, "watch error");
+                    registry.set_error(Some(format!("{kind} watch: {e}")));
+                    failing = true;
                     continue;
                 }
             };
+            if std::mem::take(&mut failing) {
+                registry.set_error(None);
+            }
             match event {
                 Event::Init => relist = Some(Default::default()),
                 Event::InitApply(object) => {
@@ -216,7 +227,7 @@ where
 
 /// Retry delays of a broken watch: 100 ms doubling to 5 s, reset by the next event. Quicker than
 /// kube-runtime's default (800 ms to 30 s), so a restarted API server is caught up within a second.
-struct WatchBackoff {
+pub(crate) struct WatchBackoff {
     next: Duration,
 }
 

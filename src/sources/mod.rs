@@ -2,4 +2,6 @@
 
 pub mod file;
 pub mod kube;
+pub mod kubeconfig;
 pub mod manifest;
+pub mod remote;

@@ -40,7 +40,7 @@ const DELTA_PATH: &str =
 
 /// Shared state of the xDS server.
 /// Whether the model is complete enough to serve (every cluster loaded or given up on).
-pub type Readiness = Box<dyn Fn() -> bool + Send + Sync>;
+pub type Readiness = Arc<dyn Fn() -> bool + Send + Sync>;
 
 pub struct XdsServer {
     mesh: Arc<Mesh>,

@@ -344,6 +344,18 @@ pub async fn start_meshpilot(config_dir: &Path, extra: &[&str]) -> meshpilot::ap
 
 /// Starts meshpilot in-process with these flags, every server on port 0, and waits until ready.
 pub async fn start_meshpilot_with(flags: &[&str]) -> meshpilot::app::Running {
+    let running = start_meshpilot_unready(flags).await;
+    let admin = running.http_addr;
+    wait_for("meshpilot ready", Duration::from_secs(10), || async move {
+        let (status, _) = http_get(admin, "/ready").await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    running
+}
+
+/// Starts meshpilot in-process with these flags, every server on port 0, without waiting.
+pub async fn start_meshpilot_unready(flags: &[&str]) -> meshpilot::app::Running {
     use clap::Parser;
     #[derive(Parser)]
     struct Args {
@@ -358,16 +370,9 @@ pub async fn start_meshpilot_with(flags: &[&str]) -> meshpilot::app::Running {
         "127.0.0.1:0",
     ];
     argv.extend_from_slice(flags);
-    let running = meshpilot::app::start(Args::parse_from(argv).discovery)
+    meshpilot::app::start(Args::parse_from(argv).discovery)
         .await
-        .expect("meshpilot starts");
-    let admin = running.http_addr;
-    wait_for("meshpilot ready", Duration::from_secs(10), || async move {
-        let (status, _) = http_get(admin, "/ready").await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
-    running
+        .expect("meshpilot starts")
 }
 
 /// A raw ADS client (tonic, envoy-types), for protocol-level assertions.

@@ -535,6 +535,16 @@ fn percent_decode(s: &str) -> String {
 
 /// Stores an object; a service-account token Secret is filled in as Kubernetes' token controller does.
 fn upsert(shared: &Shared, kind: ResourceKind, mut object: Value) -> Value {
+    if kind.plural == "secrets" {
+        // As the real API server: stringData is merged into data, base64-encoded, and not stored.
+        if let Some(strings) = object.as_object_mut().and_then(|o| o.remove("stringData")) {
+            for (key, value) in strings.as_object().into_iter().flatten() {
+                let encoded = base64::engine::general_purpose::STANDARD
+                    .encode(value.as_str().unwrap_or_default());
+                object["data"][key] = json!(encoded);
+            }
+        }
+    }
     let is_sa_token = object["type"] == "kubernetes.io/service-account-token"
         && object["data"]["token"].is_null();
     if kind.plural == "secrets" && is_sa_token {

@@ -1,0 +1,453 @@
+//! The remote-cluster secret controller: Secrets labelled `istio/multiCluster=true` in the system
+//! namespace of the config cluster onboard remote clusters, one per data key (cluster id → kubeconfig).
+//!
+//! It is the one owner of each remote cluster's lifecycle: add, zero-gap rotation, removal. A changed
+//! kubeconfig is synced in a staged registry beside the serving one and swapped in only once synced;
+//! if it never syncs, the old one keeps serving and the error is reported.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, ResourceExt};
+use parking_lot::RwLock;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use super::kube::{watch_cluster, KubeWatch, WatchBackoff};
+use super::kubeconfig::{self, InsecureOptions};
+use crate::aggregate::Aggregate;
+use crate::metrics::RemoteMetrics;
+use crate::model::{ClusterId, Provider, ShardKey};
+use crate::registry::{ClusterRegistry, SyncState};
+
+pub const MULTICLUSTER_LABEL: &str = "istio/multiCluster=true";
+
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    pub system_namespace: String,
+    pub config_cluster: ClusterId,
+    /// How long readiness waits for a remote cluster; zero waits forever.
+    pub sync_timeout: Duration,
+    pub insecure: InsecureOptions,
+}
+
+/// Kubernetes clients of the remote clusters, for components that must call them (TokenReview).
+#[derive(Clone, Default)]
+pub struct RemoteClients(Arc<RwLock<HashMap<ClusterId, Client>>>);
+
+impl RemoteClients {
+    pub fn get(&self, id: &ClusterId) -> Option<Client> {
+        self.0.read().get(id).cloned()
+    }
+
+    fn set(&self, id: &ClusterId, client: Option<Client>) {
+        let mut clients = self.0.write();
+        match client {
+            Some(c) => clients.insert(id.clone(), c),
+            None => clients.remove(id),
+        };
+    }
+}
+
+/// The running controller; dropping it stops every remote cluster's watches.
+pub struct RemoteController {
+    task: JoinHandle<()>,
+    initial: watch::Receiver<bool>,
+    clients: RemoteClients,
+}
+
+impl Drop for RemoteController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RemoteController {
+    pub fn start(
+        config: Client,
+        aggregate: Arc<Aggregate>,
+        options: RemoteOptions,
+        metrics: RemoteMetrics,
+    ) -> Self {
+        let (initial_tx, initial) = watch::channel(false);
+        let clients = RemoteClients::default();
+        let (notes, notes_rx) = mpsc::unbounded_channel();
+        let secrets: Api<Secret> = Api::namespaced(config, &options.system_namespace);
+        let controller = Controller {
+            aggregate,
+            options,
+            metrics,
+            clients: clients.clone(),
+            secrets: HashMap::new(),
+            clusters: HashMap::new(),
+            notes,
+            initial: initial_tx,
+        };
+        let task = tokio::spawn(controller.run(secrets, notes_rx));
+        Self {
+            task,
+            initial,
+            clients,
+        }
+    }
+
+    /// Becomes true once the Secrets present at start are processed (readiness needs it, as istiod's).
+    pub fn initial_sync_signal(&self) -> watch::Receiver<bool> {
+        self.initial.clone()
+    }
+
+    pub fn clients(&self) -> RemoteClients {
+        self.clients.clone()
+    }
+}
+
+/// What a rotation task reports back to the controller.
+enum Note {
+    Rotated {
+        id: ClusterId,
+        hash: u64,
+        staged: Arc<ClusterRegistry>,
+        watch: KubeWatch,
+        client: Client,
+    },
+    RotationFailed {
+        id: ClusterId,
+        hash: u64,
+        error: String,
+    },
+}
+
+struct RemoteCluster {
+    secret: String,
+    hash: u64,
+    registry: Arc<ClusterRegistry>,
+    /// None when the kubeconfig was refused: nothing to keep serving.
+    watch: Option<KubeWatch>,
+    sync_timer: Option<JoinHandle<()>>,
+    rotation: Option<(u64, JoinHandle<()>)>,
+}
+
+impl Drop for RemoteCluster {
+    fn drop(&mut self) {
+        if let Some(t) = &self.sync_timer {
+            t.abort();
+        }
+        if let Some((_, t)) = &self.rotation {
+            t.abort();
+        }
+    }
+}
+
+struct Controller {
+    aggregate: Arc<Aggregate>,
+    options: RemoteOptions,
+    metrics: RemoteMetrics,
+    clients: RemoteClients,
+    /// Secret (namespace/name) → the cluster ids it holds.
+    secrets: HashMap<String, Vec<ClusterId>>,
+    clusters: HashMap<ClusterId, RemoteCluster>,
+    notes: mpsc::UnboundedSender<Note>,
+    initial: watch::Sender<bool>,
+}
+
+impl Controller {
+    async fn run(mut self, secrets: Api<Secret>, mut notes: mpsc::UnboundedReceiver<Note>) {
+        let config = watcher::Config::default().labels(MULTICLUSTER_LABEL);
+        let mut events = watcher::watcher(secrets, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
+        let mut listing: Option<Vec<Secret>> = None;
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Ok(Event::Init)) => listing = Some(Vec::new()),
+                    Some(Ok(Event::InitApply(secret))) => listing.get_or_insert_with(Vec::new).push(secret),
+                    Some(Ok(Event::InitDone)) => {
+                        let listed = listing.take().unwrap_or_default();
+                        let names: Vec<String> = listed.iter().map(secret_name).collect();
+                        let gone: Vec<String> = self.secrets.keys().filter(|k| !names.contains(k)).cloned().collect();
+                        for name in gone {
+                            self.secret_deleted(&name);
+                        }
+                        for secret in &listed {
+                            self.secret_changed(secret).await;
+                        }
+                        self.initial.send_replace(true);
+                    }
+                    Some(Ok(Event::Apply(secret))) => self.secret_changed(&secret).await,
+                    Some(Ok(Event::Delete(secret))) => self.secret_deleted(&secret_name(&secret)),
+                    Some(Err(e)) => warn!(error = %e, "remote secret watch error"),
+                    None => return,
+                },
+                Some(note) = notes.recv() => self.on_note(note),
+            }
+        }
+    }
+
+    async fn secret_changed(&mut self, secret: &Secret) {
+        let name = secret_name(secret);
+        let data: BTreeMap<String, Vec<u8>> = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect();
+        let previous = self.secrets.remove(&name).unwrap_or_default();
+        for id in previous.iter().filter(|id| !data.contains_key(id.as_str())) {
+            self.remove(id);
+        }
+        let mut owned = Vec::new();
+        for (key, kubeconfig) in data {
+            let id = ClusterId::new(&key);
+            if id == self.options.config_cluster {
+                warn!(cluster = %id, secret = name, "ignoring remote secret key: it would overwrite the config cluster");
+                continue;
+            }
+            if let Some(existing) = self.clusters.get(&id).filter(|c| c.secret != name) {
+                warn!(cluster = %id, secret = name, registered_by = existing.secret, "ignoring remote secret key: cluster already registered by another secret");
+                continue;
+            }
+            owned.push(id.clone());
+            let hash = fingerprint(&kubeconfig);
+            match self.clusters.get(&id) {
+                None => self.add(&id, &name, &kubeconfig, hash).await,
+                Some(c)
+                    if c.hash == hash || c.rotation.as_ref().is_some_and(|(h, _)| *h == hash) => {}
+                Some(c) if c.watch.is_none() => {
+                    // Never connected: nothing to keep serving, start over.
+                    self.remove(&id);
+                    self.add(&id, &name, &kubeconfig, hash).await;
+                }
+                Some(_) => self.rotate(&id, &kubeconfig, hash),
+            }
+        }
+        self.secrets.insert(name, owned);
+    }
+
+    fn secret_deleted(&mut self, name: &str) {
+        for id in self.secrets.remove(name).unwrap_or_default() {
+            self.remove(&id);
+        }
+    }
+
+    async fn add(&mut self, id: &ClusterId, secret: &str, kubeconfig: &[u8], hash: u64) {
+        let shard = ShardKey {
+            provider: Provider::Kubernetes,
+            cluster: id.clone(),
+        };
+        let registry = match self
+            .aggregate
+            .add_cluster(shard, format!("secret {secret}"), false)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(cluster = %id, secret, error = %e, "remote cluster not added");
+                return;
+            }
+        };
+        let mut cluster = RemoteCluster {
+            secret: secret.to_string(),
+            hash,
+            registry: registry.clone(),
+            watch: None,
+            sync_timer: None,
+            rotation: None,
+        };
+        match self.connect(kubeconfig).await {
+            Ok(client) => {
+                let watch = watch_cluster(
+                    client.clone(),
+                    registry.clone(),
+                    &self.options.system_namespace,
+                );
+                cluster.sync_timer = Some(self.time_sync(registry, &watch));
+                cluster.watch = Some(watch);
+                self.clients.set(id, Some(client));
+                info!(cluster = %id, secret, "remote cluster onboarding");
+            }
+            Err(e) => {
+                error!(cluster = %id, secret, error = %e, "remote cluster refused");
+                registry.set_state(SyncState::Failed);
+                registry.set_error(Some(e.to_string()));
+            }
+        }
+        self.clusters.insert(id.clone(), cluster);
+    }
+
+    async fn connect(&self, kubeconfig: &[u8]) -> Result<Client, kubeconfig::KubeconfigError> {
+        let config = kubeconfig::parse_untrusted(kubeconfig, &self.options.insecure)?;
+        kubeconfig::client(config).await
+    }
+
+    /// Marks the cluster timed out if it has not synced within the timeout (readiness stops
+    /// waiting for it; it keeps trying), and records how long syncing took.
+    fn time_sync(&self, registry: Arc<ClusterRegistry>, watch: &KubeWatch) -> JoinHandle<()> {
+        let mut synced = watch.synced_signal();
+        let (timeout, metrics) = (self.options.sync_timeout, self.metrics.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let wait = synced.wait_for(|s| *s);
+            let outcome = if timeout.is_zero() {
+                Ok(wait.await.is_ok())
+            } else {
+                tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok())
+            };
+            match outcome {
+                Ok(true) => metrics
+                    .sync_duration
+                    .observe(started.elapsed().as_secs_f64()),
+                Ok(false) => {}
+                Err(_) => {
+                    if registry.status().state == SyncState::Syncing {
+                        registry.set_state(SyncState::TimedOut);
+                        let error = format!(
+                            "not synced within {}; still trying",
+                            humantime::format_duration(timeout)
+                        );
+                        warn!(cluster = %registry.id(), error, "remote cluster sync timed out");
+                        if registry.status().last_error.is_none() {
+                            registry.set_error(Some(error));
+                        }
+                        metrics.sync_timeouts.inc();
+                    }
+                }
+            }
+        })
+    }
+
+    fn rotate(&mut self, id: &ClusterId, kubeconfig: &[u8], hash: u64) {
+        let Some(cluster) = self.clusters.get_mut(id) else {
+            return;
+        };
+        if let Some((_, task)) = cluster.rotation.take() {
+            task.abort();
+        }
+        let config = match kubeconfig::parse_untrusted(kubeconfig, &self.options.insecure) {
+            Ok(c) => c,
+            Err(e) => {
+                let msg =
+                    format!("updated kubeconfig refused, still serving the previous one: {e}");
+                error!(cluster = %id, error = msg, "remote cluster rotation refused");
+                cluster.registry.set_error(Some(msg));
+                return;
+            }
+        };
+        info!(cluster = %id, "remote cluster kubeconfig changed; syncing the new one beside the old");
+        let staged = self.aggregate.stage_cluster(
+            cluster.registry.shard().clone(),
+            cluster.registry.source().to_string(),
+        );
+        let (notes, namespace, timeout, id) = (
+            self.notes.clone(),
+            self.options.system_namespace.clone(),
+            self.options.sync_timeout,
+            id.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let note = match kubeconfig::client(config).await {
+                Err(e) => Note::RotationFailed {
+                    id,
+                    hash,
+                    error: e.to_string(),
+                },
+                Ok(client) => {
+                    let watch = watch_cluster(client.clone(), staged.clone(), &namespace);
+                    let limit = if timeout.is_zero() {
+                        Duration::MAX
+                    } else {
+                        timeout
+                    };
+                    match tokio::time::timeout(limit, watch.synced()).await {
+                        Ok(()) => Note::Rotated {
+                            id,
+                            hash,
+                            staged,
+                            watch,
+                            client,
+                        },
+                        Err(_) => Note::RotationFailed {
+                            id,
+                            hash,
+                            error: format!(
+                                "the new kubeconfig did not sync within {}",
+                                humantime::format_duration(timeout)
+                            ),
+                        },
+                    }
+                }
+            };
+            // The controller is gone only at shutdown.
+            let _ = notes.send(note);
+        });
+        cluster.rotation = Some((hash, task));
+    }
+
+    fn on_note(&mut self, note: Note) {
+        match note {
+            Note::Rotated {
+                id,
+                hash,
+                staged,
+                watch,
+                client,
+            } => {
+                let Some(cluster) = self.clusters.get_mut(&id) else {
+                    return;
+                };
+                if cluster.rotation.as_ref().map(|(h, _)| *h) != Some(hash) {
+                    return;
+                }
+                self.aggregate.promote(staged.clone());
+                cluster.registry = staged;
+                cluster.watch = Some(watch);
+                cluster.hash = hash;
+                cluster.rotation = None;
+                self.clients.set(&id, Some(client));
+                self.metrics.rotations.inc();
+                info!(cluster = %id, "remote cluster now served through its new kubeconfig");
+            }
+            Note::RotationFailed { id, hash, error } => {
+                let Some(cluster) = self.clusters.get_mut(&id) else {
+                    return;
+                };
+                if cluster.rotation.as_ref().map(|(h, _)| *h) != Some(hash) {
+                    return;
+                }
+                cluster.rotation = None;
+                let msg =
+                    format!("kubeconfig rotation failed, still serving the previous one: {error}");
+                error!(cluster = %id, error = msg, "remote cluster rotation failed");
+                cluster.registry.set_error(Some(msg));
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ClusterId) {
+        // Dropping the cluster stops its watches before the aggregate clears its shards.
+        if self.clusters.remove(id).is_some() {
+            self.aggregate.remove_cluster(id);
+            self.clients.set(id, None);
+        }
+    }
+}
+
+fn secret_name(secret: &Secret) -> String {
+    format!(
+        "{}/{}",
+        secret.namespace().unwrap_or_default(),
+        secret.name_any()
+    )
+}
+
+fn fingerprint(bytes: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}

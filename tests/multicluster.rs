@@ -1,0 +1,459 @@
+//! End to end: a primary on a config cluster onboards remote clusters from `istio/multiCluster`
+//! Secrets — three test API servers, real HTTPS list/watch, a real Envoy.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use test_apiserver::{kubeconfig_for, TestApiServer, User};
+
+const WEB: &str = "web.shop.svc.cluster.local";
+const WEB_CLUSTER: &str = "outbound|80||web.shop.svc.cluster.local";
+const BOUND: Duration = Duration::from_secs(20);
+const SECRET: &str = "istio-remote-secret-test";
+
+/// A remote cluster serving `web` from one pod at `ip`.
+async fn remote(ip: &str) -> TestApiServer {
+    let api = TestApiServer::start().await;
+    api.apply_yaml(&format!(
+        "
+apiVersion: v1
+kind: Namespace
+metadata: {{name: istio-system}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: shop}}
+spec: {{clusterIP: 10.96.0.80, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web-1, namespace: shop, labels: {{app: web}}}}
+spec: {{serviceAccountName: web, containers: []}}
+status: {{podIP: {ip}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 80}}]
+endpoints:
+- addresses: [{ip}]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: web-1, namespace: shop}}
+"
+    ));
+    api
+}
+
+/// A reader token for a remote cluster.
+fn reader_token(api: &TestApiServer, token: &str) -> String {
+    api.add_token(
+        token,
+        User::service_account("istio-system", "istio-reader-service-account"),
+    );
+    api.kubeconfig(token)
+}
+
+/// An `istio/multiCluster` Secret holding these (cluster id, kubeconfig) entries.
+fn remote_secret(entries: &[(&str, &str)]) -> serde_json::Value {
+    let data: serde_json::Map<String, serde_json::Value> = entries
+        .iter()
+        .map(|(id, kubeconfig)| {
+            (
+                id.to_string(),
+                serde_json::Value::String(kubeconfig.to_string()),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+        "stringData": data
+    })
+}
+
+struct Primary {
+    config: TestApiServer,
+    _kubeconfig: tempfile::NamedTempFile,
+    flags: Vec<String>,
+}
+
+impl Primary {
+    async fn new() -> Self {
+        let config = TestApiServer::start().await;
+        config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
+        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
+        let flags = vec![
+            "--kubeconfig".to_string(),
+            kubeconfig.path().display().to_string(),
+            "--cluster-id".to_string(),
+            "primary".to_string(),
+            "--debounce-after".to_string(),
+            "10ms".to_string(),
+        ];
+        Self {
+            config,
+            _kubeconfig: kubeconfig,
+            flags,
+        }
+    }
+
+    fn flags<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        flags.extend_from_slice(extra);
+        flags
+    }
+}
+
+async fn served(admin: SocketAddr, cluster: &str) -> Vec<String> {
+    shard_addresses(admin, WEB, cluster).await
+}
+
+#[tokio::test]
+async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
+    let _ports = sidecar_ports().await;
+    let (east, west) = (remote("10.20.0.1").await, remote("10.30.0.1").await);
+    let primary = Primary::new().await;
+    let mp = start_meshpilot_with(&primary.flags(&[])).await;
+    let admin = mp.http_addr;
+
+    let (east_cfg, west_cfg) = (
+        reader_token(&east, "east-reader"),
+        reader_token(&west, "west-reader"),
+    );
+    primary
+        .config
+        .apply(remote_secret(&[("east", &east_cfg), ("west", &west_cfg)]));
+    wait_for("both remotes served", BOUND, || async move {
+        let both = served(admin, "east").await == ["10.20.0.1"]
+            && served(admin, "west").await == ["10.30.0.1"];
+        both.then_some(())
+    })
+    .await;
+    let view = cluster_view(admin, "east").await.unwrap();
+    assert_eq!(view["source"], format!("secret istio-system/{SECRET}"));
+    assert_eq!(view["state"], "synced");
+
+    let envoy = Envoy::start(
+        mp.xds_addr,
+        "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
+        &[("CLUSTER_ID", "primary")],
+        AdsMode::Sotw,
+    )
+    .await;
+    wait_for("remote endpoints in Envoy", BOUND, || {
+        let envoy = &envoy;
+        async move {
+            (envoy.endpoints(WEB_CLUSTER).await == ["10.20.0.1:80", "10.30.0.1:80"]).then_some(())
+        }
+    })
+    .await;
+
+    primary.config.apply(remote_secret(&[("east", &east_cfg)]));
+    wait_for("west gone from Envoy", BOUND, || {
+        let envoy = &envoy;
+        async move { (envoy.endpoints(WEB_CLUSTER).await == ["10.20.0.1:80"]).then_some(()) }
+    })
+    .await;
+    assert!(cluster_view(admin, "west").await.is_none());
+    assert_eq!(envoy.rejected_updates().await, 0);
+
+    primary.config.delete("Secret", "istio-system", SECRET);
+    wait_for(
+        "east gone once the Secret is deleted",
+        BOUND,
+        || async move { served(admin, "east").await.is_empty().then_some(()) },
+    )
+    .await;
+}
+
+/// Polls Envoy's endpoints in a tight loop until stopped, remembering any moment `expected` was missing.
+struct EdsPoller {
+    gap: Arc<AtomicBool>,
+    polls: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EdsPoller {
+    fn start(envoy_admin: SocketAddr, expected: &'static str) -> Self {
+        let gap = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (g, p) = (gap.clone(), polls.clone());
+        let task = tokio::spawn(async move {
+            let prefix = format!("{WEB_CLUSTER}::{expected}::health_flags::healthy");
+            loop {
+                if let Ok((_, body)) = http_get(envoy_admin, "/clusters").await {
+                    if !body.contains(&prefix) {
+                        g.store(true, Ordering::SeqCst);
+                    }
+                    p.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        Self { gap, polls, task }
+    }
+
+    fn stop(self) -> (bool, u64) {
+        self.task.abort();
+        (
+            self.gap.load(Ordering::SeqCst),
+            self.polls.load(Ordering::Relaxed),
+        )
+    }
+}
+
+#[tokio::test]
+async fn rotated_kubeconfig_swaps_without_a_gap() {
+    let _ports = sidecar_ports().await;
+    let east = remote("10.20.0.1").await;
+    let primary = Primary::new().await;
+    let first = reader_token(&east, "east-v1");
+    primary.config.apply(remote_secret(&[("east", &first)]));
+    let mp = start_meshpilot_with(&primary.flags(&["--remote-cluster-timeout", "3s"])).await;
+    let admin = mp.http_addr;
+    let envoy = Envoy::start(
+        mp.xds_addr,
+        "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
+        &[("CLUSTER_ID", "primary")],
+        AdsMode::Delta,
+    )
+    .await;
+    wait_for("east in Envoy", BOUND, || {
+        let envoy = &envoy;
+        async move { (envoy.endpoints(WEB_CLUSTER).await == ["10.20.0.1:80"]).then_some(()) }
+    })
+    .await;
+
+    let poller = EdsPoller::start(envoy.admin, "10.20.0.1:80");
+    let started = Instant::now();
+    let second = reader_token(&east, "east-v2");
+    primary.config.apply(remote_secret(&[("east", &second)]));
+    wait_for("rotation completed", BOUND, || async move {
+        let (_, metrics) = http_get(admin, "/metrics").await.ok()?;
+        metrics
+            .contains("meshpilot_remote_cluster_rotations_total 1")
+            .then_some(())
+    })
+    .await;
+    eprintln!("rotation swapped after {:?}", started.elapsed());
+    east.revoke_token("east-v1");
+
+    // The new registry is live: a change on the remote arrives through it.
+    east.apply_yaml(
+        "
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 80}]
+endpoints:
+- addresses: [10.20.0.2]
+  conditions: {ready: true}
+",
+    );
+    wait_for("change after rotation in Envoy", BOUND, || {
+        let envoy = &envoy;
+        async move {
+            (envoy.endpoints(WEB_CLUSTER).await == ["10.20.0.1:80", "10.20.0.2:80"]).then_some(())
+        }
+    })
+    .await;
+    let (gap, polls) = poller.stop();
+    assert!(
+        !gap,
+        "east's endpoint was missing from Envoy's EDS during the rotation ({polls} polls)"
+    );
+    assert!(polls > 10, "the poller barely ran ({polls} polls)");
+    assert!(cluster_view(admin, "east").await.unwrap()["last_error"].is_null());
+
+    // A rotation to a kubeconfig that never syncs keeps the current one serving, with the error shown.
+    let dead = kubeconfig_for("https://127.0.0.1:1", east.ca_pem(), "east-v3", "dead");
+    primary.config.apply(remote_secret(&[("east", &dead)]));
+    let error = wait_for("failed rotation reported", BOUND, || async move {
+        let view = cluster_view(admin, "east").await?;
+        view["last_error"]
+            .as_str()
+            .filter(|e| e.contains("rotation failed"))
+            .map(str::to_string)
+    })
+    .await;
+    assert!(error.contains("did not sync"), "{error}");
+    assert_eq!(served(admin, "east").await, ["10.20.0.1", "10.20.0.2"]);
+}
+
+#[tokio::test]
+async fn hanging_remote_delays_neither_others_nor_readiness_past_the_timeout() {
+    let (east, west) = (remote("10.20.0.1").await, remote("10.30.0.1").await);
+    east.set_hang(true);
+    let primary = Primary::new().await;
+    let (east_cfg, west_cfg) = (
+        reader_token(&east, "east-reader"),
+        reader_token(&west, "west-reader"),
+    );
+    primary
+        .config
+        .apply(remote_secret(&[("east", &east_cfg), ("west", &west_cfg)]));
+
+    let started = Instant::now();
+    let mp = start_meshpilot_unready(&primary.flags(&["--remote-cluster-timeout", "2s"])).await;
+    let admin = mp.http_addr;
+    wait_for("west served while east hangs", BOUND, || async move {
+        (served(admin, "west").await == ["10.30.0.1"]).then_some(())
+    })
+    .await;
+    let west_after = started.elapsed();
+    if west_after < Duration::from_millis(1500) {
+        let (status, body) = http_get(admin, "/ready").await.unwrap();
+        assert_eq!(
+            status, 503,
+            "ready before the hanging cluster timed out: {body}"
+        );
+        assert!(body.contains("east"), "{body}");
+    }
+    wait_for("ready after the timeout", BOUND, || async move {
+        let (status, _) = http_get(admin, "/ready").await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "ready came before the timeout"
+    );
+    let view = cluster_view(admin, "east").await.unwrap();
+    assert_eq!(view["state"], "timed-out");
+    let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("meshpilot_remote_cluster_sync_timeouts_total 1"),
+        "{metrics}"
+    );
+    eprintln!("west served after {west_after:?}; east timed out as configured");
+
+    // Once it answers, the timed-out cluster catches up.
+    east.set_hang(false);
+    wait_for("east served once it answers", BOUND, || async move {
+        (served(admin, "east").await == ["10.20.0.1"]).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_kubeconfigs_are_reported_and_isolated() {
+    let west = remote("10.30.0.1").await;
+    let primary = Primary::new().await;
+    let west_cfg = reader_token(&west, "west-reader");
+    let exec = west_cfg.replace(
+        "token: west-reader",
+        "exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/true}",
+    );
+    let dead = kubeconfig_for("https://127.0.0.1:1", west.ca_pem(), "t", "dead");
+    primary.config.apply(remote_secret(&[
+        ("west", &west_cfg),
+        ("exec-cluster", &exec),
+        ("broken", "clusters: [ {"),
+        ("dead", &dead),
+        ("primary", &west_cfg),
+    ]));
+    let mp = start_meshpilot_with(&primary.flags(&["--remote-cluster-timeout", "1s"])).await;
+    let admin = mp.http_addr;
+    assert_eq!(served(admin, "west").await, ["10.30.0.1"]);
+
+    let exec_view = cluster_view(admin, "exec-cluster").await.unwrap();
+    assert_eq!(exec_view["state"], "failed");
+    assert!(
+        exec_view["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("exec plugin"),
+        "{exec_view}"
+    );
+    let broken = cluster_view(admin, "broken").await.unwrap();
+    assert_eq!(broken["state"], "failed");
+    assert!(
+        broken["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("does not parse"),
+        "{broken}"
+    );
+    let dead_view = wait_for("dead cluster reported", BOUND, || async move {
+        let view = cluster_view(admin, "dead").await?;
+        (view["state"] == "timed-out" && view["last_error"].is_string()).then_some(view)
+    })
+    .await;
+    eprintln!("dead cluster: {}", dead_view["last_error"]);
+    // The config cluster's own id in a Secret is ignored: still the kubeconfig cluster, no duplicate.
+    let clusters = get_json(admin, "/debug/clusterz").await;
+    let primaries: Vec<_> = clusters
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["id"] == "primary")
+        .collect();
+    assert_eq!(primaries.len(), 1);
+    assert!(primaries[0]["source"]
+        .as_str()
+        .unwrap()
+        .starts_with("kubeconfig:"));
+
+    // A fix to one bad entry onboards it; the others are unaffected.
+    let fixed = reader_token(&west, "west-reader-2");
+    primary.config.apply(remote_secret(&[
+        ("west", &west_cfg),
+        ("exec-cluster", &fixed),
+        ("broken", "clusters: [ {"),
+        ("dead", &dead),
+    ]));
+    wait_for("fixed cluster served", BOUND, || async move {
+        (served(admin, "exec-cluster").await == ["10.30.0.1"]).then_some(())
+    })
+    .await;
+    assert_eq!(served(admin, "west").await, ["10.30.0.1"]);
+}
+
+#[tokio::test]
+async fn remote_secret_command_output_onboards_the_remote() {
+    let west = remote("10.30.0.1").await;
+    let admin_kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(admin_kubeconfig.path(), west.kubeconfig(west.admin_token())).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args(["remote-secret", "--cluster-id", "west", "--kubeconfig"])
+        .arg(admin_kubeconfig.path())
+        .output()
+        .await
+        .unwrap();
+    let yaml = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(yaml.contains("istio/multiCluster: \"true\""), "{yaml}");
+    assert!(west
+        .get(
+            "ServiceAccount",
+            "istio-system",
+            "istio-reader-service-account"
+        )
+        .is_some());
+    assert!(
+        !yaml.contains(west.admin_token()),
+        "the Secret must carry the reader's token, not the caller's"
+    );
+
+    let primary = Primary::new().await;
+    let mp = start_meshpilot_with(&primary.flags(&[])).await;
+    primary.config.apply_yaml(&yaml);
+    let admin = mp.http_addr;
+    wait_for(
+        "remote onboarded from the generated Secret",
+        BOUND,
+        || async move { (served(admin, "west").await == ["10.30.0.1"]).then_some(()) },
+    )
+    .await;
+}
