@@ -14,6 +14,12 @@ use crate::config::DiscoveryArgs;
 use crate::metrics::Metrics;
 use crate::model::Mesh;
 use crate::model::{ClusterId, Provider, ShardKey};
+use crate::security::authn::Authenticator;
+use crate::security::ca::{CertificateAuthority, TtlPolicy};
+use crate::security::keys::{self, KeySource};
+use crate::security::service::CaService;
+use crate::security::tls::{self, ServingCert};
+use crate::security::trust;
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
@@ -32,6 +38,12 @@ pub enum StartError {
     FileSource(#[from] FileSourceError),
     #[error("xDS server: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("CA: {0}")]
+    Keys(#[from] crate::security::keys::KeysError),
+    #[error("CA: {0}")]
+    Ca(#[from] crate::security::ca::CaError),
+    #[error("secure xDS: {0}")]
+    Tls(#[from] crate::security::tls::TlsError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         what: &'static str,
@@ -40,10 +52,15 @@ pub enum StartError {
     },
 }
 
+/// A TLS client that has not finished its handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A running control plane. Dropping it stops its servers and watches.
 pub struct Running {
     pub http_addr: SocketAddr,
     pub xds_addr: SocketAddr,
+    pub secure_xds_addr: SocketAddr,
+    pub ca: Arc<CertificateAuthority>,
     pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,
     tasks: Vec<JoinHandle<()>>,
@@ -53,6 +70,8 @@ pub struct Running {
 
 /// The config cluster's watches and the remote clusters its Secrets onboard.
 struct ConfigCluster {
+    id: ClusterId,
+    client: kube::Client,
     _watch: KubeWatch,
     remotes: RemoteController,
 }
@@ -137,6 +156,52 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         pusher.push(change)
     })));
 
+    let key_source = match (&args.ca_dir, &config_cluster) {
+        (Some(dir), _) => KeySource::Dir(dir.clone()),
+        (None, Some(c)) => KeySource::Kubernetes {
+            client: c.client.clone(),
+            namespace: args.system_namespace.clone(),
+        },
+        (None, None) => KeySource::StateDir(args.ca_state_dir.clone()),
+    };
+    let bundle = keys::load(key_source, &args.trust_domain).await?;
+    let ttl = TtlPolicy {
+        default: args.workload_cert_ttl,
+        max: args.max_workload_cert_ttl,
+    };
+    let ca = Arc::new(CertificateAuthority::new(&bundle, ttl)?);
+    let authn = Arc::new(Authenticator::new(
+        &args.trust_domain,
+        config_cluster
+            .as_ref()
+            .map(|c| (c.id.clone(), c.client.clone())),
+        config_cluster.as_ref().map(|c| c.remotes.clients()),
+    ));
+    let names = args.serving_names();
+    let serving = ServingCert::issue(&ca, &names, args.serving_cert_ttl)?;
+    tasks.push(serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl));
+    let tls = tls::server_config(serving, ca.root_pem())?;
+    let secure = bind("secure-xds", args.secure_xds_addr).await?;
+    let secure_xds_addr = local_addr("secure-xds", &secure, args.secure_xds_addr)?;
+    let router = tonic::transport::Server::builder()
+        .add_service(xds.secure_service(authn.clone()))
+        .add_service(CaService::server(ca.clone(), authn));
+    tasks.push(tokio::spawn(async move {
+        let incoming = tls::incoming(secure, tls, HANDSHAKE_TIMEOUT);
+        if let Err(e) = router.serve_with_incoming(incoming).await {
+            tracing::error!(error = %e, "secure xDS server stopped");
+        }
+    }));
+    if let Some(c) = &config_cluster {
+        tasks.extend(trust::publish_root(
+            c.client.clone(),
+            c.id.clone(),
+            c.remotes.clients(),
+            args.system_namespace.clone(),
+            ca.root_pem().to_string(),
+        ));
+    }
+
     let http = bind("admin", args.http_addr).await?;
     let http_addr = local_addr("admin", &http, args.http_addr)?;
     let router = admin::router(Arc::new(AdminState {
@@ -154,6 +219,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     Ok(Running {
         http_addr,
         xds_addr,
+        secure_xds_addr,
+        ca,
         xds,
         aggregate,
         tasks,
@@ -192,12 +259,15 @@ async fn start_config_cluster(
     let watch = kube_source::watch_cluster(client.clone(), registry, &args.system_namespace);
     let options = RemoteOptions {
         system_namespace: args.system_namespace.clone(),
-        config_cluster: id,
+        config_cluster: id.clone(),
         sync_timeout: args.remote_cluster_timeout,
         insecure: args.insecure_kubeconfig_options.clone(),
     };
-    let remotes = RemoteController::start(client, aggregate.clone(), options, metrics.remote());
+    let remotes =
+        RemoteController::start(client.clone(), aggregate.clone(), options, metrics.remote());
     Ok(ConfigCluster {
+        id,
+        client,
         _watch: watch,
         remotes,
     })

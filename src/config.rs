@@ -41,6 +41,30 @@ pub struct DiscoveryArgs {
     )]
     pub insecure_kubeconfig_options: InsecureOptions,
 
+    /// Plug-in CA bundle in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem).
+    #[arg(long, env = "MESHPILOT_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+
+    /// Without Kubernetes or --ca-dir: where the self-signed root is kept across restarts.
+    #[arg(long, env = "MESHPILOT_CA_STATE_DIR", default_value = ".meshpilot/ca")]
+    pub ca_state_dir: PathBuf,
+
+    /// Lifetime of workload certificates when the request names none.
+    #[arg(long, env = "MESHPILOT_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub workload_cert_ttl: Duration,
+
+    /// Longest workload certificate lifetime a request may ask for.
+    #[arg(long, env = "MESHPILOT_MAX_WORKLOAD_CERT_TTL", default_value = "90days", value_parser = humantime::parse_duration)]
+    pub max_workload_cert_ttl: Duration,
+
+    /// Lifetime of the secure xDS server's own certificate; it is renewed at half of it.
+    #[arg(long, env = "MESHPILOT_SERVING_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub serving_cert_ttl: Duration,
+
+    /// Extra DNS names of the secure xDS server's certificate (besides istiod.<system-namespace>.svc).
+    #[arg(long, env = "MESHPILOT_XDS_DNS_NAMES", value_delimiter = ',')]
+    pub xds_dns_names: Vec<String>,
+
     /// Admin HTTP server: /ready, /metrics, /debug/*.
     #[arg(long, env = "MESHPILOT_HTTP_ADDR", default_value = "127.0.0.1:15014")]
     pub http_addr: SocketAddr,
@@ -87,6 +111,17 @@ pub struct DiscoveryArgs {
 }
 
 impl DiscoveryArgs {
+    /// DNS names of the secure xDS server's certificate, as istiod's.
+    pub fn serving_names(&self) -> Vec<String> {
+        let ns = &self.system_namespace;
+        let mut names: Vec<String> = ["istiod", "istiod-remote", "istio-pilot"]
+            .iter()
+            .map(|svc| format!("{svc}.{ns}.svc"))
+            .collect();
+        names.extend(self.xds_dns_names.iter().filter(|n| !n.is_empty()).cloned());
+        names
+    }
+
     pub fn naming(&self) -> MeshNaming {
         MeshNaming {
             domain_suffix: self.domain_suffix.clone(),

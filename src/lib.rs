@@ -10,5 +10,6 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod remote_secret;
+pub mod security;
 pub mod sources;
 pub mod xds;

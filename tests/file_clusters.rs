@@ -179,14 +179,24 @@ async fn malformed_file_keeps_the_last_good_state() {
 async fn binary_runs_the_example_and_logs_errors() {
     let dir = copy_tree(std::path::Path::new(EXAMPLE));
     let config_dir = dir.path().to_str().unwrap();
+    let state = dir.path().join("ca-state");
     let process = MeshpilotProcess::spawn(&[
         "discovery",
         "--config-dir",
         config_dir,
         "--http-addr",
         "127.0.0.1:0",
+        "--xds-addr",
+        "127.0.0.1:0",
+        "--secure-xds-addr",
+        "127.0.0.1:0",
+        "--ca-state-dir",
+        state.to_str().unwrap(),
     ]);
     let admin = process.bound_addr("admin").await;
+    // Every server takes port 0 and says where it listens.
+    assert_ne!(process.bound_addr("xds").await.port(), 0);
+    assert_ne!(process.bound_addr("secure-xds").await.port(), 0);
     wait_for("ready", BOUND, || async move {
         let (status, _) = http_get(admin, "/ready").await.ok()?;
         (status == 200).then_some(())

@@ -47,6 +47,14 @@ impl RemoteClients {
         self.0.read().get(id).cloned()
     }
 
+    pub fn all(&self) -> Vec<(ClusterId, Client)> {
+        self.0
+            .read()
+            .iter()
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect()
+    }
+
     fn set(&self, id: &ClusterId, client: Option<Client>) {
         let mut clients = self.0.write();
         match client {

@@ -32,6 +32,7 @@ use super::push::{plan, PushRequest, PushSlot};
 use super::wire::{self, AdsCodec};
 use crate::metrics::XdsMetrics;
 use crate::model::{Change, Hostname, Mesh};
+use crate::security::authn::{Authenticator, Credentials};
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -132,9 +133,20 @@ impl XdsServer {
         );
     }
 
-    /// The gRPC service to mount on a tonic server.
+    /// The gRPC service for the plaintext port: callers are not authenticated (as istiod's 15010).
     pub fn service(self: &Arc<Self>) -> AdsService {
-        AdsService(self.clone())
+        AdsService {
+            server: self.clone(),
+            authn: None,
+        }
+    }
+
+    /// The gRPC service for the TLS port: every stream proves an identity that must match its node.
+    pub fn secure_service(self: &Arc<Self>, authn: Arc<Authenticator>) -> AdsService {
+        AdsService {
+            server: self.clone(),
+            authn: Some(authn),
+        }
     }
 
     pub fn syncz(&self) -> Vec<SyncView> {
@@ -215,6 +227,7 @@ async fn serve<Req, S>(
     mut requests: Streaming<Req>,
     tx: ResponseTx,
     delta: bool,
+    auth: Option<(Arc<Authenticator>, Credentials)>,
     new_session: S,
 ) where
     S: FnOnce(Arc<XdsServer>, Arc<Connection>, ResponseTx) -> Box<dyn Session<Req>>,
@@ -239,6 +252,13 @@ async fn serve<Req, S>(
             return;
         }
     };
+    if let Some((authn, credentials)) = auth {
+        if let Err(status) = authorize(&authn, &credentials, &proxy).await {
+            warn!(proxy = %proxy.id, %status, "refusing xDS stream");
+            let _ = tx.send(Err(status));
+            return;
+        }
+    }
     let conn = server.connect(proxy, delta);
     let mut session = new_session(server.clone(), conn.clone(), tx);
     let mut open = session.on_request(first);
@@ -261,6 +281,27 @@ async fn serve<Req, S>(
         }
     }
     server.disconnect(&conn);
+}
+
+/// The caller's proven identity must be the proxy's: same namespace, and same service account when
+/// the node names one (Istio's XDS identity check).
+async fn authorize(
+    authn: &Authenticator,
+    credentials: &Credentials,
+    proxy: &Proxy,
+) -> Result<(), Status> {
+    let identity = authn.authenticate(credentials).await?;
+    let account_ok = proxy
+        .service_account
+        .as_ref()
+        .is_none_or(|sa| *sa == identity.service_account);
+    if identity.namespace != *proxy.namespace || !account_ok {
+        return Err(Status::permission_denied(format!(
+            "identity {identity} may not act as proxy {} in namespace {}",
+            proxy.id, proxy.namespace
+        )));
+    }
+    Ok(())
 }
 
 trait NodeOf: Send + 'static {
@@ -460,7 +501,10 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService`, hand-mounted so responses use the
 /// pre-encoded codec.
 #[derive(Clone)]
-pub struct AdsService(Arc<XdsServer>);
+pub struct AdsService {
+    server: Arc<XdsServer>,
+    authn: Option<Arc<Authenticator>>,
+}
 
 impl NamedService for AdsService {
     const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
@@ -468,6 +512,7 @@ impl NamedService for AdsService {
 
 struct Method<Req> {
     server: Arc<XdsServer>,
+    authn: Option<Arc<Authenticator>>,
     _req: std::marker::PhantomData<fn(Req)>,
 }
 
@@ -479,11 +524,16 @@ impl StreamingService<DiscoveryRequest> for Method<DiscoveryRequest> {
     fn call(&mut self, request: tonic::Request<Streaming<DiscoveryRequest>>) -> Self::Future {
         let (tx, rx) = mpsc::unbounded_channel();
         let server = self.server.clone();
+        let auth = self
+            .authn
+            .clone()
+            .map(|a| (a, Credentials::from_request(&request)));
         tokio::spawn(serve(
             server,
             request.into_inner(),
             tx,
             false,
+            auth,
             |server, conn, tx| {
                 Box::new(SotwSession {
                     server,
@@ -505,11 +555,16 @@ impl StreamingService<DeltaDiscoveryRequest> for Method<DeltaDiscoveryRequest> {
     fn call(&mut self, request: tonic::Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
         let (tx, rx) = mpsc::unbounded_channel();
         let server = self.server.clone();
+        let auth = self
+            .authn
+            .clone()
+            .map(|a| (a, Credentials::from_request(&request)));
         tokio::spawn(serve(
             server,
             request.into_inner(),
             tx,
             true,
+            auth,
             |server, conn, tx| {
                 Box::new(DeltaSession {
                     server,
@@ -537,11 +592,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let server = self.0.clone();
+        let (server, authn) = (self.server.clone(), self.authn.clone());
         match request.uri().path() {
             SOTW_PATH => Box::pin(async move {
                 let method = Method::<DiscoveryRequest> {
                     server,
+                    authn,
                     _req: Default::default(),
                 };
                 Ok(Grpc::new(AdsCodec::<DiscoveryRequest>::default())
@@ -551,6 +607,7 @@ where
             DELTA_PATH => Box::pin(async move {
                 let method = Method::<DeltaDiscoveryRequest> {
                     server,
+                    authn,
                     _req: Default::default(),
                 };
                 Ok(Grpc::new(AdsCodec::<DeltaDiscoveryRequest>::default())

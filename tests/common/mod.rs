@@ -104,6 +104,16 @@ pub async fn cluster_view(admin: SocketAddr, id: &str) -> Option<Value> {
     clusters.as_array()?.iter().find(|c| c["id"] == id).cloned()
 }
 
+/// A fresh directory under the system temp dir that outlives the call (for state a test reuses).
+pub fn scratch_dir(what: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("meshpilot-test-{what}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
 /// Copies a directory tree (the bundled example, usually) into a fresh temp dir.
 pub fn copy_tree(from: &Path) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -362,13 +372,19 @@ pub async fn start_meshpilot_unready(flags: &[&str]) -> meshpilot::app::Running 
         #[command(flatten)]
         discovery: meshpilot::config::DiscoveryArgs,
     }
+    let state = scratch_dir("ca-state");
     let mut argv = vec![
         "meshpilot",
         "--http-addr",
         "127.0.0.1:0",
         "--xds-addr",
         "127.0.0.1:0",
+        "--secure-xds-addr",
+        "127.0.0.1:0",
     ];
+    if !flags.contains(&"--ca-state-dir") {
+        argv.extend(["--ca-state-dir", state.to_str().expect("utf-8 path")]);
+    }
     argv.extend_from_slice(flags);
     meshpilot::app::start(Args::parse_from(argv).discovery)
         .await

@@ -1,0 +1,165 @@
+//! Who is calling: a verified client certificate (SPIFFE identity), or a Kubernetes service-account
+//! token reviewed by the API server of the cluster the caller names in `clusterid` metadata.
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use thiserror::Error;
+
+use super::identity::Identity;
+use super::tls::SecureConnInfo;
+use crate::model::ClusterId;
+use crate::sources::remote::RemoteClients;
+
+/// Audience Istio's agents request for CA tokens.
+pub const CA_AUDIENCE: &str = "istio-ca";
+
+#[derive(Debug, Error)]
+pub enum AuthnError {
+    #[error("no credentials: present a client certificate or a service-account token")]
+    NoCredentials,
+    #[error("client certificate carries no SPIFFE identity")]
+    NoIdentity,
+    #[error("client claims to be in cluster {0:?}, which meshpilot does not know")]
+    UnknownCluster(String),
+    #[error("token review on cluster {cluster} failed: {reason}")]
+    Review { cluster: String, reason: String },
+    #[error("token rejected by cluster {cluster}: {reason}")]
+    Rejected { cluster: String, reason: String },
+    #[error("token of {user:?} is not a service account's (not in group system:serviceaccounts)")]
+    NotServiceAccount { user: String },
+}
+
+impl From<AuthnError> for tonic::Status {
+    fn from(e: AuthnError) -> Self {
+        tonic::Status::unauthenticated(e.to_string())
+    }
+}
+
+/// What a caller presented, taken from a request.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    /// The connection was TLS and the client certificate verified against our root.
+    pub secure: Option<SecureConnInfo>,
+    pub token: Option<String>,
+    pub cluster_id: Option<String>,
+}
+
+impl Credentials {
+    pub fn from_request<T>(request: &tonic::Request<T>) -> Self {
+        let metadata = request.metadata();
+        let text = |key: &str| {
+            metadata
+                .get(key)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        Self {
+            secure: request.extensions().get::<SecureConnInfo>().cloned(),
+            token: text("authorization")
+                .and_then(|v| v.strip_prefix("Bearer ").map(|t| t.trim().to_string())),
+            cluster_id: text("clusterid").filter(|c| !c.is_empty()),
+        }
+    }
+}
+
+pub struct Authenticator {
+    trust_domain: String,
+    /// The config cluster reviews tokens that name no cluster, or name it.
+    config_cluster: Option<(ClusterId, Client)>,
+    remotes: Option<RemoteClients>,
+}
+
+impl Authenticator {
+    pub fn new(
+        trust_domain: &str,
+        config_cluster: Option<(ClusterId, Client)>,
+        remotes: Option<RemoteClients>,
+    ) -> Self {
+        Self {
+            trust_domain: trust_domain.to_string(),
+            config_cluster,
+            remotes,
+        }
+    }
+
+    /// Istio's order: an existing client certificate first, then a service-account token.
+    pub async fn authenticate(&self, credentials: &Credentials) -> Result<Identity, AuthnError> {
+        if let Some(peer) = credentials.secure.as_ref().and_then(|s| s.peer.clone()) {
+            return Ok(peer);
+        }
+        let Some(token) = &credentials.token else {
+            return Err(AuthnError::NoCredentials);
+        };
+        let (cluster, client) = self.client_for(credentials.cluster_id.as_deref())?;
+        self.review(&cluster, client, token).await
+    }
+
+    fn client_for(&self, cluster_id: Option<&str>) -> Result<(String, Client), AuthnError> {
+        match (cluster_id, &self.config_cluster) {
+            (None, Some((id, client))) => Ok((id.to_string(), client.clone())),
+            (Some(c), Some((id, client))) if c == id.as_str() => {
+                Ok((c.to_string(), client.clone()))
+            }
+            (Some(c), _) => self
+                .remotes
+                .as_ref()
+                .and_then(|r| r.get(&ClusterId::new(c)))
+                .map(|client| (c.to_string(), client))
+                .ok_or_else(|| AuthnError::UnknownCluster(c.to_string())),
+            (None, None) => Err(AuthnError::UnknownCluster(String::new())),
+        }
+    }
+
+    async fn review(
+        &self,
+        cluster: &str,
+        client: Client,
+        token: &str,
+    ) -> Result<Identity, AuthnError> {
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_string(),
+                audiences: Some(vec![CA_AUDIENCE.to_string()]),
+            },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(client)
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthnError::Review {
+                cluster: cluster.to_string(),
+                reason: e.to_string(),
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        let rejected = |reason: String| AuthnError::Rejected {
+            cluster: cluster.to_string(),
+            reason,
+        };
+        if status.authenticated != Some(true) {
+            return Err(rejected(
+                status.error.unwrap_or_else(|| "not authenticated".into()),
+            ));
+        }
+        if status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| !a.is_empty() && !a.iter().any(|a| a == CA_AUDIENCE))
+        {
+            return Err(rejected(format!("token is not for audience {CA_AUDIENCE}")));
+        }
+        let user = status.user.unwrap_or_default();
+        let username = user.username.unwrap_or_default();
+        let groups = user.groups.unwrap_or_default();
+        if !groups.iter().any(|g| g == "system:serviceaccounts") {
+            return Err(AuthnError::NotServiceAccount { user: username });
+        }
+        let parts: Vec<&str> = username.split(':').collect();
+        match parts[..] {
+            ["system", "serviceaccount", namespace, account] => {
+                Ok(Identity::new(&self.trust_domain, namespace, account))
+            }
+            _ => Err(AuthnError::NotServiceAccount { user: username }),
+        }
+    }
+}

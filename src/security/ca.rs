@@ -1,0 +1,537 @@
+//! The certificate authority: keys in Istio's cacerts layout (plug-in, or a self-signed root kept
+//! across restarts), CSR signing for a proven identity, and serving certificates.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use thiserror::Error;
+use time::OffsetDateTime;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use super::identity::Identity;
+
+#[derive(Debug, Error)]
+pub enum CaError {
+    #[error("CA bundle: cannot read {file}: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("CA bundle: {file} is missing")]
+    Missing { file: &'static str },
+    #[error("CA bundle: {file}: {problem}")]
+    Invalid { file: &'static str, problem: String },
+    #[error("CA bundle: ca-key.pem does not match ca-cert.pem")]
+    KeyMismatch,
+    #[error("CA bundle: the chain does not end at root-cert.pem: {0}")]
+    Chain(String),
+    #[error("CSR: {0}")]
+    Csr(String),
+    #[error("requested lifetime {requested:?} exceeds the maximum {max:?}")]
+    TtlTooLong { requested: Duration, max: Duration },
+    #[error("signing failed: {0}")]
+    Sign(#[from] rcgen::Error),
+    #[error("cannot write CA state to {dir}: {source}")]
+    Write { dir: String, source: std::io::Error },
+}
+
+/// PEM files of Istio's cacerts layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaBundle {
+    pub ca_cert: String,
+    pub ca_key: String,
+    /// The CA's certificate followed by its issuers (Istio: ca-cert + intermediates + root).
+    pub cert_chain: String,
+    pub root_cert: String,
+}
+
+pub const CA_CERT: &str = "ca-cert.pem";
+pub const CA_KEY: &str = "ca-key.pem";
+pub const CERT_CHAIN: &str = "cert-chain.pem";
+pub const ROOT_CERT: &str = "root-cert.pem";
+
+const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+impl CaBundle {
+    /// Reads a cacerts directory; every file must be there.
+    pub fn read_dir(dir: &Path) -> Result<Self, CaError> {
+        let read = |file: &'static str| -> Result<String, CaError> {
+            let path = dir.join(file);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Ok(text),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(CaError::Missing { file })
+                }
+                Err(source) => Err(CaError::Read {
+                    file: path.display().to_string(),
+                    source,
+                }),
+            }
+        };
+        Ok(Self {
+            ca_cert: read(CA_CERT)?,
+            ca_key: read(CA_KEY)?,
+            cert_chain: read(CERT_CHAIN)?,
+            root_cert: read(ROOT_CERT)?,
+        })
+    }
+
+    pub fn write_dir(&self, dir: &Path) -> Result<(), CaError> {
+        let error = |source| CaError::Write {
+            dir: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(error)?;
+        for (file, text) in self.files() {
+            std::fs::write(dir.join(file), text).map_err(error)?;
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.join(CA_KEY), std::fs::Permissions::from_mode(0o600))
+                .map_err(error)?;
+        }
+        Ok(())
+    }
+
+    pub fn files(&self) -> [(&'static str, &str); 4] {
+        [
+            (CA_CERT, &self.ca_cert),
+            (CA_KEY, &self.ca_key),
+            (CERT_CHAIN, &self.cert_chain),
+            (ROOT_CERT, &self.root_cert),
+        ]
+    }
+
+    /// From a Secret's data (`cacerts` or `istio-ca-secret`).
+    pub fn from_files(get: impl Fn(&str) -> Option<String>) -> Result<Self, CaError> {
+        let need = |file: &'static str| get(file).ok_or(CaError::Missing { file });
+        let ca_cert = need(CA_CERT)?;
+        Ok(Self {
+            ca_key: need(CA_KEY)?,
+            cert_chain: get(CERT_CHAIN)
+                .filter(|c| !c.trim().is_empty())
+                .unwrap_or_else(|| ca_cert.clone()),
+            root_cert: get(ROOT_CERT)
+                .filter(|c| !c.trim().is_empty())
+                .unwrap_or_else(|| ca_cert.clone()),
+            ca_cert,
+        })
+    }
+
+    /// A new self-signed root (ECDSA P-256, 10 years) that is its own signing CA.
+    pub fn self_signed_root(organization: &str) -> Result<Self, CaError> {
+        let key = KeyPair::generate()?;
+        let params = ca_params(organization, "meshpilot root CA", ROOT_LIFETIME)?;
+        let cert = params.self_signed(&key)?.pem();
+        Ok(Self {
+            ca_cert: cert.clone(),
+            ca_key: key.serialize_pem(),
+            cert_chain: cert.clone(),
+            root_cert: cert,
+        })
+    }
+
+    /// An intermediate CA for one cluster, signed by this bundle's CA (`meshpilot certs`).
+    pub fn intermediate(
+        &self,
+        organization: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> Result<Self, CaError> {
+        let parent_key = KeyPair::from_pem(&self.ca_key).map_err(|e| invalid(CA_KEY, e))?;
+        let issuer =
+            Issuer::from_ca_cert_pem(&self.ca_cert, parent_key).map_err(|e| invalid(CA_CERT, e))?;
+        let key = KeyPair::generate()?;
+        let params = ca_params(
+            organization,
+            &format!("meshpilot intermediate CA {name}"),
+            lifetime,
+        )?;
+        let cert = params.signed_by(&key, &issuer)?.pem();
+        Ok(Self {
+            cert_chain: format!("{cert}{}", self.cert_chain),
+            ca_cert: cert,
+            ca_key: key.serialize_pem(),
+            root_cert: self.root_cert.clone(),
+        })
+    }
+}
+
+fn invalid(file: &'static str, e: impl std::fmt::Display) -> CaError {
+    CaError::Invalid {
+        file,
+        problem: e.to_string(),
+    }
+}
+
+fn ca_params(
+    organization: &str,
+    common_name: &str,
+    lifetime: Duration,
+) -> Result<CertificateParams, CaError> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, organization);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    set_validity(&mut params, lifetime);
+    params.serial_number = Some(serial());
+    Ok(params)
+}
+
+fn set_validity(params: &mut CertificateParams, lifetime: Duration) {
+    let now = OffsetDateTime::now_utc();
+    // Tolerate clock skew between the CA and its clients.
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + lifetime;
+}
+
+fn serial() -> SerialNumber {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    let mut bytes = Vec::with_capacity(17);
+    // A leading zero byte keeps the serial positive.
+    bytes.push(0);
+    bytes.extend_from_slice(&nanos.to_be_bytes());
+    bytes.extend_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    SerialNumber::from(bytes)
+}
+
+/// Lifetime rules for issued workload certificates.
+#[derive(Clone, Copy, Debug)]
+pub struct TtlPolicy {
+    pub default: Duration,
+    pub max: Duration,
+}
+
+pub struct CertificateAuthority {
+    issuer: Issuer<'static, KeyPair>,
+    /// What follows a leaf in a response: the CA, its issuers, the root last.
+    chain_tail: Vec<String>,
+    root_pem: String,
+    ttl: TtlPolicy,
+}
+
+impl CertificateAuthority {
+    /// Loads a bundle, refusing one whose key does not match or whose chain does not reach the root.
+    pub fn new(bundle: &CaBundle, ttl: TtlPolicy) -> Result<Self, CaError> {
+        let key = KeyPair::from_pem(&bundle.ca_key).map_err(|e| invalid(CA_KEY, e))?;
+        let ca_der = single_cert(&bundle.ca_cert, CA_CERT)?;
+        let (_, ca) = X509Certificate::from_der(&ca_der).map_err(|e| invalid(CA_CERT, e))?;
+        if !ca.is_ca() {
+            return Err(invalid(
+                CA_CERT,
+                "not a CA certificate (basicConstraints CA:FALSE)",
+            ));
+        }
+        if ca.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+            return Err(CaError::KeyMismatch);
+        }
+        let root_der = single_cert(&bundle.root_cert, ROOT_CERT)?;
+        let mut chain = certs(&bundle.cert_chain, CERT_CHAIN)?;
+        if chain.first() != Some(&ca_der) {
+            chain.insert(0, ca_der.clone());
+        }
+        if chain.last() != Some(&root_der) {
+            chain.push(root_der.clone());
+        }
+        verify_chain(&chain)?;
+        let chain_tail = chain.iter().map(|der| to_pem(der)).collect();
+        let issuer = Issuer::from_ca_cert_der(&ca_der, key).map_err(|e| invalid(CA_CERT, e))?;
+        Ok(Self {
+            issuer,
+            chain_tail,
+            root_pem: to_pem(&root_der),
+            ttl,
+        })
+    }
+
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// Signs a CSR for `identity`; the CSR's own subject and SANs are ignored. Returns the chain:
+    /// leaf first, root last.
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        identity: &Identity,
+        requested: Option<Duration>,
+    ) -> Result<Vec<String>, CaError> {
+        let ttl = self.lifetime(requested)?;
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| CaError::Csr(e.to_string()))?;
+        let request = CertificateSigningRequestParams {
+            params: workload_params(&[identity.to_string()], &[], ttl)?,
+            public_key: csr.public_key,
+        };
+        let leaf = request.signed_by(&self.issuer)?;
+        Ok(self.chain_with(leaf.pem()))
+    }
+
+    /// A new key and certificate for `identity` (tools and tests; workloads send CSRs).
+    pub fn issue_workload(
+        &self,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> Result<(Vec<String>, String), CaError> {
+        let key = KeyPair::generate()?;
+        let cert =
+            workload_params(&[identity.to_string()], &[], ttl)?.signed_by(&key, &self.issuer)?;
+        Ok((self.chain_with(cert.pem()), key.serialize_pem()))
+    }
+
+    /// A serving certificate for DNS names (the secure xDS server).
+    pub fn issue_server(
+        &self,
+        dns_names: &[String],
+        ttl: Duration,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), CaError> {
+        let key = KeyPair::generate()?;
+        let cert = workload_params(&[], dns_names, ttl)?.signed_by(&key, &self.issuer)?;
+        let mut chain = vec![cert.der().clone()];
+        for pem in &self.chain_tail[..self.chain_tail.len().saturating_sub(1)] {
+            chain.extend(CertificateDer::pem_slice_iter(pem.as_bytes()).flatten());
+        }
+        Ok((chain, PrivateKeyDer::Pkcs8(key.serialize_der().into())))
+    }
+
+    fn lifetime(&self, requested: Option<Duration>) -> Result<Duration, CaError> {
+        match requested.filter(|d| !d.is_zero()) {
+            None => Ok(self.ttl.default),
+            Some(d) if d > self.ttl.max => Err(CaError::TtlTooLong {
+                requested: d,
+                max: self.ttl.max,
+            }),
+            Some(d) => Ok(d),
+        }
+    }
+
+    fn chain_with(&self, leaf: String) -> Vec<String> {
+        std::iter::once(leaf)
+            .chain(self.chain_tail.iter().cloned())
+            .collect()
+    }
+}
+
+fn workload_params(
+    uris: &[String],
+    dns: &[String],
+    ttl: Duration,
+) -> Result<CertificateParams, CaError> {
+    let mut params = CertificateParams::new(dns.to_vec())?;
+    for uri in uris {
+        params
+            .subject_alt_names
+            .push(SanType::URI(uri.as_str().try_into()?));
+    }
+    params.distinguished_name = DistinguishedName::new();
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params.serial_number = Some(serial());
+    set_validity(&mut params, ttl);
+    Ok(params)
+}
+
+fn certs(pem: &str, file: &'static str) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid(file, e))?;
+    if certs.is_empty() {
+        return Err(invalid(file, "no certificate in it"));
+    }
+    Ok(certs)
+}
+
+fn single_cert(pem: &str, file: &'static str) -> Result<CertificateDer<'static>, CaError> {
+    Ok(certs(pem, file)?.remove(0))
+}
+
+/// Each certificate is signed by the next; the last (the root) by itself.
+fn verify_chain(chain: &[CertificateDer<'_>]) -> Result<(), CaError> {
+    let parsed: Vec<X509Certificate<'_>> = chain
+        .iter()
+        .map(|der| X509Certificate::from_der(der).map(|(_, c)| c))
+        .collect::<Result<_, _>>()
+        .map_err(|e| CaError::Chain(e.to_string()))?;
+    for (i, cert) in parsed.iter().enumerate() {
+        let issuer = parsed.get(i + 1).unwrap_or(cert);
+        cert.verify_signature(Some(issuer.public_key()))
+            .map_err(|e| {
+                CaError::Chain(format!(
+                    "{} is not signed by {} ({e})",
+                    cert.subject(),
+                    issuer.subject()
+                ))
+            })?;
+    }
+    Ok(())
+}
+
+pub fn to_pem(der: &CertificateDer<'_>) -> String {
+    pem_encode("CERTIFICATE", der)
+}
+
+fn pem_encode(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+/// The identities (SPIFFE URIs) a certificate carries.
+pub fn spiffe_identities(der: &[u8]) -> Vec<Identity> {
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => Identity::parse(uri),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: TtlPolicy = TtlPolicy {
+        default: Duration::from_secs(24 * 3600),
+        max: Duration::from_secs(90 * 24 * 3600),
+    };
+
+    fn csr() -> (String, KeyPair) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["claimed.example".to_string()]).unwrap();
+        params.subject_alt_names.push(SanType::URI(
+            "spiffe://evil/ns/kube-system/sa/admin".try_into().unwrap(),
+        ));
+        (params.serialize_request(&key).unwrap().pem().unwrap(), key)
+    }
+
+    #[test]
+    fn signs_for_the_proven_identity_only() {
+        let root = CaBundle::self_signed_root("cluster.local").unwrap();
+        let ca = CertificateAuthority::new(&root, TTL).unwrap();
+        let (csr, _) = csr();
+        let id = Identity::new("cluster.local", "shop", "web");
+        let chain = ca.sign_csr(&csr, &id, None).unwrap();
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain.last().unwrap(), ca.root_pem());
+        let leaf = single_cert(&chain[0], "leaf").unwrap();
+        assert_eq!(spiffe_identities(&leaf), vec![id]);
+        let (_, parsed) = X509Certificate::from_der(&leaf).unwrap();
+        let root_der = single_cert(ca.root_pem(), "root").unwrap();
+        let (_, root_cert) = X509Certificate::from_der(&root_der).unwrap();
+        parsed
+            .verify_signature(Some(root_cert.public_key()))
+            .unwrap();
+        assert!(!chain[0].contains("claimed"), "CSR SANs must not be copied");
+    }
+
+    #[test]
+    fn lifetime_is_capped() {
+        let ca =
+            CertificateAuthority::new(&CaBundle::self_signed_root("td").unwrap(), TTL).unwrap();
+        let (csr, _) = csr();
+        let id = Identity::new("td", "a", "b");
+        let too_long = Duration::from_secs(91 * 24 * 3600);
+        assert!(matches!(
+            ca.sign_csr(&csr, &id, Some(too_long)),
+            Err(CaError::TtlTooLong { .. })
+        ));
+        assert!(ca
+            .sign_csr(&csr, &id, Some(Duration::from_secs(3600)))
+            .is_ok());
+        assert!(matches!(
+            ca.sign_csr("not a csr", &id, None),
+            Err(CaError::Csr(_))
+        ));
+    }
+
+    #[test]
+    fn intermediates_chain_to_the_shared_root() {
+        let root = CaBundle::self_signed_root("td").unwrap();
+        let east = root
+            .intermediate("td", "east", Duration::from_secs(3600))
+            .unwrap();
+        let ca = CertificateAuthority::new(&east, TTL).unwrap();
+        let (chain, _) = ca
+            .issue_workload(&Identity::new("td", "a", "b"), Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(chain.len(), 3, "leaf, intermediate, root");
+        assert_eq!(
+            chain[2],
+            to_pem(&single_cert(&root.root_cert, "root").unwrap())
+        );
+    }
+
+    #[test]
+    fn broken_bundles_are_refused() {
+        let a = CaBundle::self_signed_root("td").unwrap();
+        let b = CaBundle::self_signed_root("td").unwrap();
+        let mismatched = CaBundle {
+            ca_key: b.ca_key.clone(),
+            ..a.clone()
+        };
+        assert!(matches!(
+            CertificateAuthority::new(&mismatched, TTL),
+            Err(CaError::KeyMismatch)
+        ));
+        let wrong_root = CaBundle {
+            root_cert: b.root_cert.clone(),
+            cert_chain: a.ca_cert.clone(),
+            ..a.intermediate("td", "x", Duration::from_secs(60)).unwrap()
+        };
+        assert!(matches!(
+            CertificateAuthority::new(&wrong_root, TTL),
+            Err(CaError::Chain(_))
+        ));
+        let garbage = CaBundle {
+            ca_cert: "nope".into(),
+            ..a
+        };
+        assert!(matches!(
+            CertificateAuthority::new(&garbage, TTL),
+            Err(CaError::Invalid { .. })
+        ));
+    }
+}

@@ -1,0 +1,60 @@
+//! `istio.v1.auth.IstioCertificateService`: signs a workload's CSR for the identity its caller proves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use super::authn::{Authenticator, Credentials};
+use super::ca::{CaError, CertificateAuthority};
+use super::pb::istio_certificate_service_server::{
+    IstioCertificateService, IstioCertificateServiceServer,
+};
+use super::pb::{IstioCertificateRequest, IstioCertificateResponse};
+
+pub struct CaService {
+    ca: Arc<CertificateAuthority>,
+    authn: Arc<Authenticator>,
+}
+
+impl CaService {
+    pub fn server(
+        ca: Arc<CertificateAuthority>,
+        authn: Arc<Authenticator>,
+    ) -> IstioCertificateServiceServer<Self> {
+        IstioCertificateServiceServer::new(Self { ca, authn })
+    }
+}
+
+#[tonic::async_trait]
+impl IstioCertificateService for CaService {
+    async fn create_certificate(
+        &self,
+        request: Request<IstioCertificateRequest>,
+    ) -> Result<Response<IstioCertificateResponse>, Status> {
+        let credentials = Credentials::from_request(&request);
+        let identity = match self.authn.authenticate(&credentials).await {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(cluster = credentials.cluster_id.as_deref().unwrap_or_default(), error = %e, "certificate request refused");
+                return Err(e.into());
+            }
+        };
+        let request = request.into_inner();
+        let requested = u64::try_from(request.validity_duration)
+            .ok()
+            .map(Duration::from_secs);
+        let cert_chain = self
+            .ca
+            .sign_csr(&request.csr, &identity, requested)
+            .map_err(|e| match e {
+                CaError::Csr(_) | CaError::TtlTooLong { .. } => {
+                    Status::invalid_argument(e.to_string())
+                }
+                other => Status::internal(other.to_string()),
+            })?;
+        info!(identity = %identity, "certificate signed");
+        Ok(Response::new(IstioCertificateResponse { cert_chain }))
+    }
+}

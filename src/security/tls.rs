@@ -1,0 +1,229 @@
+//! The TLS side of the secure xDS port: a serving certificate from our own CA, renewed before it
+//! expires; client certificates verified against our root when given (as istiod's
+//! VerifyClientCertIfGiven); every handshake in its own task under a timeout, so a slow or failing
+//! client never holds up the listener or other connections.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use rustls::pki_types::CertificateDer;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{debug, info, warn};
+
+use super::ca::{spiffe_identities, CaError, CertificateAuthority};
+use super::identity::Identity;
+
+#[derive(Debug, Error)]
+pub enum TlsError {
+    #[error("serving certificate: {0}")]
+    Ca(#[from] CaError),
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+/// What the xDS and CA services learn about a secure connection.
+#[derive(Clone, Debug)]
+pub struct SecureConnInfo {
+    pub remote: Option<SocketAddr>,
+    /// The SPIFFE identity of a verified client certificate.
+    pub peer: Option<Identity>,
+}
+
+/// The serving certificate, swapped in place when renewed: new handshakes get the new one, open
+/// connections keep going.
+#[derive(Debug)]
+pub struct ServingCert {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ResolvesServerCert for ServingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.read().clone())
+    }
+}
+
+impl ServingCert {
+    pub fn issue(
+        ca: &CertificateAuthority,
+        dns_names: &[String],
+        ttl: Duration,
+    ) -> Result<Arc<Self>, TlsError> {
+        Ok(Arc::new(Self {
+            current: RwLock::new(certified(ca, dns_names, ttl)?),
+        }))
+    }
+
+    /// Renews at half the lifetime, until the returned task is aborted.
+    pub fn keep_renewed(
+        self: &Arc<Self>,
+        ca: Arc<CertificateAuthority>,
+        dns_names: Vec<String>,
+        ttl: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 2).await;
+                match certified(&ca, &dns_names, ttl) {
+                    Ok(key) => {
+                        *this.current.write() = key;
+                        info!(names = ?dns_names, "serving certificate renewed");
+                    }
+                    // Keep the current one; try again after a short pause.
+                    Err(e) => {
+                        warn!(error = %e, "serving certificate renewal failed");
+                        tokio::time::sleep(Duration::from_secs(1).min(ttl / 4)).await;
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn certified(
+    ca: &CertificateAuthority,
+    dns_names: &[String],
+    ttl: Duration,
+) -> Result<Arc<CertifiedKey>, TlsError> {
+    let (chain, key) = ca.issue_server(dns_names, ttl)?;
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .ok_or_else(|| TlsError::Config("no crypto provider installed".into()))?;
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    Ok(Arc::new(CertifiedKey::new(chain, signing)))
+}
+
+/// Server config: our serving certificate; client certificates optional but verified against `root`.
+pub fn server_config(
+    cert: Arc<ServingCert>,
+    root_pem: &str,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
+        let der = der.map_err(|e| TlsError::Config(e.to_string()))?;
+        roots
+            .add(der)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+    }
+    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut config = ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(cert);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Accepts TCP connections and yields the ones whose handshake completed in time.
+pub fn incoming(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+    handshake_timeout: Duration,
+) -> ReceiverStream<Result<SecureConn, io::Error>> {
+    let (tx, rx) = mpsc::channel(128);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, remote) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    continue;
+                }
+            };
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let peer = stream
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|certs| certs.first())
+                            .and_then(|leaf| spiffe_identities(leaf).into_iter().next());
+                        let info = SecureConnInfo {
+                            remote: Some(remote),
+                            peer,
+                        };
+                        let _ = tx.send(Ok(SecureConn { stream, info })).await;
+                    }
+                    Ok(Err(e)) => debug!(%remote, error = %e, "TLS handshake failed"),
+                    Err(_) => debug!(%remote, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// A TLS connection and what was learnt from its handshake.
+pub struct SecureConn {
+    stream: TlsStream<TcpStream>,
+    info: SecureConnInfo,
+}
+
+impl tonic::transport::server::Connected for SecureConn {
+    type ConnectInfo = SecureConnInfo;
+
+    fn connect_info(&self) -> SecureConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for SecureConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SecureConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}

@@ -1,0 +1,127 @@
+//! Trust distribution: the root certificate as ConfigMap `istio-ca-root-cert` (key `root-cert.pem`)
+//! in every namespace of the config cluster, and of remote clusters whose system namespace opts in
+//! with the annotation `topology.istio.io/controlPlaneClusters` (this cluster's id, or `*`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PostParams;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, ResourceExt};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::model::ClusterId;
+use crate::sources::kube::WatchBackoff;
+use crate::sources::remote::RemoteClients;
+
+pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
+pub const ROOT_KEY: &str = "root-cert.pem";
+const CONTROL_PLANE_ANNOTATION: &str = "topology.istio.io/controlPlaneClusters";
+/// How often opted-in remote clusters are reconciled.
+const REMOTE_RESYNC: Duration = Duration::from_secs(10);
+
+/// Keeps the root ConfigMap in every namespace of the config cluster (watching namespaces) and of
+/// opted-in remote clusters; stops when the returned tasks are aborted.
+pub fn publish_root(
+    config: Client,
+    config_cluster: ClusterId,
+    remotes: RemoteClients,
+    system_namespace: String,
+    root_pem: String,
+) -> Vec<JoinHandle<()>> {
+    let local_root = root_pem.clone();
+    let local = tokio::spawn(async move {
+        let namespaces: Api<Namespace> = Api::all(config.clone());
+        let mut events = watcher::watcher(namespaces, watcher::Config::default())
+            .backoff(WatchBackoff::default())
+            .boxed();
+        while let Some(event) = events.next().await {
+            let namespace = match event {
+                Ok(Event::Apply(ns) | Event::InitApply(ns)) => ns.name_any(),
+                Ok(_) => continue,
+                Err(e) => {
+                    warn!(error = %e, "namespace watch error (root certificate publishing)");
+                    continue;
+                }
+            };
+            ensure(&config, &namespace, &local_root).await;
+        }
+    });
+    let remote = tokio::spawn(async move {
+        loop {
+            for (id, client) in remotes.all() {
+                if opted_in(&client, &system_namespace, &config_cluster).await {
+                    let namespaces: Api<Namespace> = Api::all(client.clone());
+                    match namespaces.list(&Default::default()).await {
+                        Ok(list) => {
+                            for ns in list {
+                                ensure(&client, &ns.name_any(), &root_pem).await;
+                            }
+                        }
+                        Err(e) => debug!(cluster = %id, error = %e, "cannot list namespaces"),
+                    }
+                }
+            }
+            tokio::time::sleep(REMOTE_RESYNC).await;
+        }
+    });
+    vec![local, remote]
+}
+
+async fn opted_in(client: &Client, system_namespace: &str, config_cluster: &ClusterId) -> bool {
+    let Ok(Some(ns)) = Api::<Namespace>::all(client.clone())
+        .get_opt(system_namespace)
+        .await
+    else {
+        return false;
+    };
+    ns.annotations()
+        .get(CONTROL_PLANE_ANNOTATION)
+        .is_some_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|c| c == "*" || c == config_cluster.as_str())
+        })
+}
+
+/// Creates or corrects the root ConfigMap in one namespace.
+async fn ensure(client: &Client, namespace: &str, root_pem: &str) {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let data = BTreeMap::from([(ROOT_KEY.to_string(), root_pem.to_string())]);
+    let result = match api.get_opt(ROOT_CONFIGMAP).await {
+        Ok(Some(existing)) if existing.data.as_ref() == Some(&data) => return,
+        Ok(Some(mut existing)) => {
+            existing.data = Some(data);
+            api.replace(ROOT_CONFIGMAP, &PostParams::default(), &existing)
+                .await
+                .map(|_| ())
+        }
+        Ok(None) => {
+            let configmap = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(ROOT_CONFIGMAP.to_string()),
+                    namespace: Some(namespace.to_string()),
+                    labels: Some(BTreeMap::from([(
+                        "istio.io/config".to_string(),
+                        "true".to_string(),
+                    )])),
+                    ..Default::default()
+                },
+                data: Some(data),
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &configmap)
+                .await
+                .map(|_| ())
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        warn!(namespace, error = %e, "cannot publish the root certificate");
+    }
+}
