@@ -132,7 +132,7 @@ async fn cluster_is_served_to_envoy_and_not_ready_pods_leave_eds() {
     assert_eq!(ep["locality"]["zone"], "eu-a");
 
     let envoy = Envoy::start(
-        c.mp.xds_addr,
+        &c.mp,
         "sidecar~10.10.9.9~client.shop~shop.svc.cluster.local",
         &[("CLUSTER_ID", "primary")],
         AdsMode::Sotw,

@@ -141,7 +141,7 @@ async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
     assert_eq!(view["state"], "synced");
 
     let envoy = Envoy::start(
-        mp.xds_addr,
+        &mp,
         "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
         &[("CLUSTER_ID", "primary")],
         AdsMode::Sotw,
@@ -218,7 +218,7 @@ async fn rotated_kubeconfig_swaps_without_a_gap() {
     let mp = start_meshpilot_with(&primary.flags(&["--remote-cluster-timeout", "3s"])).await;
     let admin = mp.http_addr;
     let envoy = Envoy::start(
-        mp.xds_addr,
+        &mp,
         "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
         &[("CLUSTER_ID", "primary")],
         AdsMode::Delta,

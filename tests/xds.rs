@@ -45,7 +45,7 @@ async fn envoy_sees_both_clusters(mode: AdsMode) {
     let _ports = sidecar_ports().await;
     let dir = copy_tree(Path::new(EXAMPLE));
     let mp = start_meshpilot(dir.path(), &[]).await;
-    let envoy = Envoy::start(mp.xds_addr, SIDECAR, &[("CLUSTER_ID", "cluster1")], mode).await;
+    let envoy = Envoy::start(&mp, SIDECAR, &[("CLUSTER_ID", "cluster1")], mode).await;
 
     let expected = ["10.1.1.11:9080", "10.2.3.13:9080"];
     wait_for("both clusters' endpoints in Envoy", BOUND, || {

