@@ -6,6 +6,7 @@ use tracing_subscriber::EnvFilter;
 
 use meshpilot::config::DiscoveryArgs;
 use meshpilot::remote_secret::RemoteSecretArgs;
+use meshpilot::security::certs_cmd::CertsArgs;
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +29,8 @@ enum Command {
     Discovery(Box<DiscoveryArgs>),
     /// Print the Secret that onboards a remote cluster (as istioctl create-remote-secret).
     RemoteSecret(RemoteSecretArgs),
+    /// Generate a shared root, per-cluster intermediates and workload certificates.
+    Certs(CertsArgs),
 }
 
 #[tokio::main]
@@ -43,6 +46,10 @@ async fn main() -> anyhow::Result<()> {
             let running = meshpilot::app::start(*args).await?;
             shutdown_signal().await?;
             drop(running);
+        }
+        Command::Certs(args) => {
+            meshpilot::app::install_crypto_provider();
+            eprintln!("{}", meshpilot::security::certs_cmd::run(&args)?);
         }
         Command::RemoteSecret(args) => {
             meshpilot::app::install_crypto_provider();

@@ -534,12 +534,40 @@ pub fn node(id: &str, metadata: &[(&str, &str)]) -> envoy_types::pb::envoy::conf
     }
 }
 
+/// A TLS channel to meshpilot's secure port (server name istiod.istio-system.svc), with an optional
+/// client certificate (chain, key).
+pub async fn tls_channel(
+    addr: SocketAddr,
+    root: &str,
+    client: Option<(&str, &str)>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(root))
+        .domain_name("istiod.istio-system.svc");
+    if let Some((chain, key)) = client {
+        tls = tls.identity(Identity::from_pem(chain, key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("endpoint")
+        .tls_config(tls)?
+        .connect()
+        .await
+}
+
 impl AdsClient {
     pub async fn connect(xds: SocketAddr) -> Result<AdsClient, tonic::Status> {
-        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{xds}"))
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
+            .expect("endpoint")
+            .connect()
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        Self::over(channel).await
+    }
+
+    pub async fn over(channel: tonic::transport::Channel) -> Result<AdsClient, tonic::Status> {
+        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
         // meshpilot answers the call at once; the stream's first message is the caller's to send.

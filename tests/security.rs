@@ -1,0 +1,619 @@
+//! End to end: the CA, secure xDS and workload identity — real Envoy, grpcio and rustls peers
+//! against meshpilot's secure port, test API servers reviewing tokens.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use meshpilot::security::ca::{spiffe_identities, CaBundle, CertificateAuthority, TtlPolicy};
+use meshpilot::security::identity::Identity;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use test_apiserver::{TestApiServer, User};
+
+const BOUND: Duration = Duration::from_secs(20);
+const SIDECAR: &str = "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local";
+const REVIEWS_CLUSTER: &str = "outbound|9080||reviews.bookinfo.svc.cluster.local";
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+fn chain_ders(pems: &[String]) -> Vec<CertificateDer<'static>> {
+    pems.iter()
+        .flat_map(|p| CertificateDer::pem_slice_iter(p.as_bytes()).map(|c| c.unwrap()))
+        .collect()
+}
+
+#[tokio::test]
+async fn envoy_with_a_meshpilot_certificate_gets_config_on_the_secure_port() {
+    let _ports = sidecar_ports().await;
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let certs = workload_certs(&mp, "bookinfo", "bookinfo-reviews");
+    let envoy = Envoy::start_with(EnvoyOptions {
+        xds: mp.secure_xds_addr,
+        node_id: SIDECAR,
+        metadata: &[("CLUSTER_ID", "cluster1")],
+        mode: AdsMode::Sotw,
+        workload: certs.clone(),
+        xds_tls: Some(XdsTls {
+            client: Some((certs.chain.clone(), certs.key.clone())),
+            root: certs.root.clone(),
+            sni: "istiod.istio-system.svc".into(),
+        }),
+        wrapper: Vec::new(),
+    })
+    .await;
+    wait_for("config over mTLS xDS", BOUND, || {
+        let envoy = &envoy;
+        async move {
+            (envoy.endpoints(REVIEWS_CLUSTER).await == ["10.1.1.11:9080", "10.2.3.13:9080"])
+                .then_some(())
+        }
+    })
+    .await;
+    assert_eq!(envoy.rejected_updates().await, 0);
+}
+
+#[tokio::test]
+async fn foreign_roots_and_borrowed_identities_are_refused() {
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let root = mp.ca.root_pem().to_string();
+
+    // A certificate from another root: the handshake fails.
+    let other = CertificateAuthority::new(
+        &CaBundle::self_signed_root("cluster.local").unwrap(),
+        TtlPolicy {
+            default: Duration::from_secs(3600),
+            max: Duration::from_secs(3600),
+        },
+    )
+    .unwrap();
+    let (chain, key) = other
+        .issue_workload(
+            &Identity::new("cluster.local", "bookinfo", "x"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let refused = match tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key))).await
+    {
+        Err(_) => true,
+        Ok(channel) => {
+            let mut ads = AdsClient::over(channel).await.map(Some).unwrap_or(None);
+            match ads.as_mut() {
+                None => true,
+                Some(ads) => {
+                    ads.request(DiscoveryRequest {
+                        node: Some(node(SIDECAR, &[])),
+                        type_url: CDS.into(),
+                        ..Default::default()
+                    });
+                    !matches!(ads.next(BOUND).await, Some(Ok(_)))
+                }
+            }
+        }
+    };
+    assert!(
+        refused,
+        "a client certificate from another root was accepted"
+    );
+
+    // A certificate of namespace `other` claiming to be a proxy of namespace `bookinfo`.
+    let (chain, key) = mp
+        .ca
+        .issue_workload(
+            &Identity::new("cluster.local", "other", "x"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+        .await
+        .unwrap();
+    let mut ads = AdsClient::over(channel).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[])),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let status = ads
+        .next(BOUND)
+        .await
+        .expect("an answer")
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("ns/other"),
+        "{}",
+        status.message()
+    );
+
+    // The right namespace but a service account the node does not have.
+    let (chain, key) = mp
+        .ca
+        .issue_workload(
+            &Identity::new("cluster.local", "bookinfo", "x"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+        .await
+        .unwrap();
+    let mut ads = AdsClient::over(channel).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[("SERVICE_ACCOUNT", "bookinfo-reviews")])),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let status = ads
+        .next(BOUND)
+        .await
+        .expect("an answer")
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+
+    // No credentials at all on the secure port: unauthenticated. The plaintext port stays open.
+    let channel = tls_channel(mp.secure_xds_addr, &root, None).await.unwrap();
+    let mut ads = AdsClient::over(channel).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[])),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let status = ads
+        .next(BOUND)
+        .await
+        .expect("an answer")
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+
+    // The matching identity is served.
+    let (chain, key) = mp
+        .ca
+        .issue_workload(
+            &Identity::new("cluster.local", "bookinfo", "bookinfo-reviews"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+        .await
+        .unwrap();
+    let mut ads = AdsClient::over(channel).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[("SERVICE_ACCOUNT", "bookinfo-reviews")])),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    assert!(ads.next(BOUND).await.unwrap().is_ok());
+}
+
+/// A primary with one remote cluster onboarded by Secret.
+async fn primary_with_remote() -> (
+    TestApiServer,
+    TestApiServer,
+    tempfile::NamedTempFile,
+    meshpilot::app::Running,
+) {
+    let config = TestApiServer::start().await;
+    config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
+    let east = TestApiServer::start().await;
+    east.add_token(
+        "east-reader",
+        User::service_account("istio-system", "istio-reader-service-account"),
+    );
+    config.apply(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "istio-remote-secret-east", "namespace": "istio-system",
+                     "labels": {"istio/multiCluster": "true"}},
+        "stringData": {"east": east.kubeconfig("east-reader")}
+    }));
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
+    let mp = start_meshpilot_with(&[
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--cluster-id",
+        "primary",
+    ])
+    .await;
+    (config, east, kubeconfig, mp)
+}
+
+fn csr_file(dir: &Path) -> std::path::PathBuf {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["ignored.example".to_string()]).unwrap();
+    let path = dir.join("csr.pem");
+    std::fs::write(
+        &path,
+        params.serialize_request(&key).unwrap().pem().unwrap(),
+    )
+    .unwrap();
+    path
+}
+
+async fn grpcio_create_certificate(
+    mp: &meshpilot::app::Running,
+    dir: &Path,
+    token: &str,
+    cluster: &str,
+) -> serde_json::Value {
+    let root = dir.join("root.pem");
+    std::fs::write(&root, mp.ca.root_pem()).unwrap();
+    let csr = csr_file(dir);
+    let output = tokio::process::Command::new(peer_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/peers/ca_client.py"
+        ))
+        .arg(mp.secure_xds_addr.to_string())
+        .args([&root, &csr])
+        .args([token, cluster])
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(BOUND, output)
+        .await
+        .expect("CA call finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr)))
+}
+
+#[tokio::test]
+async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
+    let (config, east, _kubeconfig, mp) = primary_with_remote().await;
+    let admin = mp.http_addr;
+    wait_for("east synced", BOUND, || async move {
+        (cluster_view(admin, "east").await?["state"] == "synced").then_some(())
+    })
+    .await;
+    east.add_token("web-token", User::service_account("shop", "web"));
+    let dir = tempfile::tempdir().unwrap();
+
+    let reply = grpcio_create_certificate(&mp, dir.path(), "web-token", "east").await;
+    let chain: Vec<String> =
+        serde_json::from_value(reply["chain"].clone()).unwrap_or_else(|_| panic!("{reply}"));
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some(mp.ca.root_pem()),
+        "root last"
+    );
+    let ders = chain_ders(&chain);
+    assert_eq!(
+        spiffe_identities(&ders[0]),
+        vec![Identity::new("cluster.local", "shop", "web")]
+    );
+    verify_leaf(&ders, mp.ca.root_pem());
+    assert!(
+        east.request_count("tokenreview") >= 1,
+        "the remote cluster reviewed its own token"
+    );
+
+    // The same token presented as the config cluster's: that cluster does not know it.
+    let refused = grpcio_create_certificate(&mp, dir.path(), "web-token", "primary").await;
+    assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
+    let unknown = grpcio_create_certificate(&mp, dir.path(), "web-token", "nowhere").await;
+    assert_eq!(unknown["code"], "UNAUTHENTICATED");
+    assert!(
+        unknown["details"].as_str().unwrap().contains("nowhere"),
+        "{unknown}"
+    );
+    let forged = grpcio_create_certificate(&mp, dir.path(), "forged", "east").await;
+    assert_eq!(forged["code"], "UNAUTHENTICATED");
+    // A token that is not a service account's.
+    east.add_token(
+        "human",
+        User {
+            username: "alice".into(),
+            uid: "1".into(),
+            groups: vec!["system:authenticated".into()],
+            audiences: vec![],
+        },
+    );
+    let human = grpcio_create_certificate(&mp, dir.path(), "human", "east").await;
+    assert_eq!(human["code"], "UNAUTHENTICATED");
+    drop(config);
+}
+
+/// Verifies a leaf chain against a root with webpki, as a TLS peer would.
+fn verify_leaf(chain: &[CertificateDer<'static>], root_pem: &str) {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .build()
+        .unwrap();
+    verifier
+        .verify_client_cert(&chain[0], &chain[1..], rustls::pki_types::UnixTime::now())
+        .expect("chain verifies to the root");
+}
+
+#[tokio::test]
+async fn a_restart_keeps_the_root() {
+    // File mode: the state directory.
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let state = scratch_dir("restart");
+    let flags = ["--ca-state-dir", state.to_str().unwrap()];
+    let first = start_meshpilot(dir.path(), &flags)
+        .await
+        .ca
+        .root_pem()
+        .to_string();
+    let second = start_meshpilot(dir.path(), &flags)
+        .await
+        .ca
+        .root_pem()
+        .to_string();
+    assert_eq!(first, second);
+
+    // Kubernetes: the Secret istio-ca-secret.
+    let config = TestApiServer::start().await;
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
+    let flags = [
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--cluster-id",
+        "primary",
+    ];
+    let first = start_meshpilot_with(&flags).await.ca.root_pem().to_string();
+    assert!(config
+        .get("Secret", "istio-system", "istio-ca-secret")
+        .is_some());
+    let second = start_meshpilot_with(&flags).await.ca.root_pem().to_string();
+    assert_eq!(first, second);
+}
+
+#[tokio::test]
+async fn clusters_with_intermediates_of_one_root_trust_each_other() {
+    let out = tempfile::tempdir().unwrap();
+    let certs = |args: &[&str]| {
+        let status = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+            .arg("certs")
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(status.success(), "meshpilot certs {args:?}");
+    };
+    let path = |p: &str| out.path().join(p).to_str().unwrap().to_string();
+    certs(&["root", "--out", &path("root")]);
+    certs(&[
+        "intermediate",
+        "--root",
+        &path("root"),
+        "--name",
+        "east",
+        "--out",
+        &path("east"),
+    ]);
+    certs(&[
+        "intermediate",
+        "--root",
+        &path("root"),
+        "--name",
+        "west",
+        "--out",
+        &path("west"),
+    ]);
+
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let east = start_meshpilot(dir.path(), &["--ca-dir", &path("east")]).await;
+    let west = start_meshpilot(dir.path(), &["--ca-dir", &path("west")]).await;
+    assert_eq!(east.ca.root_pem(), west.ca.root_pem());
+    let (east_chain, east_key) = east
+        .ca
+        .issue_workload(
+            &Identity::new("cluster.local", "shop", "web"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let (west_chain, west_key) = west
+        .ca
+        .issue_workload(
+            &Identity::new("cluster.local", "shop", "db"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+
+    // A real mutual-TLS handshake: east's workload serves, west's is the client, each verifying the
+    // other against the shared root.
+    let root = east.ca.root_pem().to_string();
+    let (east_der, west_der) = (chain_ders(&east_chain), chain_ders(&west_chain));
+    let key = |pem: &str| PrivateKeyDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(root.as_bytes()).unwrap())
+        .unwrap();
+    let roots = Arc::new(roots);
+    let server_config = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(
+            rustls::server::WebPkiClientVerifier::builder(roots.clone())
+                .build()
+                .unwrap(),
+        )
+        .with_single_cert(east_der.clone(), key(&east_key))
+        .unwrap();
+    let client_config = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(SpiffeVerifier(roots)))
+        .with_client_auth_cert(west_der, key(&west_key))
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_config))
+            .accept(tcp)
+            .await
+            .unwrap();
+        let peer = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        spiffe_identities(&peer)
+    });
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("web.shop.svc").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client_config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let server_identity = spiffe_identities(&tls.get_ref().1.peer_certificates().unwrap()[0]);
+    assert_eq!(
+        server_identity,
+        vec![Identity::new("cluster.local", "shop", "web")]
+    );
+    assert_eq!(
+        server.await.unwrap(),
+        vec![Identity::new("cluster.local", "shop", "db")]
+    );
+}
+
+/// Verifies a server's chain to the root without a DNS name check: mesh workloads are named by
+/// SPIFFE URI, not DNS (Envoy checks the URI SAN instead).
+#[derive(Debug)]
+struct SpiffeVerifier(Arc<rustls::RootCertStore>);
+
+impl rustls::client::danger::ServerCertVerifier for SpiffeVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let verifier = rustls::server::WebPkiClientVerifier::builder(self.0.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        verifier.verify_client_cert(end_entity, intermediates, now)?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .expect("provider installed")
+}
+
+#[tokio::test]
+async fn serving_certificate_renews_without_dropping_streams() {
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let mp = start_meshpilot(
+        dir.path(),
+        &["--serving-cert-ttl", "2s", "--debounce-after", "0s"],
+    )
+    .await;
+    let root = mp.ca.root_pem().to_string();
+    let (chain, key) = mp
+        .ca
+        .issue_workload(
+            &Identity::new("cluster.local", "bookinfo", "x"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+        .await
+        .unwrap();
+    let mut ads = AdsClient::over(channel).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[])),
+        type_url: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment".into(),
+        resource_names: vec![REVIEWS_CLUSTER.into()],
+        ..Default::default()
+    });
+    let first = ads.next(BOUND).await.unwrap().unwrap();
+    ads.request(DiscoveryRequest {
+        type_url: first.type_url.clone(),
+        resource_names: vec![REVIEWS_CLUSTER.into()],
+        version_info: first.version_info.clone(),
+        response_nonce: first.nonce.clone(),
+        ..Default::default()
+    });
+    let serial = |der: &CertificateDer<'_>| {
+        use x509_parser::prelude::FromDer;
+        x509_parser::certificate::X509Certificate::from_der(der)
+            .unwrap()
+            .1
+            .raw_serial()
+            .to_vec()
+    };
+    let before = serial(&server_cert(mp.secure_xds_addr, &root).await);
+    let addr = mp.secure_xds_addr;
+    let root2 = root.clone();
+    wait_for("a renewed serving certificate", BOUND, || {
+        let (root, before) = (root2.clone(), before.clone());
+        async move { (serial(&server_cert(addr, &root).await) != before).then_some(()) }
+    })
+    .await;
+    // The stream opened under the old certificate still carries pushes.
+    std::fs::write(
+        dir.path().join("clusters/cluster2/reviews.yaml"),
+        std::fs::read_to_string(dir.path().join("clusters/cluster2/reviews.yaml"))
+            .unwrap()
+            .replace("10.2.3.13", "10.2.3.77"),
+    )
+    .unwrap();
+    let push = ads
+        .next(BOUND)
+        .await
+        .expect("a push after renewal")
+        .unwrap();
+    assert_eq!(push.resources.len(), 1);
+}
+
+/// The certificate the secure port presents to a new handshake.
+async fn server_cert(addr: std::net::SocketAddr, root: &str) -> CertificateDer<'static> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(root.as_bytes()).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("istiod.istio-system.svc").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
+}
