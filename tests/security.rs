@@ -44,7 +44,7 @@ async fn envoy_with_a_meshpilot_certificate_gets_config_on_the_secure_port() {
             root: certs.root.clone(),
             sni: "istiod.istio-system.svc".into(),
         }),
-        wrapper: Vec::new(),
+        netns: None,
     })
     .await;
     wait_for("config over mTLS xDS", BOUND, || {

@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod netns;
 pub mod sds;
 pub use sds::{SdsServer, WorkloadCerts};
 
@@ -245,9 +246,20 @@ pub struct EnvoyOptions<'a> {
     pub mode: AdsMode,
     pub workload: WorkloadCerts,
     pub xds_tls: Option<XdsTls>,
-    /// Runs Envoy under this command (e.g. `ip netns exec <ns>`).
-    pub wrapper: Vec<String>,
+    /// Runs Envoy inside a network namespace instead of the host's.
+    pub netns: Option<InNetns>,
 }
+
+/// A network namespace Envoy runs in: the test reaches it at `ip`, it reaches the host at `host_ip`.
+#[derive(Clone)]
+pub struct InNetns {
+    pub name: String,
+    pub ip: std::net::IpAddr,
+    pub host_ip: std::net::IpAddr,
+}
+
+/// Envoy's admin port inside a network namespace (Istio's).
+pub const NETNS_ADMIN_PORT: u16 = 15000;
 
 /// The namespace a node id names (`<type>~<ip>~<pod>.<ns>~<ns>.svc.<domain>`).
 pub fn node_namespace(node_id: &str) -> String {
@@ -318,14 +330,27 @@ impl Envoy {
             mode,
             workload: workload_certs(mp, &node_namespace(node_id), account),
             xds_tls: None,
-            wrapper: Vec::new(),
+            netns: None,
         })
         .await
     }
 
     pub async fn start_with(options: EnvoyOptions<'_>) -> Envoy {
         let dir = tempfile::tempdir().expect("temp dir");
-        let sds = SdsServer::start(options.workload.clone()).await;
+        let bind: std::net::IpAddr = if options.netns.is_some() {
+            [0, 0, 0, 0].into()
+        } else {
+            [127, 0, 0, 1].into()
+        };
+        let sds = SdsServer::start(options.workload.clone(), bind).await;
+        let sds_addr = match &options.netns {
+            Some(ns) => SocketAddr::new(ns.host_ip, sds.addr.port()),
+            None => sds.addr,
+        };
+        let admin_bind = match &options.netns {
+            Some(_) => serde_json::json!({"address": "0.0.0.0", "port_value": NETNS_ADMIN_PORT}),
+            None => serde_json::json!({"address": "127.0.0.1", "port_value": 0}),
+        };
         let meta: serde_json::Map<String, Value> = options
             .metadata
             .iter()
@@ -355,7 +380,7 @@ impl Envoy {
         }
         let bootstrap = serde_json::json!({
             "node": {"id": options.node_id, "cluster": "test", "metadata": meta},
-            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+            "admin": {"address": {"socket_address": admin_bind}},
             "dynamic_resources": {
                 "ads_config": {
                     "api_type": api_type,
@@ -365,16 +390,16 @@ impl Envoy {
                 "cds_config": {"ads": {}, "resource_api_version": "V3"},
                 "lds_config": {"ads": {}, "resource_api_version": "V3"}
             },
-            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", sds.addr)]}
+            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", sds_addr)]}
         });
         let config = dir.path().join("bootstrap.json");
         std::fs::write(&config, bootstrap.to_string()).expect("write bootstrap");
         let admin_path = dir.path().join("admin-address");
         let envoy = peers_dir().join("venv/bin/envoy");
-        let mut command = match options.wrapper.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(&envoy);
+        let mut command = match &options.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns.name]).arg(&envoy);
                 c
             }
             None => Command::new(&envoy),
@@ -395,11 +420,15 @@ impl Envoy {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn envoy (run ./scripts/test to install the test peers)");
-        let admin = wait_for("envoy admin address", Duration::from_secs(30), || {
+        let written: SocketAddr = wait_for("envoy admin address", Duration::from_secs(30), || {
             let text = std::fs::read_to_string(&admin_path).ok();
             async move { text?.trim().parse().ok() }
         })
         .await;
+        let admin = match &options.netns {
+            Some(ns) => SocketAddr::new(ns.ip, written.port()),
+            None => written,
+        };
         Envoy {
             child,
             admin,
@@ -490,17 +519,17 @@ pub async fn start_meshpilot_unready(flags: &[&str]) -> meshpilot::app::Running 
         discovery: meshpilot::config::DiscoveryArgs,
     }
     let state = scratch_dir("ca-state");
-    let mut argv = vec![
-        "meshpilot",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--xds-addr",
-        "127.0.0.1:0",
-        "--secure-xds-addr",
-        "127.0.0.1:0",
+    let defaults = [
+        ("--http-addr", "127.0.0.1:0"),
+        ("--xds-addr", "127.0.0.1:0"),
+        ("--secure-xds-addr", "127.0.0.1:0"),
+        ("--ca-state-dir", state.to_str().expect("utf-8 path")),
     ];
-    if !flags.contains(&"--ca-state-dir") {
-        argv.extend(["--ca-state-dir", state.to_str().expect("utf-8 path")]);
+    let mut argv = vec!["meshpilot"];
+    for (flag, value) in defaults {
+        if !flags.contains(&flag) {
+            argv.extend([flag, value]);
+        }
     }
     argv.extend_from_slice(flags);
     meshpilot::app::start(Args::parse_from(argv).discovery)

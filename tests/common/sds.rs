@@ -39,8 +39,8 @@ impl Drop for SdsServer {
 }
 
 impl SdsServer {
-    pub async fn start(certs: WorkloadCerts) -> SdsServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    pub async fn start(certs: WorkloadCerts, bind: std::net::IpAddr) -> SdsServer {
+        let listener = tokio::net::TcpListener::bind((bind, 0))
             .await
             .expect("bind SDS");
         let addr = listener.local_addr().unwrap();

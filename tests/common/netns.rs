@@ -1,0 +1,106 @@
+//! Network namespaces and veth links as separate test hosts (needs root, iproute2 and iptables).
+
+use std::process::{Child, Command, Stdio};
+
+/// Runs a command to completion, failing the test with its output if it fails.
+pub fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace, deleted (with its links and processes' sockets) on drop.
+pub struct Netns {
+    pub name: String,
+    children: Vec<Child>,
+}
+
+impl Netns {
+    pub fn create(name: &str) -> Netns {
+        let _ = Command::new("ip")
+            .args(["netns", "del", name])
+            .stderr(Stdio::null())
+            .status();
+        run("ip", &["netns", "add", name]);
+        let ns = Netns {
+            name: name.to_string(),
+            children: Vec::new(),
+        };
+        ns.run("ip", &["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// Runs a command inside the namespace to completion.
+    pub fn run(&self, program: &str, args: &[&str]) {
+        let mut full = vec!["netns", "exec", &self.name, program];
+        full.extend_from_slice(args);
+        run("ip", &full);
+    }
+
+    /// A command inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Starts a long-running process inside the namespace, killed on drop.
+    pub fn spawn(&mut self, program: &str, args: &[&str]) {
+        let child = self
+            .command(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
+        self.children.push(child);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A veth link: `a_if` with `a_cidr` in `a` (None = the host) and `b_if` with `b_cidr` in `b`.
+/// Both ends are created under unique names in the host and renamed once inside their namespace.
+pub fn link(a: Option<&Netns>, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, b_cidr: &str) {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = |side: char| format!("mpv{}{side}{n}", std::process::id() % 10_000);
+    let (tmp_a, tmp_b) = (a.map_or(a_if.to_string(), |_| tmp('a')), tmp('b'));
+    run(
+        "ip",
+        &[
+            "link", "add", &tmp_a, "type", "veth", "peer", "name", &tmp_b,
+        ],
+    );
+    let place = |ns: Option<&Netns>, tmp: &str, name: &str, cidr: &str| match ns {
+        Some(ns) => {
+            run("ip", &["link", "set", tmp, "netns", &ns.name]);
+            ns.run("ip", &["link", "set", tmp, "name", name]);
+            ns.run("ip", &["addr", "add", cidr, "dev", name]);
+            ns.run("ip", &["link", "set", name, "up"]);
+        }
+        None => {
+            run("ip", &["addr", "add", cidr, "dev", name]);
+            run("ip", &["link", "set", name, "up"]);
+        }
+    };
+    place(Some(b), &tmp_b, b_if, b_cidr);
+    place(a, &tmp_a, a_if, a_cidr);
+}
