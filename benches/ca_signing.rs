@@ -12,9 +12,14 @@ use meshpilot::security::identity::Identity;
 
 fn main() {
     meshpilot::app::install_crypto_provider();
-    let seconds: u64 = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(3);
+    let seconds: u64 = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(3);
     let root = CaBundle::self_signed_root("cluster.local").expect("root");
-    let intermediate = root.intermediate("cluster.local", "bench", Duration::from_secs(3600)).expect("intermediate");
+    let intermediate = root
+        .intermediate("cluster.local", "bench", Duration::from_secs(3600))
+        .expect("intermediate");
     let ttl = TtlPolicy {
         default: Duration::from_secs(24 * 3600),
         max: Duration::from_secs(90 * 24 * 3600),
@@ -30,11 +35,20 @@ fn main() {
     let identity = Identity::new("cluster.local", "bench", "workload");
 
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (done, count) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (done, count) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let started = Instant::now();
     let workers: Vec<_> = (0..cores)
         .map(|_| {
-            let (ca, csr, identity, done, count) = (ca.clone(), csr.clone(), identity.clone(), done.clone(), count.clone());
+            let (ca, csr, identity, done, count) = (
+                ca.clone(),
+                csr.clone(),
+                identity.clone(),
+                done.clone(),
+                count.clone(),
+            );
             std::thread::spawn(move || {
                 while !done.load(Ordering::Relaxed) {
                     ca.sign_csr(&csr, &identity, None).expect("sign");

@@ -139,6 +139,28 @@ impl Aggregate {
             .all(|c| c.status().state != SyncState::Syncing)
     }
 
+    /// Re-derives every cluster's endpoints (the mesh networks changed) and pushes what changed,
+    /// gateways included.
+    pub fn resync_all(&self) {
+        for cluster in self.clusters() {
+            cluster.resync();
+        }
+        if self.mesh.refresh_gateways() {
+            let services = self
+                .mesh
+                .endpoints
+                .snapshot()
+                .into_iter()
+                .map(|(k, _)| k.hostname)
+                .collect();
+            // The receiver lives as long as the server; a send error only happens at shutdown.
+            let _ = self.changes.send(Change {
+                full: false,
+                services,
+            });
+        }
+    }
+
     fn reorder(&self) {
         let order = self
             .clusters

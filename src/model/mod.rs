@@ -4,18 +4,23 @@
 //! lock while it builds or sends.
 
 mod endpoint;
+mod networks;
 mod service;
 mod services;
 mod shards;
 
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
+pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
 pub use service::{Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
 pub use shards::{EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 /// The served state every registry writes and every push reads.
 #[derive(Debug, Default)]
@@ -23,6 +28,9 @@ pub struct Mesh {
     pub naming: MeshNaming,
     pub services: ServiceTable,
     pub endpoints: EndpointIndex,
+    networks: RwLock<Arc<MeshNetworks>>,
+    gateways: RwLock<Arc<Gateways>>,
+    gateways_version: AtomicU64,
 }
 
 impl Mesh {
@@ -31,6 +39,55 @@ impl Mesh {
             naming,
             ..Default::default()
         }
+    }
+
+    pub fn mesh_networks(&self) -> Arc<MeshNetworks> {
+        self.networks.read().clone()
+    }
+
+    /// Replaces the MeshNetworks config; returns whether it differs. Callers re-derive endpoints.
+    pub fn set_mesh_networks(&self, networks: MeshNetworks) -> bool {
+        let mut current = self.networks.write();
+        if **current == networks {
+            return false;
+        }
+        *current = Arc::new(networks);
+        true
+    }
+
+    pub fn gateways(&self) -> Arc<Gateways> {
+        self.gateways.read().clone()
+    }
+
+    /// Bumped whenever the gateway set changes; keys cached EDS.
+    pub fn gateways_version(&self) -> u64 {
+        self.gateways_version.load(Ordering::Acquire)
+    }
+
+    /// Rebuilds the gateway set from MeshNetworks and the Services labelled as gateways; returns
+    /// whether it changed.
+    pub fn refresh_gateways(&self) -> bool {
+        let networks = self.mesh_networks();
+        let registry_names: Vec<&str> = networks
+            .networks
+            .values()
+            .flat_map(|n| {
+                n.gateways
+                    .iter()
+                    .filter_map(|g| g.registry_service_name.as_deref())
+            })
+            .collect();
+        let candidates = self.services.definitions(|s| {
+            s.labels.contains_key(LABEL_NETWORK) || registry_names.contains(&&*s.hostname)
+        });
+        let next = Gateways::build(&networks, &candidates);
+        let mut current = self.gateways.write();
+        if **current == next {
+            return false;
+        }
+        *current = Arc::new(next);
+        self.gateways_version.fetch_add(1, Ordering::AcqRel);
+        true
     }
 }
 

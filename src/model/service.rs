@@ -101,6 +101,9 @@ pub struct Service {
     pub resolution: Resolution,
     /// Target of an ExternalName service.
     pub external_name: Option<String>,
+    /// Addresses reachable from outside its cluster (LoadBalancer ingress IPs, else externalIPs):
+    /// where an east-west gateway Service is reached.
+    pub external_addresses: Vec<IpAddr>,
 }
 
 impl Service {

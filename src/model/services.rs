@@ -165,6 +165,18 @@ impl ServiceTable {
         all
     }
 
+    /// Every cluster's own definition of the services `wanted` picks.
+    pub fn definitions(&self, wanted: impl Fn(&Service) -> bool) -> Vec<(ClusterId, Arc<Service>)> {
+        let inner = self.inner.read();
+        inner
+            .hosts
+            .values()
+            .flat_map(|e| e.per_cluster.iter())
+            .filter(|(_, s)| wanted(s))
+            .map(|(c, s)| (c.clone(), s.clone()))
+            .collect()
+    }
+
     /// Bumped on every change of any merged service.
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
@@ -196,6 +208,7 @@ mod tests {
             labels: Default::default(),
             resolution: Resolution::ClientSideLb,
             external_name: None,
+            external_addresses: vec![],
         }
     }
 

@@ -8,7 +8,7 @@ use super::objects::{
     NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
 };
 use crate::model::{
-    ClusterId, Endpoint, Health, Locality, MeshNaming, Resolution, Service, TlsMode,
+    ClusterId, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Resolution, Service, TlsMode,
 };
 
 /// `(namespace, name)` of a namespaced object.
@@ -31,6 +31,7 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
         labels: obj.labels.clone(),
         resolution,
         external_name: obj.external_name.clone(),
+        external_addresses: obj.external_addresses.clone(),
     }
 }
 
@@ -41,8 +42,10 @@ pub struct EndpointContext<'a> {
     pub pods: &'a HashMap<NsName, PodObj>,
     pub pods_by_ip: &'a HashMap<(String, IpAddr), String>,
     pub nodes: &'a HashMap<String, NodeObj>,
-    /// Network label of the cluster's system namespace.
+    /// The cluster's network: its system namespace's label, else MeshNetworks `fromRegistry`.
     pub cluster_network: Option<&'a str>,
+    /// MeshNetworks, for `fromCidr` when nothing else names an endpoint's network.
+    pub networks: &'a MeshNetworks,
 }
 
 impl EndpointContext<'_> {
@@ -65,11 +68,16 @@ impl EndpointContext<'_> {
                 Health::from_conditions(ep.ready, ep.serving, ep.terminating),
             );
             for address in &ep.addresses {
+                let network = match &*template.network {
+                    "" => self.networks.network_of_address(*address).map(Arc::from),
+                    _ => None,
+                };
                 for (port_name, port) in &slice.ports {
                     out.push(Endpoint {
                         address: *address,
                         port: *port,
                         service_port_name: Arc::from(port_name.as_str()),
+                        network: network.clone().unwrap_or_else(|| template.network.clone()),
                         ..template.clone()
                     });
                 }

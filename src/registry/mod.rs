@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
-use crate::model::{Change, ClusterId, Mesh, PushNeed, ServiceKey, ShardKey};
+use crate::model::{Change, ClusterId, Mesh, MeshNetworks, PushNeed, ServiceKey, ShardKey};
 use convert::EndpointContext;
 pub use convert::NsName;
 use objects::{
@@ -158,11 +158,41 @@ impl ClusterRegistry {
         } else {
             dirty.services.into_iter().collect()
         };
+        self.publish(store, services);
+    }
+
+    /// Re-derives every endpoint (the mesh networks changed).
+    pub fn resync(&self) {
+        let store = self.store.lock();
+        if store.mode == Mode::Live {
+            let services = store.service_names();
+            self.publish(store, services);
+        }
+    }
+
+    /// Writes these services to the mesh and emits what changed; the store stays locked throughout so
+    /// the registry's writes keep their order.
+    fn publish(
+        &self,
+        store: parking_lot::MutexGuard<'_, Store>,
+        services: impl IntoIterator<Item = NsName>,
+    ) {
+        let networks = self.mesh.mesh_networks();
         let mut change = Change::default();
         for (namespace, name) in services {
-            self.publish_service(&store, &namespace, &name, &mut change);
+            self.publish_service(&store, &networks, &namespace, &name, &mut change);
         }
         drop(store);
+        // A Service labelled as a network's gateway may have come, moved or gone.
+        if change.full && self.mesh.refresh_gateways() {
+            change.services.extend(
+                self.mesh
+                    .endpoints
+                    .snapshot()
+                    .into_iter()
+                    .map(|(k, _)| k.hostname),
+            );
+        }
         self.emit(change);
     }
 
@@ -181,12 +211,7 @@ impl ClusterRegistry {
         store.mode = Mode::Live;
         let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
         services.extend(predecessor_services);
-        let mut change = Change::default();
-        for (namespace, name) in services {
-            self.publish_service(&store, &namespace, &name, &mut change);
-        }
-        drop(store);
-        self.emit(change);
+        self.publish(store, services);
     }
 
     /// Removes everything this cluster contributed to the mesh (the cluster left).
@@ -209,7 +234,14 @@ impl ClusterRegistry {
         self.emit(change);
     }
 
-    fn publish_service(&self, store: &Store, namespace: &str, name: &str, change: &mut Change) {
+    fn publish_service(
+        &self,
+        store: &Store,
+        networks: &MeshNetworks,
+        namespace: &str,
+        name: &str,
+        change: &mut Change,
+    ) {
         let mesh = &self.mesh;
         let ns_name = (namespace.to_string(), name.to_string());
         let key = ServiceKey {
@@ -226,7 +258,7 @@ impl ClusterRegistry {
         let need = match store.slices_by_service.get(&ns_name) {
             Some(slices) if !slices.is_empty() => {
                 let mut endpoints = Vec::new();
-                let ctx = store.endpoint_context(&self.id, mesh);
+                let ctx = store.endpoint_context(&self.id, mesh, networks);
                 for slice in slices
                     .iter()
                     .filter_map(|s| store.slices.get(&(namespace.to_string(), s.clone())))
@@ -497,17 +529,20 @@ impl Store {
         &'a self,
         cluster: &'a ClusterId,
         mesh: &'a Mesh,
+        networks: &'a MeshNetworks,
     ) -> EndpointContext<'a> {
+        let labelled = self
+            .namespaces
+            .get(&mesh.naming.system_namespace)
+            .and_then(|ns| ns.network.as_deref());
         EndpointContext {
             cluster,
             naming: &mesh.naming,
             pods: &self.pods,
             pods_by_ip: &self.pods_by_ip,
             nodes: &self.nodes,
-            cluster_network: self
-                .namespaces
-                .get(&mesh.naming.system_namespace)
-                .and_then(|ns| ns.network.as_deref()),
+            cluster_network: labelled.or_else(|| networks.network_of_registry(cluster.as_str())),
+            networks,
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct ServiceObj {
     pub headless: bool,
     pub external_name: Option<String>,
     pub ports: Vec<ServicePort>,
+    /// LoadBalancer ingress IPs, else externalIPs.
+    pub external_addresses: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -224,7 +226,20 @@ pub fn service(svc: &core::Service) -> Result<Object, TrimError> {
     let external_name = (spec.type_.as_deref() == Some("ExternalName"))
         .then(|| spec.external_name.clone())
         .flatten();
+    let ingress: Vec<IpAddr> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ips(ingress.iter().filter_map(|i| i.ip.as_ref())))
+        .unwrap_or_default();
+    let external_addresses = if ingress.is_empty() {
+        ips(spec.external_ips.iter().flatten())
+    } else {
+        ingress
+    };
     Ok(Object::Service(ServiceObj {
+        external_addresses,
         labels: svc.metadata.labels.clone().unwrap_or_default(),
         name,
         namespace,

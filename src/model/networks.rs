@@ -1,0 +1,262 @@
+//! Networks: Istio's MeshNetworks configuration and the east-west gateways of each network.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::{ClusterId, Locality, Service};
+
+pub const LABEL_GATEWAY_PORT: &str = "networking.istio.io/gatewayPort";
+pub const LABEL_NETWORK: &str = "topology.istio.io/network";
+/// Port of east-west gateways when the Service does not say (Istio's).
+pub const DEFAULT_GATEWAY_PORT: u16 = 15443;
+
+#[derive(Debug, Error)]
+pub enum NetworksError {
+    #[error("mesh networks do not parse: {0}")]
+    Parse(String),
+    #[error("network {network}: endpoint entry {index} must have exactly one of fromCidr and fromRegistry")]
+    Endpoint { network: String, index: usize },
+    #[error("network {network}: gateway {index} must have exactly one of address and registryServiceName")]
+    Gateway { network: String, index: usize },
+    #[error("network {network}: gateway {index} address {address:?} is not an IP address")]
+    GatewayAddress {
+        network: String,
+        index: usize,
+        address: String,
+    },
+}
+
+/// `meshNetworks` (istio.io/api mesh/v1alpha1/network.proto).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct MeshNetworks {
+    #[serde(default)]
+    pub networks: BTreeMap<String, NetworkSpec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    #[serde(default)]
+    pub endpoints: Vec<NetworkEndpoints>,
+    #[serde(default)]
+    pub gateways: Vec<GatewaySpec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkEndpoints {
+    pub from_cidr: Option<IpNet>,
+    pub from_registry: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    pub address: Option<String>,
+    pub registry_service_name: Option<String>,
+    pub port: u16,
+    pub locality: Option<String>,
+}
+
+impl MeshNetworks {
+    /// Parses and validates a MeshNetworks document.
+    pub fn parse(yaml: &str) -> Result<Self, NetworksError> {
+        let parsed: MeshNetworks =
+            serde_yaml_ng::from_str(yaml).map_err(|e| NetworksError::Parse(e.to_string()))?;
+        for (network, spec) in &parsed.networks {
+            for (index, ep) in spec.endpoints.iter().enumerate() {
+                if ep.from_cidr.is_some() == ep.from_registry.is_some() {
+                    return Err(NetworksError::Endpoint {
+                        network: network.clone(),
+                        index,
+                    });
+                }
+            }
+            for (index, gw) in spec.gateways.iter().enumerate() {
+                if gw.address.is_some() == gw.registry_service_name.is_some() {
+                    return Err(NetworksError::Gateway {
+                        network: network.clone(),
+                        index,
+                    });
+                }
+                if let Some(address) = gw.address.as_ref().filter(|a| a.parse::<IpAddr>().is_err())
+                {
+                    return Err(NetworksError::GatewayAddress {
+                        network: network.clone(),
+                        index,
+                        address: address.clone(),
+                    });
+                }
+            }
+        }
+        Ok(parsed)
+    }
+
+    /// The network whose endpoints come `fromRegistry` this cluster.
+    pub fn network_of_registry(&self, cluster: &str) -> Option<&str> {
+        self.networks
+            .iter()
+            .find(|(_, spec)| {
+                spec.endpoints
+                    .iter()
+                    .any(|e| e.from_registry.as_deref() == Some(cluster))
+            })
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// The first network with a `fromCidr` containing the address.
+    pub fn network_of_address(&self, address: IpAddr) -> Option<&str> {
+        self.networks
+            .iter()
+            .find(|(_, spec)| {
+                spec.endpoints
+                    .iter()
+                    .any(|e| e.from_cidr.is_some_and(|c| c.contains(&address)))
+            })
+            .map(|(name, _)| name.as_str())
+    }
+}
+
+/// One east-west gateway: where traffic for a network's mTLS endpoints enters it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Gateway {
+    pub network: Arc<str>,
+    pub address: IpAddr,
+    pub port: u16,
+    pub cluster: Option<ClusterId>,
+    pub locality: Option<Locality>,
+}
+
+/// Every known gateway, by network. Immutable once built.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Gateways {
+    pub by_network: BTreeMap<Arc<str>, Vec<Gateway>>,
+}
+
+impl Gateways {
+    /// Builds the set from MeshNetworks (addresses, and registry services resolved through their
+    /// clusters' external addresses) and from Services labelled `topology.istio.io/network`.
+    pub fn build(config: &MeshNetworks, services: &[(ClusterId, Arc<Service>)]) -> Self {
+        let mut all: Vec<Gateway> = Vec::new();
+        for (network, spec) in &config.networks {
+            let network: Arc<str> = network.as_str().into();
+            for gw in &spec.gateways {
+                let locality = gw
+                    .locality
+                    .as_deref()
+                    .map(|l| Locality::parse(&l.replace('.', "/")));
+                if let Some(address) = gw.address.as_ref().and_then(|a| a.parse().ok()) {
+                    all.push(Gateway {
+                        network: network.clone(),
+                        address,
+                        port: gw.port,
+                        cluster: None,
+                        locality: locality.clone(),
+                    });
+                }
+                let Some(host) = &gw.registry_service_name else {
+                    continue;
+                };
+                let registries: Vec<&str> = spec
+                    .endpoints
+                    .iter()
+                    .filter_map(|e| e.from_registry.as_deref())
+                    .collect();
+                for (cluster, svc) in services
+                    .iter()
+                    .filter(|(c, s)| *s.hostname == **host && registries.contains(&c.as_str()))
+                {
+                    for address in &svc.external_addresses {
+                        all.push(Gateway {
+                            network: network.clone(),
+                            address: *address,
+                            port: gw.port,
+                            cluster: Some(cluster.clone()),
+                            locality: locality.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        for (cluster, svc) in services {
+            let Some(network) = svc.labels.get(LABEL_NETWORK) else {
+                continue;
+            };
+            let port = svc
+                .labels
+                .get(LABEL_GATEWAY_PORT)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(DEFAULT_GATEWAY_PORT);
+            for address in &svc.external_addresses {
+                all.push(Gateway {
+                    network: network.as_str().into(),
+                    address: *address,
+                    port,
+                    cluster: Some(cluster.clone()),
+                    locality: None,
+                });
+            }
+        }
+        all.sort();
+        all.dedup_by(|a, b| a.network == b.network && a.address == b.address && a.port == b.port);
+        let mut by_network: BTreeMap<Arc<str>, Vec<Gateway>> = BTreeMap::new();
+        for gw in all {
+            by_network.entry(gw.network.clone()).or_default().push(gw);
+        }
+        Self { by_network }
+    }
+
+    pub fn of(&self, network: &str) -> &[Gateway] {
+        self.by_network
+            .get(network)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = "
+networks:
+  network1:
+    endpoints: [{fromRegistry: east}, {fromCidr: 10.10.0.0/16}]
+    gateways: [{address: 192.0.2.10, port: 15443}]
+  network2:
+    endpoints: [{fromRegistry: west}]
+    gateways: [{registryServiceName: istio-eastwestgateway.istio-system.svc.cluster.local, port: 15443}]
+";
+
+    #[test]
+    fn networks_by_registry_and_cidr() {
+        let n = MeshNetworks::parse(CONFIG).unwrap();
+        assert_eq!(n.network_of_registry("west"), Some("network2"));
+        assert_eq!(
+            n.network_of_address("10.10.3.4".parse().unwrap()),
+            Some("network1")
+        );
+        assert_eq!(n.network_of_address("10.11.3.4".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn malformed_config_names_the_problem() {
+        let both = "networks: {n: {endpoints: [{fromCidr: 10.0.0.0/8, fromRegistry: x}]}}";
+        assert!(MeshNetworks::parse(both)
+            .unwrap_err()
+            .to_string()
+            .contains("network n: endpoint entry 0"));
+        let bad_cidr = "networks: {n: {endpoints: [{fromCidr: 10.0.0.0/99}]}}";
+        assert!(MeshNetworks::parse(bad_cidr).is_err());
+        let bad_addr = "networks: {n: {gateways: [{address: gw.example.com, port: 15443}]}}";
+        assert!(MeshNetworks::parse(bad_addr)
+            .unwrap_err()
+            .to_string()
+            .contains("not an IP"));
+    }
+}
