@@ -18,6 +18,8 @@ use crate::xds::server::{Readiness, SyncView, XdsServer};
 
 pub struct AdminState {
     pub ready: Readiness,
+    /// Why the mesh networks file is currently refused, if it is.
+    pub networks_error: Arc<parking_lot::Mutex<Option<String>>>,
     pub aggregate: Arc<Aggregate>,
     pub metrics: Arc<Metrics>,
     pub xds: Arc<XdsServer>,
@@ -30,6 +32,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/debug/clusterz", get(clusterz))
         .route("/debug/endpointShardz", get(endpoint_shardz))
         .route("/debug/syncz", get(syncz))
+        .route("/debug/networkz", get(networkz))
         .with_state(state)
 }
 
@@ -109,4 +112,14 @@ async fn endpoint_shardz(State(state): State<Arc<AdminState>>) -> Json<ShardView
 
 async fn syncz(State(state): State<Arc<AdminState>>) -> Json<Vec<SyncView>> {
     Json(state.xds.syncz())
+}
+
+/// MeshNetworks in force, the gateways of every network, and the file's current error.
+async fn networkz(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {
+    let mesh = state.aggregate.mesh();
+    Json(serde_json::json!({
+        "meshNetworks": *mesh.mesh_networks(),
+        "gateways": *mesh.gateways(),
+        "last_error": *state.networks_error.lock(),
+    }))
 }

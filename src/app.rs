@@ -22,6 +22,7 @@ use crate::security::tls::{self, ServingCert};
 use crate::security::trust;
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
+use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
@@ -36,6 +37,8 @@ pub enum StartError {
     Aggregate(#[from] crate::aggregate::AggregateError),
     #[error(transparent)]
     FileSource(#[from] FileSourceError),
+    #[error(transparent)]
+    Networks(#[from] crate::sources::networks::NetworksSourceError),
     #[error("xDS server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("CA: {0}")]
@@ -65,6 +68,7 @@ pub struct Running {
     pub aggregate: Arc<Aggregate>,
     tasks: Vec<JoinHandle<()>>,
     _file_watch: Option<FileWatch>,
+    _networks_watch: Option<NetworksWatch>,
     config_cluster: Option<ConfigCluster>,
 }
 
@@ -117,6 +121,14 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             Some(start_config_cluster(&args, path.as_deref(), &aggregate, &metrics).await?)
         }
     };
+    let networks_watch = match &args.mesh_networks {
+        Some(path) => Some(networks::watch(path, aggregate.clone())?),
+        None => None,
+    };
+    let networks_error = networks_watch
+        .as_ref()
+        .map(|w| w.last_error.clone())
+        .unwrap_or_default();
     let file_watch = match &args.config_dir {
         Some(dir) => Some(FileClusters::load(dir, aggregate.clone())?.watch()?),
         None => None,
@@ -206,6 +218,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let http_addr = local_addr("admin", &http, args.http_addr)?;
     let router = admin::router(Arc::new(AdminState {
         ready: ready.clone(),
+        networks_error,
         aggregate: aggregate.clone(),
         metrics,
         xds: xds.clone(),
@@ -225,6 +238,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         aggregate,
         tasks,
         _file_watch: file_watch,
+        _networks_watch: networks_watch,
         config_cluster,
     })
 }

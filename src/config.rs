@@ -15,6 +15,10 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_CONFIG_DIR")]
     pub config_dir: Option<PathBuf>,
 
+    /// Istio MeshNetworks YAML (networks, their endpoints and gateways); watched.
+    #[arg(long, env = "MESHPILOT_MESH_NETWORKS")]
+    pub mesh_networks: Option<PathBuf>,
+
     /// Kubeconfig of the config (primary) cluster.
     #[arg(long, env = "MESHPILOT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

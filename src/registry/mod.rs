@@ -153,12 +153,13 @@ impl ClusterRegistry {
         if store.mode == Mode::Staging {
             return;
         }
+        let gateways = dirty.definitions || dirty.all;
         let services: Vec<NsName> = if dirty.all {
             store.service_names()
         } else {
             dirty.services.into_iter().collect()
         };
-        self.publish(store, services);
+        self.publish(store, services, gateways);
     }
 
     /// Re-derives every endpoint (the mesh networks changed).
@@ -166,7 +167,7 @@ impl ClusterRegistry {
         let store = self.store.lock();
         if store.mode == Mode::Live {
             let services = store.service_names();
-            self.publish(store, services);
+            self.publish(store, services, true);
         }
     }
 
@@ -176,6 +177,7 @@ impl ClusterRegistry {
         &self,
         store: parking_lot::MutexGuard<'_, Store>,
         services: impl IntoIterator<Item = NsName>,
+        definitions_changed: bool,
     ) {
         let networks = self.mesh.mesh_networks();
         let mut change = Change::default();
@@ -184,7 +186,7 @@ impl ClusterRegistry {
         }
         drop(store);
         // A Service labelled as a network's gateway may have come, moved or gone.
-        if change.full && self.mesh.refresh_gateways() {
+        if definitions_changed && self.mesh.refresh_gateways() {
             change.services.extend(
                 self.mesh
                     .endpoints
@@ -211,7 +213,7 @@ impl ClusterRegistry {
         store.mode = Mode::Live;
         let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
         services.extend(predecessor_services);
-        self.publish(store, services);
+        self.publish(store, services, true);
     }
 
     /// Removes everything this cluster contributed to the mesh (the cluster left).
@@ -297,6 +299,8 @@ struct Dirty {
     services: BTreeSet<NsName>,
     /// The cluster's network changed: every endpoint is re-derived.
     all: bool,
+    /// A Service object changed: it may be (or have been) a network's gateway.
+    definitions: bool,
 }
 
 /// Whether a registry writes the mesh.
@@ -349,6 +353,7 @@ impl Store {
                 if self.services.get(&key) != Some(&svc) {
                     self.services.insert(key.clone(), svc);
                     dirty.services.insert(key);
+                    dirty.definitions = true;
                 }
             }
             Object::EndpointSlice(slice) => {
@@ -407,6 +412,7 @@ impl Store {
             }
             Kind::Service => {
                 if self.services.remove(&ns_name).is_some() {
+                    dirty.definitions = true;
                     dirty.services.insert(ns_name);
                 }
             }

@@ -4,4 +4,5 @@ pub mod file;
 pub mod kube;
 pub mod kubeconfig;
 pub mod manifest;
+pub mod networks;
 pub mod remote;

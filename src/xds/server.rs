@@ -23,7 +23,7 @@ use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
-use super::generate::{parse_outbound, Generation, ResourceCache};
+use super::generate::{cluster_host, Generation, ResourceCache};
 use super::protocol::{
     Action, DeltaRequest, DeltaStream, ResourceType, Scope, SotwStream, TypeStatus,
 };
@@ -76,8 +76,8 @@ impl Connection {
 
     fn set_eds_names<'a>(&self, names: impl Iterator<Item = &'a String>) {
         *self.eds_hosts.write() = names
-            .filter_map(|n| parse_outbound(n))
-            .map(|(_, h)| Hostname::from(h))
+            .filter_map(|n| cluster_host(n))
+            .map(Hostname::from)
             .collect();
     }
 }
@@ -199,11 +199,7 @@ impl XdsServer {
     }
 
     fn generation<'a>(&'a self, proxy: &'a Proxy) -> Generation<'a> {
-        Generation {
-            mesh: &self.mesh,
-            cache: &self.cache,
-            proxy,
-        }
+        Generation::new(&self.mesh, &self.cache, proxy)
     }
 }
 

@@ -18,7 +18,9 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_optio
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
 use envoy_types::util::pack_any;
 
-use super::{ads, outbound_cluster, outbound_target, seconds, socket, tls, Generation};
+use super::{
+    ads, outbound_cluster, outbound_target, parse_sni_cluster, seconds, socket, tls, Generation,
+};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -40,6 +42,18 @@ pub fn all_names(g: &Generation<'_>) -> Vec<String> {
                 .map(|p| outbound_cluster(p.port, &s.hostname))
         })
         .collect();
+    if g.is_east_west_gateway() {
+        return g
+            .routable_services()
+            .iter()
+            .filter(|s| s.resolution == Resolution::ClientSideLb)
+            .flat_map(|s| {
+                s.ports
+                    .iter()
+                    .map(|p| tls::outbound_sni(p.port, &s.hostname))
+            })
+            .collect();
+    }
     if g.is_sidecar() {
         names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
         names.extend(
@@ -60,10 +74,11 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         let variant = g.variant(&[]);
         // mTLS settings name the destination's identities, which live with its endpoints.
         let shards = g.mesh.endpoints.get(&service.key());
-        let stamp = (
+        let stamp = [
             g.services_version(),
             shards.as_ref().map_or(0, |s| s.version),
-        );
+            0,
+        ];
         return g
             .cache
             .get_or_build(ResourceType::Cluster, name, variant, stamp, || {
@@ -81,6 +96,16 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 Some(Resource::encode(name, &cluster))
             });
     }
+    if let Some((port, host)) = parse_sni_cluster(name) {
+        g.mesh.services.get(host)?.port(port)?;
+        return g.cache.get_or_build(
+            ResourceType::Cluster,
+            name,
+            0,
+            [g.services_version(), 0, 0],
+            || Some(Resource::encode(name, &sni_cluster(name))),
+        );
+    }
     let fixed = match name {
         BLACKHOLE => Some(static_cluster(name, None)),
         PASSTHROUGH | INBOUND_PASSTHROUGH => Some(original_dst(name)),
@@ -91,7 +116,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ResourceType::Cluster,
             name,
             0,
-            (g.services_version(), 0),
+            [g.services_version(), 0, 0],
             || Some(Resource::encode(name, &cluster)),
         );
     }
@@ -143,6 +168,20 @@ fn outbound(name: &str, service: &Service, port: u16) -> Cluster {
         cluster.typed_extension_protocol_options = http2_options();
     }
     cluster
+}
+
+/// An east-west gateway's cluster for one SNI: EDS, plain TCP — the TLS inside is passed through.
+fn sni_cluster(name: &str) -> Cluster {
+    Cluster {
+        name: name.to_string(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: name.to_string(),
+        }),
+        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        ..Default::default()
+    }
 }
 
 /// A STATIC cluster to the local workload (or with no endpoints: the black hole).

@@ -1,7 +1,14 @@
-//! EDS: a ClusterLoadAssignment per outbound cluster, the endpoints of every cluster grouped by
-//! locality; endpoints that are not ready are left out.
+//! EDS: a ClusterLoadAssignment per outbound cluster — the endpoints of every cluster grouped by
+//! locality, not-ready ones left out — as the proxy should see it:
+//! - split horizon: endpoints on the proxy's network as they are; mTLS endpoints of another network
+//!   that has gateways replaced by those gateways, weighted by how many endpoints each stands for;
+//!   other endpoints of such a network dropped (they cannot be reached);
+//! - locality priorities relative to the proxy (same zone first, then region, then the rest);
+//! - for east-west gateways (`outbound_.<port>_._.<host>`), only their own network's mTLS endpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Locality, Metadata};
@@ -10,25 +17,64 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
-use super::{outbound_target, socket, Generation};
-use crate::model::{Endpoint, EndpointShards, Health, Locality as ModelLocality, Service, TlsMode};
+use super::tls::TLS_MODE_KEY;
+use super::{outbound_target, parse_sni_cluster, socket, Generation};
+use crate::model::{
+    Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Service, TlsMode,
+};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
+/// What of the proxy shapes its assignments.
+#[derive(Hash)]
+struct View {
+    network: Arc<str>,
+    requested_networks: Vec<String>,
+    locality: Option<ModelLocality>,
+    /// An east-west gateway's SNI cluster: its own network's mTLS endpoints only.
+    gateway: bool,
+}
+
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    let (service, port) = outbound_target(g, name)?;
+    let (service, port, gateway) = match outbound_target(g, name) {
+        Some((service, port)) => (service, port, false),
+        None => {
+            let (port, host) = parse_sni_cluster(name)?;
+            let service = g.mesh.services.get(host)?;
+            service.port(port)?;
+            (service, port, true)
+        }
+    };
     let shards = g.mesh.endpoints.get(&service.key());
-    let stamp = (
+    let view = View {
+        network: g.proxy.network.clone(),
+        requested_networks: g.proxy.requested_network_view.clone(),
+        locality: g.proxy_locality(),
+        gateway,
+    };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    view.hash(&mut hasher);
+    let stamp = [
         g.services_version(),
         shards.as_ref().map_or(0, |s| s.version),
-    );
+        g.mesh.gateways_version(),
+    ];
+    let gateways = g.mesh.gateways();
     g.cache
-        .get_or_build(ResourceType::Endpoint, name, 0, stamp, || {
+        .get_or_build(ResourceType::Endpoint, name, hasher.finish(), stamp, || {
             Some(Resource::encode(
                 name,
-                &assignment(name, &service, port, shards.as_deref()),
+                &assignment(name, &service, port, shards.as_deref(), &view, &gateways),
             ))
         })
+}
+
+/// One endpoint as sent, before grouping.
+struct Sent {
+    address: IpAddr,
+    port: u16,
+    weight: u32,
+    metadata: Metadata,
 }
 
 fn assignment(
@@ -36,35 +82,103 @@ fn assignment(
     service: &Service,
     port: u16,
     shards: Option<&EndpointShards>,
+    view: &View,
+    gateways: &Gateways,
 ) -> ClusterLoadAssignment {
     let port_name = service
         .port(port)
         .map(|p| p.name.as_str())
         .unwrap_or_default();
-    let mut by_locality: BTreeMap<&ModelLocality, Vec<LbEndpoint>> = BTreeMap::new();
+    let mut direct: BTreeMap<&ModelLocality, Vec<&Endpoint>> = BTreeMap::new();
+    // (locality, network) → endpoints reached through that network's gateways.
+    let mut remote: BTreeMap<(&ModelLocality, &str), u32> = BTreeMap::new();
     for ep in shards.into_iter().flat_map(|s| s.endpoints()) {
-        if ep.health == Health::Healthy && *ep.service_port_name == *port_name {
-            by_locality
-                .entry(&ep.locality)
-                .or_default()
-                .push(lb_endpoint(ep));
+        if ep.health != Health::Healthy || *ep.service_port_name != *port_name {
+            continue;
+        }
+        let requested = view.requested_networks.is_empty()
+            || ep.network.is_empty()
+            || view.requested_networks.iter().any(|n| **n == *ep.network);
+        if !requested {
+            continue;
+        }
+        let local = view.network.is_empty() || ep.network.is_empty() || ep.network == view.network;
+        if view.gateway {
+            // The gateway forwards mTLS only, and only into its own network.
+            if local && ep.tls_mode == TlsMode::Istio {
+                direct.entry(&ep.locality).or_default().push(ep);
+            }
+        } else if local || gateways.of(&ep.network).is_empty() {
+            direct.entry(&ep.locality).or_default().push(ep);
+        } else if ep.tls_mode == TlsMode::Istio {
+            *remote.entry((&ep.locality, &ep.network)).or_default() += 1;
         }
     }
+
+    // Integer weights: every endpoint counts `scale`; a network's endpoints are shared out evenly over
+    // its gateways, so `scale` is the least common multiple of the gateway counts involved.
+    let scale = remote
+        .keys()
+        .map(|(_, net)| gateways.of(net).len() as u32)
+        .fold(1, lcm);
+    let mut groups: BTreeMap<&ModelLocality, Vec<Sent>> = BTreeMap::new();
+    for (locality, eps) in direct {
+        groups
+            .entry(locality)
+            .or_default()
+            .extend(eps.into_iter().map(|ep| Sent {
+                address: ep.address,
+                port: ep.port,
+                weight: scale,
+                metadata: endpoint_metadata(
+                    ep.tls_mode,
+                    &ep.workload,
+                    ep.cluster_id.as_str(),
+                    &ep.network,
+                ),
+            }));
+    }
+    for ((locality, network), count) in remote {
+        let gws = gateways.of(network);
+        let share = count * scale / gws.len() as u32;
+        let group = groups.entry(locality).or_default();
+        for gw in gws {
+            match group
+                .iter_mut()
+                .find(|s| s.address == gw.address && s.port == gw.port)
+            {
+                Some(existing) => existing.weight += share,
+                None => group.push(Sent {
+                    address: gw.address,
+                    port: gw.port,
+                    weight: share,
+                    metadata: endpoint_metadata(
+                        TlsMode::Istio,
+                        "",
+                        gw.cluster.as_ref().map_or("", |c| c.as_str()),
+                        network,
+                    ),
+                }),
+            }
+        }
+    }
+
+    let priorities = compact_priorities(groups.keys().map(|l| priority(view.locality.as_ref(), l)));
     ClusterLoadAssignment {
         cluster_name: name.to_string(),
-        endpoints: by_locality
+        endpoints: groups
             .into_iter()
-            .map(|(locality, lb_endpoints)| LocalityLbEndpoints {
+            .map(|(locality, sent)| LocalityLbEndpoints {
                 locality: Some(Locality {
                     region: locality.region.to_string(),
                     zone: locality.zone.to_string(),
                     sub_zone: locality.subzone.to_string(),
                 }),
                 load_balancing_weight: Some(UInt32Value {
-                    value: lb_endpoints.len() as u32,
+                    value: sent.iter().map(|s| s.weight).sum(),
                 }),
-                lb_endpoints,
-                priority: 0,
+                priority: priorities[&priority(view.locality.as_ref(), locality)],
+                lb_endpoints: sent.into_iter().map(lb_endpoint).collect(),
                 ..Default::default()
             })
             .collect(),
@@ -72,34 +186,77 @@ fn assignment(
     }
 }
 
-fn lb_endpoint(ep: &Endpoint) -> LbEndpoint {
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: u32, b: u32) -> u32 {
+    a / gcd(a, b) * b
+}
+
+/// Istio's locality failover order relative to the proxy: same region/zone/subzone 0, same zone 1,
+/// same region 2, elsewhere 3. Without a proxy locality every group is priority 0.
+fn priority(proxy: Option<&ModelLocality>, locality: &ModelLocality) -> u32 {
+    let Some(proxy) = proxy else { return 0 };
+    if proxy.region != locality.region {
+        3
+    } else if proxy.zone != locality.zone {
+        2
+    } else if proxy.subzone != locality.subzone {
+        1
+    } else {
+        0
+    }
+}
+
+/// Envoy wants priorities contiguous from 0: map the levels present onto 0, 1, 2, ….
+fn compact_priorities(levels: impl Iterator<Item = u32>) -> HashMap<u32, u32> {
+    let mut present: Vec<u32> = levels.collect();
+    present.sort_unstable();
+    present.dedup();
+    present
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (p, i as u32))
+        .collect()
+}
+
+fn lb_endpoint(sent: Sent) -> LbEndpoint {
+    LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
+            address: Some(socket(&sent.address.to_string(), sent.port)),
+            ..Default::default()
+        })),
+        health_status: HealthStatus::Healthy as i32,
+        metadata: Some(sent.metadata),
+        load_balancing_weight: Some(UInt32Value { value: sent.weight }),
+    }
+}
+
+fn endpoint_metadata(tls: TlsMode, workload: &str, cluster: &str, network: &str) -> Metadata {
     let mut filter_metadata = std::collections::HashMap::new();
-    if ep.tls_mode == TlsMode::Istio {
+    if tls == TlsMode::Istio {
         // Selects the ISTIO_MUTUAL transport socket of the cluster's transport-socket matches.
         filter_metadata.insert(
             "envoy.transport_socket_match".to_string(),
-            strings(&[("tlsMode", "istio")]),
+            strings(&[(TLS_MODE_KEY, "istio")]),
         );
     }
     filter_metadata.insert(
         "istio".to_string(),
         strings(&[
-            ("workload", &ep.workload),
-            ("cluster", ep.cluster_id.as_str()),
-            ("network", &ep.network),
+            ("workload", workload),
+            ("cluster", cluster),
+            ("network", network),
         ]),
     );
-    LbEndpoint {
-        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
-            address: Some(socket(&ep.address.to_string(), ep.port)),
-            ..Default::default()
-        })),
-        health_status: HealthStatus::Healthy as i32,
-        metadata: Some(Metadata {
-            filter_metadata,
-            ..Default::default()
-        }),
-        load_balancing_weight: Some(UInt32Value { value: 1 }),
+    Metadata {
+        filter_metadata,
+        ..Default::default()
     }
 }
 
@@ -114,5 +271,33 @@ fn strings(pairs: &[(&str, &str)]) -> Struct {
                 (k.to_string(), value)
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priorities_follow_the_proxy_locality() {
+        let proxy = ModelLocality::parse("eu/eu-a/rack1");
+        assert_eq!(
+            priority(Some(&proxy), &ModelLocality::parse("eu/eu-a/rack1")),
+            0
+        );
+        assert_eq!(
+            priority(Some(&proxy), &ModelLocality::parse("eu/eu-a/rack2")),
+            1
+        );
+        assert_eq!(priority(Some(&proxy), &ModelLocality::parse("eu/eu-b")), 2);
+        assert_eq!(priority(Some(&proxy), &ModelLocality::parse("us/us-a")), 3);
+        assert_eq!(priority(None, &ModelLocality::parse("us/us-a")), 0);
+        let compact = compact_priorities([3, 0, 3, 2].into_iter());
+        assert_eq!((compact[&0], compact[&2], compact[&3]), (0, 1, 2));
+    }
+
+    #[test]
+    fn lcm_of_gateway_counts() {
+        assert_eq!([2, 3, 4].into_iter().fold(1, lcm), 12);
     }
 }

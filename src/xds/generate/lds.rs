@@ -36,6 +36,9 @@ use crate::xds::wire::Resource;
 
 pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
 pub const VIRTUAL_INBOUND: &str = "virtualInbound";
+/// An east-west gateway's listener (Istio's AUTO_PASSTHROUGH server on 15443).
+pub const EAST_WEST: &str = "0.0.0.0_15443";
+const EAST_WEST_PORT: u16 = 15443;
 const OUTBOUND_PORT: u16 = 15001;
 const INBOUND_PORT: u16 = 15006;
 
@@ -46,6 +49,9 @@ pub fn all_names(g: &Generation<'_>) -> Vec<String> {
             .iter()
             .flat_map(|s| s.ports.iter().map(|p| grpc_route_name(&s.hostname, p.port)))
             .collect();
+    }
+    if g.is_east_west_gateway() {
+        return vec![EAST_WEST.to_string()];
     }
     if !g.is_sidecar() {
         return Vec::new();
@@ -74,16 +80,23 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ResourceType::Listener,
             name,
             g.variant(&[]),
-            (g.services_version(), 0),
+            [g.services_version(), 0, 0],
             || Some(Resource::encode(name, &api_listener(name))),
         );
     }
     match name {
+        EAST_WEST if g.is_east_west_gateway() => g.cache.get_or_build(
+            ResourceType::Listener,
+            name,
+            1,
+            [g.services_version(), 0, 0],
+            || Some(Resource::encode(name, &east_west(g))),
+        ),
         VIRTUAL_OUTBOUND => g.cache.get_or_build(
             ResourceType::Listener,
             name,
             0,
-            (g.services_version(), 0),
+            [g.services_version(), 0, 0],
             || Some(Resource::encode(name, &virtual_outbound())),
         ),
         VIRTUAL_INBOUND => Some(Arc::new(Resource::encode(name, &virtual_inbound(g)))),
@@ -100,7 +113,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 ResourceType::Listener,
                 name,
                 variant,
-                (g.services_version(), 0),
+                [g.services_version(), 0, 0],
                 || port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
             )
         }
@@ -273,6 +286,45 @@ fn virtual_inbound(g: &Generation<'_>) -> Listener {
                 pack_any(TlsInspector::default()),
             ),
         ],
+        filter_chains,
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    }
+}
+
+/// The east-west gateway: mTLS from other networks arrives here and is routed by its SNI
+/// (`outbound_.<port>_._.<hostname>`) to that service's endpoints in this network, still encrypted
+/// end to end: the gateway never terminates it.
+fn east_west(g: &Generation<'_>) -> Listener {
+    let filter_chains = g
+        .routable_services()
+        .iter()
+        .filter(|s| s.resolution == Resolution::ClientSideLb)
+        .flat_map(|s| {
+            s.ports
+                .iter()
+                .map(|p| tls::outbound_sni(p.port, &s.hostname))
+        })
+        .map(|sni| FilterChain {
+            name: sni.clone(),
+            filter_chain_match: Some(FilterChainMatch {
+                server_names: vec![sni.clone()],
+                ..Default::default()
+            }),
+            filters: vec![tcp_proxy_filter(&sni, &sni)],
+            ..Default::default()
+        })
+        .collect();
+    Listener {
+        name: EAST_WEST.to_string(),
+        address: Some(socket("0.0.0.0", EAST_WEST_PORT)),
+        listener_filters: vec![ListenerFilter {
+            name: "envoy.filters.listener.tls_inspector".to_string(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
+                TlsInspector::default(),
+            ))),
+            ..Default::default()
+        }],
         filter_chains,
         traffic_direction: TrafficDirection::Inbound as i32,
         ..Default::default()

@@ -26,16 +26,52 @@ use parking_lot::RwLock;
 use super::protocol::ResourceType;
 use super::proxy::{Generator, Proxy, ProxyType};
 use super::wire::Resource;
-use crate::model::{Hostname, Mesh, Protocol, Service, ServiceKey};
+use crate::model::{Hostname, Locality, Mesh, Protocol, Service, ServiceKey};
 
 /// Builds resources for one proxy from the current model.
 pub struct Generation<'a> {
-    pub mesh: &'a Mesh,
-    pub cache: &'a ResourceCache,
-    pub proxy: &'a Proxy,
+    mesh: &'a Mesh,
+    cache: &'a ResourceCache,
+    proxy: &'a Proxy,
+    locality: OnceLock<Option<Locality>>,
+}
+
+impl<'a> Generation<'a> {
+    pub fn new(mesh: &'a Mesh, cache: &'a ResourceCache, proxy: &'a Proxy) -> Self {
+        Self {
+            mesh,
+            cache,
+            proxy,
+            locality: OnceLock::new(),
+        }
+    }
 }
 
 impl Generation<'_> {
+    /// Where the proxy runs: its node's locality, else that of its own workload's endpoints.
+    fn proxy_locality(&self) -> Option<Locality> {
+        self.locality
+            .get_or_init(|| {
+                if !self.proxy.locality.region.is_empty() {
+                    return Some(self.proxy.locality.clone());
+                }
+                self.proxy.ips.iter().find_map(|ip| {
+                    self.mesh.endpoints.services_at(ip).iter().find_map(|key| {
+                        let shards = self.mesh.endpoints.get(key)?;
+                        let ep = shards.endpoints().find(|e| e.address == *ip)?;
+                        (!ep.locality.region.is_empty()).then(|| ep.locality.clone())
+                    })
+                })
+            })
+            .clone()
+    }
+
+    /// An east-west gateway: a router labelled `istio: eastwestgateway`, as Istio's samples deploy it.
+    fn is_east_west_gateway(&self) -> bool {
+        self.proxy.kind == ProxyType::Router
+            && self.proxy.labels.get("istio").map(String::as_str) == Some("eastwestgateway")
+    }
+
     /// Every resource of a wildcard subscription.
     pub fn all(&self, ty: ResourceType) -> Vec<Arc<Resource>> {
         let names = match ty {
@@ -128,9 +164,12 @@ struct CacheKey {
     variant: u64,
 }
 
+/// Model versions an entry was built from: (service table, the service's shards, gateways).
+type Stamp = [u64; 3];
+
 struct CacheEntry {
     /// Model versions the entry was built from.
-    stamp: (u64, u64),
+    stamp: Stamp,
     cell: Arc<OnceLock<Option<Arc<Resource>>>>,
 }
 
@@ -147,7 +186,7 @@ impl ResourceCache {
         ty: ResourceType,
         name: &str,
         variant: u64,
-        stamp: (u64, u64),
+        stamp: Stamp,
         build: impl FnOnce() -> Option<Resource>,
     ) -> Option<Arc<Resource>> {
         let key = CacheKey {
@@ -190,7 +229,7 @@ impl ResourceCache {
     pub fn prune(&self, services_version: u64) {
         self.entries
             .write()
-            .retain(|_, e| e.stamp.0 == services_version);
+            .retain(|_, e| e.stamp[0] == services_version);
     }
 
     /// How many resources have been built (not served from cache) so far.
@@ -217,6 +256,20 @@ pub fn parse_outbound(name: &str) -> Option<(u16, &str)> {
     let mut parts = name.splitn(4, '|');
     let (dir, port, subset, host) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     (dir == "outbound" && subset.is_empty() && !host.is_empty()).then_some(())?;
+    Some((port.parse().ok()?, host))
+}
+
+/// The service host an EDS cluster name is for, in either naming (`outbound|…` or SNI).
+pub fn cluster_host(name: &str) -> Option<&str> {
+    parse_outbound(name)
+        .or_else(|| parse_sni_cluster(name))
+        .map(|(_, host)| host)
+}
+
+/// `outbound_.<port>_._.<hostname>`: an east-west gateway's cluster, named by the SNI it serves.
+pub fn parse_sni_cluster(name: &str) -> Option<(u16, &str)> {
+    let rest = name.strip_prefix("outbound_.")?;
+    let (port, host) = rest.split_once("_._.")?;
     Some((port.parse().ok()?, host))
 }
 
@@ -261,7 +314,7 @@ pub fn eds_names_for(
     subscribed: impl Iterator<Item = String>,
 ) -> BTreeSet<String> {
     subscribed
-        .filter(|name| parse_outbound(name).is_some_and(|(_, host)| hosts.contains(host)))
+        .filter(|name| cluster_host(name).is_some_and(|host| hosts.contains(host)))
         .collect()
 }
 

@@ -31,7 +31,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ResourceType::Route,
             name,
             g.variant(&[]),
-            (g.services_version(), 0),
+            [g.services_version(), 0, 0],
             || Some(Resource::encode(name, &grpc_routes(name, host, port))),
         );
     }
@@ -47,7 +47,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         ResourceType::Route,
         name,
         variant,
-        (g.services_version(), 0),
+        [g.services_version(), 0, 0],
         || Some(Resource::encode(name, &sidecar_routes(g, name, port))),
     )
 }
