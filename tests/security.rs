@@ -37,6 +37,7 @@ async fn envoy_with_a_meshpilot_certificate_gets_config_on_the_secure_port() {
         xds: mp.secure_xds_addr,
         node_id: SIDECAR,
         metadata: &[("CLUSTER_ID", "cluster1")],
+        labels: &[],
         mode: AdsMode::Sotw,
         workload: certs.clone(),
         xds_tls: Some(XdsTls {

@@ -243,6 +243,8 @@ pub struct EnvoyOptions<'a> {
     pub xds: SocketAddr,
     pub node_id: &'a str,
     pub metadata: &'a [(&'a str, &'a str)],
+    /// Node metadata LABELS (the workload's pod labels).
+    pub labels: &'a [(&'a str, &'a str)],
     pub mode: AdsMode,
     pub workload: WorkloadCerts,
     pub xds_tls: Option<XdsTls>,
@@ -327,6 +329,7 @@ impl Envoy {
             xds: mp.xds_addr,
             node_id,
             metadata,
+            labels: &[],
             mode,
             workload: workload_certs(mp, &node_namespace(node_id), account),
             xds_tls: None,
@@ -351,11 +354,19 @@ impl Envoy {
             Some(_) => serde_json::json!({"address": "0.0.0.0", "port_value": NETNS_ADMIN_PORT}),
             None => serde_json::json!({"address": "127.0.0.1", "port_value": 0}),
         };
-        let meta: serde_json::Map<String, Value> = options
+        let mut meta: serde_json::Map<String, Value> = options
             .metadata
             .iter()
             .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
             .collect();
+        if !options.labels.is_empty() {
+            let labels: serde_json::Map<String, Value> = options
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                .collect();
+            meta.insert("LABELS".into(), Value::Object(labels));
+        }
         let api_type = match options.mode {
             AdsMode::Sotw => "GRPC",
             AdsMode::Delta => "DELTA_GRPC",

@@ -1,0 +1,309 @@
+//! Real traffic across networks: a client on network 1 calls a service whose only endpoint is on
+//! network 2. The networks are joined only through network 2's east-west gateway address. The
+//! client's sidecar originates mTLS with SNI `outbound_.<port>_._.<host>` to the gateway (a real
+//! Envoy), which passes the TLS through by SNI without terminating it; the backend's own sidecar
+//! terminates it with a meshpilot-issued certificate. Needs root (network namespaces, iptables).
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use common::netns::{link, Netns};
+use common::*;
+
+const BOUND: Duration = Duration::from_secs(30);
+const ECHO: &str = "echo.default.svc.cluster.local";
+const APP_UID: &str = "1000";
+const GATEWAY_IP: &str = "10.214.1.2";
+
+const EAST: &str = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system, labels: {topology.istio.io/network: network1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default, labels: {app: client, security.istio.io/tlsMode: istio}}
+spec: {serviceAccountName: client, containers: []}
+status: {podIP: 10.214.1.1}
+";
+
+fn west() -> String {
+    format!(
+        "
+apiVersion: v1
+kind: Namespace
+metadata: {{name: istio-system, labels: {{topology.istio.io/network: network2}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: istio-eastwestgateway, namespace: istio-system, labels: {{istio: eastwestgateway, topology.istio.io/network: network2}}}}
+spec: {{type: LoadBalancer, clusterIP: 10.96.0.99, ports: [{{name: tls, port: 15443}}]}}
+status: {{loadBalancer: {{ingress: [{{ip: {GATEWAY_IP}}}]}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: echo, namespace: default}}
+spec: {{clusterIP: 10.96.88.88, ports: [{{name: http, port: 8080}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: server, namespace: default, labels: {{app: echo, security.istio.io/tlsMode: istio}}}}
+spec: {{serviceAccountName: server, containers: []}}
+status: {{podIP: 10.214.2.2}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: echo-1, namespace: default, labels: {{kubernetes.io/service-name: echo}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+- addresses: [10.214.2.2]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: server, namespace: default}}
+"
+    )
+}
+
+#[tokio::test]
+async fn request_crosses_networks_through_the_east_west_gateway() {
+    let tag = std::process::id() % 100_000;
+    let client_ns = Netns::create(&format!("mnc{tag}"));
+    let gateway_ns = Netns::create(&format!("mng{tag}"));
+    let mut server_ns = Netns::create(&format!("mns{tag}"));
+    link(
+        None,
+        &format!("mnc{tag}h"),
+        "10.214.11.1/30",
+        &client_ns,
+        "ctl",
+        "10.214.11.2/30",
+    );
+    link(
+        None,
+        &format!("mng{tag}h"),
+        "10.214.12.1/30",
+        &gateway_ns,
+        "ctl",
+        "10.214.12.2/30",
+    );
+    link(
+        None,
+        &format!("mns{tag}h"),
+        "10.214.13.1/30",
+        &server_ns,
+        "ctl",
+        "10.214.13.2/30",
+    );
+    // Network 1 reaches network 2 only at the gateway's address.
+    link(
+        Some(&client_ns),
+        "data",
+        "10.214.1.1/24",
+        &gateway_ns,
+        "net1",
+        "10.214.1.2/24",
+    );
+    link(
+        Some(&gateway_ns),
+        "net2",
+        "10.214.2.1/24",
+        &server_ns,
+        "data",
+        "10.214.2.2/24",
+    );
+    client_ns.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
+    client_ns.run(
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-m",
+            "owner",
+            "--uid-owner",
+            APP_UID,
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
+        ],
+    );
+    server_ns.run(
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-i",
+            "data",
+            "-p",
+            "tcp",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15006",
+        ],
+    );
+    server_ns.spawn(
+        "python3",
+        &[
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py"),
+            "8080",
+        ],
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    for (cluster, manifests) in [("east", EAST.to_string()), ("west", west())] {
+        let path = dir.path().join("clusters").join(cluster);
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("mesh.yaml"), manifests).unwrap();
+    }
+    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
+
+    let proxy = |ns: &Netns,
+                 ctl: &str,
+                 host: &str,
+                 node_id: &'static str,
+                 metadata: &'static [(&'static str, &'static str)],
+                 labels: &'static [(&'static str, &'static str)],
+                 account: &str| EnvoyOptions {
+        xds: SocketAddr::new(host.parse().unwrap(), mp.xds_addr.port()),
+        node_id,
+        metadata,
+        labels,
+        mode: AdsMode::Sotw,
+        workload: workload_certs(&mp, "default", account),
+        xds_tls: None,
+        netns: Some(InNetns {
+            name: ns.name.clone(),
+            ip: ctl.parse::<IpAddr>().unwrap(),
+            host_ip: host.parse().unwrap(),
+        }),
+    };
+    let client = Envoy::start_with(proxy(
+        &client_ns,
+        "10.214.11.2",
+        "10.214.11.1",
+        "sidecar~10.214.1.1~client.default~default.svc.cluster.local",
+        &[("CLUSTER_ID", "east"), ("NETWORK", "network1")],
+        &[],
+        "client",
+    ))
+    .await;
+    let gateway = Envoy::start_with(proxy(
+        &gateway_ns,
+        "10.214.12.2",
+        "10.214.12.1",
+        "router~10.214.1.2~istio-eastwestgateway-0.istio-system~istio-system.svc.cluster.local",
+        &[("CLUSTER_ID", "west"), ("NETWORK", "network2")],
+        &[("istio", "eastwestgateway")],
+        "istio-eastwestgateway",
+    ))
+    .await;
+    let server = Envoy::start_with(proxy(
+        &server_ns,
+        "10.214.13.2",
+        "10.214.13.1",
+        "sidecar~10.214.2.2~server.default~default.svc.cluster.local",
+        &[("CLUSTER_ID", "west"), ("NETWORK", "network2")],
+        &[],
+        "server",
+    ))
+    .await;
+
+    let outbound = format!("outbound|8080||{ECHO}");
+    let sni = format!("outbound_.8080_._.{ECHO}");
+    wait_for("client sees network 2 through its gateway", BOUND, || {
+        let (client, outbound) = (&client, outbound.clone());
+        async move {
+            (client.endpoints(&outbound).await == [format!("{GATEWAY_IP}:15443")]).then_some(())
+        }
+    })
+    .await;
+    wait_for("gateway routes the SNI to the backend", BOUND, || {
+        let (gateway, sni) = (&gateway, sni.clone());
+        async move { (gateway.endpoints(&sni).await == ["10.214.2.2:8080"]).then_some(()) }
+    })
+    .await;
+    wait_for("backend sidecar has its inbound listener", BOUND, || {
+        let server = &server;
+        async move {
+            server
+                .get("/listeners")
+                .await
+                .contains("virtualInbound")
+                .then_some(())
+        }
+    })
+    .await;
+
+    let response = wait_for("a response across the networks", BOUND, || {
+        let output = client_ns
+            .command("setpriv")
+            .args([
+                "--reuid",
+                APP_UID,
+                "--regid",
+                APP_UID,
+                "--clear-groups",
+                "curl",
+                "-s",
+                "-m",
+                "3",
+            ])
+            .args([
+                "-H",
+                &format!("Host: {ECHO}:8080"),
+                "http://10.96.88.88:8080/across",
+            ])
+            .output();
+        async move {
+            let body: serde_json::Value = serde_json::from_slice(&output.ok()?.stdout).ok()?;
+            (body["path"] == "/across").then_some(body)
+        }
+    })
+    .await;
+
+    let xfcc = response["headers"]["x-forwarded-client-cert"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        xfcc.contains("URI=spiffe://cluster.local/ns/default/sa/client"),
+        "the backend's sidecar did not terminate the client's mTLS: {response}"
+    );
+    assert!(
+        gateway
+            .stat(&format!("cluster.{sni}.upstream_cx_total"))
+            .await
+            .unwrap_or(0)
+            >= 1,
+        "the request did not pass through the gateway"
+    );
+    assert_eq!(
+        gateway
+            .stat("listener.0.0.0.0_15443.ssl.handshake")
+            .await
+            .unwrap_or(0),
+        0,
+        "the gateway terminated TLS instead of passing it through"
+    );
+    assert!(
+        server
+            .stat("listener.0.0.0.0_15006.ssl.handshake")
+            .await
+            .unwrap_or(0)
+            >= 1
+    );
+    assert_eq!(
+        client.rejected_updates().await
+            + gateway.rejected_updates().await
+            + server.rejected_updates().await,
+        0
+    );
+}
