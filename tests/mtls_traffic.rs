@@ -140,6 +140,7 @@ async fn http_between_two_sidecars_travels_over_mutual_tls() {
             xds: SocketAddr::new(host_ip.parse().unwrap(), mp.xds_addr.port()),
             node_id,
             metadata: &[("CLUSTER_ID", "c1")],
+            labels: &[],
             mode: AdsMode::Sotw,
             workload: workload_certs(&mp, "default", account),
             xds_tls: None,
