@@ -172,6 +172,10 @@ impl MeshpilotProcess {
         Self { child, log }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

@@ -1,0 +1,662 @@
+//! The xDS load harness: K simulated proxies, each a real ADS stream on its own connection (half SotW,
+//! half Delta; sidecars and proxyless gRPC clients), ACKing like Envoy, against the meshpilot binary
+//! serving S services × E endpoints spread over C clusters held by test API servers (the config
+//! cluster and C-1 remotes onboarded by Secret). meshpilot's CPU and RSS are read from /proc.
+//!
+//!   cargo bench --bench xds_load -- [scenario] [--proxies K] [--services S] [--endpoints E]
+//!       [--clusters C] [--rounds R] [--debounce 0s] [--eds-per-proxy N]
+//!
+//! Scenarios: `convergence` (EDS convergence, full push, memory per proxy, CPU per message),
+//! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory), `all`.
+//! Without arguments it is a small smoke run of every scenario (what CI runs).
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{wait_for, MeshpilotProcess};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint::HostIdentifier, ClusterLoadAssignment,
+};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use parking_lot::Mutex;
+use prost::Message;
+use serde_json::json;
+use test_apiserver::{TestApiServer, User};
+use tokio::sync::mpsc;
+
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const NS: &str = "load";
+
+#[derive(Clone, Debug)]
+struct Args {
+    scenario: String,
+    proxies: usize,
+    services: usize,
+    endpoints: usize,
+    clusters: usize,
+    rounds: usize,
+    debounce: String,
+    eds_per_proxy: usize,
+}
+
+fn args() -> Args {
+    let raw: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let mut a = Args {
+        scenario: "smoke".into(),
+        proxies: 40,
+        services: 20,
+        endpoints: 6,
+        clusters: 3,
+        rounds: 3,
+        debounce: "0s".into(),
+        eds_per_proxy: 5,
+    };
+    let mut it = raw.into_iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--proxies" => a.proxies = value().parse().expect("--proxies"),
+            "--services" => a.services = value().parse().expect("--services"),
+            "--endpoints" => a.endpoints = value().parse().expect("--endpoints"),
+            "--clusters" => a.clusters = value().parse().expect("--clusters"),
+            "--rounds" => a.rounds = value().parse().expect("--rounds"),
+            "--debounce" => a.debounce = value(),
+            "--eds-per-proxy" => a.eds_per_proxy = value().parse().expect("--eds-per-proxy"),
+            s if !s.starts_with('-') => a.scenario = s.to_string(),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn host(i: usize) -> String {
+    format!("svc-{i}.{NS}.svc.cluster.local")
+}
+
+fn cluster_name(i: usize) -> String {
+    format!("outbound|80||{}", host(i))
+}
+
+/// The address a round's change gives the hot service's endpoint.
+fn mark(round: usize) -> String {
+    format!("10.99.{}.{}", round / 250, round % 250 + 1)
+}
+
+fn ip(cluster: usize, n: usize) -> String {
+    format!("10.{}.{}.{}", 100 + cluster, n / 250, n % 250 + 1)
+}
+
+/// Services `range` with their pods and slices, as cluster `c` (of `clusters`) holds them.
+fn populate(
+    api: &TestApiServer,
+    c: usize,
+    clusters: usize,
+    services: std::ops::Range<usize>,
+    endpoints: usize,
+) {
+    for i in services {
+        api.apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": format!("svc-{i}"), "namespace": NS},
+            "spec": {"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "ports": [{"name": "http", "port": 80}]}}));
+        let mut eps = Vec::new();
+        for j in (0..endpoints).filter(|j| j % clusters == c) {
+            let n = i * endpoints + j;
+            let (pod, address) = (format!("p-{i}-{j}"), ip(c, n));
+            api.apply(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": NS, "labels": {"app": format!("svc-{i}"), "security.istio.io/tlsMode": "istio"}},
+                "spec": {"serviceAccountName": format!("sa-{i}"), "containers": []},
+                "status": {"podIP": address}}));
+            eps.push(
+                json!({"addresses": [address], "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}}),
+            );
+        }
+        api.apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("svc-{i}-c{c}"), "namespace": NS, "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": 80}], "endpoints": eps}));
+    }
+}
+
+fn remote_secret(api: &TestApiServer, id: &str) -> serde_json::Value {
+    api.add_token(
+        &format!("{id}-reader"),
+        User::service_account("istio-system", "istio-reader-service-account"),
+    );
+    json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("istio-remote-secret-{id}"), "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+        "stringData": {id: api.kubeconfig(&format!("{id}-reader"))}})
+}
+
+/// /proc figures of a process: CPU seconds (user + system) and resident memory in bytes.
+fn proc_stats(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    (ticks / 100.0, rss_kb * 1024)
+}
+
+/// A running meshpilot with its config cluster (and remotes) served by test API servers.
+struct Plane {
+    servers: Vec<TestApiServer>,
+    process: MeshpilotProcess,
+    xds: SocketAddr,
+    admin: SocketAddr,
+    _files: tempfile::TempDir,
+}
+
+async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usize) -> Plane {
+    let mut servers = Vec::new();
+    for c in 0..clusters {
+        let api = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
+        api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
+        populate(&api, c, clusters, 0..services, endpoints);
+        servers.push(api);
+    }
+    for c in 1..clusters {
+        let secret = remote_secret(&servers[c], &format!("c{c}"));
+        servers[0].apply(secret);
+    }
+    let files = tempfile::tempdir().unwrap();
+    let kubeconfig = files.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, servers[0].kubeconfig(servers[0].admin_token())).unwrap();
+    let state = files.path().join("ca");
+    let process = MeshpilotProcess::spawn(&[
+        "--log",
+        "warn,meshpilot::app=info",
+        "discovery",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--cluster-id",
+        "c0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--xds-addr",
+        "127.0.0.1:0",
+        "--secure-xds-addr",
+        "127.0.0.1:0",
+        "--ca-state-dir",
+        state.to_str().unwrap(),
+        "--debounce-after",
+        &a.debounce,
+    ]);
+    let admin = process.bound_addr("admin").await;
+    let xds = process.bound_addr("xds").await;
+    wait_for("meshpilot ready", Duration::from_secs(300), || async move {
+        let (status, _) = common::http_get(admin, "/ready").await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
+    Plane {
+        servers,
+        process,
+        xds,
+        admin,
+        _files: files,
+    }
+}
+
+/// What the simulated proxies report back.
+#[derive(Default)]
+struct Observed {
+    /// Round → latency of each proxy's first assignment showing that round's endpoint.
+    eds: Mutex<HashMap<usize, Vec<Duration>>>,
+    /// Round → latency of each proxy's first CDS response naming that round's new service.
+    full: Mutex<HashMap<usize, Vec<Duration>>>,
+    ready: AtomicUsize,
+    messages: AtomicUsize,
+}
+
+/// The marks a round's change carries: the hot service's endpoint address, or a new service's name.
+struct Round {
+    started: Instant,
+    id: usize,
+}
+
+#[derive(Clone)]
+struct ProxySpec {
+    index: usize,
+    delta: bool,
+    grpc: bool,
+    names: Vec<String>,
+}
+
+/// One simulated proxy: subscribes, ACKs every response, records when marks arrive.
+async fn proxy(
+    xds: SocketAddr,
+    spec: ProxySpec,
+    observed: Arc<Observed>,
+    round: Arc<Mutex<Option<Round>>>,
+) {
+    let channel = loop {
+        match tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let mut client =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let id = format!(
+        "sidecar~10.250.{}.{}~load-{}.{NS}~{NS}.svc.cluster.local",
+        spec.index / 250,
+        spec.index % 250 + 1,
+        spec.index
+    );
+    let mut metadata = vec![("CLUSTER_ID", "c0")];
+    if spec.grpc {
+        metadata.push(("GENERATOR", "grpc"));
+    }
+    let node = common::node(&id, &metadata);
+    // Sidecars watch every cluster (wildcard CDS); proxyless clients only their listeners' names.
+    let types: Vec<(&str, Vec<String>)> = if spec.grpc {
+        vec![
+            (
+                LDS,
+                spec.names
+                    .iter()
+                    .map(|n| format!("{}:80", n.trim_start_matches("outbound|80||")))
+                    .collect(),
+            ),
+            (EDS, spec.names.clone()),
+        ]
+    } else {
+        vec![(CDS, vec![]), (EDS, spec.names.clone())]
+    };
+    let record = |type_url: &str, resources: Vec<(String, Vec<u8>)>| {
+        observed.messages.fetch_add(1, Ordering::Relaxed);
+        let guard = round.lock();
+        let Some(r) = guard.as_ref() else { return };
+        let latency = r.started.elapsed();
+        let mark_ip = mark(r.id);
+        if type_url == EDS {
+            let hit = resources.iter().any(|(_, value)| {
+                ClusterLoadAssignment::decode(&value[..]).is_ok_and(|cla| {
+                    cla.endpoints
+                        .iter()
+                        .flat_map(|l| &l.lb_endpoints)
+                        .any(|ep| match &ep.host_identifier {
+                            Some(HostIdentifier::Endpoint(e)) => {
+                                format!("{:?}", e.address).contains(&format!("\"{mark_ip}\""))
+                            }
+                            _ => false,
+                        })
+                })
+            });
+            if hit {
+                observed.eds.lock().entry(r.id).or_default().push(latency);
+            }
+        } else if type_url == CDS
+            && resources
+                .iter()
+                .any(|(name, _)| name.contains(&format!("round-{}.", r.id)))
+        {
+            observed.full.lock().entry(r.id).or_default().push(latency);
+        }
+    };
+    let mut ready_types = 0;
+    if spec.delta {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, (type_url, names)) in types.iter().enumerate() {
+            let _ = tx.send(DeltaDiscoveryRequest {
+                node: (i == 0).then(|| node.clone()),
+                type_url: type_url.to_string(),
+                resource_names_subscribe: names.clone(),
+                ..Default::default()
+            });
+        }
+        let Ok(response) = client
+            .delta_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+        else {
+            return;
+        };
+        let mut stream = response.into_inner();
+        while let Ok(Some(r)) = stream.message().await {
+            let _ = tx.send(DeltaDiscoveryRequest {
+                type_url: r.type_url.clone(),
+                response_nonce: r.nonce.clone(),
+                ..Default::default()
+            });
+            record(
+                &r.type_url,
+                r.resources
+                    .into_iter()
+                    .map(|x| (x.name, x.resource.map(|a| a.value).unwrap_or_default()))
+                    .collect(),
+            );
+            ready_types += 1;
+            if ready_types == types.len() {
+                observed.ready.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    } else {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, (type_url, names)) in types.iter().enumerate() {
+            let _ = tx.send(DiscoveryRequest {
+                node: (i == 0).then(|| node.clone()),
+                type_url: type_url.to_string(),
+                resource_names: names.clone(),
+                ..Default::default()
+            });
+        }
+        let Ok(response) = client
+            .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+        else {
+            return;
+        };
+        let mut stream = response.into_inner();
+        let names: HashMap<&str, &Vec<String>> = types.iter().map(|(t, n)| (*t, n)).collect();
+        while let Ok(Some(r)) = stream.message().await {
+            let _ = tx.send(DiscoveryRequest {
+                type_url: r.type_url.clone(),
+                resource_names: names
+                    .get(r.type_url.as_str())
+                    .map(|n| (*n).clone())
+                    .unwrap_or_default(),
+                version_info: r.version_info.clone(),
+                response_nonce: r.nonce.clone(),
+                ..Default::default()
+            });
+            let resources = r
+                .resources
+                .into_iter()
+                .map(|a| {
+                    let name = if r.type_url == CDS {
+                        cds_name(&a.value)
+                    } else {
+                        String::new()
+                    };
+                    (name, a.value)
+                })
+                .collect();
+            record(&r.type_url, resources);
+            ready_types += 1;
+            if ready_types == types.len() {
+                observed.ready.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// A Cluster's name (field 1) without decoding the rest.
+fn cds_name(value: &[u8]) -> String {
+    let (tag, rest) = (value.first().copied(), value.get(1..).unwrap_or_default());
+    if tag != Some(0x0a) {
+        return String::new();
+    }
+    let len = rest.first().copied().unwrap_or(0) as usize;
+    let name = if len < 0x80 {
+        rest.get(1..1 + len)
+    } else {
+        None
+    };
+    name.map(|n| String::from_utf8_lossy(n).to_string())
+        .unwrap_or_default()
+}
+
+fn percentiles(mut v: Vec<Duration>) -> (f64, f64, f64) {
+    v.sort();
+    let at = |q: f64| {
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
+    (at(0.5), at(0.99), at(1.0))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+async fn connect_proxies(
+    plane: &Plane,
+    a: &Args,
+    count: usize,
+    observed: &Arc<Observed>,
+    round: &Arc<Mutex<Option<Round>>>,
+) {
+    let start = observed.ready.load(Ordering::Relaxed);
+    for wave in (0..count).collect::<Vec<_>>().chunks(500) {
+        for &index in wave {
+            let names = std::iter::once(0)
+                .chain(
+                    (1..a.eds_per_proxy)
+                        .map(|k| 1 + (index * 7 + k * 13) % (a.services - 1).max(1)),
+                )
+                .map(cluster_name)
+                .collect();
+            let spec = ProxySpec {
+                index: start + index,
+                delta: index % 2 == 1,
+                grpc: index % 4 == 3,
+                names,
+            };
+            tokio::spawn(proxy(plane.xds, spec, observed.clone(), round.clone()));
+        }
+        let target = start + wave.last().map_or(0, |i| i + 1);
+        let observed = observed.clone();
+        wait_for("proxies in sync", Duration::from_secs(600), || {
+            let observed = observed.clone();
+            async move { (observed.ready.load(Ordering::Relaxed) >= target).then_some(()) }
+        })
+        .await;
+    }
+}
+
+async fn convergence(a: &Args) {
+    println!(
+        "## convergence: {} proxies, {} services × {} endpoints over {} clusters, debounce {}",
+        a.proxies, a.services, a.endpoints, a.clusters, a.debounce
+    );
+    let plane = start_plane(a, a.services, a.endpoints, a.clusters).await;
+    let pid = plane.process.pid();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, rss_idle) = proc_stats(pid);
+    let observed = Arc::new(Observed::default());
+    let round: Arc<Mutex<Option<Round>>> = Arc::default();
+    let connect = Instant::now();
+    let half = a.proxies / 2;
+    connect_proxies(&plane, a, half, &observed, &round).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, rss_half) = proc_stats(pid);
+    connect_proxies(&plane, a, a.proxies - half, &observed, &round).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, rss_full) = proc_stats(pid);
+    println!(
+        "initial sync of {} proxies: {:.1}s; RSS idle {:.1} MiB, +{} proxies {:.1} MiB, +{} {:.1} MiB → {:.1} KiB per proxy (slope)",
+        a.proxies,
+        connect.elapsed().as_secs_f64(),
+        rss_idle as f64 / 1048576.0,
+        half,
+        rss_half as f64 / 1048576.0,
+        a.proxies,
+        rss_full as f64 / 1048576.0,
+        (rss_full as f64 - rss_half as f64) / (a.proxies - half).max(1) as f64 / 1024.0
+    );
+
+    // EDS convergence: one endpoint of the hot service (every proxy watches it) changes.
+    let (mut p50s, mut p99s, mut maxs, mut cpu_per_msg) = (vec![], vec![], vec![], vec![]);
+    for r in 1..=a.rounds {
+        let (cpu0, _) = proc_stats(pid);
+        let messages0 = observed.messages.load(Ordering::Relaxed);
+        let mark = mark(r);
+        *round.lock() = Some(Round {
+            started: Instant::now(),
+            id: r,
+        });
+        plane.servers[0].apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "svc-0-c0", "namespace": NS, "labels": {"kubernetes.io/service-name": "svc-0"}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": 80}],
+            "endpoints": [{"addresses": [mark], "conditions": {"ready": true}}]}));
+        let obs = observed.clone();
+        let expected = a.proxies;
+        wait_for("EDS convergence", Duration::from_secs(120), || {
+            let obs = obs.clone();
+            async move { (obs.eds.lock().get(&r).map_or(0, Vec::len) >= expected).then_some(()) }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (cpu1, _) = proc_stats(pid);
+        // Each proxy got one response and sent one ACK.
+        let messages = (observed.messages.load(Ordering::Relaxed) - messages0) * 2;
+        cpu_per_msg.push((cpu1 - cpu0) * 1e6 / messages.max(1) as f64);
+        let (p50, p99, max) = percentiles(observed.eds.lock().remove(&r).unwrap_or_default());
+        println!("  EDS round {r}: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; server CPU {:.1} µs per message", cpu_per_msg.last().unwrap());
+        p50s.push(p50);
+        p99s.push(p99);
+        maxs.push(max);
+    }
+    println!(
+        "EDS convergence (median of {} rounds): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; server CPU {:.1} µs per proxy message",
+        a.rounds,
+        median(p50s),
+        median(p99s),
+        median(maxs),
+        median(cpu_per_msg)
+    );
+
+    // Full push: a service is added; every sidecar must see the new cluster.
+    let sidecars = (0..a.proxies).filter(|i| i % 4 != 3).count();
+    let (mut fulls, mut cpus) = (vec![], vec![]);
+    for r in 1..=a.rounds.min(3) {
+        let (cpu0, _) = proc_stats(pid);
+        *round.lock() = Some(Round {
+            started: Instant::now(),
+            id: r,
+        });
+        plane.servers[0].apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": format!("round-{r}"), "namespace": NS},
+            "spec": {"clusterIP": format!("10.97.0.{r}"), "ports": [{"name": "http", "port": 80}]}}));
+        let obs = observed.clone();
+        wait_for("full-push convergence", Duration::from_secs(300), || {
+            let obs = obs.clone();
+            async move { (obs.full.lock().get(&r).map_or(0, Vec::len) >= sidecars).then_some(()) }
+        })
+        .await;
+        let (_, _, max) = percentiles(observed.full.lock().remove(&r).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (cpu1, _) = proc_stats(pid);
+        println!("  full push round {r}: all {sidecars} sidecars converged in {max:.1} ms; server CPU {:.2} s", cpu1 - cpu0);
+        fulls.push(max);
+        cpus.push(cpu1 - cpu0);
+    }
+    println!("full push after a service add (median): {:.1} ms to converge {sidecars} sidecars, {:.2} CPU-seconds", median(fulls), median(cpus));
+    drop(plane);
+}
+
+async fn endpoints_memory(a: &Args) {
+    println!("## memory per endpoint (no proxies)");
+    let sizes = [(a.services, a.endpoints), (a.services * 2, a.endpoints * 5)];
+    let mut points = Vec::new();
+    for (services, endpoints) in sizes {
+        let plane = start_plane(a, services, endpoints, 1).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, rss) = proc_stats(plane.process.pid());
+        println!(
+            "  {services} services × {endpoints} endpoints: RSS {:.1} MiB",
+            rss as f64 / 1048576.0
+        );
+        points.push(((services * endpoints) as f64, rss as f64));
+    }
+    let slope = (points[1].1 - points[0].1) / (points[1].0 - points[0].0);
+    println!("memory per endpoint (slope): {:.0} bytes", slope);
+}
+
+async fn onboarding(a: &Args) {
+    let sizes = if a.scenario == "smoke" {
+        vec![(a.services, a.services * a.endpoints)]
+    } else {
+        vec![(300, 4000), (3000, 40000)]
+    };
+    for (services, endpoints) in sizes {
+        println!("## onboarding a remote cluster of {services} services / {endpoints} endpoints");
+        let plane = start_plane(a, 1, 1, 1).await;
+        let remote = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
+        let per_service = endpoints / services;
+        populate(&remote, 0, 1, 0..services, per_service);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, rss0) = proc_stats(plane.process.pid());
+        let started = Instant::now();
+        plane.servers[0].apply(remote_secret(&remote, "remote"));
+        let admin = plane.admin;
+        let expected = services * per_service;
+        wait_for(
+            "remote onboarded",
+            Duration::from_secs(600),
+            || async move {
+                let clusters = common::get_json(admin, "/debug/clusterz").await;
+                let remote = clusters
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["id"] == "remote")?
+                    .clone();
+                (remote["state"] == "synced" && remote["endpoints"].as_u64()? as usize >= expected)
+                    .then_some(())
+            },
+        )
+        .await;
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, rss1) = proc_stats(plane.process.pid());
+        println!(
+            "onboarding {services} services / {expected} endpoints: {:.0} ms from Secret to served; +{:.1} MiB RSS",
+            took.as_secs_f64() * 1e3,
+            (rss1 as f64 - rss0 as f64) / 1048576.0
+        );
+    }
+}
+
+fn main() {
+    let a = args();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "machine: {} cores",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        match a.scenario.as_str() {
+            "convergence" => convergence(&a).await,
+            "endpoints" => endpoints_memory(&a).await,
+            "onboarding" => onboarding(&a).await,
+            "all" | "smoke" => {
+                convergence(&a).await;
+                endpoints_memory(&a).await;
+                onboarding(&a).await;
+            }
+            other => panic!("unknown scenario {other}"),
+        }
+    });
+}
