@@ -11,7 +11,7 @@
 //! Without arguments it is a small smoke run of every scenario (what CI runs).
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 use std::collections::HashMap;
