@@ -21,10 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{wait_for, MeshpilotProcess};
-use envoy_types::pb::envoy::config::endpoint::v3::{
-    lb_endpoint::HostIdentifier, ClusterLoadAssignment,
-};
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use parking_lot::Mutex;
 use prost::Message;
@@ -245,6 +241,96 @@ struct ProxySpec {
     names: Vec<String>,
 }
 
+/// A response as the harness keeps it: the few header fields, and the raw bytes to search for marks.
+/// The harness shares the server's two cores, so it never decodes what it does not need.
+struct Raw {
+    type_url: String,
+    version: String,
+    nonce: String,
+    body: bytes::Bytes,
+}
+
+/// Requests encoded by prost; responses kept raw (DiscoveryResponse and DeltaDiscoveryResponse share
+/// the field numbers read here: 1 version, 4 type_url, 5 nonce).
+struct RawCodec<Req>(std::marker::PhantomData<Req>);
+
+impl<Req: Message + Send + 'static> tonic::codec::Codec for RawCodec<Req> {
+    type Encode = Req;
+    type Decode = Raw;
+    type Encoder = RawCodec<Req>;
+    type Decoder = RawCodec<Req>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec(std::marker::PhantomData)
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec(std::marker::PhantomData)
+    }
+}
+
+impl<Req: Message> tonic::codec::Encoder for RawCodec<Req> {
+    type Item = Req;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Req,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        item.encode(dst)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+impl<Req> tonic::codec::Decoder for RawCodec<Req> {
+    type Item = Raw;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Raw>, tonic::Status> {
+        use bytes::Buf;
+        use prost::encoding::{decode_key, decode_varint, WireType};
+        let malformed = |e: prost::DecodeError| tonic::Status::internal(e.to_string());
+        let body = src.copy_to_bytes(src.remaining());
+        let (mut version, mut type_url, mut nonce) = (String::new(), String::new(), String::new());
+        let mut cursor = &body[..];
+        while cursor.has_remaining() {
+            let (tag, wire) = decode_key(&mut cursor).map_err(malformed)?;
+            let len = match wire {
+                WireType::LengthDelimited => {
+                    decode_varint(&mut cursor).map_err(malformed)? as usize
+                }
+                WireType::Varint => {
+                    decode_varint(&mut cursor).map_err(malformed)?;
+                    continue;
+                }
+                _ => return Err(tonic::Status::internal("unexpected wire type")),
+            };
+            let field = || String::from_utf8_lossy(&cursor[..len]).to_string();
+            match tag {
+                1 => version = field(),
+                4 => type_url = field(),
+                5 => nonce = field(),
+                _ => {}
+            }
+            cursor.advance(len);
+        }
+        Ok(Some(Raw {
+            type_url,
+            version,
+            nonce,
+            body,
+        }))
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 /// One simulated proxy: subscribes, ACKs every response, records when marks arrive.
 async fn proxy(
     xds: SocketAddr,
@@ -262,8 +348,7 @@ async fn proxy(
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let mut client =
-        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
     let id = format!(
         "sidecar~10.250.{}.{}~load-{}.{NS}~{NS}.svc.cluster.local",
         spec.index / 250,
@@ -277,51 +362,53 @@ async fn proxy(
     let node = common::node(&id, &metadata);
     // Sidecars watch every cluster (wildcard CDS); proxyless clients only their listeners' names.
     let types: Vec<(&str, Vec<String>)> = if spec.grpc {
-        vec![
-            (
-                LDS,
-                spec.names
-                    .iter()
-                    .map(|n| format!("{}:80", n.trim_start_matches("outbound|80||")))
-                    .collect(),
-            ),
-            (EDS, spec.names.clone()),
-        ]
+        let listeners = spec
+            .names
+            .iter()
+            .map(|n| format!("{}:80", n.trim_start_matches("outbound|80||")))
+            .collect();
+        vec![(LDS, listeners), (EDS, spec.names.clone())]
     } else {
         vec![(CDS, vec![]), (EDS, spec.names.clone())]
     };
-    let record = |type_url: &str, resources: Vec<(String, Vec<u8>)>| {
+    let record = |raw: &Raw| {
         observed.messages.fetch_add(1, Ordering::Relaxed);
         let guard = round.lock();
         let Some(r) = guard.as_ref() else { return };
         let latency = r.started.elapsed();
-        let mark_ip = mark(r.id);
-        if type_url == EDS {
-            let hit = resources.iter().any(|(_, value)| {
-                ClusterLoadAssignment::decode(&value[..]).is_ok_and(|cla| {
-                    cla.endpoints
-                        .iter()
-                        .flat_map(|l| &l.lb_endpoints)
-                        .any(|ep| match &ep.host_identifier {
-                            Some(HostIdentifier::Endpoint(e)) => {
-                                format!("{:?}", e.address).contains(&format!("\"{mark_ip}\""))
-                            }
-                            _ => false,
-                        })
-                })
-            });
-            if hit {
+        if raw.type_url == EDS {
+            let ip = mark(r.id);
+            // SocketAddress.address (field 2): tag, length, the address itself.
+            let needle: Vec<u8> = [0x12, ip.len() as u8]
+                .into_iter()
+                .chain(ip.bytes())
+                .collect();
+            if contains(&raw.body, &needle) {
                 observed.eds.lock().entry(r.id).or_default().push(latency);
             }
-        } else if type_url == CDS
-            && resources
-                .iter()
-                .any(|(name, _)| name.contains(&format!("round-{}.", r.id)))
+        } else if raw.type_url == CDS
+            && contains(&raw.body, format!("||round-{}.", r.id).as_bytes())
         {
             observed.full.lock().entry(r.id).or_default().push(latency);
         }
     };
+    let path = if spec.delta {
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+    } else {
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+    };
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    if grpc.ready().await.is_err() {
+        return;
+    }
     let mut ready_types = 0;
+    let mut arrived = |raw: &Raw| {
+        record(raw);
+        ready_types += 1;
+        if ready_types == types.len() {
+            observed.ready.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     if spec.delta {
         let (tx, rx) = mpsc::unbounded_channel();
         for (i, (type_url, names)) in types.iter().enumerate() {
@@ -332,30 +419,19 @@ async fn proxy(
                 ..Default::default()
             });
         }
-        let Ok(response) = client
-            .delta_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-            .await
-        else {
+        let request = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+        let codec = RawCodec::<DeltaDiscoveryRequest>(Default::default());
+        let Ok(response) = grpc.streaming(request, path, codec).await else {
             return;
         };
         let mut stream = response.into_inner();
-        while let Ok(Some(r)) = stream.message().await {
+        while let Ok(Some(raw)) = stream.message().await {
             let _ = tx.send(DeltaDiscoveryRequest {
-                type_url: r.type_url.clone(),
-                response_nonce: r.nonce.clone(),
+                type_url: raw.type_url.clone(),
+                response_nonce: raw.nonce.clone(),
                 ..Default::default()
             });
-            record(
-                &r.type_url,
-                r.resources
-                    .into_iter()
-                    .map(|x| (x.name, x.resource.map(|a| a.value).unwrap_or_default()))
-                    .collect(),
-            );
-            ready_types += 1;
-            if ready_types == types.len() {
-                observed.ready.fetch_add(1, Ordering::Relaxed);
-            }
+            arrived(&raw);
         }
     } else {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -367,60 +443,27 @@ async fn proxy(
                 ..Default::default()
             });
         }
-        let Ok(response) = client
-            .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-            .await
-        else {
+        let request = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+        let codec = RawCodec::<DiscoveryRequest>(Default::default());
+        let Ok(response) = grpc.streaming(request, path, codec).await else {
             return;
         };
         let mut stream = response.into_inner();
         let names: HashMap<&str, &Vec<String>> = types.iter().map(|(t, n)| (*t, n)).collect();
-        while let Ok(Some(r)) = stream.message().await {
+        while let Ok(Some(raw)) = stream.message().await {
             let _ = tx.send(DiscoveryRequest {
-                type_url: r.type_url.clone(),
+                type_url: raw.type_url.clone(),
                 resource_names: names
-                    .get(r.type_url.as_str())
+                    .get(raw.type_url.as_str())
                     .map(|n| (*n).clone())
                     .unwrap_or_default(),
-                version_info: r.version_info.clone(),
-                response_nonce: r.nonce.clone(),
+                version_info: raw.version.clone(),
+                response_nonce: raw.nonce.clone(),
                 ..Default::default()
             });
-            let resources = r
-                .resources
-                .into_iter()
-                .map(|a| {
-                    let name = if r.type_url == CDS {
-                        cds_name(&a.value)
-                    } else {
-                        String::new()
-                    };
-                    (name, a.value)
-                })
-                .collect();
-            record(&r.type_url, resources);
-            ready_types += 1;
-            if ready_types == types.len() {
-                observed.ready.fetch_add(1, Ordering::Relaxed);
-            }
+            arrived(&raw);
         }
     }
-}
-
-/// A Cluster's name (field 1) without decoding the rest.
-fn cds_name(value: &[u8]) -> String {
-    let (tag, rest) = (value.first().copied(), value.get(1..).unwrap_or_default());
-    if tag != Some(0x0a) {
-        return String::new();
-    }
-    let len = rest.first().copied().unwrap_or(0) as usize;
-    let name = if len < 0x80 {
-        rest.get(1..1 + len)
-    } else {
-        None
-    };
-    name.map(|n| String::from_utf8_lossy(n).to_string())
-        .unwrap_or_default()
 }
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64, f64) {

@@ -47,13 +47,32 @@ pub struct XdsMetrics {
     pub connections: Gauge,
     pushes: Family<Labels, Counter>,
     nacks: Family<Labels, Counter>,
+    /// The push counter of each type, looked up once: counting a push is one atomic add.
+    push_counters: Vec<Counter>,
 }
 
 impl XdsMetrics {
+    fn new() -> Self {
+        let pushes = Family::<Labels, Counter>::default();
+        let push_counters = ResourceType::ALL
+            .iter()
+            .map(|ty| {
+                pushes
+                    .get_or_create(&vec![("type", ty.short().to_string())])
+                    .clone()
+            })
+            .collect();
+        Self {
+            pushes,
+            push_counters,
+            ..Default::default()
+        }
+    }
+
     pub fn pushed(&self, ty: ResourceType) {
-        self.pushes
-            .get_or_create(&vec![("type", ty.short().to_string())])
-            .inc();
+        if let Some(counter) = self.push_counters.get(ty.index()) {
+            counter.inc();
+        }
     }
 
     pub fn nacked(&self, ty: ResourceType) {
@@ -96,7 +115,7 @@ impl Metrics {
             "Services in the merged service table",
             services.clone(),
         );
-        let xds = XdsMetrics::default();
+        let xds = XdsMetrics::new();
         registry.register(
             "xds_connections",
             "Connected xDS streams",

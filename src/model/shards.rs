@@ -88,6 +88,9 @@ pub struct EndpointIndex {
     /// Which service shards hold an address: finds the services a proxy's own workload serves.
     by_address: RwLock<HashMap<IpAddr, BTreeSet<(ServiceKey, ShardKey)>>>,
     version: AtomicU64,
+    /// Bumped when a service appears, disappears or changes identities: what cluster TLS settings
+    /// (SAN checks) depend on.
+    identities: AtomicU64,
 }
 
 impl EndpointIndex {
@@ -110,6 +113,10 @@ impl EndpointIndex {
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+
+    pub fn identities_version(&self) -> u64 {
+        self.identities.load(Ordering::Acquire)
     }
 
     /// Services with an endpoint at `address`, in any shard.
@@ -209,6 +216,9 @@ impl EndpointIndex {
             }
         }
         drop(services);
+        if !touched.is_empty() {
+            self.identities.fetch_add(1, Ordering::AcqRel);
+        }
         for (key, eps) in dropped {
             self.reindex(&key, shard, Some(&eps[..]), None);
         }
@@ -248,6 +258,9 @@ impl EndpointIndex {
                 None => services.remove(key),
             };
             drop(services);
+            if need == PushNeed::Full {
+                self.identities.fetch_add(1, Ordering::AcqRel);
+            }
             let removed = old.as_ref().and_then(|o| o.shards.get(shard)).cloned();
             self.reindex(key, shard, removed.as_deref(), added.as_deref());
             return need;

@@ -50,6 +50,11 @@ impl ResourceType {
         }
     }
 
+    /// Position in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn short(self) -> &'static str {
         match self {
             Self::Cluster => "cds",
@@ -81,10 +86,10 @@ pub enum Action {
 /// Per-type bookkeeping shared by both variants, shown on /debug/syncz.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct TypeStatus {
-    pub sent_version: Option<String>,
-    pub sent_nonce: Option<String>,
-    pub acked_version: Option<String>,
-    pub last_nack: Option<String>,
+    pub sent_version: Option<Arc<str>>,
+    pub sent_nonce: Option<Arc<str>>,
+    pub acked_version: Option<Arc<str>>,
+    pub last_nack: Option<Arc<str>>,
     pub resources: usize,
 }
 
@@ -140,7 +145,7 @@ impl SotwStream {
         let watch = self.watches.entry(ty).or_default();
         if let Some(message) = error {
             if watch.status.sent_nonce.as_deref() == Some(nonce) || nonce.is_empty() {
-                watch.status.last_nack = Some(message.clone());
+                watch.status.last_nack = Some(Arc::from(message.as_str()));
             }
             return Action::Nack(message);
         }
@@ -154,7 +159,7 @@ impl SotwStream {
         if watch.status.sent_nonce.as_deref() != Some(nonce) {
             return Action::Ignore;
         }
-        watch.status.acked_version = Some(version.to_string());
+        watch.status.acked_version = Some(Arc::from(version));
         watch.status.last_nack = None;
         if watch.wildcard {
             return Action::Ack;
@@ -170,10 +175,16 @@ impl SotwStream {
     }
 
     /// Records a response sent for `ty`.
-    pub fn sent(&mut self, ty: ResourceType, version: &str, nonce: &str, resources: usize) {
+    pub fn sent(
+        &mut self,
+        ty: ResourceType,
+        version: &Arc<str>,
+        nonce: &Arc<str>,
+        resources: usize,
+    ) {
         let status = &mut self.watches.entry(ty).or_default().status;
-        status.sent_version = Some(version.to_string());
-        status.sent_nonce = Some(nonce.to_string());
+        status.sent_version = Some(version.clone());
+        status.sent_nonce = Some(nonce.clone());
         status.resources = resources;
     }
 }
@@ -244,7 +255,7 @@ impl DeltaStream {
         let first = !self.watches.contains_key(&req.ty);
         let watch = self.watches.entry(req.ty).or_default();
         if let Some(message) = req.error {
-            watch.status.last_nack = Some(message.clone());
+            watch.status.last_nack = Some(Arc::from(message.as_str()));
             return (Action::Nack(message), Scope::All);
         }
         if first {
@@ -286,10 +297,10 @@ impl DeltaStream {
         }
     }
 
-    pub fn sent(&mut self, ty: ResourceType, version: &str, nonce: &str) {
+    pub fn sent(&mut self, ty: ResourceType, version: &Arc<str>, nonce: &Arc<str>) {
         let watch = self.watches.entry(ty).or_default();
-        watch.status.sent_version = Some(version.to_string());
-        watch.status.sent_nonce = Some(nonce.to_string());
+        watch.status.sent_version = Some(version.clone());
+        watch.status.sent_nonce = Some(nonce.clone());
         watch.status.resources = watch.known.len();
     }
 }
@@ -308,13 +319,13 @@ mod tests {
         let mut s = SotwStream::default();
         assert_eq!(s.on_request(Cluster, vec![], "", "", None), Action::Respond);
         assert!(s.watches[&Cluster].wildcard);
-        s.sent(Cluster, "v1", "n1", 3);
+        s.sent(Cluster, &"v1".into(), &"n1".into(), 3);
         assert_eq!(s.on_request(Cluster, vec![], "n1", "v1", None), Action::Ack);
         assert_eq!(
             s.watches[&Cluster].status.acked_version.as_deref(),
             Some("v1")
         );
-        s.sent(Cluster, "v2", "n2", 3);
+        s.sent(Cluster, &"v2".into(), &"n2".into(), 3);
         assert_eq!(
             s.on_request(Cluster, vec![], "n1", "v1", None),
             Action::Ignore,
@@ -326,7 +337,7 @@ mod tests {
     fn sotw_nack_is_recorded_and_not_answered() {
         let mut s = SotwStream::default();
         s.on_request(Endpoint, names(&["a"]), "", "", None);
-        s.sent(Endpoint, "v1", "n1", 1);
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), 1);
         let action = s.on_request(
             Endpoint,
             names(&["a"]),
@@ -341,7 +352,7 @@ mod tests {
         );
         assert_eq!(s.watches[&Endpoint].status.acked_version, None);
         // The next ACK clears it.
-        s.sent(Endpoint, "v2", "n2", 1);
+        s.sent(Endpoint, &"v2".into(), &"n2".into(), 1);
         assert_eq!(
             s.on_request(Endpoint, names(&["a"]), "n2", "v2", None),
             Action::Ack
@@ -353,12 +364,12 @@ mod tests {
     fn sotw_ack_with_new_names_is_answered() {
         let mut s = SotwStream::default();
         s.on_request(Endpoint, names(&["a"]), "", "", None);
-        s.sent(Endpoint, "v1", "n1", 1);
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), 1);
         assert_eq!(
             s.on_request(Endpoint, names(&["a", "b"]), "n1", "v1", None),
             Action::Respond
         );
-        s.sent(Endpoint, "v1", "n2", 2);
+        s.sent(Endpoint, &"v1".into(), &"n2".into(), 2);
         assert_eq!(
             s.on_request(Endpoint, names(&["b"]), "n2", "v1", None),
             Action::Ack,
@@ -447,7 +458,7 @@ mod tests {
             .get_mut(&Endpoint)
             .unwrap()
             .diff(&Scope::All, vec![res("a", "1")]);
-        s.sent(Endpoint, "v1", "n1");
+        s.sent(Endpoint, &"v1".into(), &"n1".into());
         assert_eq!(s.on_request(delta(Endpoint, &[], &[], "n1")).0, Action::Ack);
         let (action, scope) = s.on_request(delta(Endpoint, &["b"], &[], "n1"));
         assert_eq!(
@@ -481,7 +492,7 @@ mod tests {
     fn delta_nack_is_recorded() {
         let mut s = DeltaStream::default();
         s.on_request(delta(Cluster, &[], &[], ""));
-        s.sent(Cluster, "v1", "n1");
+        s.sent(Cluster, &"v1".into(), &"n1".into());
         let mut req = delta(Cluster, &[], &[], "n1");
         req.error = Some("boom".into());
         assert_eq!(s.on_request(req).0, Action::Nack("boom".into()));

@@ -52,6 +52,7 @@ pub struct XdsServer {
     next_id: AtomicU64,
     /// Bumped on every debounced push; SotW `version_info` and Delta `system_version_info`.
     version: AtomicU64,
+    version_text: RwLock<(u64, Arc<str>)>,
     nonces: AtomicU64,
     metrics: XdsMetrics,
 }
@@ -97,6 +98,7 @@ impl XdsServer {
             push_permits: Semaphore::new(push_concurrency.max(1)),
             next_id: AtomicU64::new(1),
             version: AtomicU64::new(1),
+            version_text: RwLock::new((1, Arc::from("1"))),
             nonces: AtomicU64::new(0),
             metrics,
         })
@@ -190,12 +192,20 @@ impl XdsServer {
         info!(proxy = %conn.proxy.id, connection = conn.id, "proxy disconnected");
     }
 
-    fn next_nonce(&self) -> String {
-        format!("{:x}", self.nonces.fetch_add(1, Ordering::Relaxed) + 1)
+    fn next_nonce(&self) -> Arc<str> {
+        format!("{:x}", self.nonces.fetch_add(1, Ordering::Relaxed) + 1).into()
     }
 
-    fn current_version(&self) -> String {
-        self.version.load(Ordering::Acquire).to_string()
+    /// The current push version, formatted once per push rather than once per response.
+    fn current_version(&self) -> Arc<str> {
+        let version = self.version.load(Ordering::Acquire);
+        let cached = self.version_text.read().clone();
+        if cached.0 == version {
+            return cached.1;
+        }
+        let text: Arc<str> = version.to_string().into();
+        *self.version_text.write() = (version, text.clone());
+        text
     }
 
     fn generation<'a>(&'a self, proxy: &'a Proxy) -> Generation<'a> {
@@ -345,7 +355,7 @@ impl SotwSession {
         self.stream.sent(ty, &version, &nonce, resources.len());
         self.publish_status(ty);
         self.server.metrics.pushed(ty);
-        debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version, resources = resources.len(), "sent");
+        debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version = &*version, resources = resources.len(), "sent");
         self.tx.send(Ok(bytes)).is_ok()
     }
 
@@ -437,7 +447,7 @@ impl DeltaSession {
         self.stream.sent(ty, &version, &nonce);
         self.publish_status(ty);
         server.metrics.pushed(ty);
-        debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version, changed = changed.len(), removed = removed.len(), "sent");
+        debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version = &*version, changed = changed.len(), removed = removed.len(), "sent");
         self.tx.send(Ok(bytes)).is_ok()
     }
 

@@ -32,37 +32,55 @@ pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
-pub fn all_names(g: &Generation<'_>) -> Vec<String> {
-    let mut names: Vec<String> = g
-        .routable_services()
-        .iter()
-        .flat_map(|s| {
-            s.ports
-                .iter()
-                .map(|p| outbound_cluster(p.port, &s.hostname))
-        })
-        .collect();
-    if g.is_east_west_gateway() {
-        return g
-            .routable_services()
-            .iter()
-            .filter(|s| s.resolution == Resolution::ClientSideLb)
-            .flat_map(|s| {
-                s.ports
+/// The clusters every proxy of this kind shares: one per service port (for an east-west gateway, one
+/// per SNI), plus Istio's fixed clusters for sidecars. Assembled once per model version.
+pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
+    let kind = [g.is_east_west_gateway(), g.is_sidecar()];
+    let stamp = [
+        g.services_version(),
+        g.mesh.endpoints.identities_version(),
+        0,
+    ];
+    g.cache
+        .list(ResourceType::Cluster, g.variant_of(&kind), stamp, || {
+            let names: Vec<String> = if g.is_east_west_gateway() {
+                g.routable_services()
                     .iter()
-                    .map(|p| tls::outbound_sni(p.port, &s.hostname))
-            })
-            .collect();
+                    .filter(|s| s.resolution == Resolution::ClientSideLb)
+                    .flat_map(|s| {
+                        s.ports
+                            .iter()
+                            .map(|p| tls::outbound_sni(p.port, &s.hostname))
+                    })
+                    .collect()
+            } else {
+                let mut names: Vec<String> = g
+                    .routable_services()
+                    .iter()
+                    .flat_map(|s| {
+                        s.ports
+                            .iter()
+                            .map(|p| outbound_cluster(p.port, &s.hostname))
+                    })
+                    .collect();
+                if g.is_sidecar() {
+                    names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
+                }
+                names
+            };
+            g.build_all(ResourceType::Cluster, names)
+        })
+}
+
+/// The proxy's own clusters: one `inbound|<port>||` per port of its workload.
+pub fn own_names(g: &Generation<'_>) -> Vec<String> {
+    if !g.is_sidecar() {
+        return Vec::new();
     }
-    if g.is_sidecar() {
-        names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
-        names.extend(
-            g.inbound_ports()
-                .iter()
-                .map(|(port, _)| inbound_cluster(*port)),
-        );
-    }
-    names
+    g.inbound_ports()
+        .iter()
+        .map(|(port, _)| inbound_cluster(*port))
+        .collect()
 }
 
 pub fn inbound_cluster(port: u16) -> String {

@@ -42,29 +42,52 @@ const EAST_WEST_PORT: u16 = 15443;
 const OUTBOUND_PORT: u16 = 15001;
 const INBOUND_PORT: u16 = 15006;
 
-pub fn all_names(g: &Generation<'_>) -> Vec<String> {
-    if g.proxy.generator == Generator::Grpc {
-        return g
-            .routable_services()
-            .iter()
-            .flat_map(|s| s.ports.iter().map(|p| grpc_route_name(&s.hostname, p.port)))
-            .collect();
+/// The listeners every proxy of this kind (and cluster) shares, assembled once per model version.
+pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
+    let cluster = g
+        .proxy
+        .cluster_id
+        .as_ref()
+        .map(|c| c.as_str())
+        .unwrap_or_default();
+    let kind = [g.is_east_west_gateway(), g.is_sidecar()];
+    let variant = g.variant_of(&(kind, cluster));
+    g.cache.list(
+        ResourceType::Listener,
+        variant,
+        [g.services_version(), 0, 0],
+        || {
+            let names: Vec<String> = if g.proxy.generator == Generator::Grpc {
+                g.routable_services()
+                    .iter()
+                    .flat_map(|s| s.ports.iter().map(|p| grpc_route_name(&s.hostname, p.port)))
+                    .collect()
+            } else if g.is_east_west_gateway() {
+                vec![EAST_WEST.to_string()]
+            } else if g.is_sidecar() {
+                let ports: BTreeSet<u16> = g
+                    .routable_services()
+                    .iter()
+                    .filter(|s| s.resolution != Resolution::Passthrough)
+                    .flat_map(|s| s.ports.iter().map(|p| p.port))
+                    .collect();
+                std::iter::once(VIRTUAL_OUTBOUND.to_string())
+                    .chain(ports.iter().map(|p| port_listener_name(*p)))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            g.build_all(ResourceType::Listener, names)
+        },
+    )
+}
+
+/// The proxy's own listener: `virtualInbound`, with its workload's ports.
+pub fn own_names(g: &Generation<'_>) -> Vec<String> {
+    match g.is_sidecar() {
+        true => vec![VIRTUAL_INBOUND.to_string()],
+        false => Vec::new(),
     }
-    if g.is_east_west_gateway() {
-        return vec![EAST_WEST.to_string()];
-    }
-    if !g.is_sidecar() {
-        return Vec::new();
-    }
-    let ports: BTreeSet<u16> = g
-        .routable_services()
-        .iter()
-        .filter(|s| s.resolution != Resolution::Passthrough)
-        .flat_map(|s| s.ports.iter().map(|p| p.port))
-        .collect();
-    let mut names = vec![VIRTUAL_OUTBOUND.to_string(), VIRTUAL_INBOUND.to_string()];
-    names.extend(ports.iter().map(|p| port_listener_name(*p)));
-    names
 }
 
 fn port_listener_name(port: u16) -> String {

@@ -74,11 +74,18 @@ impl Generation<'_> {
 
     /// Every resource of a wildcard subscription.
     pub fn all(&self, ty: ResourceType) -> Vec<Arc<Resource>> {
-        let names = match ty {
-            ResourceType::Cluster => cds::all_names(self),
-            ResourceType::Listener => lds::all_names(self),
-            ResourceType::Endpoint | ResourceType::Route => Vec::new(),
+        let (shared, own) = match ty {
+            ResourceType::Cluster => (cds::shared(self), cds::own_names(self)),
+            ResourceType::Listener => (lds::shared(self), lds::own_names(self)),
+            ResourceType::Endpoint | ResourceType::Route => return Vec::new(),
         };
+        let mut all = shared.to_vec();
+        all.extend(own.iter().filter_map(|n| self.build(ty, n)));
+        all
+    }
+
+    /// Builds (through the per-resource cache) every resource of `names`.
+    fn build_all(&self, ty: ResourceType, names: Vec<String>) -> Vec<Arc<Resource>> {
         names.iter().filter_map(|n| self.build(ty, n)).collect()
     }
 
@@ -150,34 +157,73 @@ impl Generation<'_> {
 
     /// Traits hash for cache entries that depend on where the proxy sits.
     fn variant(&self, parts: &[&str]) -> u64 {
+        self.variant_of(&parts)
+    }
+
+    fn variant_of(&self, traits: &impl Hash) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        parts.hash(&mut h);
+        traits.hash(&mut h);
         self.proxy.generator.hash(&mut h);
         h.finish()
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct CacheKey {
-    ty: ResourceType,
-    name: Arc<str>,
-    variant: u64,
-}
-
-/// Model versions an entry was built from: (service table, the service's shards, gateways).
+/// Model versions an entry was built from: (service table, identities or the service's shards,
+/// gateways).
 type Stamp = [u64; 3];
 
-struct CacheEntry {
-    /// Model versions the entry was built from.
+struct CacheEntry<T> {
     stamp: Stamp,
-    cell: Arc<OnceLock<Option<Arc<Resource>>>>,
+    cell: Arc<OnceLock<T>>,
 }
 
-/// Encoded resources shared by every proxy that receives them.
+/// Entries by (type, proxy traits) then name, so a lookup by `&str` allocates nothing.
+type Entries<T> = RwLock<HashMap<(ResourceType, u64), HashMap<Arc<str>, CacheEntry<T>>>>;
+
+/// Encoded resources shared by every proxy that receives them, and the wildcard lists made of them.
 #[derive(Default)]
 pub struct ResourceCache {
-    entries: RwLock<HashMap<CacheKey, CacheEntry>>,
+    entries: Entries<Option<Arc<Resource>>>,
+    lists: Entries<Arc<[Arc<Resource>]>>,
     builds: AtomicU64,
+}
+
+fn cached<T: Clone>(
+    entries: &Entries<T>,
+    ty: ResourceType,
+    name: &str,
+    variant: u64,
+    stamp: Stamp,
+    build: impl FnOnce() -> T,
+) -> T {
+    let hit = entries
+        .read()
+        .get(&(ty, variant))
+        .and_then(|m| m.get(name))
+        .filter(|e| e.stamp == stamp)
+        .map(|e| e.cell.clone());
+    let cell = match hit {
+        Some(cell) => cell,
+        None => {
+            let mut entries = entries.write();
+            let by_name = entries.entry((ty, variant)).or_default();
+            let entry = by_name
+                .entry(Arc::from(name))
+                .or_insert_with(|| CacheEntry {
+                    stamp,
+                    cell: Arc::default(),
+                });
+            if entry.stamp != stamp {
+                *entry = CacheEntry {
+                    stamp,
+                    cell: Arc::default(),
+                };
+            }
+            entry.cell.clone()
+        }
+    };
+    // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
+    cell.get_or_init(build).clone()
 }
 
 impl ResourceCache {
@@ -189,47 +235,31 @@ impl ResourceCache {
         stamp: Stamp,
         build: impl FnOnce() -> Option<Resource>,
     ) -> Option<Arc<Resource>> {
-        let key = CacheKey {
-            ty,
-            name: name.into(),
-            variant,
-        };
-        let cached = self
-            .entries
-            .read()
-            .get(&key)
-            .filter(|e| e.stamp == stamp)
-            .map(|e| e.cell.clone());
-        let cell = match cached {
-            Some(cell) => cell,
-            None => {
-                let mut entries = self.entries.write();
-                let entry = entries.entry(key).or_insert_with(|| CacheEntry {
-                    stamp,
-                    cell: Arc::default(),
-                });
-                if entry.stamp != stamp {
-                    *entry = CacheEntry {
-                        stamp,
-                        cell: Arc::default(),
-                    };
-                }
-                entry.cell.clone()
-            }
-        };
-        // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
-        cell.get_or_init(|| {
+        cached(&self.entries, ty, name, variant, stamp, || {
             self.builds.fetch_add(1, Ordering::Relaxed);
             build().map(Arc::new)
         })
-        .clone()
+    }
+
+    /// The part of a wildcard subscription every proxy with these traits shares, assembled once.
+    fn list(
+        &self,
+        ty: ResourceType,
+        variant: u64,
+        stamp: Stamp,
+        build: impl FnOnce() -> Vec<Arc<Resource>>,
+    ) -> Arc<[Arc<Resource>]> {
+        cached(&self.lists, ty, "", variant, stamp, || build().into())
     }
 
     /// Drops entries built from an older service table (after a full push).
     pub fn prune(&self, services_version: u64) {
-        self.entries
-            .write()
-            .retain(|_, e| e.stamp[0] == services_version);
+        for by_name in self.entries.write().values_mut() {
+            by_name.retain(|_, e| e.stamp[0] == services_version);
+        }
+        for by_name in self.lists.write().values_mut() {
+            by_name.retain(|_, e| e.stamp[0] == services_version);
+        }
     }
 
     /// How many resources have been built (not served from cache) so far.
@@ -238,7 +268,7 @@ impl ResourceCache {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.read().len()
+        self.entries.read().values().map(HashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
