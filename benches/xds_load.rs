@@ -4,7 +4,7 @@
 //! cluster and C-1 remotes onboarded by Secret). meshpilot's CPU and RSS are read from /proc.
 //!
 //!   cargo bench --bench xds_load -- [scenario] [--proxies K] [--services S] [--endpoints E]
-//!       [--clusters C] [--rounds R] [--debounce 0s] [--eds-per-proxy N]
+//!       [--clusters C] [--rounds R] [--debounce 0s] [--eds-per-proxy N] [--cds-every M]
 //!
 //! Scenarios: `convergence` (EDS convergence, full push, memory per proxy, CPU per message),
 //! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory), `all`.
@@ -43,6 +43,8 @@ struct Args {
     rounds: usize,
     debounce: String,
     eds_per_proxy: usize,
+    /// One sidecar in this many watches every cluster (wildcard CDS); the rest EDS only.
+    cds_every: usize,
 }
 
 fn args() -> Args {
@@ -59,6 +61,7 @@ fn args() -> Args {
         rounds: 3,
         debounce: "0s".into(),
         eds_per_proxy: 5,
+        cds_every: 1,
     };
     let mut it = raw.into_iter();
     while let Some(arg) = it.next() {
@@ -71,6 +74,7 @@ fn args() -> Args {
             "--rounds" => a.rounds = value().parse().expect("--rounds"),
             "--debounce" => a.debounce = value(),
             "--eds-per-proxy" => a.eds_per_proxy = value().parse().expect("--eds-per-proxy"),
+            "--cds-every" => a.cds_every = value().parse::<usize>().expect("--cds-every").max(1),
             s if !s.starts_with('-') => a.scenario = s.to_string(),
             other => panic!("unknown argument {other}"),
         }
@@ -238,6 +242,8 @@ struct ProxySpec {
     index: usize,
     delta: bool,
     grpc: bool,
+    /// A sidecar that also watches every cluster (wildcard CDS).
+    cds: bool,
     names: Vec<String>,
 }
 
@@ -338,6 +344,19 @@ async fn proxy(
     observed: Arc<Observed>,
     round: Arc<Mutex<Option<Round>>>,
 ) {
+    // A proxy whose stream fails before it is in sync starts over, as Envoy reconnects.
+    while !session(xds, &spec, &observed, &round).await {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One ADS session; false if it ended before the proxy was in sync.
+async fn session(
+    xds: SocketAddr,
+    spec: &ProxySpec,
+    observed: &Arc<Observed>,
+    round: &Arc<Mutex<Option<Round>>>,
+) -> bool {
     let channel = loop {
         match tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
             .unwrap()
@@ -368,8 +387,10 @@ async fn proxy(
             .map(|n| format!("{}:80", n.trim_start_matches("outbound|80||")))
             .collect();
         vec![(LDS, listeners), (EDS, spec.names.clone())]
-    } else {
+    } else if spec.cds {
         vec![(CDS, vec![]), (EDS, spec.names.clone())]
+    } else {
+        vec![(EDS, spec.names.clone())]
     };
     let record = |raw: &Raw| {
         observed.messages.fetch_add(1, Ordering::Relaxed);
@@ -399,7 +420,7 @@ async fn proxy(
     };
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
     if grpc.ready().await.is_err() {
-        return;
+        return false;
     }
     let mut ready_types = 0;
     let mut arrived = |raw: &Raw| {
@@ -422,7 +443,7 @@ async fn proxy(
         let request = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
         let codec = RawCodec::<DeltaDiscoveryRequest>(Default::default());
         let Ok(response) = grpc.streaming(request, path, codec).await else {
-            return;
+            return false;
         };
         let mut stream = response.into_inner();
         while let Ok(Some(raw)) = stream.message().await {
@@ -433,6 +454,7 @@ async fn proxy(
             });
             arrived(&raw);
         }
+        return ready_types >= types.len();
     } else {
         let (tx, rx) = mpsc::unbounded_channel();
         for (i, (type_url, names)) in types.iter().enumerate() {
@@ -446,7 +468,7 @@ async fn proxy(
         let request = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
         let codec = RawCodec::<DiscoveryRequest>(Default::default());
         let Ok(response) = grpc.streaming(request, path, codec).await else {
-            return;
+            return false;
         };
         let mut stream = response.into_inner();
         let names: HashMap<&str, &Vec<String>> = types.iter().map(|(t, n)| (*t, n)).collect();
@@ -464,6 +486,7 @@ async fn proxy(
             arrived(&raw);
         }
     }
+    ready_types >= types.len()
 }
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64, f64) {
@@ -501,6 +524,7 @@ async fn connect_proxies(
                 index: start + index,
                 delta: index % 2 == 1,
                 grpc: index % 4 == 3,
+                cds: index % a.cds_every == 0 || a.cds_every == 1,
                 names,
             };
             tokio::spawn(proxy(plane.xds, spec, observed.clone(), round.clone()));
@@ -588,7 +612,9 @@ async fn convergence(a: &Args) {
     );
 
     // Full push: a service is added; every sidecar must see the new cluster.
-    let sidecars = (0..a.proxies).filter(|i| i % 4 != 3).count();
+    let sidecars = (0..a.proxies)
+        .filter(|i| i % 4 != 3 && (i % a.cds_every == 0 || a.cds_every == 1))
+        .count();
     let (mut fulls, mut cpus) = (vec![], vec![]);
     for r in 1..=a.rounds.min(3) {
         let (cpu0, _) = proc_stats(pid);

@@ -95,10 +95,20 @@ impl Drop for Running {
     }
 }
 
+/// Pending connections the kernel queues per listener: a mesh's proxies reconnect all at once after
+/// a control-plane restart, far more than the default 128.
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { what, addr, source })?;
+    let error = |source| StartError::Bind { what, addr, source };
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(error)?;
+    socket.set_reuseaddr(true).map_err(error)?;
+    socket.bind(addr).map_err(error)?;
+    let listener = socket.listen(LISTEN_BACKLOG).map_err(error)?;
     let bound = listener
         .local_addr()
         .map_err(|source| StartError::Bind { what, addr, source })?;

@@ -195,7 +195,8 @@ pub struct DeltaWatch {
     pub wildcard: bool,
     pub subscribed: BTreeSet<String>,
     /// What the client holds: name → version.
-    pub known: HashMap<String, Arc<str>>,
+    /// Names are the cached resources' own `Arc`s: remembering a resource costs no allocation.
+    pub known: HashMap<Arc<str>, Arc<str>>,
     pub status: TypeStatus,
 }
 
@@ -211,23 +212,31 @@ impl DeltaWatch {
         scope: &Scope,
         current: Vec<Arc<Resource>>,
     ) -> (Vec<Arc<Resource>>, Vec<String>) {
-        let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
-        let mut removed: Vec<String> = self
-            .known
-            .keys()
-            .filter(|n| scope.contains(n) && !present.contains(n.as_str()))
-            .cloned()
-            .collect();
-        removed.sort();
-        for name in &removed {
-            self.known.remove(name);
+        // Usually every known name is still present: then nothing is removed and no set is built.
+        let still_known = current
+            .iter()
+            .filter(|r| self.known.contains_key(&*r.name))
+            .count();
+        let mut removed: Vec<String> = Vec::new();
+        if still_known < self.known.len() {
+            let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
+            removed = self
+                .known
+                .keys()
+                .filter(|n| scope.contains(n) && !present.contains(&***n))
+                .map(|n| n.to_string())
+                .collect();
+            removed.sort();
+            for name in &removed {
+                self.known.remove(name.as_str());
+            }
         }
         let changed: Vec<Arc<Resource>> = current
             .into_iter()
             .filter(|r| self.known.get(&*r.name) != Some(&r.version))
             .collect();
         for r in &changed {
-            self.known.insert(r.name.to_string(), r.version.clone());
+            self.known.insert(r.name.clone(), r.version.clone());
         }
         (changed, removed)
     }
@@ -263,7 +272,7 @@ impl DeltaStream {
             watch.known = req
                 .initial_versions
                 .into_iter()
-                .map(|(name, version)| (name, Arc::from(version)))
+                .map(|(name, version)| (Arc::from(name), Arc::from(version)))
                 .collect();
         }
         let mut added = BTreeSet::new();
@@ -280,7 +289,7 @@ impl DeltaStream {
             }
             watch.subscribed.remove(&name);
             // The client drops what it unsubscribes from; re-subscribing must resend it.
-            watch.known.remove(&name);
+            watch.known.remove(name.as_str());
         }
         if first {
             return (Action::Respond, Scope::All);
