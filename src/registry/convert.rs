@@ -52,6 +52,12 @@ impl EndpointContext<'_> {
     /// Appends the endpoints of one slice. An endpoint whose `targetRef` pod is not known yet is
     /// left out: it is added when the pod arrives (Istio's pending-pod rule).
     pub fn slice_endpoints(&self, slice: &SliceObj, out: &mut Vec<Endpoint>) {
+        // One allocation per port name, shared by every endpoint of the slice.
+        let port_names: Vec<Arc<str>> = slice
+            .ports
+            .iter()
+            .map(|(name, _)| Arc::from(name.as_str()))
+            .collect();
         for ep in &slice.endpoints {
             let pod = match &ep.pod {
                 Some(name) => match self.pods.get(&(slice.namespace.clone(), name.clone())) {
@@ -72,11 +78,11 @@ impl EndpointContext<'_> {
                     "" => self.networks.network_of_address(*address).map(Arc::from),
                     _ => None,
                 };
-                for (port_name, port) in &slice.ports {
+                for ((_, port), port_name) in slice.ports.iter().zip(&port_names) {
                     out.push(Endpoint {
                         address: *address,
                         port: *port,
-                        service_port_name: Arc::from(port_name.as_str()),
+                        service_port_name: port_name.clone(),
                         network: network.clone().unwrap_or_else(|| template.network.clone()),
                         ..template.clone()
                     });

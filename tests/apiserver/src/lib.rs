@@ -438,7 +438,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 watch(shared, target, filter, &query)
             } else {
                 count(&shared, format!("list:{}", target.kind.plural));
-                list(&shared, &target, &filter)
+                list(&shared, &target, &filter, &query)
             }
         }
         (&Method::GET, Some(name), None) => {
@@ -641,15 +641,39 @@ fn token_review(shared: &Shared, body: &[u8]) -> Response<Body> {
     )
 }
 
-fn list(shared: &Shared, target: &Target, filter: &Filter) -> Response<Body> {
+/// A list, paginated as the real API server does with `limit` and `continue` (the token carries the
+/// first page's resource version and the offset).
+fn list(
+    shared: &Shared,
+    target: &Target,
+    filter: &Filter,
+    query: &HashMap<String, String>,
+) -> Response<Body> {
     let store = shared.store.lock();
     let items = store.list(target.kind, target.namespace.as_deref(), filter);
-    let list_version = target.kind.api_version;
+    let (version, offset) = query
+        .get("continue")
+        .and_then(|c| c.split_once(':'))
+        .and_then(|(rv, off)| Some((rv.parse::<u64>().ok()?, off.parse::<usize>().ok()?)))
+        .unwrap_or((store.resource_version(), 0));
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let end = limit.map_or(items.len(), |l| (offset + l).min(items.len()));
+    let page: Vec<&Value> = items
+        .iter()
+        .skip(offset)
+        .take(end.saturating_sub(offset))
+        .collect();
+    let mut metadata = json!({"resourceVersion": version.to_string()});
+    if end < items.len() {
+        metadata["continue"] = json!(format!("{version}:{end}"));
+    }
     json_response(
         StatusCode::OK,
-        &json!({"kind": format!("{}List", target.kind.kind), "apiVersion": list_version,
-                "metadata": {"resourceVersion": store.resource_version().to_string()},
-                "items": items}),
+        &json!({"kind": format!("{}List", target.kind.kind), "apiVersion": target.kind.api_version,
+                "metadata": metadata, "items": page}),
     )
 }
 
