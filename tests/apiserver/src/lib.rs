@@ -650,7 +650,6 @@ fn list(
     query: &HashMap<String, String>,
 ) -> Response<Body> {
     let store = shared.store.lock();
-    let items = store.list(target.kind, target.namespace.as_deref(), filter);
     let (version, offset) = query
         .get("continue")
         .and_then(|c| c.split_once(':'))
@@ -659,16 +658,18 @@ fn list(
     let limit = query
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
-        .filter(|l| *l > 0);
-    let end = limit.map_or(items.len(), |l| (offset + l).min(items.len()));
-    let page: Vec<&Value> = items
-        .iter()
-        .skip(offset)
-        .take(end.saturating_sub(offset))
-        .collect();
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let (page, more) = store.list_page(
+        target.kind,
+        target.namespace.as_deref(),
+        filter,
+        offset,
+        limit,
+    );
     let mut metadata = json!({"resourceVersion": version.to_string()});
-    if end < items.len() {
-        metadata["continue"] = json!(format!("{version}:{end}"));
+    if more {
+        metadata["continue"] = json!(format!("{version}:{}", offset + page.len()));
     }
     json_response(
         StatusCode::OK,

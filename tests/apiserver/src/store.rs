@@ -229,15 +229,29 @@ impl Store {
     }
 
     pub fn list(&self, kind: ResourceKind, namespace: Option<&str>, filter: &Filter) -> Vec<Value> {
-        self.objects
-            .iter()
-            .filter(|((plural, ns, _), _)| {
-                *plural == kind.plural && namespace.is_none_or(|n| n == ns)
-            })
+        self.list_page(kind, namespace, filter, 0, usize::MAX).0
+    }
+
+    /// Up to `limit` matching objects from the `offset`-th, and whether more follow. Only the page
+    /// is copied.
+    pub fn list_page(
+        &self,
+        kind: ResourceKind,
+        namespace: Option<&str>,
+        filter: &Filter,
+        offset: usize,
+        limit: usize,
+    ) -> (Vec<Value>, bool) {
+        let mut matching = self
+            .objects
+            .range((kind.plural, String::new(), String::new())..)
+            .take_while(|((plural, _, _), _)| *plural == kind.plural)
+            .filter(|((_, ns, _), _)| namespace.is_none_or(|n| n == ns))
             .map(|(_, o)| o)
             .filter(|o| filter.matches(o))
-            .cloned()
-            .collect()
+            .skip(offset);
+        let page: Vec<Value> = matching.by_ref().take(limit).cloned().collect();
+        (page, matching.next().is_some())
     }
 
     /// Events after `from` (exclusive) for a watch, or Gone if they were compacted away.
@@ -406,6 +420,21 @@ mod tests {
         assert!(!m("missing"));
         let f = Filter::parse(None, Some("metadata.name=a")).unwrap();
         assert!(f.matches(&obj));
+    }
+
+    #[test]
+    fn pages_cover_the_list_once() {
+        let mut store = Store::default();
+        let ns = kind_by_name("Namespace").unwrap();
+        for i in 0..7 {
+            store.upsert(ns, json!({"metadata": {"name": format!("n{i}")}}));
+        }
+        let (first, more) = store.list_page(ns, None, &Filter::default(), 0, 5);
+        let (rest, more_after) = store.list_page(ns, None, &Filter::default(), 5, 5);
+        assert_eq!(
+            (first.len(), more, rest.len(), more_after),
+            (5, true, 2, false)
+        );
     }
 
     #[test]
