@@ -56,6 +56,10 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Kube
     Ok(Client::try_from(config)?)
 }
 
+/// Objects per list page. Larger than client-go's 500: a remote cluster of 40,000 pods is listed in
+/// 8 round trips instead of 80, and a page of trimmed-on-arrival objects is a few MB at most.
+const LIST_PAGE: u32 = 5000;
+
 /// The running watches of one cluster; dropping it stops them.
 pub struct KubeWatch {
     tasks: Vec<JoinHandle<()>>,
@@ -113,7 +117,7 @@ pub fn watch_cluster(
         registry: registry.clone(),
         done,
     });
-    let all = watcher::Config::default();
+    let all = watcher::Config::default().page_size(LIST_PAGE);
     let system_ns = watcher::Config::default().fields(&format!("metadata.name={system_namespace}"));
     let tasks = vec![
         spawn::<Namespace>(
