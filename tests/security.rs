@@ -618,3 +618,59 @@ async fn server_cert(addr: std::net::SocketAddr, root: &str) -> CertificateDer<'
         .clone()
         .into_owned()
 }
+
+#[tokio::test]
+async fn root_certificate_is_published_in_every_namespace() {
+    let config = TestApiServer::start().await;
+    config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n");
+    let remote = TestApiServer::start().await;
+    remote.add_token(
+        "reader",
+        User::service_account("istio-system", "istio-reader-service-account"),
+    );
+    // The remote opts in to trust distribution from this control plane, as Istio's annotation says.
+    remote.apply_yaml(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system, annotations: {topology.istio.io/controlPlaneClusters: primary}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: payments}\n",
+    );
+    let opted_out = TestApiServer::start().await;
+    opted_out.add_token(
+        "reader",
+        User::service_account("istio-system", "istio-reader-service-account"),
+    );
+    opted_out.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
+    config.apply(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "istio-remote-secret", "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+        "stringData": {"east": remote.kubeconfig("reader"), "west": opted_out.kubeconfig("reader")}
+    }));
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
+    let mp = start_meshpilot_with(&[
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--cluster-id",
+        "primary",
+    ])
+    .await;
+    let root = mp.ca.root_pem().to_string();
+    let published = |api: &TestApiServer, ns: &str| {
+        api.get("ConfigMap", ns, "istio-ca-root-cert")
+            .and_then(|cm| cm["data"]["root-cert.pem"].as_str().map(str::to_string))
+    };
+    let (config_ref, remote_ref, root_ref) = (&config, &remote, &root);
+    wait_for("root ConfigMaps published", BOUND, || async move {
+        let all = ["istio-system", "shop"]
+            .iter()
+            .all(|ns| published(config_ref, ns).as_deref() == Some(root_ref.as_str()))
+            && published(remote_ref, "payments").as_deref() == Some(root_ref.as_str());
+        all.then_some(())
+    })
+    .await;
+    // A namespace created later gets it too; a cluster that did not opt in gets nothing.
+    config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: late}\n");
+    wait_for("published in a new namespace", BOUND, || async move {
+        (published(config_ref, "late").as_deref() == Some(root_ref.as_str())).then_some(())
+    })
+    .await;
+    assert!(published(&opted_out, "istio-system").is_none());
+}

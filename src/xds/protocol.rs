@@ -212,11 +212,22 @@ impl DeltaWatch {
         scope: &Scope,
         current: Vec<Arc<Resource>>,
     ) -> (Vec<Arc<Resource>>, Vec<String>) {
+        // One pass: what changed, and how many known names are still present. The client's
+        // versions are the cached resources' own `Arc`s, so an unchanged resource is a pointer match.
+        let mut still_known = 0;
+        let mut changed: Vec<Arc<Resource>> = Vec::new();
+        for r in current.iter() {
+            match self.known.get(&*r.name) {
+                Some(v) => {
+                    still_known += 1;
+                    if !Arc::ptr_eq(v, &r.version) && **v != *r.version {
+                        changed.push(r.clone());
+                    }
+                }
+                None => changed.push(r.clone()),
+            }
+        }
         // Usually every known name is still present: then nothing is removed and no set is built.
-        let still_known = current
-            .iter()
-            .filter(|r| self.known.contains_key(&*r.name))
-            .count();
         let mut removed: Vec<String> = Vec::new();
         if still_known < self.known.len() {
             let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
@@ -231,10 +242,6 @@ impl DeltaWatch {
                 self.known.remove(name.as_str());
             }
         }
-        let changed: Vec<Arc<Resource>> = current
-            .into_iter()
-            .filter(|r| self.known.get(&*r.name) != Some(&r.version))
-            .collect();
         for r in &changed {
             self.known.insert(r.name.clone(), r.version.clone());
         }
