@@ -329,7 +329,38 @@ impl NodeOf for DeltaDiscoveryRequest {
 /// A protocol variant's session; each method returns false once the stream is gone.
 trait Session<Req>: Send {
     fn on_request(&mut self, request: Req) -> bool;
-    fn push(&mut self, request: PushRequest) -> bool;
+    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool;
+    fn watched(&self) -> Vec<ResourceType>;
+    /// The EDS resources the proxy subscribes to.
+    fn eds_names(&self) -> Vec<String>;
+
+    /// Sends what a push request means for this stream.
+    fn push(&mut self, request: PushRequest) -> bool {
+        let (watched, eds) = (self.watched(), self.eds_names());
+        plan(&request, &watched, eds.into_iter())
+            .into_iter()
+            .all(|(ty, scope)| self.respond(ty, &scope))
+    }
+
+    /// Carries out what the protocol decided for one request.
+    fn act(
+        &mut self,
+        server: &XdsServer,
+        proxy: &str,
+        ty: ResourceType,
+        action: Action,
+        scope: &Scope,
+    ) -> bool {
+        match action {
+            Action::Respond => self.respond(ty, scope),
+            Action::Nack(message) => {
+                server.metrics.nacked(ty);
+                warn!(proxy, r#type = ty.short(), error = message, "NACK");
+                true
+            }
+            Action::Ack | Action::Ignore => true,
+        }
+    }
 }
 
 struct SotwSession {
@@ -340,7 +371,8 @@ struct SotwSession {
 }
 
 impl SotwSession {
-    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
+    /// Builds and queues this type's response.
+    fn send(&mut self, ty: ResourceType, scope: &Scope) -> bool {
         let Some(watch) = self.stream.watches.get(&ty) else {
             return true;
         };
@@ -385,30 +417,25 @@ impl Session<DiscoveryRequest> for SotwSession {
                 self.conn.set_eds_names(watch.names.iter());
             }
         }
-        let open = match action {
-            Action::Respond => self.respond(ty, &Scope::All),
-            Action::Nack(message) => {
-                self.server.metrics.nacked(ty);
-                warn!(proxy = %self.conn.proxy.id, r#type = ty.short(), error = message, "NACK");
-                true
-            }
-            Action::Ack | Action::Ignore => true,
-        };
+        let (server, conn) = (self.server.clone(), self.conn.clone());
+        let open = self.act(&server, &conn.proxy.id, ty, action, &Scope::All);
         self.publish_status(ty);
         open
     }
 
-    fn push(&mut self, request: PushRequest) -> bool {
-        let watched: Vec<ResourceType> = self.stream.watches.keys().copied().collect();
-        let eds_names = self
-            .stream
-            .watches
-            .get(&ResourceType::Endpoint)
-            .map(|w| w.names.iter().cloned().collect::<Vec<_>>())
-            .unwrap_or_default();
-        plan(&request, &watched, eds_names.into_iter())
-            .into_iter()
-            .all(|(ty, scope)| self.respond(ty, &scope))
+    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
+        self.send(ty, scope)
+    }
+
+    fn watched(&self) -> Vec<ResourceType> {
+        self.stream.watches.keys().copied().collect()
+    }
+
+    fn eds_names(&self) -> Vec<String> {
+        let watch = self.stream.watches.get(&ResourceType::Endpoint);
+        watch
+            .map(|w| w.names.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -420,7 +447,8 @@ struct DeltaSession {
 }
 
 impl DeltaSession {
-    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
+    /// Builds and queues this type's changes, if there are any (always on its first response).
+    fn send(&mut self, ty: ResourceType, scope: &Scope) -> bool {
         let server = self.server.clone();
         let generation = server.generation(&self.conn.proxy);
         let Some(watch) = self.stream.watches.get_mut(&ty) else {
@@ -477,30 +505,25 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
                 self.conn.set_eds_names(watch.subscribed.iter());
             }
         }
-        let open = match action {
-            Action::Respond => self.respond(ty, &scope),
-            Action::Nack(message) => {
-                self.server.metrics.nacked(ty);
-                warn!(proxy = %self.conn.proxy.id, r#type = ty.short(), error = message, "NACK");
-                true
-            }
-            Action::Ack | Action::Ignore => true,
-        };
+        let (server, conn) = (self.server.clone(), self.conn.clone());
+        let open = self.act(&server, &conn.proxy.id, ty, action, &scope);
         self.publish_status(ty);
         open
     }
 
-    fn push(&mut self, request: PushRequest) -> bool {
-        let watched: Vec<ResourceType> = self.stream.watches.keys().copied().collect();
-        let eds_names = self
-            .stream
-            .watches
-            .get(&ResourceType::Endpoint)
-            .map(|w| w.subscribed.iter().cloned().collect::<Vec<_>>())
-            .unwrap_or_default();
-        plan(&request, &watched, eds_names.into_iter())
-            .into_iter()
-            .all(|(ty, scope)| self.respond(ty, &scope))
+    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
+        self.send(ty, scope)
+    }
+
+    fn watched(&self) -> Vec<ResourceType> {
+        self.stream.watches.keys().copied().collect()
+    }
+
+    fn eds_names(&self) -> Vec<String> {
+        let watch = self.stream.watches.get(&ResourceType::Endpoint);
+        watch
+            .map(|w| w.subscribed.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
