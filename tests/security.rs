@@ -104,26 +104,8 @@ async fn foreign_roots_and_borrowed_identities_are_refused() {
     );
 
     // A certificate of namespace `other` claiming to be a proxy of namespace `bookinfo`.
-    let (chain, key) = mp
-        .ca
-        .issue_workload(
-            &Identity::new("cluster.local", "other", "x"),
-            Duration::from_secs(600),
-        )
-        .unwrap();
-    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+    let status = secure_cds(&mp, Some(("other", "x")), &[])
         .await
-        .unwrap();
-    let mut ads = AdsClient::over(channel).await.unwrap();
-    ads.request(DiscoveryRequest {
-        node: Some(node(SIDECAR, &[])),
-        type_url: CDS.into(),
-        ..Default::default()
-    });
-    let status = ads
-        .next(BOUND)
-        .await
-        .expect("an answer")
         .expect_err("refused");
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
     assert!(
@@ -133,62 +115,52 @@ async fn foreign_roots_and_borrowed_identities_are_refused() {
     );
 
     // The right namespace but a service account the node does not have.
-    let (chain, key) = mp
-        .ca
-        .issue_workload(
-            &Identity::new("cluster.local", "bookinfo", "x"),
-            Duration::from_secs(600),
-        )
-        .unwrap();
-    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+    let reviews = [("SERVICE_ACCOUNT", "bookinfo-reviews")];
+    let status = secure_cds(&mp, Some(("bookinfo", "x")), &reviews)
         .await
-        .unwrap();
-    let mut ads = AdsClient::over(channel).await.unwrap();
-    ads.request(DiscoveryRequest {
-        node: Some(node(SIDECAR, &[("SERVICE_ACCOUNT", "bookinfo-reviews")])),
-        type_url: CDS.into(),
-        ..Default::default()
-    });
-    let status = ads
-        .next(BOUND)
-        .await
-        .expect("an answer")
         .expect_err("refused");
     assert_eq!(status.code(), tonic::Code::PermissionDenied);
 
-    // No credentials at all on the secure port: unauthenticated. The plaintext port stays open.
-    let channel = tls_channel(mp.secure_xds_addr, &root, None).await.unwrap();
-    let mut ads = AdsClient::over(channel).await.unwrap();
-    ads.request(DiscoveryRequest {
-        node: Some(node(SIDECAR, &[])),
-        type_url: CDS.into(),
-        ..Default::default()
-    });
-    let status = ads
-        .next(BOUND)
-        .await
-        .expect("an answer")
-        .expect_err("refused");
+    // No credentials at all on the secure port: unauthenticated.
+    let status = secure_cds(&mp, None, &[]).await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
 
     // The matching identity is served.
-    let (chain, key) = mp
-        .ca
-        .issue_workload(
-            &Identity::new("cluster.local", "bookinfo", "bookinfo-reviews"),
-            Duration::from_secs(600),
-        )
-        .unwrap();
-    let channel = tls_channel(mp.secure_xds_addr, &root, Some((&chain.concat(), &key)))
+    assert!(
+        secure_cds(&mp, Some(("bookinfo", "bookinfo-reviews")), &reviews)
+            .await
+            .is_ok()
+    );
+}
+
+/// Asks the secure port for CDS as the sidecar, with a meshpilot-issued certificate of
+/// (namespace, service account), or none; returns the first answer.
+async fn secure_cds(
+    mp: &meshpilot::app::Running,
+    identity: Option<(&str, &str)>,
+    metadata: &[(&str, &str)],
+) -> Result<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse, tonic::Status> {
+    let certs = identity.map(|(ns, sa)| {
+        let (chain, key) = mp
+            .ca
+            .issue_workload(
+                &Identity::new("cluster.local", ns, sa),
+                Duration::from_secs(600),
+            )
+            .unwrap();
+        (chain.concat(), key)
+    });
+    let client = certs.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
+    let channel = tls_channel(mp.secure_xds_addr, mp.ca.root_pem(), client)
         .await
         .unwrap();
     let mut ads = AdsClient::over(channel).await.unwrap();
     ads.request(DiscoveryRequest {
-        node: Some(node(SIDECAR, &[("SERVICE_ACCOUNT", "bookinfo-reviews")])),
+        node: Some(node(SIDECAR, metadata)),
         type_url: CDS.into(),
         ..Default::default()
     });
-    assert!(ads.next(BOUND).await.unwrap().is_ok());
+    ads.next(BOUND).await.expect("an answer")
 }
 
 /// A primary with one remote cluster onboarded by Secret.

@@ -116,7 +116,18 @@ impl Scope {
 pub struct SotwWatch {
     pub wildcard: bool,
     pub names: BTreeSet<String>,
+    /// Bumped whenever `names` changes, so readers recompute what depends on it only then.
+    pub generation: u64,
     pub status: TypeStatus,
+}
+
+impl SotwWatch {
+    fn set_names(&mut self, names: BTreeSet<String>) {
+        if names != self.names {
+            self.names = names;
+            self.generation += 1;
+        }
+    }
 }
 
 impl SotwWatch {
@@ -153,7 +164,7 @@ impl SotwStream {
         if first || nonce.is_empty() {
             watch.wildcard =
                 ty.wildcard_capable() && (names.is_empty() || names.iter().any(|n| n == "*"));
-            watch.names = names.into_iter().filter(|n| n != "*").collect();
+            watch.set_names(names.into_iter().filter(|n| n != "*").collect());
             return Action::Respond;
         }
         if watch.status.sent_nonce.as_deref() != Some(nonce) {
@@ -166,7 +177,7 @@ impl SotwStream {
         }
         let names: BTreeSet<String> = names.into_iter().collect();
         let grew = names.iter().any(|n| !watch.names.contains(n));
-        watch.names = names;
+        watch.set_names(names);
         if grew {
             Action::Respond
         } else {
@@ -194,6 +205,8 @@ impl SotwStream {
 pub struct DeltaWatch {
     pub wildcard: bool,
     pub subscribed: BTreeSet<String>,
+    /// Bumped whenever `subscribed` changes.
+    pub generation: u64,
     /// What the client holds: name → version.
     /// Names are the cached resources' own `Arc`s: remembering a resource costs no allocation.
     pub known: HashMap<Arc<str>, Arc<str>>,
@@ -287,6 +300,7 @@ impl DeltaStream {
             if name == "*" {
                 watch.wildcard = true;
             } else if watch.subscribed.insert(name.clone()) {
+                watch.generation += 1;
                 added.insert(name);
             }
         }
@@ -294,7 +308,9 @@ impl DeltaStream {
             if name == "*" {
                 watch.wildcard = false;
             }
-            watch.subscribed.remove(&name);
+            if watch.subscribed.remove(&name) {
+                watch.generation += 1;
+            }
             // The client drops what it unsubscribes from; re-subscribing must resend it.
             watch.known.remove(name.as_str());
         }
@@ -392,6 +408,22 @@ mod tests {
             "shrinking needs no answer"
         );
         assert!(!s.watches[&Endpoint].wants("a"));
+    }
+
+    #[test]
+    fn subscription_generation_moves_only_with_the_names() {
+        let mut s = SotwStream::default();
+        s.on_request(Endpoint, names(&["a"]), "", "", None);
+        let first = s.watches[&Endpoint].generation;
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), 1);
+        s.on_request(Endpoint, names(&["a"]), "n1", "v1", None);
+        assert_eq!(
+            s.watches[&Endpoint].generation, first,
+            "a plain ACK changes nothing"
+        );
+        s.sent(Endpoint, &"v2".into(), &"n2".into(), 1);
+        s.on_request(Endpoint, names(&["a", "b"]), "n2", "v2", None);
+        assert_eq!(s.watches[&Endpoint].generation, first + 1);
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct Connection {
     slot: PushSlot,
     /// Hostnames behind the proxy's EDS subscriptions: an endpoint change wakes only these proxies.
     eds_hosts: RwLock<BTreeSet<Hostname>>,
+    /// The subscription generation `eds_hosts` was derived from.
+    eds_generation: AtomicU64,
     status: Mutex<BTreeMap<ResourceType, TypeStatus>>,
 }
 
@@ -178,6 +180,7 @@ impl XdsServer {
             connected_at: SystemTime::now(),
             slot: PushSlot::default(),
             eds_hosts: RwLock::default(),
+            eds_generation: AtomicU64::new(0),
             status: Mutex::default(),
         });
         self.connections.write().insert(conn.id, conn.clone());
@@ -331,8 +334,33 @@ trait Session<Req>: Send {
     fn on_request(&mut self, request: Req) -> bool;
     fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool;
     fn watched(&self) -> Vec<ResourceType>;
-    /// The EDS resources the proxy subscribes to.
+    /// The EDS resources the proxy subscribes to, and the generation of that subscription.
     fn eds_names(&self) -> Vec<String>;
+    fn eds_generation(&self) -> u64;
+    fn status_of(&self, ty: ResourceType) -> Option<TypeStatus>;
+    fn handles(&self) -> (Arc<XdsServer>, Arc<Connection>);
+
+    /// Makes a type's protocol status visible to /debug/syncz.
+    fn publish_status(&self, ty: ResourceType) {
+        if let Some(status) = self.status_of(ty) {
+            self.handles().1.status.lock().insert(ty, status);
+        }
+    }
+
+    /// What follows every request: the push fan-out's view of the EDS subscription (recomputed only
+    /// when the subscription changed, not on every ACK), the action, the status.
+    fn conclude(&mut self, ty: ResourceType, action: Action, scope: &Scope) -> bool {
+        let (server, conn) = self.handles();
+        let generation = self.eds_generation();
+        if ty == ResourceType::Endpoint
+            && conn.eds_generation.swap(generation, Ordering::Relaxed) != generation
+        {
+            conn.set_eds_names(self.eds_names().iter());
+        }
+        let open = self.act(&server, &conn.proxy.id, ty, action, scope);
+        self.publish_status(ty);
+        open
+    }
 
     /// Sends what a push request means for this stream.
     fn push(&mut self, request: PushRequest) -> bool {
@@ -390,12 +418,6 @@ impl SotwSession {
         debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version = &*version, resources = resources.len(), "sent");
         self.tx.send(Ok(bytes)).is_ok()
     }
-
-    fn publish_status(&self, ty: ResourceType) {
-        if let Some(watch) = self.stream.watches.get(&ty) {
-            self.conn.status.lock().insert(ty, watch.status.clone());
-        }
-    }
 }
 
 impl Session<DiscoveryRequest> for SotwSession {
@@ -412,15 +434,7 @@ impl Session<DiscoveryRequest> for SotwSession {
             &request.version_info,
             error,
         );
-        if ty == ResourceType::Endpoint {
-            if let Some(watch) = self.stream.watches.get(&ty) {
-                self.conn.set_eds_names(watch.names.iter());
-            }
-        }
-        let (server, conn) = (self.server.clone(), self.conn.clone());
-        let open = self.act(&server, &conn.proxy.id, ty, action, &Scope::All);
-        self.publish_status(ty);
-        open
+        self.conclude(ty, action, &Scope::All)
     }
 
     fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
@@ -436,6 +450,21 @@ impl Session<DiscoveryRequest> for SotwSession {
         watch
             .map(|w| w.names.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    fn eds_generation(&self) -> u64 {
+        self.stream
+            .watches
+            .get(&ResourceType::Endpoint)
+            .map_or(0, |w| w.generation)
+    }
+
+    fn status_of(&self, ty: ResourceType) -> Option<TypeStatus> {
+        self.stream.watches.get(&ty).map(|w| w.status.clone())
+    }
+
+    fn handles(&self) -> (Arc<XdsServer>, Arc<Connection>) {
+        (self.server.clone(), self.conn.clone())
     }
 }
 
@@ -478,12 +507,6 @@ impl DeltaSession {
         debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version = &*version, changed = changed.len(), removed = removed.len(), "sent");
         self.tx.send(Ok(bytes)).is_ok()
     }
-
-    fn publish_status(&self, ty: ResourceType) {
-        if let Some(watch) = self.stream.watches.get(&ty) {
-            self.conn.status.lock().insert(ty, watch.status.clone());
-        }
-    }
 }
 
 impl Session<DeltaDiscoveryRequest> for DeltaSession {
@@ -500,15 +523,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             nonce: &request.response_nonce,
             error: request.error_detail.map(|e| e.message),
         });
-        if ty == ResourceType::Endpoint {
-            if let Some(watch) = self.stream.watches.get(&ty) {
-                self.conn.set_eds_names(watch.subscribed.iter());
-            }
-        }
-        let (server, conn) = (self.server.clone(), self.conn.clone());
-        let open = self.act(&server, &conn.proxy.id, ty, action, &scope);
-        self.publish_status(ty);
-        open
+        self.conclude(ty, action, &scope)
     }
 
     fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
@@ -524,6 +539,21 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         watch
             .map(|w| w.subscribed.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    fn eds_generation(&self) -> u64 {
+        self.stream
+            .watches
+            .get(&ResourceType::Endpoint)
+            .map_or(0, |w| w.generation)
+    }
+
+    fn status_of(&self, ty: ResourceType) -> Option<TypeStatus> {
+        self.stream.watches.get(&ty).map(|w| w.status.clone())
+    }
+
+    fn handles(&self) -> (Arc<XdsServer>, Arc<Connection>) {
+        (self.server.clone(), self.conn.clone())
     }
 }
 

@@ -28,7 +28,7 @@ use envoy_types::util::pack_any;
 
 use super::cds::{inbound_cluster, INBOUND_PASSTHROUGH, PASSTHROUGH};
 use super::rds::{grpc_route_name, inbound_route};
-use super::{ads, outbound_cluster, socket, tls, Generation};
+use super::{ads, grpc_target, outbound_cluster, socket, tls, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -96,9 +96,7 @@ fn port_listener_name(port: u16) -> String {
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if g.proxy.generator == Generator::Grpc {
-        let (host, port) = name.rsplit_once(':')?;
-        let port: u16 = port.parse().ok()?;
-        g.mesh.services.get(host)?.port(port)?;
+        grpc_target(g, name)?;
         return g.cache.get_or_build(
             ResourceType::Listener,
             name,

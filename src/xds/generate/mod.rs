@@ -303,6 +303,15 @@ pub fn parse_sni_cluster(name: &str) -> Option<(u16, &str)> {
     Some((port.parse().ok()?, host))
 }
 
+/// `<hostname>:<port>`, the name a proxyless gRPC client gives its listener and route, when that
+/// service port exists.
+fn grpc_target<'n>(generation: &Generation<'_>, name: &'n str) -> Option<(&'n str, u16)> {
+    let (host, port) = name.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    generation.mesh.services.get(host)?.port(port)?;
+    Some((host, port))
+}
+
 /// The service and port an outbound cluster name points at.
 fn outbound_target(generation: &Generation<'_>, name: &str) -> Option<(Arc<Service>, u16)> {
     let (port, host) = parse_outbound(name)?;

@@ -12,7 +12,7 @@ use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 
 use super::cds::PASSTHROUGH;
 use super::lds::vips_for;
-use super::{outbound_cluster, Generation};
+use super::{grpc_target, outbound_cluster, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -24,9 +24,7 @@ pub fn grpc_route_name(host: &str, port: u16) -> String {
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if g.proxy.generator == Generator::Grpc {
-        let (host, port) = name.rsplit_once(':')?;
-        let port: u16 = port.parse().ok()?;
-        g.mesh.services.get(host)?.port(port)?;
+        let (host, port) = grpc_target(g, name)?;
         return g.cache.get_or_build(
             ResourceType::Route,
             name,
