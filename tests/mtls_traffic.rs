@@ -81,49 +81,9 @@ async fn http_between_two_sidecars_travels_over_mutual_tls() {
     );
     client_ns.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
     // Istio-style capture: the client app's outbound TCP to 15001, the server's inbound to 15006.
-    client_ns.run(
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-m",
-            "owner",
-            "--uid-owner",
-            APP_UID,
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15001",
-        ],
-    );
-    server_ns.run(
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-i",
-            "data",
-            "-p",
-            "tcp",
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15006",
-        ],
-    );
-    server_ns.spawn(
-        "python3",
-        &[
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py"),
-            "8080",
-        ],
-    );
+    client_ns.capture_outbound(APP_UID);
+    server_ns.capture_inbound("data");
+    server_ns.serve_http_echo(8080);
 
     let dir = tempfile::tempdir().unwrap();
     let cluster = dir.path().join("clusters/c1");

@@ -114,49 +114,9 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         "10.214.2.2/24",
     );
     client_ns.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
-    client_ns.run(
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "-m",
-            "owner",
-            "--uid-owner",
-            APP_UID,
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15001",
-        ],
-    );
-    server_ns.run(
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-i",
-            "data",
-            "-p",
-            "tcp",
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15006",
-        ],
-    );
-    server_ns.spawn(
-        "python3",
-        &[
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py"),
-            "8080",
-        ],
-    );
+    client_ns.capture_outbound(APP_UID);
+    server_ns.capture_inbound("data");
+    server_ns.serve_http_echo(8080);
 
     let dir = tempfile::tempdir().unwrap();
     for (cluster, manifests) in [("east", EAST.to_string()), ("west", west())] {

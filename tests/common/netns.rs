@@ -104,3 +104,50 @@ pub fn link(a: Option<&Netns>, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, 
     place(Some(b), &tmp_b, b_if, b_cidr);
     place(a, &tmp_a, a_if, a_cidr);
 }
+
+impl Netns {
+    /// Istio-style outbound capture: TCP the application (running as `uid`) opens goes to the
+    /// sidecar's 15001. Envoy runs as another user, so its own traffic is not captured.
+    pub fn capture_outbound(&self, uid: &str) {
+        let rule = [
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-m",
+            "owner",
+            "--uid-owner",
+            uid,
+        ];
+        self.run(
+            "iptables",
+            &[&rule[..], &["-j", "REDIRECT", "--to-ports", "15001"]].concat(),
+        );
+    }
+
+    /// Istio-style inbound capture: TCP arriving on `interface` goes to the sidecar's 15006.
+    pub fn capture_inbound(&self, interface: &str) {
+        let rule = [
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-i",
+            interface,
+            "-p",
+            "tcp",
+        ];
+        self.run(
+            "iptables",
+            &[&rule[..], &["-j", "REDIRECT", "--to-ports", "15006"]].concat(),
+        );
+    }
+
+    /// The HTTP echo peer on `port`, for as long as the namespace lives.
+    pub fn serve_http_echo(&mut self, port: u16) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py");
+        self.spawn("python3", &[script, &port.to_string()]);
+    }
+}
