@@ -94,7 +94,7 @@ type ShardView = BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<Endpoint
 
 async fn endpoint_shardz(State(state): State<Arc<AdminState>>) -> Json<ShardView> {
     let mut view = ShardView::new();
-    for (key, shards) in state.aggregate.mesh().endpoints.snapshot() {
+    for (key, shards) in state.aggregate.mesh().snapshot().endpoints.sorted() {
         let by_cluster = view
             .entry(key.hostname.to_string())
             .or_default()
@@ -116,10 +116,10 @@ async fn syncz(State(state): State<Arc<AdminState>>) -> Json<Vec<SyncView>> {
 
 /// MeshNetworks in force, the gateways of every network, and the file's current error.
 async fn networkz(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {
-    let mesh = state.aggregate.mesh();
+    let mesh = state.aggregate.mesh().snapshot();
     Json(serde_json::json!({
-        "meshNetworks": *mesh.mesh_networks(),
-        "gateways": *mesh.gateways(),
+        "meshNetworks": *mesh.networks,
+        "gateways": *mesh.gateways,
         "last_error": *state.networks_error.lock(),
     }))
 }

@@ -145,14 +145,11 @@ impl Aggregate {
         for cluster in self.clusters() {
             cluster.resync();
         }
-        if self.mesh.refresh_gateways() {
-            let services = self
-                .mesh
-                .endpoints
-                .snapshot()
-                .into_iter()
-                .map(|(k, _)| k.hostname)
-                .collect();
+        let gateways_moved = self.mesh.write(|mesh| {
+            mesh.refresh_gateways()
+                .then(|| mesh.endpoints.hostnames().cloned().collect())
+        });
+        if let Some(services) = gateways_moved {
             // The receiver lives as long as the server; a send error only happens at shutdown.
             let _ = self.changes.send(Change {
                 full: false,
@@ -168,7 +165,7 @@ impl Aggregate {
             .iter()
             .map(|c| c.id().clone())
             .collect();
-        let changed = self.mesh.services.set_order(order);
+        let changed = self.mesh.write(|mesh| mesh.services.set_order(order));
         if !changed.is_empty() {
             let change = Change {
                 full: true,

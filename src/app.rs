@@ -154,7 +154,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let xds = XdsServer::new(
         aggregate.mesh().clone(),
         ready.clone(),
-        args.push_concurrency,
+        args.xds_options(),
         metrics.xds(),
     );
     let mut tasks = Vec::new();

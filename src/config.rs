@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::model::MeshNaming;
 use crate::sources::kubeconfig::InsecureOptions;
+use crate::xds::server::XdsOptions;
 
 #[derive(Debug, Clone, Args)]
 pub struct DiscoveryArgs {
@@ -112,6 +113,14 @@ pub struct DiscoveryArgs {
     /// Proxies pushed to at once.
     #[arg(long, env = "MESHPILOT_PUSH_CONCURRENCY", default_value_t = 64)]
     pub push_concurrency: usize,
+
+    /// A proxy that reads none of a response for this long loses its stream (it reconnects).
+    #[arg(long, env = "MESHPILOT_XDS_SEND_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub xds_send_timeout: Duration,
+
+    /// An xDS stream that sends no request for this long after opening is closed.
+    #[arg(long, env = "MESHPILOT_XDS_FIRST_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub xds_first_request_timeout: Duration,
 }
 
 impl DiscoveryArgs {
@@ -124,6 +133,14 @@ impl DiscoveryArgs {
             .collect();
         names.extend(self.xds_dns_names.iter().filter(|n| !n.is_empty()).cloned());
         names
+    }
+
+    pub fn xds_options(&self) -> XdsOptions {
+        XdsOptions {
+            push_concurrency: self.push_concurrency,
+            send_timeout: self.xds_send_timeout,
+            first_request_timeout: self.xds_first_request_timeout,
+        }
     }
 
     pub fn naming(&self) -> MeshNaming {

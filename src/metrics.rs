@@ -47,6 +47,8 @@ pub struct XdsMetrics {
     pub connections: Gauge,
     pushes: Family<Labels, Counter>,
     nacks: Family<Labels, Counter>,
+    stream_panics: Counter,
+    send_timeouts: Counter,
     /// The push counter of each type, looked up once: counting a push is one atomic add.
     push_counters: Vec<Counter>,
 }
@@ -73,6 +75,14 @@ impl XdsMetrics {
         if let Some(counter) = self.push_counters.get(ty.index()) {
             counter.inc();
         }
+    }
+
+    pub fn stream_panicked(&self) {
+        self.stream_panics.inc();
+    }
+
+    pub fn send_timed_out(&self) {
+        self.send_timeouts.inc();
     }
 
     pub fn nacked(&self, ty: ResourceType) {
@@ -131,6 +141,16 @@ impl Metrics {
             "xDS responses rejected by proxies, by type",
             xds.nacks.clone(),
         );
+        registry.register(
+            "xds_stream_panics",
+            "xDS stream tasks that panicked (their streams were closed)",
+            xds.stream_panics.clone(),
+        );
+        registry.register(
+            "xds_send_timeouts",
+            "xDS streams closed because the proxy stopped reading",
+            xds.send_timeouts.clone(),
+        );
         let remote = RemoteMetrics::default();
         registry.register(
             "remote_cluster_sync_timeouts",
@@ -187,7 +207,7 @@ impl Metrics {
                 .set(i64::from(status.last_error.is_some()));
         }
         self.services
-            .set(aggregate.mesh().services.all().len() as i64);
+            .set(aggregate.mesh().snapshot().services.len() as i64);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

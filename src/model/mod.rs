@@ -1,7 +1,7 @@
 //! The mesh model: services, endpoints and the endpoint index, in Istio's shapes.
 //!
-//! Everything a push reads lives here as immutable values behind `Arc`, so a push never holds a
-//! lock while it builds or sends.
+//! Everything a push reads is one immutable [`MeshSnapshot`], published per applied batch, so a push
+//! never holds a lock while it builds or sends and never mixes two versions of the mesh.
 
 mod endpoint;
 mod networks;
@@ -13,62 +13,109 @@ pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
 pub use service::{Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
-pub use shards::{EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
+pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
-/// The served state every registry writes and every push reads.
-#[derive(Debug, Default)]
+/// The served state: registries write it in batches, every push reads one published snapshot.
 pub struct Mesh {
     pub naming: MeshNaming,
-    pub services: ServiceTable,
-    pub endpoints: EndpointIndex,
-    networks: RwLock<Arc<MeshNetworks>>,
-    gateways: RwLock<Arc<Gateways>>,
-    gateways_version: AtomicU64,
+    /// Serializes writers: each batch is applied to a copy of the published snapshot and published
+    /// whole, so readers never see half a batch.
+    writer: Mutex<()>,
+    published: ArcSwap<MeshSnapshot>,
+}
+
+impl Default for Mesh {
+    fn default() -> Self {
+        Self::new(MeshNaming::default())
+    }
+}
+
+impl fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mesh")
+            .field("version", &self.snapshot().version)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Mesh {
     pub fn new(naming: MeshNaming) -> Self {
         Self {
             naming,
-            ..Default::default()
+            writer: Mutex::new(()),
+            published: ArcSwap::from_pointee(MeshSnapshot::default()),
         }
     }
 
-    pub fn mesh_networks(&self) -> Arc<MeshNetworks> {
-        self.networks.read().clone()
+    /// The current snapshot: consistent, immutable, cheap to hold.
+    pub fn snapshot(&self) -> Arc<MeshSnapshot> {
+        self.published.load_full()
     }
 
+    /// Applies one batch of writes to a copy of the current snapshot and publishes the result. Keep
+    /// `apply` cheap (conversion and sorting belong before it): writers wait for each other here.
+    pub fn write<R>(&self, apply: impl FnOnce(&mut MeshSnapshot) -> R) -> R {
+        let _writer = self.writer.lock();
+        let mut next = MeshSnapshot::clone(&self.published.load());
+        let out = apply(&mut next);
+        next.version += 1;
+        next.version_text = next.version.to_string().into();
+        self.published.store(Arc::new(next));
+        out
+    }
+}
+
+/// One consistent view of the mesh, as istiod's PushContext: every response of a push is built from
+/// one snapshot, and caches are keyed by its versions. Copies share structure (persistent maps).
+#[derive(Clone, Debug)]
+pub struct MeshSnapshot {
+    /// Bumped on every published batch; sent as the xDS version.
+    pub version: u64,
+    pub version_text: Arc<str>,
+    pub services: ServiceTable,
+    pub endpoints: EndpointIndex,
+    pub networks: Arc<MeshNetworks>,
+    pub gateways: Arc<Gateways>,
+    /// Bumped whenever the gateway set changes; keys cached EDS.
+    pub gateways_version: u64,
+}
+
+impl Default for MeshSnapshot {
+    fn default() -> Self {
+        Self {
+            version: 0,
+            version_text: "0".into(),
+            services: ServiceTable::default(),
+            endpoints: EndpointIndex::default(),
+            networks: Arc::default(),
+            gateways: Arc::default(),
+            gateways_version: 0,
+        }
+    }
+}
+
+impl MeshSnapshot {
     /// Replaces the MeshNetworks config; returns whether it differs. Callers re-derive endpoints.
-    pub fn set_mesh_networks(&self, networks: MeshNetworks) -> bool {
-        let mut current = self.networks.write();
-        if **current == networks {
+    pub fn set_mesh_networks(&mut self, networks: MeshNetworks) -> bool {
+        if *self.networks == networks {
             return false;
         }
-        *current = Arc::new(networks);
+        self.networks = Arc::new(networks);
         true
-    }
-
-    pub fn gateways(&self) -> Arc<Gateways> {
-        self.gateways.read().clone()
-    }
-
-    /// Bumped whenever the gateway set changes; keys cached EDS.
-    pub fn gateways_version(&self) -> u64 {
-        self.gateways_version.load(Ordering::Acquire)
     }
 
     /// Rebuilds the gateway set from MeshNetworks and the Services labelled as gateways; returns
     /// whether it changed.
-    pub fn refresh_gateways(&self) -> bool {
-        let networks = self.mesh_networks();
-        let registry_names: Vec<&str> = networks
+    pub fn refresh_gateways(&mut self) -> bool {
+        let registry_names: Vec<&str> = self
+            .networks
             .networks
             .values()
             .flat_map(|n| {
@@ -80,13 +127,12 @@ impl Mesh {
         let candidates = self.services.definitions(|s| {
             s.labels.contains_key(LABEL_NETWORK) || registry_names.contains(&&*s.hostname)
         });
-        let next = Gateways::build(&networks, &candidates);
-        let mut current = self.gateways.write();
-        if **current == next {
+        let next = Gateways::build(&self.networks, &candidates);
+        if *self.gateways == next {
             return false;
         }
-        *current = Arc::new(next);
-        self.gateways_version.fetch_add(1, Ordering::AcqRel);
+        self.gateways = Arc::new(next);
+        self.gateways_version += 1;
         true
     }
 }

@@ -1,27 +1,22 @@
 //! The merged service table: one Service per hostname across every cluster.
 //!
 //! Istio's aggregate rule: the definition of the first cluster (in registry order) wins, and every
-//! cluster's VIPs are kept under its cluster id.
+//! cluster's VIPs are kept under its cluster id. A value type: the mesh writer changes its copy and
+//! publishes it in a snapshot; persistent maps make each copy cost O(1).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use super::{ClusterId, Hostname, Service};
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ServiceTable {
-    inner: RwLock<Inner>,
-    version: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
     /// Registry order: the config cluster first.
-    order: Vec<ClusterId>,
-    hosts: HashMap<Hostname, HostEntry>,
+    order: Arc<[ClusterId]>,
+    hosts: imbl::HashMap<Hostname, Arc<HostEntry>>,
+    version: u64,
+    /// Every merged service sorted by hostname, computed at most once per version.
+    sorted: Arc<OnceLock<Arc<[Arc<Service>]>>>,
 }
 
 #[derive(Debug)]
@@ -30,7 +25,7 @@ struct HostEntry {
     merged: Arc<Service>,
 }
 
-impl Inner {
+impl ServiceTable {
     fn rank(&self, cluster: &ClusterId) -> usize {
         self.order
             .iter()
@@ -52,52 +47,52 @@ impl Inner {
     /// Recomputes a host's merged service; returns whether the published one changed.
     fn remerge(&mut self, host: &Hostname, per_cluster: BTreeMap<ClusterId, Arc<Service>>) -> bool {
         let Some(merged) = self.merge(&per_cluster) else {
-            return self.hosts.remove(host).is_some();
+            let removed = self.hosts.remove(host).is_some();
+            self.bump(removed);
+            return removed;
         };
-        let changed = self.hosts.get(host).is_none_or(|e| *e.merged != merged);
-        let merged = if changed {
-            Arc::new(merged)
-        } else {
-            self.hosts[host].merged.clone()
+        let current = self.hosts.get(host).map(|e| e.merged.clone());
+        let changed = current.as_ref().is_none_or(|c| **c != merged);
+        let merged = match current {
+            Some(c) if !changed => c,
+            _ => Arc::new(merged),
         };
         self.hosts.insert(
             host.clone(),
-            HostEntry {
+            Arc::new(HostEntry {
                 per_cluster,
                 merged,
-            },
+            }),
         );
+        self.bump(changed);
         changed
     }
-}
 
-impl ServiceTable {
-    pub fn new() -> Self {
-        Self::default()
+    fn bump(&mut self, changed: bool) {
+        if changed {
+            self.version += 1;
+            self.sorted = Arc::default();
+        }
     }
 
     /// Sets the registry order used to pick each host's definition; re-merges every host.
-    pub fn set_order(&self, order: Vec<ClusterId>) -> Vec<Hostname> {
-        let mut inner = self.inner.write();
-        inner.order = order;
-        let hosts: Vec<_> = inner
+    pub fn set_order(&mut self, order: Vec<ClusterId>) -> Vec<Hostname> {
+        self.order = order.into();
+        let hosts: Vec<_> = self
             .hosts
             .iter()
             .map(|(h, e)| (h.clone(), e.per_cluster.clone()))
             .collect();
-        let changed: Vec<_> = hosts
+        hosts
             .into_iter()
-            .filter_map(|(h, per)| inner.remerge(&h, per).then_some(h))
-            .collect();
-        self.bump(!changed.is_empty());
-        changed
+            .filter_map(|(h, per)| self.remerge(&h, per).then_some(h))
+            .collect()
     }
 
     /// Sets one cluster's definition of a service; returns whether the merged service changed.
-    pub fn upsert(&self, cluster: &ClusterId, service: Service) -> bool {
+    pub fn upsert(&mut self, cluster: &ClusterId, service: Service) -> bool {
         let host = service.hostname.clone();
-        let mut inner = self.inner.write();
-        let mut per = inner
+        let mut per = self
             .hosts
             .get(&host)
             .map(|e| e.per_cluster.clone())
@@ -106,15 +101,12 @@ impl ServiceTable {
             return false;
         }
         per.insert(cluster.clone(), Arc::new(service));
-        let changed = inner.remerge(&host, per);
-        self.bump(changed);
-        changed
+        self.remerge(&host, per)
     }
 
     /// Removes one cluster's definition of a service; returns whether the merged service changed.
-    pub fn remove(&self, cluster: &ClusterId, host: &Hostname) -> bool {
-        let mut inner = self.inner.write();
-        let Some(entry) = inner.hosts.get(host) else {
+    pub fn remove(&mut self, cluster: &ClusterId, host: &Hostname) -> bool {
+        let Some(entry) = self.hosts.get(host) else {
             return false;
         };
         if !entry.per_cluster.contains_key(cluster) {
@@ -122,15 +114,12 @@ impl ServiceTable {
         }
         let mut per = entry.per_cluster.clone();
         per.remove(cluster);
-        let changed = inner.remerge(host, per);
-        self.bump(changed);
-        changed
+        self.remerge(host, per)
     }
 
     /// Removes every definition a cluster contributed; returns the hosts whose merged service changed.
-    pub fn remove_cluster(&self, cluster: &ClusterId) -> Vec<Hostname> {
-        let mut inner = self.inner.write();
-        let hosts: Vec<_> = inner
+    pub fn remove_cluster(&mut self, cluster: &ClusterId) -> Vec<Hostname> {
+        let hosts: Vec<_> = self
             .hosts
             .iter()
             .filter(|(_, e)| e.per_cluster.contains_key(cluster))
@@ -140,36 +129,38 @@ impl ServiceTable {
                 (h.clone(), per)
             })
             .collect();
-        let changed: Vec<_> = hosts
+        hosts
             .into_iter()
-            .filter_map(|(h, per)| inner.remerge(&h, per).then_some(h))
-            .collect();
-        self.bump(!changed.is_empty());
-        changed
+            .filter_map(|(h, per)| self.remerge(&h, per).then_some(h))
+            .collect()
     }
 
-    pub fn get(&self, host: &str) -> Option<Arc<Service>> {
-        self.inner.read().hosts.get(host).map(|e| e.merged.clone())
+    pub fn get(&self, host: &str) -> Option<&Arc<Service>> {
+        self.hosts.get(host).map(|e| &e.merged)
     }
 
     /// Every merged service, sorted by hostname.
-    pub fn all(&self) -> Vec<Arc<Service>> {
-        let mut all: Vec<_> = self
-            .inner
-            .read()
-            .hosts
-            .values()
-            .map(|e| e.merged.clone())
-            .collect();
-        all.sort_by(|a, b| a.hostname.cmp(&b.hostname));
-        all
+    pub fn all(&self) -> Arc<[Arc<Service>]> {
+        self.sorted
+            .get_or_init(|| {
+                let mut all: Vec<_> = self.hosts.values().map(|e| e.merged.clone()).collect();
+                all.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+                all.into()
+            })
+            .clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
     }
 
     /// Every cluster's own definition of the services `wanted` picks.
     pub fn definitions(&self, wanted: impl Fn(&Service) -> bool) -> Vec<(ClusterId, Arc<Service>)> {
-        let inner = self.inner.read();
-        inner
-            .hosts
+        self.hosts
             .values()
             .flat_map(|e| e.per_cluster.iter())
             .filter(|(_, s)| wanted(s))
@@ -179,13 +170,7 @@ impl ServiceTable {
 
     /// Bumped on every change of any merged service.
     pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
-    }
-
-    fn bump(&self, changed: bool) {
-        if changed {
-            self.version.fetch_add(1, Ordering::AcqRel);
-        }
+        self.version
     }
 }
 
@@ -214,7 +199,7 @@ mod tests {
 
     #[test]
     fn first_cluster_definition_wins_and_every_vip_is_kept() {
-        let table = ServiceTable::new();
+        let mut table = ServiceTable::default();
         table.set_order(vec![ClusterId::new("primary"), ClusterId::new("remote")]);
         assert!(table.upsert(&ClusterId::new("remote"), svc("remote", "10.2.0.1", 9090)));
         assert!(table.upsert(&ClusterId::new("primary"), svc("primary", "10.1.0.1", 80)));
@@ -232,27 +217,40 @@ mod tests {
 
     #[test]
     fn removing_a_cluster_falls_back_to_the_next_definition() {
-        let table = ServiceTable::new();
+        let mut table = ServiceTable::default();
         table.set_order(vec![ClusterId::new("a"), ClusterId::new("b")]);
         table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80));
         table.upsert(&ClusterId::new("b"), svc("b", "10.2.0.1", 8080));
         let v = table.version();
         assert_eq!(table.remove_cluster(&ClusterId::new("a")).len(), 1);
         assert!(table.version() > v);
-        let merged = table.get("web.shop.svc.cluster.local").unwrap();
+        let merged = table.get("web.shop.svc.cluster.local").unwrap().clone();
         assert_eq!(merged.ports[0].port, 8080);
         assert_eq!(merged.cluster_vips.len(), 1);
         assert!(table.remove(&ClusterId::new("b"), &merged.hostname));
         assert!(table.get("web.shop.svc.cluster.local").is_none());
+        assert!(table.all().is_empty());
     }
 
     #[test]
     fn unchanged_definition_is_not_a_change() {
-        let table = ServiceTable::new();
+        let mut table = ServiceTable::default();
         table.set_order(vec![ClusterId::new("a")]);
         assert!(table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80)));
         let v = table.version();
         assert!(!table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80)));
         assert_eq!(table.version(), v);
+    }
+
+    #[test]
+    fn a_copy_is_unaffected_by_later_writes() {
+        let mut table = ServiceTable::default();
+        table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 80));
+        let published = table.clone();
+        assert_eq!(published.all().len(), 1);
+        table.upsert(&ClusterId::new("a"), svc("a", "10.1.0.1", 81));
+        assert_eq!(published.all()[0].ports[0].port, 80);
+        assert_eq!(table.all()[0].ports[0].port, 81);
+        assert!(table.version() > published.version());
     }
 }

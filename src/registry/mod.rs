@@ -19,7 +19,10 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
-use crate::model::{Change, ClusterId, Mesh, MeshNetworks, PushNeed, ServiceKey, ShardKey};
+use crate::model::{
+    canonical, Change, ClusterId, Endpoint, Mesh, MeshNaming, MeshNetworks, MeshSnapshot, PushNeed,
+    Service, ServiceKey, ShardKey,
+};
 use convert::EndpointContext;
 pub use convert::NsName;
 use objects::{
@@ -137,7 +140,7 @@ impl ClusterRegistry {
     }
 
     pub fn endpoint_count(&self) -> usize {
-        self.mesh.endpoints.count_endpoints(&self.shard)
+        self.mesh.snapshot().endpoints.count_endpoints(&self.shard)
     }
 
     /// Applies a batch of object changes and publishes what they mean for the mesh.
@@ -171,31 +174,73 @@ impl ClusterRegistry {
         }
     }
 
-    /// Writes these services to the mesh and emits what changed; the store stays locked throughout so
-    /// the registry's writes keep their order.
+    /// Writes these services to the mesh as one snapshot and emits what changed. Conversion happens
+    /// first, outside the mesh's writer lock; the store stays locked throughout so the registry's
+    /// writes keep their order.
     fn publish(
         &self,
         store: parking_lot::MutexGuard<'_, Store>,
         services: impl IntoIterator<Item = NsName>,
         definitions_changed: bool,
     ) {
-        let networks = self.mesh.mesh_networks();
-        let mut change = Change::default();
-        for (namespace, name) in services {
-            self.publish_service(&store, &networks, &namespace, &name, &mut change);
-        }
+        let networks = self.mesh.snapshot().networks.clone();
+        let updates: Vec<ServiceUpdate> = services
+            .into_iter()
+            .map(|(namespace, name)| self.service_update(&store, &networks, &namespace, &name))
+            .collect();
+        let change = self.mesh.write(|mesh| {
+            let mut change = Change::default();
+            for update in updates {
+                update.apply(&self.id, &self.shard, mesh, &mut change);
+            }
+            // A Service labelled as a network's gateway may have come, moved or gone.
+            if definitions_changed && mesh.refresh_gateways() {
+                change.services.extend(mesh.endpoints.hostnames().cloned());
+            }
+            change
+        });
         drop(store);
-        // A Service labelled as a network's gateway may have come, moved or gone.
-        if definitions_changed && self.mesh.refresh_gateways() {
-            change.services.extend(
-                self.mesh
-                    .endpoints
-                    .snapshot()
-                    .into_iter()
-                    .map(|(k, _)| k.hostname),
-            );
-        }
         self.emit(change);
+    }
+
+    /// What one of this cluster's services now is: its definition and its shard of endpoints.
+    fn service_update(
+        &self,
+        store: &Store,
+        networks: &MeshNetworks,
+        namespace: &str,
+        name: &str,
+    ) -> ServiceUpdate {
+        let naming = &self.mesh.naming;
+        let ns_name = (namespace.to_string(), name.to_string());
+        let key = ServiceKey {
+            hostname: naming.hostname(name, namespace),
+            namespace: Arc::from(namespace),
+        };
+        let definition = store
+            .services
+            .get(&ns_name)
+            .map(|obj| convert::service(obj, &self.id, naming));
+        let endpoints = match store.slices_by_service.get(&ns_name) {
+            Some(slices) if !slices.is_empty() => {
+                let mut endpoints = Vec::new();
+                let ctx = store.endpoint_context(&self.id, naming, networks);
+                for slice in slices
+                    .iter()
+                    .filter_map(|s| store.slices.get(&(namespace.to_string(), s.clone())))
+                {
+                    ctx.slice_endpoints(slice, &mut endpoints);
+                }
+                Some(canonical(endpoints))
+            }
+            _ if definition.is_some() => Some(canonical(Vec::new())),
+            _ => None,
+        };
+        ServiceUpdate {
+            key,
+            definition,
+            endpoints,
+        }
     }
 
     /// Stops this registry from ever writing the mesh again; returns the services it served.
@@ -222,64 +267,21 @@ impl ClusterRegistry {
             mode: Mode::Retired,
             ..Default::default()
         };
-        let mut change = Change {
-            full: true,
-            ..Default::default()
-        };
-        change
-            .services
-            .extend(self.mesh.services.remove_cluster(&self.id));
-        let removed = self.mesh.endpoints.delete_cluster(&self.shard);
-        change
-            .services
-            .extend(removed.into_iter().map(|k| k.hostname));
+        let change = self.mesh.write(|mesh| {
+            let mut change = Change {
+                full: true,
+                ..Default::default()
+            };
+            change
+                .services
+                .extend(mesh.services.remove_cluster(&self.id));
+            let removed = mesh.endpoints.delete_cluster(&self.shard);
+            change
+                .services
+                .extend(removed.into_iter().map(|k| k.hostname));
+            change
+        });
         self.emit(change);
-    }
-
-    fn publish_service(
-        &self,
-        store: &Store,
-        networks: &MeshNetworks,
-        namespace: &str,
-        name: &str,
-        change: &mut Change,
-    ) {
-        let mesh = &self.mesh;
-        let ns_name = (namespace.to_string(), name.to_string());
-        let key = ServiceKey {
-            hostname: mesh.naming.hostname(name, namespace),
-            namespace: Arc::from(namespace),
-        };
-        let defined = match store.services.get(&ns_name) {
-            Some(obj) => {
-                let svc = convert::service(obj, &self.id, &mesh.naming);
-                mesh.services.upsert(&self.id, svc)
-            }
-            None => mesh.services.remove(&self.id, &key.hostname),
-        };
-        let need = match store.slices_by_service.get(&ns_name) {
-            Some(slices) if !slices.is_empty() => {
-                let mut endpoints = Vec::new();
-                let ctx = store.endpoint_context(&self.id, mesh, networks);
-                for slice in slices
-                    .iter()
-                    .filter_map(|s| store.slices.get(&(namespace.to_string(), s.clone())))
-                {
-                    ctx.slice_endpoints(slice, &mut endpoints);
-                }
-                mesh.endpoints.update(&key, &self.shard, endpoints)
-            }
-            _ if store.services.contains_key(&ns_name) => {
-                mesh.endpoints.update(&key, &self.shard, Vec::new())
-            }
-            _ => mesh.endpoints.delete_service_shard(&key, &self.shard),
-        };
-        if defined || need == PushNeed::Full {
-            change.full = true;
-        }
-        if defined || need != PushNeed::None {
-            change.services.insert(key.hostname);
-        }
     }
 
     fn emit(&self, change: Change) {
@@ -289,6 +291,40 @@ impl ClusterRegistry {
         debug!(cluster = %self.id, full = change.full, services = change.services.len(), "registry change");
         if self.changes.send(change).is_err() {
             warn!(cluster = %self.id, "change stream closed; change dropped");
+        }
+    }
+}
+
+/// One service of a cluster as the registry now sees it, ready to be written to the mesh.
+struct ServiceUpdate {
+    key: ServiceKey,
+    /// The cluster's definition; None when the cluster has no Service object for it.
+    definition: Option<Service>,
+    /// The cluster's shard (possibly empty while the Service exists); None removes the shard.
+    endpoints: Option<Arc<[Endpoint]>>,
+}
+
+impl ServiceUpdate {
+    fn apply(
+        self,
+        cluster: &ClusterId,
+        shard: &ShardKey,
+        mesh: &mut MeshSnapshot,
+        change: &mut Change,
+    ) {
+        let defined = match self.definition {
+            Some(svc) => mesh.services.upsert(cluster, svc),
+            None => mesh.services.remove(cluster, &self.key.hostname),
+        };
+        let need = match self.endpoints {
+            Some(eps) => mesh.endpoints.update(&self.key, shard, eps),
+            None => mesh.endpoints.delete_service_shard(&self.key, shard),
+        };
+        if defined || need == PushNeed::Full {
+            change.full = true;
+        }
+        if defined || need != PushNeed::None {
+            change.services.insert(self.key.hostname);
         }
     }
 }
@@ -534,16 +570,16 @@ impl Store {
     fn endpoint_context<'a>(
         &'a self,
         cluster: &'a ClusterId,
-        mesh: &'a Mesh,
+        naming: &'a MeshNaming,
         networks: &'a MeshNetworks,
     ) -> EndpointContext<'a> {
         let labelled = self
             .namespaces
-            .get(&mesh.naming.system_namespace)
+            .get(&naming.system_namespace)
             .and_then(|ns| ns.network.as_deref());
         EndpointContext {
             cluster,
-            naming: &mesh.naming,
+            naming,
             pods: &self.pods,
             pods_by_ip: &self.pods_by_ip,
             nodes: &self.nodes,
@@ -602,6 +638,7 @@ mod tests {
             namespace: "shop".into(),
         };
         reg.mesh
+            .snapshot()
             .endpoints
             .get(&key)
             .map(|s| s.endpoints().cloned().collect())
@@ -675,7 +712,7 @@ endpoints:
         assert_eq!(unready.health, Health::Unhealthy);
         assert_eq!(unready.tls_mode, TlsMode::Disabled);
         assert!(unready.service_account.is_empty());
-        let svc = reg.mesh.services.get(HOST).unwrap();
+        let svc = reg.mesh.snapshot().services.get(HOST).cloned().unwrap();
         assert_eq!(
             svc.cluster_vips[&ClusterId::new("c1")][0].to_string(),
             "10.0.0.10"
@@ -748,14 +785,14 @@ endpoints:
         };
         reg.apply([ObjectChange::Delete(slice_key)]);
         assert!(endpoints(&reg).is_empty());
-        assert!(reg.mesh.services.get(HOST).is_some());
+        assert!(reg.mesh.snapshot().services.get(HOST).cloned().is_some());
         let svc_key = ObjectKey {
             kind: Kind::Service,
             namespace: "shop".into(),
             name: "web".into(),
         };
         reg.apply([ObjectChange::Delete(svc_key)]);
-        assert!(reg.mesh.services.get(HOST).is_none());
+        assert!(reg.mesh.snapshot().services.get(HOST).cloned().is_none());
         assert_eq!(reg.service_count(), 0);
     }
 
@@ -807,7 +844,14 @@ endpoints:
         let served = old.retire();
         apply(&old, &SERVICE.replace("port: 80", "port: 99"));
         assert_eq!(
-            old.mesh.services.get(HOST).unwrap().ports[0].port,
+            old.mesh
+                .snapshot()
+                .services
+                .get(HOST)
+                .cloned()
+                .unwrap()
+                .ports[0]
+                .port,
             80,
             "retired registries write nothing"
         );
@@ -819,6 +863,7 @@ endpoints:
         assert_eq!(addrs, ["10.1.0.2", "10.1.0.9"]);
         assert!(new
             .mesh
+            .snapshot()
             .services
             .get("gone.shop.svc.cluster.local")
             .is_none());
@@ -836,7 +881,7 @@ endpoints:
         while rx.try_recv().is_ok() {}
         reg.clear();
         assert!(endpoints(&reg).is_empty());
-        assert!(reg.mesh.services.get(HOST).is_none());
+        assert!(reg.mesh.snapshot().services.get(HOST).cloned().is_none());
         let change = rx.try_recv().unwrap();
         assert!(change.full && change.services.contains(HOST));
     }

@@ -207,7 +207,7 @@ where
                 Event::InitDone => {
                     let (mut changes, keys) = relist.take().unwrap_or_default();
                     changes.extend(known.difference(&keys).cloned().map(ObjectChange::Delete));
-                    registry.apply(changes);
+                    apply_off_worker(&registry, changes).await;
                     known = keys;
                     if !listed_once {
                         listed_once = true;
@@ -217,16 +217,26 @@ where
                 Event::Apply(object) => {
                     let (key, change) = convert(&registry, kind, &object, trim);
                     known.insert(key);
-                    registry.apply([change]);
+                    apply_off_worker(&registry, vec![change]).await;
                 }
                 Event::Delete(object) => {
                     let key = key_of(kind, &object);
                     known.remove(&key);
-                    registry.apply([ObjectChange::Delete(key)]);
+                    apply_off_worker(&registry, vec![ObjectChange::Delete(key)]).await;
                 }
             }
         }
     })
+}
+
+/// Applies a batch on the blocking pool: a relist of thousands of objects takes milliseconds that the
+/// async workers serving proxies should not spend. Awaited, so a kind's events stay in order.
+async fn apply_off_worker(registry: &Arc<ClusterRegistry>, changes: Vec<ObjectChange>) {
+    let registry = registry.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || registry.apply(changes)).await {
+        // Only a panic inside apply gets here; surface it rather than lose it silently.
+        warn!(error = %e, "registry apply failed");
+    }
 }
 
 /// Retry delays of a broken watch: 100 ms doubling to 5 s, reset by the next event. Quicker than

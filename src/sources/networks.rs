@@ -49,7 +49,9 @@ fn read(path: &Path) -> Result<MeshNetworks, NetworksSourceError> {
 pub fn watch(path: &Path, aggregate: Arc<Aggregate>) -> Result<NetworksWatch, NetworksSourceError> {
     let path: PathBuf = path.to_path_buf();
     let initial = read(&path)?;
-    aggregate.mesh().set_mesh_networks(initial);
+    aggregate
+        .mesh()
+        .write(|mesh| mesh.set_mesh_networks(initial));
     aggregate.resync_all();
     let shown = path.display().to_string();
     let watch_error = |source| NetworksSourceError::Watch {
@@ -81,7 +83,10 @@ pub fn watch(path: &Path, aggregate: Arc<Aggregate>) -> Result<NetworksWatch, Ne
                 match read(&path) {
                     Ok(networks) => {
                         *errors.lock() = None;
-                        if aggregate.mesh().set_mesh_networks(networks) {
+                        if aggregate
+                            .mesh()
+                            .write(|mesh| mesh.set_mesh_networks(networks))
+                        {
                             info!(path = %path.display(), "mesh networks changed");
                             aggregate.resync_all();
                         }

@@ -5,4 +5,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod push;
 pub mod server;
+mod session;
+mod stream;
 pub mod wire;

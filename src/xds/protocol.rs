@@ -73,12 +73,17 @@ impl ResourceType {
 /// What the server must do with one request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Send the type's resources (for Delta, `names` limits which were newly asked for).
-    Respond,
+    /// Send the type's resources within this scope (for Delta, the names newly asked for).
+    Respond(Scope),
     /// The client accepted our last response.
     Ack,
-    /// The client rejected our last response; it keeps its previous config. Nothing is resent.
-    Nack(String),
+    /// The client rejected our last response and keeps its previous config; the rejected resources
+    /// are sent again when they next change. `then`: names the same request newly asked for, which
+    /// are answered all the same.
+    Nack {
+        message: String,
+        then: Option<Scope>,
+    },
     /// Nothing to do (stale nonce, unsubscribe, ACK without new names).
     Ignore,
 }
@@ -122,11 +127,15 @@ pub struct SotwWatch {
 }
 
 impl SotwWatch {
-    fn set_names(&mut self, names: BTreeSet<String>) {
+    /// Replaces the names asked for; returns whether any is new.
+    fn set_names(&mut self, names: impl IntoIterator<Item = String>) -> bool {
+        let names: BTreeSet<String> = names.into_iter().collect();
+        let grew = names.iter().any(|n| !self.names.contains(n));
         if names != self.names {
             self.names = names;
             self.generation += 1;
         }
+        grew
     }
 }
 
@@ -143,8 +152,9 @@ pub struct SotwStream {
 }
 
 impl SotwStream {
-    /// Istio's rules: a NACK is recorded; a first request or one without nonce is answered; a stale
-    /// nonce is ignored; an ACK is answered only when it asks for names not asked for before.
+    /// Istio's rules: a first request or one without nonce is answered; a stale nonce is ignored; an
+    /// ACK is answered only when it asks for names not asked for before. A NACK is recorded, and the
+    /// names it carries still count: new ones are answered.
     pub fn on_request(
         &mut self,
         ty: ResourceType,
@@ -154,32 +164,33 @@ impl SotwStream {
         error: Option<String>,
     ) -> Action {
         let watch = self.watches.entry(ty).or_default();
-        if let Some(message) = error {
-            if watch.status.sent_nonce.as_deref() == Some(nonce) || nonce.is_empty() {
-                watch.status.last_nack = Some(Arc::from(message.as_str()));
-            }
-            return Action::Nack(message);
-        }
         let first = watch.status.sent_nonce.is_none();
+        let current = nonce.is_empty() || watch.status.sent_nonce.as_deref() == Some(nonce);
+        if let Some(message) = error {
+            if !current {
+                return Action::Ignore;
+            }
+            watch.status.last_nack = Some(Arc::from(message.as_str()));
+            let grew = !watch.wildcard && watch.set_names(names);
+            return Action::Nack {
+                message,
+                then: grew.then_some(Scope::All),
+            };
+        }
         if first || nonce.is_empty() {
             watch.wildcard =
                 ty.wildcard_capable() && (names.is_empty() || names.iter().any(|n| n == "*"));
-            watch.set_names(names.into_iter().filter(|n| n != "*").collect());
-            return Action::Respond;
+            let wildcard = watch.wildcard;
+            watch.set_names(names.into_iter().filter(|n| !(wildcard && n == "*")));
+            return Action::Respond(Scope::All);
         }
-        if watch.status.sent_nonce.as_deref() != Some(nonce) {
+        if !current {
             return Action::Ignore;
         }
         watch.status.acked_version = Some(Arc::from(version));
         watch.status.last_nack = None;
-        if watch.wildcard {
-            return Action::Ack;
-        }
-        let names: BTreeSet<String> = names.into_iter().collect();
-        let grew = names.iter().any(|n| !watch.names.contains(n));
-        watch.set_names(names);
-        if grew {
-            Action::Respond
+        if !watch.wildcard && watch.set_names(names) {
+            Action::Respond(Scope::All)
         } else {
             Action::Ack
         }
@@ -220,10 +231,13 @@ impl DeltaWatch {
 
     /// Given the current resources within `scope`, returns what to send (changed or new to the
     /// client) and which names the client holds that no longer exist; updates what the client holds.
+    /// With `announce_absent`, names of the scope that do not exist are reported removed even if the
+    /// client never held them: the answer to a subscription of a name that does not exist.
     pub fn diff(
         &mut self,
         scope: &Scope,
         current: Vec<Arc<Resource>>,
+        announce_absent: bool,
     ) -> (Vec<Arc<Resource>>, Vec<String>) {
         // One pass: what changed, and how many known names are still present. The client's
         // versions are the cached resources' own `Arc`s, so an unchanged resource is a pointer match.
@@ -258,6 +272,16 @@ impl DeltaWatch {
         for r in &changed {
             self.known.insert(r.name.clone(), r.version.clone());
         }
+        if let (true, Scope::Names(names)) = (announce_absent, scope) {
+            let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
+            let absent: Vec<String> = names
+                .iter()
+                .filter(|n| !present.contains(n.as_str()) && !removed.contains(n))
+                .cloned()
+                .collect();
+            removed.extend(absent);
+            removed.sort();
+        }
         (changed, removed)
     }
 }
@@ -278,34 +302,38 @@ pub struct DeltaRequest<'a> {
 }
 
 impl DeltaStream {
-    /// Returns the action and, for `Respond`, the scope to send: everything on a first request,
-    /// else just the newly subscribed names.
-    pub fn on_request(&mut self, req: DeltaRequest<'_>) -> (Action, Scope) {
+    /// Applies the request's subscription changes (NACK or not), then decides: everything on a first
+    /// request, else the names asked for. A name asked for again is sent again, `"*"` is the wildcard
+    /// only for types that have one (elsewhere it is just a name).
+    pub fn on_request(&mut self, req: DeltaRequest<'_>) -> Action {
         let first = !self.watches.contains_key(&req.ty);
+        let wildcard_capable = req.ty.wildcard_capable();
         let watch = self.watches.entry(req.ty).or_default();
-        if let Some(message) = req.error {
-            watch.status.last_nack = Some(Arc::from(message.as_str()));
-            return (Action::Nack(message), Scope::All);
-        }
         if first {
-            watch.wildcard = req.ty.wildcard_capable() && req.subscribe.is_empty();
+            watch.wildcard = wildcard_capable && req.subscribe.is_empty();
             watch.known = req
                 .initial_versions
                 .into_iter()
                 .map(|(name, version)| (Arc::from(name), Arc::from(version)))
                 .collect();
         }
-        let mut added = BTreeSet::new();
+        let mut requested = BTreeSet::new();
         for name in req.subscribe {
-            if name == "*" {
+            if name == "*" && wildcard_capable {
                 watch.wildcard = true;
-            } else if watch.subscribed.insert(name.clone()) {
-                watch.generation += 1;
-                added.insert(name);
+                continue;
             }
+            if watch.subscribed.insert(name.clone()) {
+                watch.generation += 1;
+            }
+            if !first {
+                // The client asks again for what it may hold: it expects it resent.
+                watch.known.remove(name.as_str());
+            }
+            requested.insert(name);
         }
         for name in req.unsubscribe {
-            if name == "*" {
+            if name == "*" && wildcard_capable {
                 watch.wildcard = false;
             }
             if watch.subscribed.remove(&name) {
@@ -314,18 +342,26 @@ impl DeltaStream {
             // The client drops what it unsubscribes from; re-subscribing must resend it.
             watch.known.remove(name.as_str());
         }
+        let requested = (!requested.is_empty()).then_some(Scope::Names(requested));
+        if let Some(message) = req.error {
+            watch.status.last_nack = Some(Arc::from(message.as_str()));
+            return Action::Nack {
+                message,
+                then: if first { Some(Scope::All) } else { requested },
+            };
+        }
         if first {
-            return (Action::Respond, Scope::All);
+            return Action::Respond(Scope::All);
         }
         let acked = !req.nonce.is_empty() && watch.status.sent_nonce.as_deref() == Some(req.nonce);
         if acked {
             watch.status.acked_version = watch.status.sent_version.clone();
             watch.status.last_nack = None;
         }
-        match (added.is_empty(), acked) {
-            (false, _) => (Action::Respond, Scope::Names(added)),
-            (true, true) => (Action::Ack, Scope::All),
-            (true, false) => (Action::Ignore, Scope::All),
+        match (requested, acked) {
+            (Some(scope), _) => Action::Respond(scope),
+            (None, true) => Action::Ack,
+            (None, false) => Action::Ignore,
         }
     }
 
@@ -349,7 +385,10 @@ mod tests {
     #[test]
     fn sotw_first_request_then_ack_then_stale() {
         let mut s = SotwStream::default();
-        assert_eq!(s.on_request(Cluster, vec![], "", "", None), Action::Respond);
+        assert_eq!(
+            s.on_request(Cluster, vec![], "", "", None),
+            Action::Respond(Scope::All)
+        );
         assert!(s.watches[&Cluster].wildcard);
         s.sent(Cluster, &"v1".into(), &"n1".into(), 3);
         assert_eq!(s.on_request(Cluster, vec![], "n1", "v1", None), Action::Ack);
@@ -377,7 +416,13 @@ mod tests {
             "",
             Some("bad cluster".into()),
         );
-        assert_eq!(action, Action::Nack("bad cluster".into()));
+        assert_eq!(
+            action,
+            Action::Nack {
+                message: "bad cluster".into(),
+                then: None
+            }
+        );
         assert_eq!(
             s.watches[&Endpoint].status.last_nack.as_deref(),
             Some("bad cluster")
@@ -399,7 +444,7 @@ mod tests {
         s.sent(Endpoint, &"v1".into(), &"n1".into(), 1);
         assert_eq!(
             s.on_request(Endpoint, names(&["a", "b"]), "n1", "v1", None),
-            Action::Respond
+            Action::Respond(Scope::All)
         );
         s.sent(Endpoint, &"v1".into(), &"n2".into(), 2);
         assert_eq!(
@@ -469,16 +514,16 @@ mod tests {
         let mut s = DeltaStream::default();
         assert_eq!(
             s.on_request(delta(Cluster, &[], &[], "")),
-            (Action::Respond, Scope::All)
+            Action::Respond(Scope::All)
         );
         let w = s.watches.get_mut(&Cluster).unwrap();
         assert!(w.wildcard);
-        let (send, removed) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")]);
+        let (send, removed) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")], false);
         assert_eq!((send.len(), removed.len()), (2, 0));
-        let (send, removed) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "2")]);
+        let (send, removed) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "2")], false);
         assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["b"]);
         assert!(removed.is_empty());
-        let (send, removed) = w.diff(&Scope::All, vec![res("b", "2")]);
+        let (send, removed) = w.diff(&Scope::All, vec![res("b", "2")], false);
         assert!(send.is_empty());
         assert_eq!(removed, ["a"]);
     }
@@ -488,14 +533,18 @@ mod tests {
         let mut s = DeltaStream::default();
         s.on_request(delta(Endpoint, &["a", "b"], &[], ""));
         let w = s.watches.get_mut(&Endpoint).unwrap();
-        w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")]);
+        w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")], false);
         let scope = Scope::Names(["a".to_string()].into());
-        let (send, removed) = w.diff(&scope, vec![res("a", "2")]);
+        let (send, removed) = w.diff(&scope, vec![res("a", "2")], false);
         assert_eq!(
             (send.len(), removed.len()),
             (1, 0),
             "b is out of scope, not removed"
         );
+    }
+
+    fn names_scope(n: &[&str]) -> Scope {
+        Scope::Names(n.iter().map(|s| s.to_string()).collect())
     }
 
     #[test]
@@ -505,16 +554,15 @@ mod tests {
         s.watches
             .get_mut(&Endpoint)
             .unwrap()
-            .diff(&Scope::All, vec![res("a", "1")]);
+            .diff(&Scope::All, vec![res("a", "1")], false);
         s.sent(Endpoint, &"v1".into(), &"n1".into());
-        assert_eq!(s.on_request(delta(Endpoint, &[], &[], "n1")).0, Action::Ack);
-        let (action, scope) = s.on_request(delta(Endpoint, &["b"], &[], "n1"));
+        assert_eq!(s.on_request(delta(Endpoint, &[], &[], "n1")), Action::Ack);
         assert_eq!(
-            (action, scope),
-            (Action::Respond, Scope::Names(["b".to_string()].into()))
+            s.on_request(delta(Endpoint, &["b"], &[], "n1")),
+            Action::Respond(names_scope(&["b"]))
         );
         assert_eq!(
-            s.on_request(delta(Endpoint, &[], &["a"], "")).0,
+            s.on_request(delta(Endpoint, &[], &["a"], "")),
             Action::Ignore
         );
         let w = &s.watches[&Endpoint];
@@ -527,11 +575,11 @@ mod tests {
         let mut req = delta(Cluster, &[], &[], "");
         req.initial_versions.insert("a".into(), "1".into());
         s.on_request(req);
-        let (send, removed) = s
-            .watches
-            .get_mut(&Cluster)
-            .unwrap()
-            .diff(&Scope::All, vec![res("a", "1"), res("b", "1")]);
+        let (send, removed) = s.watches.get_mut(&Cluster).unwrap().diff(
+            &Scope::All,
+            vec![res("a", "1"), res("b", "1")],
+            false,
+        );
         assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["b"]);
         assert!(removed.is_empty());
     }
@@ -543,10 +591,108 @@ mod tests {
         s.sent(Cluster, &"v1".into(), &"n1".into());
         let mut req = delta(Cluster, &[], &[], "n1");
         req.error = Some("boom".into());
-        assert_eq!(s.on_request(req).0, Action::Nack("boom".into()));
+        assert_eq!(
+            s.on_request(req),
+            Action::Nack {
+                message: "boom".into(),
+                then: None
+            }
+        );
         assert_eq!(
             s.watches[&Cluster].status.last_nack.as_deref(),
             Some("boom")
         );
+        assert_eq!(s.watches[&Cluster].status.acked_version, None);
+    }
+
+    #[test]
+    fn delta_nack_keeps_the_subscription_changes_it_carries() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Endpoint, &["a", "b"], &[], ""));
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")], false);
+        s.sent(Endpoint, &"v1".into(), &"n1".into());
+        let mut req = delta(Endpoint, &["c"], &["b"], "n1");
+        req.error = Some("rejected a".into());
+        assert_eq!(
+            s.on_request(req),
+            Action::Nack {
+                message: "rejected a".into(),
+                then: Some(names_scope(&["c"]))
+            },
+            "the newly subscribed name is answered despite the NACK"
+        );
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        assert!(w.wants("a") && !w.wants("b") && w.wants("c"));
+        // The rejected resource is sent again when it changes, not before.
+        let (send, _) = w.diff(&Scope::All, vec![res("a", "1"), res("c", "1")], false);
+        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["c"]);
+        let (send, _) = w.diff(&Scope::All, vec![res("a", "2"), res("c", "1")], false);
+        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["a"]);
+    }
+
+    #[test]
+    fn delta_star_is_a_wildcard_only_where_the_type_has_one() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Cluster, &["*", "x"], &[], ""));
+        assert!(s.watches[&Cluster].wildcard);
+        assert!(!s.watches[&Cluster].subscribed.contains("*"));
+        s.on_request(delta(Endpoint, &["*"], &[], ""));
+        let eds = &s.watches[&Endpoint];
+        assert!(!eds.wildcard, "EDS has no wildcard");
+        assert!(eds.subscribed.contains("*"), "it is an ordinary name there");
+    }
+
+    #[test]
+    fn delta_subscription_of_a_missing_name_is_answered_as_removed() {
+        let mut s = DeltaStream::default();
+        assert_eq!(
+            s.on_request(delta(Endpoint, &["a", "ghost"], &[], "")),
+            Action::Respond(Scope::All)
+        );
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        let (send, removed) = w.diff(&names_scope(&["a", "ghost"]), vec![res("a", "1")], true);
+        assert_eq!(send.len(), 1);
+        assert_eq!(removed, ["ghost"]);
+        // A push (not a request) does not repeat it.
+        let (_, removed) = w.diff(&names_scope(&["a", "ghost"]), vec![res("a", "2")], false);
+        assert!(removed.is_empty());
+    }
+
+    #[test]
+    fn delta_resubscribing_to_a_held_name_resends_it() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Endpoint, &["a"], &[], ""));
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        w.diff(&Scope::All, vec![res("a", "1")], false);
+        s.sent(Endpoint, &"v1".into(), &"n1".into());
+        assert_eq!(
+            s.on_request(delta(Endpoint, &["a"], &[], "n1")),
+            Action::Respond(names_scope(&["a"]))
+        );
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        let (send, _) = w.diff(&names_scope(&["a"]), vec![res("a", "1")], true);
+        assert_eq!(send.len(), 1, "same version, sent again");
+    }
+
+    #[test]
+    fn sotw_nack_still_takes_new_names() {
+        let mut s = SotwStream::default();
+        s.on_request(Endpoint, names(&["a"]), "", "", None);
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), 1);
+        let action = s.on_request(Endpoint, names(&["a", "b"]), "n1", "", Some("bad".into()));
+        assert_eq!(
+            action,
+            Action::Nack {
+                message: "bad".into(),
+                then: Some(Scope::All)
+            }
+        );
+        assert!(s.watches[&Endpoint].wants("b"));
+        // A stale NACK changes nothing.
+        s.sent(Endpoint, &"v2".into(), &"n2".into(), 2);
+        let stale = s.on_request(Endpoint, names(&["c"]), "n1", "", Some("old".into()));
+        assert_eq!(stale, Action::Ignore);
+        assert!(!s.watches[&Endpoint].wants("c"));
     }
 }

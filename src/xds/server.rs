@@ -1,35 +1,35 @@
-//! The ADS gRPC service (SotW and Delta) and the per-connection sessions it runs.
+//! The ADS gRPC service (SotW and Delta): the connected proxies, the push fan-out, and the gRPC
+//! plumbing that hands each stream to its task (`xds/stream`).
 //!
-//! Each stream is one task owning its protocol state; it answers requests and takes pushes from its
-//! `PushSlot`. Work for a push runs under a global permit (the push concurrency limit); responses are
-//! assembled from cached encoded resources and queued on the stream in the order they were built.
+//! Each stream is one task owning its session; a push merges into the stream's `PushSlot`. Work for
+//! a response runs under a global permit (the push concurrency limit); responses are assembled from
+//! cached encoded resources of one mesh snapshot and sent through a bounded queue.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use tokio::sync::mpsc::{self, UnboundedSender};
-use tokio::sync::Semaphore;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::{mpsc, AcquireError, Semaphore, SemaphorePermit};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
-use super::generate::{cluster_host, Generation, ResourceCache};
-use super::protocol::{
-    Action, DeltaRequest, DeltaStream, ResourceType, Scope, SotwStream, TypeStatus,
-};
+use super::generate::{cluster_host, ResourceCache};
+use super::protocol::{ResourceType, TypeStatus};
 use super::proxy::Proxy;
-use super::push::{plan, PushRequest, PushSlot};
-use super::wire::{self, AdsCodec};
+use super::push::{PushRequest, PushSlot};
+use super::session::{DeltaSession, SotwSession};
+use super::stream::{self, NewSession, OUTPUT_QUEUE};
+use super::wire::AdsCodec;
 use crate::metrics::XdsMetrics;
 use crate::model::{Change, Hostname, Mesh};
 use crate::security::authn::{Authenticator, Credentials};
@@ -39,9 +39,29 @@ const SOTW_PATH: &str =
 const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
-/// Shared state of the xDS server.
 /// Whether the model is complete enough to serve (every cluster loaded or given up on).
 pub type Readiness = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Limits of the xDS server.
+#[derive(Clone, Copy, Debug)]
+pub struct XdsOptions {
+    /// Streams building or sending a response at once.
+    pub push_concurrency: usize,
+    /// How long a response may wait for a proxy to read before its stream is closed.
+    pub send_timeout: Duration,
+    /// How long a new stream may stay silent before it is closed.
+    pub first_request_timeout: Duration,
+}
+
+impl Default for XdsOptions {
+    fn default() -> Self {
+        Self {
+            push_concurrency: 64,
+            send_timeout: Duration::from_secs(30),
+            first_request_timeout: Duration::from_secs(30),
+        }
+    }
+}
 
 pub struct XdsServer {
     mesh: Arc<Mesh>,
@@ -49,10 +69,8 @@ pub struct XdsServer {
     cache: ResourceCache,
     connections: RwLock<HashMap<u64, Arc<Connection>>>,
     push_permits: Semaphore,
+    options: XdsOptions,
     next_id: AtomicU64,
-    /// Bumped on every debounced push; SotW `version_info` and Delta `system_version_info`.
-    version: AtomicU64,
-    version_text: RwLock<(u64, Arc<str>)>,
     nonces: AtomicU64,
     metrics: XdsMetrics,
 }
@@ -63,11 +81,11 @@ pub struct Connection {
     pub proxy: Proxy,
     pub delta: bool,
     pub connected_at: SystemTime,
-    slot: PushSlot,
+    pub(super) slot: PushSlot,
     /// Hostnames behind the proxy's EDS subscriptions: an endpoint change wakes only these proxies.
     eds_hosts: RwLock<BTreeSet<Hostname>>,
     /// The subscription generation `eds_hosts` was derived from.
-    eds_generation: AtomicU64,
+    pub(super) eds_generation: AtomicU64,
     status: Mutex<BTreeMap<ResourceType, TypeStatus>>,
 }
 
@@ -77,11 +95,37 @@ impl Connection {
         services.iter().any(|s| hosts.contains(s))
     }
 
-    fn set_eds_names<'a>(&self, names: impl Iterator<Item = &'a String>) {
+    pub(super) fn set_eds_names<'a>(&self, names: impl Iterator<Item = &'a String>) {
         *self.eds_hosts.write() = names
             .filter_map(|n| cluster_host(n))
             .map(Hostname::from)
             .collect();
+    }
+
+    /// Makes a type's protocol status visible to /debug/syncz.
+    pub(super) fn publish_status(&self, ty: ResourceType, status: TypeStatus) {
+        self.status.lock().insert(ty, status);
+    }
+}
+
+/// A connection while it is registered with the server: dropping it (the stream ended, or its task
+/// unwound from a panic) unregisters it.
+pub struct Registered {
+    server: Arc<XdsServer>,
+    conn: Arc<Connection>,
+}
+
+impl Registered {
+    pub fn conn(&self) -> &Arc<Connection> {
+        &self.conn
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.server.connections.write().remove(&self.conn.id);
+        self.server.metrics.connections.dec();
+        info!(proxy = %self.conn.proxy.id, connection = self.conn.id, "proxy disconnected");
     }
 }
 
@@ -89,7 +133,7 @@ impl XdsServer {
     pub fn new(
         mesh: Arc<Mesh>,
         ready: Readiness,
-        push_concurrency: usize,
+        options: XdsOptions,
         metrics: XdsMetrics,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -97,10 +141,9 @@ impl XdsServer {
             ready,
             cache: ResourceCache::default(),
             connections: RwLock::default(),
-            push_permits: Semaphore::new(push_concurrency.max(1)),
+            push_permits: Semaphore::new(options.push_concurrency.max(1)),
+            options,
             next_id: AtomicU64::new(1),
-            version: AtomicU64::new(1),
-            version_text: RwLock::new((1, Arc::from("1"))),
             nonces: AtomicU64::new(0),
             metrics,
         })
@@ -110,15 +153,34 @@ impl XdsServer {
         &self.cache
     }
 
+    pub fn mesh(&self) -> &Arc<Mesh> {
+        &self.mesh
+    }
+
+    pub fn options(&self) -> &XdsOptions {
+        &self.options
+    }
+
+    pub(super) fn metrics(&self) -> &XdsMetrics {
+        &self.metrics
+    }
+
+    pub(super) fn ready(&self) -> bool {
+        (self.ready)()
+    }
+
+    pub(super) async fn push_permit(&self) -> Result<SemaphorePermit<'_>, AcquireError> {
+        self.push_permits.acquire().await
+    }
+
     pub fn connection_count(&self) -> usize {
         self.connections.read().len()
     }
 
     /// Fans a debounced change out to the proxies it concerns.
     pub fn push(&self, change: Change) {
-        let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
         if change.full {
-            self.cache.prune(self.mesh.services.version());
+            self.cache.prune(self.mesh.snapshot().services.version());
         }
         let request = PushRequest::from(change);
         let mut woken = 0;
@@ -129,7 +191,6 @@ impl XdsServer {
             }
         }
         debug!(
-            version,
             full = request.full,
             services = request.services.len(),
             proxies = woken,
@@ -172,7 +233,7 @@ impl XdsServer {
         views
     }
 
-    fn connect(&self, proxy: Proxy, delta: bool) -> Arc<Connection> {
+    pub(super) fn connect(self: &Arc<Self>, proxy: Proxy, delta: bool) -> Registered {
         let conn = Arc::new(Connection {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             proxy,
@@ -186,33 +247,14 @@ impl XdsServer {
         self.connections.write().insert(conn.id, conn.clone());
         self.metrics.connections.inc();
         info!(proxy = %conn.proxy.id, connection = conn.id, delta, "proxy connected");
-        conn
-    }
-
-    fn disconnect(&self, conn: &Connection) {
-        self.connections.write().remove(&conn.id);
-        self.metrics.connections.dec();
-        info!(proxy = %conn.proxy.id, connection = conn.id, "proxy disconnected");
-    }
-
-    fn next_nonce(&self) -> Arc<str> {
-        format!("{:x}", self.nonces.fetch_add(1, Ordering::Relaxed) + 1).into()
-    }
-
-    /// The current push version, formatted once per push rather than once per response.
-    fn current_version(&self) -> Arc<str> {
-        let version = self.version.load(Ordering::Acquire);
-        let cached = self.version_text.read().clone();
-        if cached.0 == version {
-            return cached.1;
+        Registered {
+            server: self.clone(),
+            conn,
         }
-        let text: Arc<str> = version.to_string().into();
-        *self.version_text.write() = (version, text.clone());
-        text
     }
 
-    fn generation<'a>(&'a self, proxy: &'a Proxy) -> Generation<'a> {
-        Generation::new(&self.mesh, &self.cache, proxy)
+    pub(super) fn next_nonce(&self) -> Arc<str> {
+        format!("{:x}", self.nonces.fetch_add(1, Ordering::Relaxed) + 1).into()
     }
 }
 
@@ -228,73 +270,9 @@ pub struct SyncView {
     pub types: BTreeMap<ResourceType, TypeStatus>,
 }
 
-type ResponseTx = UnboundedSender<Result<Bytes, Status>>;
-
-/// Waits for the first request, identifies the proxy, and runs its session until the stream ends.
-async fn serve<Req, S>(
-    server: Arc<XdsServer>,
-    mut requests: Streaming<Req>,
-    tx: ResponseTx,
-    delta: bool,
-    auth: Option<(Arc<Authenticator>, Credentials)>,
-    new_session: S,
-) where
-    S: FnOnce(Arc<XdsServer>, Arc<Connection>, ResponseTx) -> Box<dyn Session<Req>>,
-    Req: NodeOf,
-{
-    if !(server.ready)() {
-        // As istiod: a proxy must not get a partial view while clusters are still syncing.
-        let _ = tx.send(Err(Status::unavailable(
-            "meshpilot is not ready: clusters are still syncing",
-        )));
-        return;
-    }
-    let first = match requests.message().await {
-        Ok(Some(first)) => first,
-        _ => return,
-    };
-    let proxy = match Proxy::from_node(first.node()) {
-        Ok(proxy) => proxy,
-        Err(e) => {
-            warn!(error = %e, "refusing xDS stream");
-            let _ = tx.send(Err(Status::invalid_argument(e.to_string())));
-            return;
-        }
-    };
-    if let Some((authn, credentials)) = auth {
-        if let Err(status) = authorize(&authn, &credentials, &proxy).await {
-            warn!(proxy = %proxy.id, %status, "refusing xDS stream");
-            let _ = tx.send(Err(status));
-            return;
-        }
-    }
-    let conn = server.connect(proxy, delta);
-    let mut session = new_session(server.clone(), conn.clone(), tx);
-    let mut open = session.on_request(first);
-    while open {
-        tokio::select! {
-            message = requests.message() => match message {
-                Ok(Some(request)) => open = session.on_request(request),
-                Ok(None) => break,
-                Err(status) => {
-                    debug!(proxy = %conn.proxy.id, %status, "stream ended");
-                    break;
-                }
-            },
-            _ = conn.slot.ready() => {
-                if let Some(request) = conn.slot.take() {
-                    let Ok(_permit) = server.push_permits.acquire().await else { break };
-                    open = session.push(request);
-                }
-            }
-        }
-    }
-    server.disconnect(&conn);
-}
-
 /// The caller's proven identity must be the proxy's: same namespace, and same service account when
 /// the node names one (Istio's XDS identity check).
-async fn authorize(
+pub(super) async fn authorize(
     authn: &Authenticator,
     credentials: &Credentials,
     proxy: &Proxy,
@@ -313,7 +291,7 @@ async fn authorize(
     Ok(())
 }
 
-trait NodeOf: Send + 'static {
+pub trait NodeOf: Send + 'static {
     fn node(&self) -> Option<&envoy_types::pb::envoy::config::core::v3::Node>;
 }
 
@@ -326,234 +304,6 @@ impl NodeOf for DiscoveryRequest {
 impl NodeOf for DeltaDiscoveryRequest {
     fn node(&self) -> Option<&envoy_types::pb::envoy::config::core::v3::Node> {
         self.node.as_ref()
-    }
-}
-
-/// A protocol variant's session; each method returns false once the stream is gone.
-trait Session<Req>: Send {
-    fn on_request(&mut self, request: Req) -> bool;
-    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool;
-    fn watched(&self) -> Vec<ResourceType>;
-    /// The EDS resources the proxy subscribes to, and the generation of that subscription.
-    fn eds_names(&self) -> Vec<String>;
-    fn eds_generation(&self) -> u64;
-    fn status_of(&self, ty: ResourceType) -> Option<TypeStatus>;
-    fn handles(&self) -> (Arc<XdsServer>, Arc<Connection>);
-
-    /// Makes a type's protocol status visible to /debug/syncz.
-    fn publish_status(&self, ty: ResourceType) {
-        if let Some(status) = self.status_of(ty) {
-            self.handles().1.status.lock().insert(ty, status);
-        }
-    }
-
-    /// What follows every request: the push fan-out's view of the EDS subscription (recomputed only
-    /// when the subscription changed, not on every ACK), the action, the status.
-    fn conclude(&mut self, ty: ResourceType, action: Action, scope: &Scope) -> bool {
-        let (server, conn) = self.handles();
-        let generation = self.eds_generation();
-        if ty == ResourceType::Endpoint
-            && conn.eds_generation.swap(generation, Ordering::Relaxed) != generation
-        {
-            conn.set_eds_names(self.eds_names().iter());
-        }
-        let open = self.act(&server, &conn.proxy.id, ty, action, scope);
-        self.publish_status(ty);
-        open
-    }
-
-    /// Sends what a push request means for this stream.
-    fn push(&mut self, request: PushRequest) -> bool {
-        let (watched, eds) = (self.watched(), self.eds_names());
-        plan(&request, &watched, eds.into_iter())
-            .into_iter()
-            .all(|(ty, scope)| self.respond(ty, &scope))
-    }
-
-    /// Carries out what the protocol decided for one request.
-    fn act(
-        &mut self,
-        server: &XdsServer,
-        proxy: &str,
-        ty: ResourceType,
-        action: Action,
-        scope: &Scope,
-    ) -> bool {
-        match action {
-            Action::Respond => self.respond(ty, scope),
-            Action::Nack(message) => {
-                server.metrics.nacked(ty);
-                warn!(proxy, r#type = ty.short(), error = message, "NACK");
-                true
-            }
-            Action::Ack | Action::Ignore => true,
-        }
-    }
-}
-
-struct SotwSession {
-    server: Arc<XdsServer>,
-    conn: Arc<Connection>,
-    stream: SotwStream,
-    tx: ResponseTx,
-}
-
-impl SotwSession {
-    /// Builds and queues this type's response.
-    fn send(&mut self, ty: ResourceType, scope: &Scope) -> bool {
-        let Some(watch) = self.stream.watches.get(&ty) else {
-            return true;
-        };
-        let generation = self.server.generation(&self.conn.proxy);
-        let resources = if watch.wildcard {
-            generation.all(ty)
-        } else {
-            generation.named(ty, watch.names.iter().filter(|n| scope.contains(n)))
-        };
-        let (version, nonce) = (self.server.current_version(), self.server.next_nonce());
-        let bytes = wire::sotw_response(ty.url(), &version, &nonce, &resources);
-        self.stream.sent(ty, &version, &nonce, resources.len());
-        self.publish_status(ty);
-        self.server.metrics.pushed(ty);
-        debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version = &*version, resources = resources.len(), "sent");
-        self.tx.send(Ok(bytes)).is_ok()
-    }
-}
-
-impl Session<DiscoveryRequest> for SotwSession {
-    fn on_request(&mut self, request: DiscoveryRequest) -> bool {
-        let Some(ty) = ResourceType::from_url(&request.type_url) else {
-            debug!(proxy = %self.conn.proxy.id, type_url = request.type_url, "ignoring unsupported type");
-            return true;
-        };
-        let error = request.error_detail.map(|e| e.message);
-        let action = self.stream.on_request(
-            ty,
-            request.resource_names,
-            &request.response_nonce,
-            &request.version_info,
-            error,
-        );
-        self.conclude(ty, action, &Scope::All)
-    }
-
-    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
-        self.send(ty, scope)
-    }
-
-    fn watched(&self) -> Vec<ResourceType> {
-        self.stream.watches.keys().copied().collect()
-    }
-
-    fn eds_names(&self) -> Vec<String> {
-        let watch = self.stream.watches.get(&ResourceType::Endpoint);
-        watch
-            .map(|w| w.names.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    fn eds_generation(&self) -> u64 {
-        self.stream
-            .watches
-            .get(&ResourceType::Endpoint)
-            .map_or(0, |w| w.generation)
-    }
-
-    fn status_of(&self, ty: ResourceType) -> Option<TypeStatus> {
-        self.stream.watches.get(&ty).map(|w| w.status.clone())
-    }
-
-    fn handles(&self) -> (Arc<XdsServer>, Arc<Connection>) {
-        (self.server.clone(), self.conn.clone())
-    }
-}
-
-struct DeltaSession {
-    server: Arc<XdsServer>,
-    conn: Arc<Connection>,
-    stream: DeltaStream,
-    tx: ResponseTx,
-}
-
-impl DeltaSession {
-    /// Builds and queues this type's changes, if there are any (always on its first response).
-    fn send(&mut self, ty: ResourceType, scope: &Scope) -> bool {
-        let server = self.server.clone();
-        let generation = server.generation(&self.conn.proxy);
-        let Some(watch) = self.stream.watches.get_mut(&ty) else {
-            return true;
-        };
-        let first = watch.status.sent_nonce.is_none();
-        let (current, considered) = if watch.wildcard && *scope == Scope::All {
-            (generation.all(ty), Scope::All)
-        } else {
-            let names: BTreeSet<String> = watch
-                .subscribed
-                .iter()
-                .filter(|n| scope.contains(n))
-                .cloned()
-                .collect();
-            (generation.named(ty, names.iter()), Scope::Names(names))
-        };
-        let (changed, removed) = watch.diff(&considered, current);
-        if changed.is_empty() && removed.is_empty() && !first {
-            return true;
-        }
-        let (version, nonce) = (server.current_version(), server.next_nonce());
-        let bytes = wire::delta_response(ty.url(), &version, &nonce, &changed, &removed);
-        self.stream.sent(ty, &version, &nonce);
-        self.publish_status(ty);
-        server.metrics.pushed(ty);
-        debug!(proxy = %self.conn.proxy.id, r#type = ty.short(), version = &*version, changed = changed.len(), removed = removed.len(), "sent");
-        self.tx.send(Ok(bytes)).is_ok()
-    }
-}
-
-impl Session<DeltaDiscoveryRequest> for DeltaSession {
-    fn on_request(&mut self, request: DeltaDiscoveryRequest) -> bool {
-        let Some(ty) = ResourceType::from_url(&request.type_url) else {
-            debug!(proxy = %self.conn.proxy.id, type_url = request.type_url, "ignoring unsupported type");
-            return true;
-        };
-        let (action, scope) = self.stream.on_request(DeltaRequest {
-            ty,
-            subscribe: request.resource_names_subscribe,
-            unsubscribe: request.resource_names_unsubscribe,
-            initial_versions: request.initial_resource_versions,
-            nonce: &request.response_nonce,
-            error: request.error_detail.map(|e| e.message),
-        });
-        self.conclude(ty, action, &scope)
-    }
-
-    fn respond(&mut self, ty: ResourceType, scope: &Scope) -> bool {
-        self.send(ty, scope)
-    }
-
-    fn watched(&self) -> Vec<ResourceType> {
-        self.stream.watches.keys().copied().collect()
-    }
-
-    fn eds_names(&self) -> Vec<String> {
-        let watch = self.stream.watches.get(&ResourceType::Endpoint);
-        watch
-            .map(|w| w.subscribed.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    fn eds_generation(&self) -> u64 {
-        self.stream
-            .watches
-            .get(&ResourceType::Endpoint)
-            .map_or(0, |w| w.generation)
-    }
-
-    fn status_of(&self, ty: ResourceType) -> Option<TypeStatus> {
-        self.stream.watches.get(&ty).map(|w| w.status.clone())
-    }
-
-    fn handles(&self) -> (Arc<XdsServer>, Arc<Connection>) {
-        (self.server.clone(), self.conn.clone())
     }
 }
 
@@ -572,69 +322,47 @@ impl NamedService for AdsService {
 struct Method<Req> {
     server: Arc<XdsServer>,
     authn: Option<Arc<Authenticator>>,
-    _req: std::marker::PhantomData<fn(Req)>,
+    delta: bool,
+    new_session: NewSession<Req>,
 }
 
-impl StreamingService<DiscoveryRequest> for Method<DiscoveryRequest> {
+impl<Req: NodeOf + prost::Message + Default> StreamingService<Req> for Method<Req> {
     type Response = Bytes;
-    type ResponseStream = UnboundedReceiverStream<Result<Bytes, Status>>;
+    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
     type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
 
-    fn call(&mut self, request: tonic::Request<Streaming<DiscoveryRequest>>) -> Self::Future {
-        let (tx, rx) = mpsc::unbounded_channel();
+    fn call(&mut self, request: tonic::Request<Streaming<Req>>) -> Self::Future {
+        let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let server = self.server.clone();
         let auth = self
             .authn
             .clone()
             .map(|a| (a, Credentials::from_request(&request)));
-        tokio::spawn(serve(
-            server,
+        let stream = stream::serve(
+            server.clone(),
             request.into_inner(),
-            tx,
-            false,
+            tx.clone(),
+            self.delta,
             auth,
-            |server, conn, tx| {
-                Box::new(SotwSession {
-                    server,
-                    conn,
-                    stream: SotwStream::default(),
-                    tx,
-                })
-            },
-        ));
-        Box::pin(async move { Ok(tonic::Response::new(UnboundedReceiverStream::new(rx))) })
+            self.new_session,
+        );
+        tokio::spawn(stream::run_guarded(server, tx, stream));
+        Box::pin(async move { Ok(tonic::Response::new(ReceiverStream::new(rx))) })
     }
 }
 
-impl StreamingService<DeltaDiscoveryRequest> for Method<DeltaDiscoveryRequest> {
-    type Response = Bytes;
-    type ResponseStream = UnboundedReceiverStream<Result<Bytes, Status>>;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
+fn sotw_session(
+    server: Arc<XdsServer>,
+    conn: Arc<Connection>,
+) -> Box<dyn super::session::Session<DiscoveryRequest>> {
+    Box::new(SotwSession::new(server, conn))
+}
 
-    fn call(&mut self, request: tonic::Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let server = self.server.clone();
-        let auth = self
-            .authn
-            .clone()
-            .map(|a| (a, Credentials::from_request(&request)));
-        tokio::spawn(serve(
-            server,
-            request.into_inner(),
-            tx,
-            true,
-            auth,
-            |server, conn, tx| {
-                Box::new(DeltaSession {
-                    server,
-                    conn,
-                    stream: DeltaStream::default(),
-                    tx,
-                })
-            },
-        ));
-        Box::pin(async move { Ok(tonic::Response::new(UnboundedReceiverStream::new(rx))) })
-    }
+fn delta_session(
+    server: Arc<XdsServer>,
+    conn: Arc<Connection>,
+) -> Box<dyn super::session::Session<DeltaDiscoveryRequest>> {
+    Box::new(DeltaSession::new(server, conn))
 }
 
 impl<B> Service<http::Request<B>> for AdsService
@@ -657,7 +385,8 @@ where
                 let method = Method::<DiscoveryRequest> {
                     server,
                     authn,
-                    _req: Default::default(),
+                    delta: false,
+                    new_session: sotw_session,
                 };
                 Ok(Grpc::new(AdsCodec::<DiscoveryRequest>::default())
                     .streaming(method, request)
@@ -667,7 +396,8 @@ where
                 let method = Method::<DeltaDiscoveryRequest> {
                     server,
                     authn,
-                    _req: Default::default(),
+                    delta: true,
+                    new_session: delta_session,
                 };
                 Ok(Grpc::new(AdsCodec::<DeltaDiscoveryRequest>::default())
                     .streaming(method, request)

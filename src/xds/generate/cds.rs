@@ -91,7 +91,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some((service, port)) = outbound_target(g, name) {
         let variant = g.variant(&[]);
         // mTLS settings name the destination's identities, which live with its endpoints.
-        let shards = g.mesh.endpoints.get(&service.key());
+        let shards = g.mesh.endpoints.get(&service.key()).cloned();
         let stamp = [
             g.services_version(),
             shards.as_ref().map_or(0, |s| s.version),
@@ -115,7 +115,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             });
     }
     if let Some((port, host)) = parse_sni_cluster(name) {
-        g.mesh.services.get(host)?.port(port)?;
+        g.service(host)?.port(port)?;
         return g.cache.get_or_build(
             ResourceType::Cluster,
             name,

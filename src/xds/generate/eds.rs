@@ -40,12 +40,12 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         Some((service, port)) => (service, port, false),
         None => {
             let (port, host) = parse_sni_cluster(name)?;
-            let service = g.mesh.services.get(host)?;
+            let service = g.service(host)?.clone();
             service.port(port)?;
             (service, port, true)
         }
     };
-    let shards = g.mesh.endpoints.get(&service.key());
+    let shards = g.mesh.endpoints.get(&service.key()).cloned();
     let view = View {
         network: g.proxy.network.clone(),
         requested_networks: g.proxy.requested_network_view.clone(),
@@ -57,9 +57,9 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let stamp = [
         g.services_version(),
         shards.as_ref().map_or(0, |s| s.version),
-        g.mesh.gateways_version(),
+        g.mesh.gateways_version,
     ];
-    let gateways = g.mesh.gateways();
+    let gateways = g.mesh.gateways.clone();
     g.cache
         .get_or_build(ResourceType::Endpoint, name, hasher.finish(), stamp, || {
             Some(Resource::encode(
@@ -73,7 +73,8 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
 struct Sent {
     address: IpAddr,
     port: u16,
-    weight: u32,
+    /// Wide, so sums cannot overflow; fitted into Envoy's u32 by [`fit_weights`].
+    weight: u64,
     metadata: Metadata,
 }
 
@@ -91,7 +92,7 @@ fn assignment(
         .unwrap_or_default();
     let mut direct: BTreeMap<&ModelLocality, Vec<&Endpoint>> = BTreeMap::new();
     // (locality, network) → endpoints reached through that network's gateways.
-    let mut remote: BTreeMap<(&ModelLocality, &str), u32> = BTreeMap::new();
+    let mut remote: BTreeMap<(&ModelLocality, &str), u64> = BTreeMap::new();
     for ep in shards.into_iter().flat_map(|s| s.endpoints()) {
         if ep.health != Health::Healthy || *ep.service_port_name != *port_name {
             continue;
@@ -117,10 +118,12 @@ fn assignment(
 
     // Integer weights: every endpoint counts `scale`; a network's endpoints are shared out evenly over
     // its gateways, so `scale` is the least common multiple of the gateway counts involved.
+    // (Should the multiple not fit, shares are rounded instead.)
     let scale = remote
         .keys()
-        .map(|(_, net)| gateways.of(net).len() as u32)
-        .fold(1, lcm);
+        .map(|(_, net)| gateways.of(net).len() as u64)
+        .try_fold(1, lcm)
+        .unwrap_or(1);
     let mut groups: BTreeMap<&ModelLocality, Vec<Sent>> = BTreeMap::new();
     for (locality, eps) in direct {
         groups
@@ -140,7 +143,7 @@ fn assignment(
     }
     for ((locality, network), count) in remote {
         let gws = gateways.of(network);
-        let share = count * scale / gws.len() as u32;
+        let share = (count * scale / gws.len() as u64).max(1);
         let group = groups.entry(locality).or_default();
         for gw in gws {
             match group
@@ -163,6 +166,7 @@ fn assignment(
         }
     }
 
+    fit_weights(groups.values_mut().flatten());
     let priorities = compact_priorities(groups.keys().map(|l| priority(view.locality.as_ref(), l)));
     ClusterLoadAssignment {
         cluster_name: name.to_string(),
@@ -175,7 +179,7 @@ fn assignment(
                     sub_zone: locality.subzone.to_string(),
                 }),
                 load_balancing_weight: Some(UInt32Value {
-                    value: sent.iter().map(|s| s.weight).sum(),
+                    value: clamp_u32(sent.iter().map(|s| s.weight).sum()),
                 }),
                 priority: priorities[&priority(view.locality.as_ref(), locality)],
                 lb_endpoints: sent.into_iter().map(lb_endpoint).collect(),
@@ -186,7 +190,7 @@ fn assignment(
     }
 }
 
-fn gcd(a: u32, b: u32) -> u32 {
+fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
     } else {
@@ -194,8 +198,30 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
-fn lcm(a: u32, b: u32) -> u32 {
-    a / gcd(a, b) * b
+/// None when the multiple does not fit.
+fn lcm(a: u64, b: u64) -> Option<u64> {
+    (a / gcd(a, b)).checked_mul(b)
+}
+
+/// Envoy refuses an assignment whose weights add up past u32::MAX: scale every weight down by one
+/// factor (keeping each at least 1) so the total of all of them fits.
+fn fit_weights<'s>(sent: impl Iterator<Item = &'s mut Sent>) {
+    let mut sent: Vec<&mut Sent> = sent.collect();
+    let total: u64 = sent.iter().map(|s| s.weight).fold(0, u64::saturating_add);
+    let limit = u64::from(u32::MAX);
+    if total <= limit {
+        return;
+    }
+    // Rounding each weight up to 1 adds at most one per endpoint, so leave room for it.
+    let budget = limit.saturating_sub(sent.len() as u64).max(1);
+    let divisor = total.div_ceil(budget);
+    for s in sent.iter_mut() {
+        s.weight = (s.weight / divisor).max(1);
+    }
+}
+
+fn clamp_u32(weight: u64) -> u32 {
+    u32::try_from(weight).unwrap_or(u32::MAX)
 }
 
 /// Istio's locality failover order relative to the proxy: same region/zone/subzone 0, same zone 1,
@@ -233,7 +259,9 @@ fn lb_endpoint(sent: Sent) -> LbEndpoint {
         })),
         health_status: HealthStatus::Healthy as i32,
         metadata: Some(sent.metadata),
-        load_balancing_weight: Some(UInt32Value { value: sent.weight }),
+        load_balancing_weight: Some(UInt32Value {
+            value: clamp_u32(sent.weight),
+        }),
     }
 }
 
@@ -298,6 +326,37 @@ mod tests {
 
     #[test]
     fn lcm_of_gateway_counts() {
-        assert_eq!([2, 3, 4].into_iter().fold(1, lcm), 12);
+        assert_eq!([2, 3, 4].into_iter().try_fold(1, lcm), Some(12));
+        assert_eq!(lcm(u64::MAX - 1, u64::MAX - 2), None);
+    }
+
+    fn sent(weight: u64) -> Sent {
+        Sent {
+            address: [10, 0, 0, 1].into(),
+            port: 80,
+            weight,
+            metadata: Metadata::default(),
+        }
+    }
+
+    #[test]
+    fn weights_past_u32_are_scaled_to_fit() {
+        let mut group = [
+            sent(u64::from(u32::MAX)),
+            sent(u64::from(u32::MAX)),
+            sent(1),
+        ];
+        fit_weights(group.iter_mut());
+        let total: u64 = group.iter().map(|s| s.weight).sum();
+        assert!(total <= u64::from(u32::MAX), "total {total}");
+        assert!(group.iter().all(|s| s.weight >= 1));
+        assert!(group[0].weight > 1000 * group[2].weight, "proportions kept");
+        let mut small = [sent(3), sent(5)];
+        fit_weights(small.iter_mut());
+        assert_eq!(
+            (small[0].weight, small[1].weight),
+            (3, 5),
+            "small weights untouched"
+        );
     }
 }

@@ -160,8 +160,9 @@ fn virtual_outbound() -> Listener {
 fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> {
     let services: Vec<Arc<Service>> = g
         .routable_services()
-        .into_iter()
+        .iter()
         .filter(|s| s.resolution != Resolution::Passthrough && s.port(port).is_some())
+        .cloned()
         .collect();
     if services.is_empty() {
         return None;

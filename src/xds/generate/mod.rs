@@ -1,8 +1,8 @@
 //! Resource generators, with Istio's names, and the cache that builds each distinct resource once.
 //!
-//! A resource depends on the model and on a few proxy traits (its generator, namespace, cluster).
-//! The cache keys entries by (type, name, traits) and stamps them with the model versions they were
-//! built from; every proxy with the same traits gets the same encoded bytes.
+//! A resource depends on the mesh snapshot and on a few proxy traits (its generator, namespace,
+//! cluster). The cache keys entries by (type, name, traits) and stamps them with the versions of the
+//! snapshot they were built from; every proxy with the same traits gets the same encoded bytes.
 
 mod cds;
 mod eds;
@@ -26,18 +26,18 @@ use parking_lot::RwLock;
 use super::protocol::ResourceType;
 use super::proxy::{Generator, Proxy, ProxyType};
 use super::wire::Resource;
-use crate::model::{Hostname, Locality, Mesh, Protocol, Service, ServiceKey};
+use crate::model::{Hostname, Locality, MeshSnapshot, Protocol, Service, ServiceKey};
 
-/// Builds resources for one proxy from the current model.
+/// Builds resources for one proxy from one mesh snapshot.
 pub struct Generation<'a> {
-    mesh: &'a Mesh,
+    mesh: &'a MeshSnapshot,
     cache: &'a ResourceCache,
     proxy: &'a Proxy,
     locality: OnceLock<Option<Locality>>,
 }
 
 impl<'a> Generation<'a> {
-    pub fn new(mesh: &'a Mesh, cache: &'a ResourceCache, proxy: &'a Proxy) -> Self {
+    pub fn new(mesh: &'a MeshSnapshot, cache: &'a ResourceCache, proxy: &'a Proxy) -> Self {
         Self {
             mesh,
             cache,
@@ -114,9 +114,13 @@ impl Generation<'_> {
         self.mesh.services.version()
     }
 
-    /// Client-side load-balanced services (the ones with EDS clusters and routes).
-    fn routable_services(&self) -> Vec<Arc<Service>> {
+    /// Every merged service, sorted by hostname.
+    fn routable_services(&self) -> Arc<[Arc<Service>]> {
         self.mesh.services.all()
+    }
+
+    fn service(&self, host: &str) -> Option<&Arc<Service>> {
+        self.mesh.services.get(host)
     }
 
     /// The ports the proxy's own workload serves: (target port, protocol), from the endpoints at
@@ -134,7 +138,7 @@ impl Generation<'_> {
     }
 
     fn collect_inbound(&self, ip: &IpAddr, key: &ServiceKey, ports: &mut Vec<(u16, Protocol)>) {
-        let Some(service) = self.mesh.services.get(&key.hostname) else {
+        let Some(service) = self.service(&key.hostname) else {
             return;
         };
         let Some(shards) = self.mesh.endpoints.get(key) else {
@@ -168,8 +172,9 @@ impl Generation<'_> {
     }
 }
 
-/// Model versions an entry was built from: (service table, identities or the service's shards,
-/// gateways).
+/// Snapshot versions an entry was built from: (service table, identities or the service's shards,
+/// gateways). Read from the same snapshot the entry is built from, so an entry is never stamped with
+/// versions newer than its content.
 type Stamp = [u64; 3];
 
 struct CacheEntry<T> {
@@ -178,52 +183,108 @@ struct CacheEntry<T> {
 }
 
 /// Entries by (type, proxy traits) then name, so a lookup by `&str` allocates nothing.
-type Entries<T> = RwLock<HashMap<(ResourceType, u64), HashMap<Arc<str>, CacheEntry<T>>>>;
+type ByTraits<T> = HashMap<(ResourceType, u64), HashMap<Arc<str>, CacheEntry<T>>>;
+
+/// Lock shards: concurrent misses of different resources insert under different locks.
+const SHARDS: usize = 16;
+
+struct Sharded<T> {
+    shards: [RwLock<ByTraits<T>>; SHARDS],
+}
+
+impl<T> Default for Sharded<T> {
+    fn default() -> Self {
+        Self {
+            shards: std::array::from_fn(|_| RwLock::default()),
+        }
+    }
+}
+
+impl<T: Clone> Sharded<T> {
+    fn shard(&self, ty: ResourceType, variant: u64, name: &str) -> &RwLock<ByTraits<T>> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (ty, variant, name).hash(&mut h);
+        &self.shards[h.finish() as usize % SHARDS]
+    }
+
+    /// The entry's value for `stamp`, built at most once however many proxies ask at the same time.
+    fn get_or_build(
+        &self,
+        ty: ResourceType,
+        name: &str,
+        variant: u64,
+        stamp: Stamp,
+        build: impl FnOnce() -> T,
+    ) -> T {
+        let shard = self.shard(ty, variant, name);
+        let hit = shard
+            .read()
+            .get(&(ty, variant))
+            .and_then(|m| m.get(name))
+            .filter(|e| e.stamp == stamp)
+            .map(|e| e.cell.clone());
+        let cell = match hit {
+            Some(cell) => cell,
+            None => {
+                let mut entries = shard.write();
+                let by_name = entries.entry((ty, variant)).or_default();
+                let entry = by_name
+                    .entry(Arc::from(name))
+                    .or_insert_with(|| CacheEntry {
+                        stamp,
+                        cell: Arc::default(),
+                    });
+                if entry.stamp != stamp {
+                    *entry = CacheEntry {
+                        stamp,
+                        cell: Arc::default(),
+                    };
+                }
+                entry.cell.clone()
+            }
+        };
+        if let Some(value) = cell.get() {
+            return value.clone();
+        }
+        // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
+        off_worker(|| cell.get_or_init(build).clone())
+    }
+
+    fn retain(&self, keep: impl Fn(&Stamp) -> bool) {
+        for shard in &self.shards {
+            for by_name in shard.write().values_mut() {
+                by_name.retain(|_, e| keep(&e.stamp));
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().values().map(HashMap::len).sum::<usize>())
+            .sum()
+    }
+}
+
+/// Runs a build that may take milliseconds, or waits for another thread's, without stalling the
+/// async worker it was called on: on a multi-threaded runtime the worker's other tasks move to
+/// another thread meanwhile. Cache hits never get here.
+fn off_worker<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
 
 /// Encoded resources shared by every proxy that receives them, and the wildcard lists made of them.
 #[derive(Default)]
 pub struct ResourceCache {
-    entries: Entries<Option<Arc<Resource>>>,
-    lists: Entries<Arc<[Arc<Resource>]>>,
+    entries: Sharded<Option<Arc<Resource>>>,
+    lists: Sharded<Arc<[Arc<Resource>]>>,
     builds: AtomicU64,
-}
-
-fn cached<T: Clone>(
-    entries: &Entries<T>,
-    ty: ResourceType,
-    name: &str,
-    variant: u64,
-    stamp: Stamp,
-    build: impl FnOnce() -> T,
-) -> T {
-    let hit = entries
-        .read()
-        .get(&(ty, variant))
-        .and_then(|m| m.get(name))
-        .filter(|e| e.stamp == stamp)
-        .map(|e| e.cell.clone());
-    let cell = match hit {
-        Some(cell) => cell,
-        None => {
-            let mut entries = entries.write();
-            let by_name = entries.entry((ty, variant)).or_default();
-            let entry = by_name
-                .entry(Arc::from(name))
-                .or_insert_with(|| CacheEntry {
-                    stamp,
-                    cell: Arc::default(),
-                });
-            if entry.stamp != stamp {
-                *entry = CacheEntry {
-                    stamp,
-                    cell: Arc::default(),
-                };
-            }
-            entry.cell.clone()
-        }
-    };
-    // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
-    cell.get_or_init(build).clone()
 }
 
 impl ResourceCache {
@@ -235,7 +296,7 @@ impl ResourceCache {
         stamp: Stamp,
         build: impl FnOnce() -> Option<Resource>,
     ) -> Option<Arc<Resource>> {
-        cached(&self.entries, ty, name, variant, stamp, || {
+        self.entries.get_or_build(ty, name, variant, stamp, || {
             self.builds.fetch_add(1, Ordering::Relaxed);
             build().map(Arc::new)
         })
@@ -249,17 +310,14 @@ impl ResourceCache {
         stamp: Stamp,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
     ) -> Arc<[Arc<Resource>]> {
-        cached(&self.lists, ty, "", variant, stamp, || build().into())
+        self.lists
+            .get_or_build(ty, "", variant, stamp, || build().into())
     }
 
     /// Drops entries built from an older service table (after a full push).
     pub fn prune(&self, services_version: u64) {
-        for by_name in self.entries.write().values_mut() {
-            by_name.retain(|_, e| e.stamp[0] == services_version);
-        }
-        for by_name in self.lists.write().values_mut() {
-            by_name.retain(|_, e| e.stamp[0] == services_version);
-        }
+        self.entries.retain(|s| s[0] == services_version);
+        self.lists.retain(|s| s[0] == services_version);
     }
 
     /// How many resources have been built (not served from cache) so far.
@@ -268,7 +326,7 @@ impl ResourceCache {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.read().values().map(HashMap::len).sum()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -308,16 +366,16 @@ pub fn parse_sni_cluster(name: &str) -> Option<(u16, &str)> {
 fn grpc_target<'n>(generation: &Generation<'_>, name: &'n str) -> Option<(&'n str, u16)> {
     let (host, port) = name.rsplit_once(':')?;
     let port: u16 = port.parse().ok()?;
-    generation.mesh.services.get(host)?.port(port)?;
+    generation.service(host)?.port(port)?;
     Some((host, port))
 }
 
 /// The service and port an outbound cluster name points at.
 fn outbound_target(generation: &Generation<'_>, name: &str) -> Option<(Arc<Service>, u16)> {
     let (port, host) = parse_outbound(name)?;
-    let service = generation.mesh.services.get(host)?;
+    let service = generation.service(host)?;
     service.port(port)?;
-    Some((service, port))
+    Some((service.clone(), port))
 }
 
 fn ads() -> ConfigSource {

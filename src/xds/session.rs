@@ -1,0 +1,356 @@
+//! Sessions: one per stream, the protocol state machine plus response assembly. Synchronous: they
+//! turn a request or a push into encoded responses, and the stream task (`xds/stream`) moves bytes.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use tracing::{debug, warn};
+
+use super::generate::Generation;
+use super::protocol::{Action, DeltaRequest, DeltaStream, ResourceType, Scope, SotwStream};
+use super::push::{plan, PushRequest};
+use super::server::{Connection, XdsServer};
+use super::wire;
+
+/// Unknown types a stream may ask for before it is refused: bounds what a client makes us remember.
+const MAX_UNKNOWN_TYPES: usize = 16;
+
+/// What a request asks of the stream.
+#[derive(Debug)]
+pub enum Answer {
+    Nothing,
+    /// Build and send this type's resources within the scope (a client request: names it asked
+    /// for that do not exist are reported as such).
+    Resources(ResourceType, Scope),
+    /// An empty response for a type meshpilot does not serve (Istio's agent asks for NDS, for one):
+    /// the client learns there is nothing rather than waiting.
+    Empty(Bytes),
+    /// The client is misbehaving; the stream ends with this.
+    Refuse(tonic::Status),
+}
+
+/// What every response needs besides its resources.
+pub struct Reply<'a> {
+    pub generation: &'a Generation<'a>,
+    pub version: &'a Arc<str>,
+}
+
+/// A protocol variant's session.
+pub trait Session<Req>: Send + Sync {
+    fn on_request(&mut self, request: Req) -> Answer;
+    /// Appends the response for one type to `out` (Delta sends nothing when nothing changed).
+    /// `requested`: the client asked (rather than a change being pushed).
+    fn respond(
+        &mut self,
+        reply: &Reply<'_>,
+        ty: ResourceType,
+        scope: &Scope,
+        requested: bool,
+        out: &mut Vec<Bytes>,
+    );
+    fn watched(&self) -> Vec<ResourceType>;
+    /// The EDS resources the proxy subscribes to.
+    fn eds_names(&self) -> Vec<String>;
+
+    /// Appends what a push request means for this stream.
+    fn push(&mut self, reply: &Reply<'_>, request: &PushRequest, out: &mut Vec<Bytes>) {
+        let (watched, eds) = (self.watched(), self.eds_names());
+        for (ty, scope) in plan(request, &watched, eds.into_iter()) {
+            self.respond(reply, ty, &scope, false, out);
+        }
+    }
+}
+
+/// State both variants share: the server, the connection and the unknown types answered so far.
+struct Common {
+    server: Arc<XdsServer>,
+    conn: Arc<Connection>,
+    /// Type URL → nonce of the empty response sent for it.
+    unknown: HashMap<String, Arc<str>>,
+}
+
+impl Common {
+    /// An unknown type's request: answered with an empty response unless it acknowledges ours.
+    fn unknown_type(
+        &mut self,
+        type_url: String,
+        nonce: &str,
+        encode: impl FnOnce(&str, &str) -> Bytes,
+    ) -> Answer {
+        if self.unknown.get(&type_url).is_some_and(|n| **n == *nonce) {
+            return Answer::Nothing;
+        }
+        if !self.unknown.contains_key(&type_url) && self.unknown.len() >= MAX_UNKNOWN_TYPES {
+            return Answer::Refuse(tonic::Status::invalid_argument(format!(
+                "more than {MAX_UNKNOWN_TYPES} resource types meshpilot does not serve"
+            )));
+        }
+        debug!(proxy = %self.conn.proxy.id, type_url = %bounded(&type_url), "answering an unserved type with nothing");
+        let nonce = self.server.next_nonce();
+        let bytes = encode(&type_url, &nonce);
+        self.unknown.insert(type_url, nonce);
+        Answer::Empty(bytes)
+    }
+
+    /// Turns the protocol's decision into an answer; records NACKs and the EDS subscription.
+    fn conclude(
+        &self,
+        ty: ResourceType,
+        action: Action,
+        eds_generation: u64,
+        eds: &dyn Fn() -> Vec<String>,
+    ) -> Answer {
+        if ty == ResourceType::Endpoint
+            && self
+                .conn
+                .eds_generation
+                .swap(eds_generation, Ordering::Relaxed)
+                != eds_generation
+        {
+            self.conn.set_eds_names(eds().iter());
+        }
+        match action {
+            Action::Respond(scope) => Answer::Resources(ty, scope),
+            Action::Nack { message, then } => {
+                self.server.metrics().nacked(ty);
+                warn!(proxy = %self.conn.proxy.id, r#type = ty.short(), error = %bounded(&message), "NACK");
+                match then {
+                    Some(scope) => Answer::Resources(ty, scope),
+                    None => Answer::Nothing,
+                }
+            }
+            Action::Ack | Action::Ignore => Answer::Nothing,
+        }
+    }
+}
+
+/// Client-supplied text as it may appear in logs: at most ~200 bytes.
+fn bounded(text: &str) -> &str {
+    const MAX: usize = 200;
+    if text.len() <= MAX {
+        return text;
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+pub struct SotwSession {
+    common: Common,
+    stream: SotwStream,
+}
+
+impl SotwSession {
+    pub fn new(server: Arc<XdsServer>, conn: Arc<Connection>) -> Self {
+        Self {
+            common: Common {
+                server,
+                conn,
+                unknown: HashMap::new(),
+            },
+            stream: SotwStream::default(),
+        }
+    }
+
+    fn publish_status(&self, ty: ResourceType) {
+        if let Some(w) = self.stream.watches.get(&ty) {
+            self.common.conn.publish_status(ty, w.status.clone());
+        }
+    }
+}
+
+impl Session<DiscoveryRequest> for SotwSession {
+    fn on_request(&mut self, request: DiscoveryRequest) -> Answer {
+        let Some(ty) = ResourceType::from_url(&request.type_url) else {
+            return self.common.unknown_type(
+                request.type_url,
+                &request.response_nonce,
+                |url, nonce| wire::sotw_response(url, "", nonce, &[]),
+            );
+        };
+        let error = request.error_detail.map(|e| e.message);
+        let action = self.stream.on_request(
+            ty,
+            request.resource_names,
+            &request.response_nonce,
+            &request.version_info,
+            error,
+        );
+        let generation = self
+            .stream
+            .watches
+            .get(&ResourceType::Endpoint)
+            .map_or(0, |w| w.generation);
+        let answer = self
+            .common
+            .conclude(ty, action, generation, &|| self.eds_names());
+        self.publish_status(ty);
+        answer
+    }
+
+    fn respond(
+        &mut self,
+        reply: &Reply<'_>,
+        ty: ResourceType,
+        scope: &Scope,
+        _requested: bool,
+        out: &mut Vec<Bytes>,
+    ) {
+        let Some(watch) = self.stream.watches.get(&ty) else {
+            return;
+        };
+        let g = reply.generation;
+        let resources = if watch.wildcard {
+            g.all(ty)
+        } else {
+            g.named(ty, watch.names.iter().filter(|n| scope.contains(n)))
+        };
+        let nonce = self.common.server.next_nonce();
+        out.push(wire::sotw_response(
+            ty.url(),
+            reply.version,
+            &nonce,
+            &resources,
+        ));
+        self.stream.sent(ty, reply.version, &nonce, resources.len());
+        self.publish_status(ty);
+        self.common.server.metrics().pushed(ty);
+        debug!(proxy = %self.common.conn.proxy.id, r#type = ty.short(), version = &**reply.version, resources = resources.len(), "sent");
+    }
+
+    fn watched(&self) -> Vec<ResourceType> {
+        self.stream.watches.keys().copied().collect()
+    }
+
+    fn eds_names(&self) -> Vec<String> {
+        let watch = self.stream.watches.get(&ResourceType::Endpoint);
+        watch
+            .map(|w| w.names.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+pub struct DeltaSession {
+    common: Common,
+    stream: DeltaStream,
+}
+
+impl DeltaSession {
+    pub fn new(server: Arc<XdsServer>, conn: Arc<Connection>) -> Self {
+        Self {
+            common: Common {
+                server,
+                conn,
+                unknown: HashMap::new(),
+            },
+            stream: DeltaStream::default(),
+        }
+    }
+
+    fn publish_status(&self, ty: ResourceType) {
+        if let Some(w) = self.stream.watches.get(&ty) {
+            self.common.conn.publish_status(ty, w.status.clone());
+        }
+    }
+}
+
+impl Session<DeltaDiscoveryRequest> for DeltaSession {
+    fn on_request(&mut self, request: DeltaDiscoveryRequest) -> Answer {
+        let Some(ty) = ResourceType::from_url(&request.type_url) else {
+            return self.common.unknown_type(
+                request.type_url,
+                &request.response_nonce,
+                |url, nonce| wire::delta_response(url, "", nonce, &[], &[]),
+            );
+        };
+        let action = self.stream.on_request(DeltaRequest {
+            ty,
+            subscribe: request.resource_names_subscribe,
+            unsubscribe: request.resource_names_unsubscribe,
+            initial_versions: request.initial_resource_versions,
+            nonce: &request.response_nonce,
+            error: request.error_detail.map(|e| e.message),
+        });
+        let generation = self
+            .stream
+            .watches
+            .get(&ResourceType::Endpoint)
+            .map_or(0, |w| w.generation);
+        let answer = self
+            .common
+            .conclude(ty, action, generation, &|| self.eds_names());
+        self.publish_status(ty);
+        answer
+    }
+
+    fn respond(
+        &mut self,
+        reply: &Reply<'_>,
+        ty: ResourceType,
+        scope: &Scope,
+        requested: bool,
+        out: &mut Vec<Bytes>,
+    ) {
+        let g = reply.generation;
+        let Some(watch) = self.stream.watches.get_mut(&ty) else {
+            return;
+        };
+        let first = watch.status.sent_nonce.is_none();
+        let (current, considered) = if watch.wildcard && *scope == Scope::All {
+            (g.all(ty), Scope::All)
+        } else {
+            let names: BTreeSet<String> = watch
+                .subscribed
+                .iter()
+                .filter(|n| scope.contains(n))
+                .cloned()
+                .collect();
+            (g.named(ty, names.iter()), Scope::Names(names))
+        };
+        let (changed, removed) = watch.diff(&considered, current, requested);
+        if changed.is_empty() && removed.is_empty() && !first {
+            return;
+        }
+        let nonce = self.common.server.next_nonce();
+        out.push(wire::delta_response(
+            ty.url(),
+            reply.version,
+            &nonce,
+            &changed,
+            &removed,
+        ));
+        self.stream.sent(ty, reply.version, &nonce);
+        self.publish_status(ty);
+        self.common.server.metrics().pushed(ty);
+        debug!(proxy = %self.common.conn.proxy.id, r#type = ty.short(), version = &**reply.version, changed = changed.len(), removed = removed.len(), "sent");
+    }
+
+    fn watched(&self) -> Vec<ResourceType> {
+        self.stream.watches.keys().copied().collect()
+    }
+
+    fn eds_names(&self) -> Vec<String> {
+        let watch = self.stream.watches.get(&ResourceType::Endpoint);
+        watch
+            .map(|w| w.subscribed.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounded;
+
+    #[test]
+    fn echoed_text_is_bounded_on_a_char_boundary() {
+        assert_eq!(bounded("short"), "short");
+        let long = "é".repeat(300);
+        let cut = bounded(&long);
+        assert!(cut.len() <= 200 && long.starts_with(cut));
+    }
+}

@@ -1,0 +1,226 @@
+//! One ADS stream's task: identify the proxy, then alternate between its requests and the pushes
+//! offered to its slot, sending through a bounded queue.
+//!
+//! What is bounded: each stream's output queue holds [`OUTPUT_QUEUE`] encoded response; a send waits
+//! for room (under the push permit, so at most `push_concurrency` streams build or wait at once) and
+//! gives up after the send timeout, closing the stream. Pushes arriving meanwhile merge into the
+//! stream's single pending slot, so a proxy that stops reading costs one response in the queue, one
+//! being written, the transport's window and one merged pending push — never a backlog.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+use tracing::{debug, error, warn};
+
+use super::generate::Generation;
+use super::proxy::Proxy;
+use super::push::PushRequest;
+use super::server::{Connection, NodeOf, Registered, XdsServer};
+use super::session::{Answer, Reply, Session};
+use crate::security::authn::{Authenticator, Credentials};
+
+/// Encoded responses a stream may have queued for transmission.
+pub const OUTPUT_QUEUE: usize = 1;
+
+pub type ResponseTx = mpsc::Sender<Result<Bytes, Status>>;
+
+/// Creates a session for a connected proxy.
+pub type NewSession<Req> = fn(Arc<XdsServer>, Arc<Connection>) -> Box<dyn Session<Req>>;
+
+/// Runs a stream's task to its end; a panic inside is logged, counted and reported to the client,
+/// and the connection is unregistered as the task unwinds.
+pub async fn run_guarded<F>(server: Arc<XdsServer>, tx: ResponseTx, stream: F)
+where
+    F: std::future::Future<Output = ()>,
+{
+    if let Err(panic) = AssertUnwindSafe(stream).catch_unwind().await {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        error!(panic = %message, "xDS stream task panicked; closing the stream");
+        server.metrics().stream_panicked();
+        let _ = tx.try_send(Err(Status::internal(
+            "meshpilot: internal error on this stream; reconnect",
+        )));
+    }
+}
+
+/// Waits for the first request, identifies and authorizes the proxy, and runs its session until the
+/// stream ends.
+pub async fn serve<Req: NodeOf>(
+    server: Arc<XdsServer>,
+    mut requests: Streaming<Req>,
+    tx: ResponseTx,
+    delta: bool,
+    auth: Option<(Arc<Authenticator>, Credentials)>,
+    new_session: NewSession<Req>,
+) {
+    if !server.ready() {
+        // As istiod: a proxy must not get a partial view while clusters are still syncing.
+        let _ = tx
+            .send(Err(Status::unavailable(
+                "meshpilot is not ready: clusters are still syncing",
+            )))
+            .await;
+        return;
+    }
+    let wait = server.options().first_request_timeout;
+    let first = match tokio::time::timeout(wait, requests.message()).await {
+        Ok(Ok(Some(first))) => first,
+        Ok(_) => return,
+        Err(_) => {
+            debug!("no first request within {wait:?}; closing the stream");
+            let _ = tx
+                .send(Err(Status::deadline_exceeded(format!(
+                    "no request within {wait:?} of opening the stream"
+                ))))
+                .await;
+            return;
+        }
+    };
+    let proxy = match Proxy::from_node(first.node()) {
+        Ok(proxy) => proxy,
+        Err(e) => {
+            warn!(error = %e, "refusing xDS stream");
+            let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
+            return;
+        }
+    };
+    if let Some((authn, credentials)) = auth {
+        if let Err(status) = super::server::authorize(&authn, &credentials, &proxy).await {
+            warn!(proxy = %proxy.id, %status, "refusing xDS stream");
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
+    }
+    let registered = server.connect(proxy, delta);
+    let session = new_session(server.clone(), registered.conn().clone());
+    Stream {
+        server,
+        registered,
+        session,
+        tx,
+    }
+    .run(first, requests)
+    .await;
+}
+
+/// What wakes a stream.
+enum Work<Req> {
+    Request(Req),
+    Push(PushRequest),
+}
+
+struct Stream<Req> {
+    server: Arc<XdsServer>,
+    registered: Registered,
+    session: Box<dyn Session<Req>>,
+    tx: ResponseTx,
+}
+
+impl<Req: NodeOf> Stream<Req> {
+    async fn run(mut self, first: Req, mut requests: Streaming<Req>) {
+        let conn = self.registered.conn().clone();
+        let mut next = Some(Work::Request(first));
+        loop {
+            let work = match next.take() {
+                Some(work) => work,
+                None => tokio::select! {
+                    message = requests.message() => match message {
+                        Ok(Some(request)) => Work::Request(request),
+                        Ok(None) => return,
+                        Err(status) => {
+                            debug!(proxy = %conn.proxy.id, %status, "stream ended");
+                            return;
+                        }
+                    },
+                    _ = conn.slot.ready() => match conn.slot.take() {
+                        Some(push) => Work::Push(push),
+                        None => continue,
+                    },
+                },
+            };
+            let open = match work {
+                Work::Request(request) => self.answer(request).await,
+                Work::Push(push) => self.push(push).await,
+            };
+            if !open {
+                return;
+            }
+        }
+    }
+
+    /// Handles one request; false once the stream is gone.
+    async fn answer(&mut self, request: Req) -> bool {
+        match self.session.on_request(request) {
+            Answer::Nothing => true,
+            Answer::Empty(bytes) => self.send(vec![bytes]).await,
+            Answer::Refuse(status) => {
+                let _ = self.tx.send(Err(status)).await;
+                false
+            }
+            Answer::Resources(ty, scope) => {
+                let server = self.server.clone();
+                let Ok(_permit) = server.push_permit().await else {
+                    return false;
+                };
+                let out =
+                    self.build(|session, reply, out| session.respond(reply, ty, &scope, true, out));
+                self.send(out).await
+            }
+        }
+    }
+
+    /// Sends what a push means for this proxy; false once the stream is gone.
+    async fn push(&mut self, push: PushRequest) -> bool {
+        let server = self.server.clone();
+        let Ok(_permit) = server.push_permit().await else {
+            return false;
+        };
+        let out = self.build(|session, reply, out| session.push(reply, &push, out));
+        self.send(out).await
+    }
+
+    /// Assembles responses from one snapshot of the mesh.
+    fn build(
+        &mut self,
+        assemble: impl FnOnce(&mut dyn Session<Req>, &Reply<'_>, &mut Vec<Bytes>),
+    ) -> Vec<Bytes> {
+        let snapshot = self.server.mesh().snapshot();
+        let conn = self.registered.conn();
+        let generation = Generation::new(&snapshot, self.server.cache(), &conn.proxy);
+        let reply = Reply {
+            generation: &generation,
+            version: &snapshot.version_text,
+        };
+        let mut out = Vec::new();
+        assemble(self.session.as_mut(), &reply, &mut out);
+        out
+    }
+
+    /// Queues responses in order, waiting for room; a proxy that does not read for the send timeout
+    /// loses its stream (it reconnects and gets everything afresh).
+    async fn send(&self, out: Vec<Bytes>) -> bool {
+        let timeout: Duration = self.server.options().send_timeout;
+        for bytes in out {
+            match tokio::time::timeout(timeout, self.tx.send(Ok(bytes))).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return false,
+                Err(_) => {
+                    let proxy = &self.registered.conn().proxy.id;
+                    warn!(proxy = %proxy, "proxy has not read a response for {timeout:?}; closing its stream");
+                    self.server.metrics().send_timed_out();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
