@@ -4,13 +4,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use thiserror::Error;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::info;
 
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
+use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
 use crate::model::{ClusterId, Provider, ShardKey};
@@ -47,10 +46,11 @@ pub enum StartError {
     Ca(#[from] crate::security::ca::CaError),
     #[error("secure xDS: {0}")]
     Tls(#[from] crate::security::tls::TlsError),
-    #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind {
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error("cannot read the bound address of {what}: {source}")]
+    LocalAddr {
         what: &'static str,
-        addr: SocketAddr,
         source: std::io::Error,
     },
 }
@@ -93,27 +93,6 @@ impl Drop for Running {
             task.abort();
         }
     }
-}
-
-/// Pending connections the kernel queues per listener: a mesh's proxies reconnect all at once after
-/// a control-plane restart, far more than the default 128.
-const LISTEN_BACKLOG: u32 = 4096;
-
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
-    let error = |source| StartError::Bind { what, addr, source };
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-    }
-    .map_err(error)?;
-    socket.set_reuseaddr(true).map_err(error)?;
-    socket.bind(addr).map_err(error)?;
-    let listener = socket.listen(LISTEN_BACKLOG).map_err(error)?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| StartError::Bind { what, addr, source })?;
-    info!(server = what, addr = %bound, "listening");
-    Ok(listener)
 }
 
 pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
@@ -159,11 +138,11 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     );
     let mut tasks = Vec::new();
 
-    let grpc = bind("xds", args.xds_addr).await?;
-    let xds_addr = local_addr("xds", &grpc, args.xds_addr)?;
+    let grpc = listen::bind("xds", args.xds_addr).await?;
+    let xds_addr = local_addr("xds", &grpc)?;
     let router = tonic::transport::Server::builder().add_service(xds.service());
     tasks.push(tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+        let incoming = grpc.into_stream();
         if let Err(e) = router.serve_with_incoming(incoming).await {
             tracing::error!(error = %e, "xDS server stopped");
         }
@@ -203,8 +182,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let serving = ServingCert::issue(&ca, &names, args.serving_cert_ttl)?;
     tasks.push(serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl));
     let tls = tls::server_config(serving, ca.root_pem())?;
-    let secure = bind("secure-xds", args.secure_xds_addr).await?;
-    let secure_xds_addr = local_addr("secure-xds", &secure, args.secure_xds_addr)?;
+    let secure = listen::bind("secure-xds", args.secure_xds_addr).await?;
+    let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
         .add_service(xds.secure_service(authn.clone()))
         .add_service(CaService::server(ca.clone(), authn));
@@ -224,8 +203,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         ));
     }
 
-    let http = bind("admin", args.http_addr).await?;
-    let http_addr = local_addr("admin", &http, args.http_addr)?;
+    let http = listen::bind("admin", args.http_addr).await?;
+    let http_addr = local_addr("admin", &http)?;
     let router = admin::router(Arc::new(AdminState {
         ready: ready.clone(),
         networks_error,
@@ -253,14 +232,10 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     })
 }
 
-fn local_addr(
-    what: &'static str,
-    listener: &TcpListener,
-    addr: SocketAddr,
-) -> Result<SocketAddr, StartError> {
-    listener
+fn local_addr(what: &'static str, acceptor: &Acceptor) -> Result<SocketAddr, StartError> {
+    acceptor
         .local_addr()
-        .map_err(|source| StartError::Bind { what, addr, source })
+        .map_err(|source| StartError::LocalAddr { what, source })
 }
 
 async fn start_config_cluster(

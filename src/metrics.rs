@@ -81,6 +81,11 @@ impl XdsMetrics {
         self.stream_panics.inc();
     }
 
+    #[cfg(test)]
+    pub fn stream_panics(&self) -> u64 {
+        self.stream_panics.get()
+    }
+
     pub fn send_timed_out(&self) {
         self.send_timeouts.inc();
     }

@@ -17,7 +17,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::ca::{spiffe_identities, CaError, CertificateAuthority};
 use super::identity::Identity;
+use crate::listen::Acceptor;
 
 #[derive(Debug, Error)]
 pub enum TlsError {
@@ -134,7 +135,7 @@ pub fn server_config(
 
 /// Accepts TCP connections and yields the ones whose handshake completed in time.
 pub fn incoming(
-    listener: TcpListener,
+    mut listener: Acceptor,
     config: Arc<ServerConfig>,
     handshake_timeout: Duration,
 ) -> ReceiverStream<Result<SecureConn, io::Error>> {
@@ -142,13 +143,7 @@ pub fn incoming(
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {
         loop {
-            let (tcp, remote) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    continue;
-                }
-            };
+            let (tcp, remote) = listener.accept().await;
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {

@@ -3,7 +3,7 @@
 //! No gRPC here: versions, nonces, ACK/NACK and subscriptions for SotW and Delta are tested
 //! without a server. The server only moves messages.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -221,12 +221,34 @@ pub struct DeltaWatch {
     /// What the client holds: name → version.
     /// Names are the cached resources' own `Arc`s: remembering a resource costs no allocation.
     pub known: HashMap<Arc<str>, Arc<str>>,
+    /// Responses not yet acknowledged: nonce → the names they carried, oldest first. A NACK makes
+    /// their versions unknown again, so the next push of the type sends them anew.
+    unacked: VecDeque<(Arc<str>, Vec<Arc<str>>)>,
     pub status: TypeStatus,
 }
+
+/// Unacknowledged responses remembered per type: a client answers each in order, so a handful
+/// covers any pipelining; older ones are forgotten.
+const UNACKED_KEPT: usize = 8;
 
 impl DeltaWatch {
     pub fn wants(&self, name: &str) -> bool {
         self.wildcard || self.subscribed.contains(name)
+    }
+
+    /// The client answered the response with `nonce` (and, in order, every earlier one).
+    fn answered(&mut self, nonce: &str, rejected: bool) {
+        let Some(pos) = self.unacked.iter().position(|(n, _)| **n == *nonce) else {
+            return;
+        };
+        let answered: Vec<_> = self.unacked.drain(..=pos).collect();
+        if rejected {
+            if let Some((_, names)) = answered.last() {
+                for name in names {
+                    self.known.remove(name);
+                }
+            }
+        }
     }
 
     /// Given the current resources within `scope`, returns what to send (changed or new to the
@@ -344,6 +366,7 @@ impl DeltaStream {
         }
         let requested = (!requested.is_empty()).then_some(Scope::Names(requested));
         if let Some(message) = req.error {
+            watch.answered(req.nonce, true);
             watch.status.last_nack = Some(Arc::from(message.as_str()));
             return Action::Nack {
                 message,
@@ -358,6 +381,7 @@ impl DeltaStream {
             watch.status.acked_version = watch.status.sent_version.clone();
             watch.status.last_nack = None;
         }
+        watch.answered(req.nonce, false);
         match (requested, acked) {
             (Some(scope), _) => Action::Respond(scope),
             (None, true) => Action::Ack,
@@ -365,11 +389,22 @@ impl DeltaStream {
         }
     }
 
-    pub fn sent(&mut self, ty: ResourceType, version: &Arc<str>, nonce: &Arc<str>) {
+    /// Records a response sent for `ty`, carrying `names`.
+    pub fn sent(
+        &mut self,
+        ty: ResourceType,
+        version: &Arc<str>,
+        nonce: &Arc<str>,
+        names: Vec<Arc<str>>,
+    ) {
         let watch = self.watches.entry(ty).or_default();
         watch.status.sent_version = Some(version.clone());
         watch.status.sent_nonce = Some(nonce.clone());
         watch.status.resources = watch.known.len();
+        if watch.unacked.len() == UNACKED_KEPT {
+            watch.unacked.pop_front();
+        }
+        watch.unacked.push_back((nonce.clone(), names));
     }
 }
 
@@ -555,7 +590,7 @@ mod tests {
             .get_mut(&Endpoint)
             .unwrap()
             .diff(&Scope::All, vec![res("a", "1")], false);
-        s.sent(Endpoint, &"v1".into(), &"n1".into());
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), vec!["a".into()]);
         assert_eq!(s.on_request(delta(Endpoint, &[], &[], "n1")), Action::Ack);
         assert_eq!(
             s.on_request(delta(Endpoint, &["b"], &[], "n1")),
@@ -588,7 +623,7 @@ mod tests {
     fn delta_nack_is_recorded() {
         let mut s = DeltaStream::default();
         s.on_request(delta(Cluster, &[], &[], ""));
-        s.sent(Cluster, &"v1".into(), &"n1".into());
+        s.sent(Cluster, &"v1".into(), &"n1".into(), vec![]);
         let mut req = delta(Cluster, &[], &[], "n1");
         req.error = Some("boom".into());
         assert_eq!(
@@ -611,7 +646,12 @@ mod tests {
         s.on_request(delta(Endpoint, &["a", "b"], &[], ""));
         let w = s.watches.get_mut(&Endpoint).unwrap();
         w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")], false);
-        s.sent(Endpoint, &"v1".into(), &"n1".into());
+        s.sent(
+            Endpoint,
+            &"v1".into(),
+            &"n1".into(),
+            vec!["a".into(), "b".into()],
+        );
         let mut req = delta(Endpoint, &["c"], &["b"], "n1");
         req.error = Some("rejected a".into());
         assert_eq!(
@@ -624,11 +664,36 @@ mod tests {
         );
         let w = s.watches.get_mut(&Endpoint).unwrap();
         assert!(w.wants("a") && !w.wants("b") && w.wants("c"));
-        // The rejected resource is sent again when it changes, not before.
+        // What the rejected response carried is unknown to the client again: the next push of the
+        // type sends it, changed or not.
         let (send, _) = w.diff(&Scope::All, vec![res("a", "1"), res("c", "1")], false);
-        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["c"]);
-        let (send, _) = w.diff(&Scope::All, vec![res("a", "2"), res("c", "1")], false);
-        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), ["a"]);
+        let names: Vec<&str> = send.iter().map(|r| &*r.name).collect();
+        assert_eq!(names, ["a", "c"]);
+    }
+
+    #[test]
+    fn delta_ack_settles_what_earlier_responses_carried() {
+        let mut s = DeltaStream::default();
+        s.on_request(delta(Endpoint, &["a", "b"], &[], ""));
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")], false);
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), vec!["a".into()]);
+        s.sent(Endpoint, &"v2".into(), &"n2".into(), vec!["b".into()]);
+        assert_eq!(
+            s.on_request(delta(Endpoint, &[], &[], "n1")),
+            Action::Ignore
+        );
+        let mut req = delta(Endpoint, &[], &[], "n2");
+        req.error = Some("b is bad".into());
+        s.on_request(req);
+        let w = s.watches.get_mut(&Endpoint).unwrap();
+        let (send, _) = w.diff(&Scope::All, vec![res("a", "1"), res("b", "1")], false);
+        let names: Vec<&str> = send.iter().map(|r| &*r.name).collect();
+        assert_eq!(
+            names,
+            ["b"],
+            "only the rejected response's resources are resent"
+        );
     }
 
     #[test]
@@ -665,7 +730,7 @@ mod tests {
         s.on_request(delta(Endpoint, &["a"], &[], ""));
         let w = s.watches.get_mut(&Endpoint).unwrap();
         w.diff(&Scope::All, vec![res("a", "1")], false);
-        s.sent(Endpoint, &"v1".into(), &"n1".into());
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), vec!["a".into()]);
         assert_eq!(
             s.on_request(delta(Endpoint, &["a"], &[], "n1")),
             Action::Respond(names_scope(&["a"]))

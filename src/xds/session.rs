@@ -324,7 +324,8 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             &changed,
             &removed,
         ));
-        self.stream.sent(ty, reply.version, &nonce);
+        let names = changed.iter().map(|r| r.name.clone()).collect();
+        self.stream.sent(ty, reply.version, &nonce, names);
         self.publish_status(ty);
         self.common.server.metrics().pushed(ty);
         debug!(proxy = %self.common.conn.proxy.id, r#type = ty.short(), version = &**reply.version, changed = changed.len(), removed = removed.len(), "sent");

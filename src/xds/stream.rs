@@ -224,3 +224,43 @@ impl<Req: NodeOf> Stream<Req> {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::XdsMetrics;
+    use crate::model::Mesh;
+    use crate::xds::server::XdsOptions;
+    use envoy_types::pb::envoy::config::core::v3::Node;
+
+    #[tokio::test]
+    async fn a_panicking_stream_is_reported_counted_and_unregistered() {
+        let metrics = XdsMetrics::default();
+        let server = XdsServer::new(
+            Arc::new(Mesh::default()),
+            Arc::new(|| true),
+            XdsOptions::default(),
+            metrics.clone(),
+        );
+        let (tx, mut rx) = mpsc::channel(OUTPUT_QUEUE);
+        let inner = server.clone();
+        run_guarded(server.clone(), tx, async move {
+            let node = Node {
+                id: "sidecar~10.0.0.1~pod.ns~ns.svc.cluster.local".into(),
+                ..Default::default()
+            };
+            let _registered = inner.connect(Proxy::from_node(Some(&node)).expect("node"), false);
+            assert_eq!(inner.connection_count(), 1);
+            panic!("a bug in a session");
+        })
+        .await;
+        assert_eq!(server.connection_count(), 0, "unregistered on unwind");
+        assert_eq!(metrics.stream_panics(), 1);
+        let status = rx
+            .recv()
+            .await
+            .expect("the client hears of it")
+            .expect_err("an error status");
+        assert_eq!(status.code(), tonic::Code::Internal);
+    }
+}

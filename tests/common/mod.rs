@@ -13,8 +13,11 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod ads;
 pub mod netns;
 pub mod sds;
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use ads::{AdsClient, DeltaClient};
 pub use sds::{SdsServer, WorkloadCerts};
 
 pub const EXAMPLE: &str = concat!(
@@ -152,9 +155,15 @@ pub struct MeshpilotProcess {
 
 impl MeshpilotProcess {
     pub fn spawn(args: &[&str]) -> Self {
+        Self::spawn_with_env(args, &[])
+    }
+
+    /// With extra environment variables (allocator settings, for one).
+    pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
             .args(args)
             .env("MESHPILOT_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -552,14 +561,6 @@ pub async fn start_meshpilot_unready(flags: &[&str]) -> meshpilot::app::Running 
         .expect("meshpilot starts")
 }
 
-/// A raw ADS client (tonic, envoy-types), for protocol-level assertions.
-pub struct AdsClient {
-    requests: tokio::sync::mpsc::UnboundedSender<
-        envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest,
-    >,
-    responses: tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse>,
-}
-
 pub fn node(id: &str, metadata: &[(&str, &str)]) -> envoy_types::pb::envoy::config::core::v3::Node {
     use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
     let fields = metadata
@@ -597,53 +598,4 @@ pub async fn tls_channel(
         .tls_config(tls)?
         .connect()
         .await
-}
-
-impl AdsClient {
-    pub async fn connect(xds: SocketAddr) -> Result<AdsClient, tonic::Status> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
-            .expect("endpoint")
-            .connect()
-            .await
-            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        Self::over(channel).await
-    }
-
-    pub async fn over(channel: tonic::transport::Channel) -> Result<AdsClient, tonic::Status> {
-        use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
-        // meshpilot answers the call at once; the stream's first message is the caller's to send.
-        let responses = client
-            .stream_aggregated_resources(stream)
-            .await?
-            .into_inner();
-        Ok(AdsClient {
-            requests: tx,
-            responses,
-        })
-    }
-
-    pub fn request(
-        &self,
-        request: envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest,
-    ) {
-        self.requests.send(request).expect("stream open");
-    }
-
-    /// The next response, or the stream's error; None after `bound` of silence.
-    pub async fn next(
-        &mut self,
-        bound: Duration,
-    ) -> Option<
-        Result<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse, tonic::Status>,
-    > {
-        match tokio::time::timeout(bound, self.responses.message()).await {
-            Ok(Ok(Some(r))) => Some(Ok(r)),
-            Ok(Ok(None)) => None,
-            Ok(Err(status)) => Some(Err(status)),
-            Err(_) => None,
-        }
-    }
 }
