@@ -78,19 +78,26 @@ async fn accept_backs_off_while_out_of_descriptors_and_resumes() {
         .unwrap();
     assert_eq!(line.trim(), "connected");
 
-    let starved = Instant::now();
-    while Instant::now() - starved < Duration::from_millis(1500) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let tries = failures.load(Ordering::Relaxed);
+    // From the fifth failed accept to the seventh: a spinning loop takes microseconds, a backing-off
+    // one waits 80 + 160 ms (at least 160 ms whichever failure the first look catches).
+    let failed = |n: u64| {
+        let failures = failures.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while failures.load(Ordering::Relaxed) < n {
+                assert!(Instant::now() < deadline, "accept did not fail {n} times");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Instant::now()
+        }
+    };
+    let fifth = failed(5).await;
+    let seventh = failed(7).await;
     set_descriptor_limit(previous.rlim_cur);
+    let took = seventh - fifth;
     assert!(
-        tries >= 3,
-        "accept kept failing, yet only {tries} failures were seen"
-    );
-    assert!(
-        tries <= 20,
-        "{tries} failed accepts in 1.5 s: the listener spins instead of backing off"
+        took >= Duration::from_millis(100),
+        "two more failed accepts within {took:?}: the listener spins instead of backing off"
     );
     assert!(accepted.load(Ordering::Relaxed) < CLIENTS);
 

@@ -4,8 +4,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -178,31 +176,9 @@ async fn endpoint_waits_for_a_pod_that_arrives_after_its_slice() {
     .await;
 }
 
-/// Polls the served endpoints until dropped, remembering whether they were ever empty.
-struct GapWatch {
-    saw_gap: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl GapWatch {
-    fn start(admin: SocketAddr) -> Self {
-        let saw_gap = Arc::new(AtomicBool::new(false));
-        let flag = saw_gap.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                if addresses(admin).await.is_empty() {
-                    flag.store(true, Ordering::SeqCst);
-                }
-                tokio::task::yield_now().await;
-            }
-        });
-        Self { saw_gap, task }
-    }
-
-    fn finish(self) -> bool {
-        self.task.abort();
-        self.saw_gap.load(Ordering::SeqCst)
-    }
+/// Polls the served endpoints until stopped, counting the moments they were empty.
+fn gap_watch(admin: SocketAddr) -> Poller {
+    Poller::start(move || async move { !addresses(admin).await.is_empty() })
 }
 
 #[tokio::test]
@@ -218,7 +194,7 @@ async fn api_server_restart_recovers_without_a_gap() {
     .await;
     let admin = c.mp.http_addr;
     let watches_before = c.api.request_count("watch:endpointslices");
-    let gaps = GapWatch::start(admin);
+    let gaps = gap_watch(admin);
 
     c.api.stop();
     c.api.restart().await;
@@ -231,8 +207,9 @@ async fn api_server_restart_recovers_without_a_gap() {
         (addresses(admin).await == ["10.10.0.1", "10.10.0.2"]).then_some(())
     })
     .await;
-    assert!(
-        !gaps.finish(),
+    assert_eq!(
+        gaps.stop(10).await,
+        0,
         "endpoints were served empty during the restart"
     );
     assert!(
@@ -293,7 +270,7 @@ async fn gone_resource_version_relists_and_reconciles() {
     ads.silence(Duration::from_millis(500)).await;
 
     // A change made while the watch history is gone arrives through the next relist.
-    let gaps = GapWatch::start(admin);
+    let gaps = gap_watch(admin);
     c.api.stop();
     c.api.apply_yaml(&slice(
         "web-1",
@@ -305,8 +282,9 @@ async fn gone_resource_version_relists_and_reconciles() {
         (addresses(admin).await == ["10.10.0.1", "10.10.0.2"]).then_some(())
     })
     .await;
-    assert!(
-        !gaps.finish(),
+    assert_eq!(
+        gaps.stop(10).await,
+        0,
         "endpoints were served empty during the relist"
     );
     let push = ads.next(BOUND).await.expect("EDS push").unwrap();

@@ -4,8 +4,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -173,39 +171,19 @@ async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
     .await;
 }
 
-/// Polls Envoy's endpoints in a tight loop until stopped, remembering any moment `expected` was missing.
-struct EdsPoller {
-    gap: Arc<AtomicBool>,
-    polls: Arc<std::sync::atomic::AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl EdsPoller {
-    fn start(envoy_admin: SocketAddr, expected: &'static str) -> Self {
-        let gap = Arc::new(AtomicBool::new(false));
-        let polls = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (g, p) = (gap.clone(), polls.clone());
-        let task = tokio::spawn(async move {
-            let prefix = format!("{WEB_CLUSTER}::{expected}::health_flags::healthy");
-            loop {
-                if let Ok((_, body)) = http_get(envoy_admin, "/clusters").await {
-                    if !body.contains(&prefix) {
-                        g.store(true, Ordering::SeqCst);
-                    }
-                    p.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-        Self { gap, polls, task }
-    }
-
-    fn stop(self) -> (bool, u64) {
-        self.task.abort();
-        (
-            self.gap.load(Ordering::SeqCst),
-            self.polls.load(Ordering::Relaxed),
-        )
-    }
+/// Polls Envoy's endpoints in a tight loop until stopped, counting any moment `expected` was missing.
+fn eds_poller(envoy_admin: SocketAddr, expected: &'static str) -> Poller {
+    let prefix = format!("{WEB_CLUSTER}::{expected}::health_flags::healthy");
+    Poller::start(move || {
+        let prefix = prefix.clone();
+        async move {
+            let (status, body) = http_get(envoy_admin, "/clusters")
+                .await
+                .expect("Envoy admin reachable");
+            assert_eq!(status, 200, "Envoy /clusters: {body}");
+            body.contains(&prefix)
+        }
+    })
 }
 
 #[tokio::test]
@@ -230,7 +208,7 @@ async fn rotated_kubeconfig_swaps_without_a_gap() {
     })
     .await;
 
-    let poller = EdsPoller::start(envoy.admin, "10.20.0.1:80");
+    let poller = eds_poller(envoy.admin, "10.20.0.1:80");
     let started = Instant::now();
     let second = reader_token(&east, "east-v2");
     primary.config.apply(remote_secret(&[("east", &second)]));
@@ -264,12 +242,11 @@ endpoints:
         }
     })
     .await;
-    let (gap, polls) = poller.stop();
-    assert!(
-        !gap,
-        "east's endpoint was missing from Envoy's EDS during the rotation ({polls} polls)"
+    let gaps = poller.stop(10).await;
+    assert_eq!(
+        gaps, 0,
+        "east's endpoint was missing from Envoy's EDS during the rotation"
     );
-    assert!(polls > 10, "the poller barely ran ({polls} polls)");
     assert!(cluster_view(admin, "east").await.unwrap()["last_error"].is_null());
 
     // A rotation to a kubeconfig that never syncs keeps the current one serving, with the error shown.
@@ -303,19 +280,34 @@ async fn hanging_remote_delays_neither_others_nor_readiness_past_the_timeout() {
     let started = Instant::now();
     let mp = start_meshpilot_unready(&primary.flags(&["--remote-cluster-timeout", "2s"])).await;
     let admin = mp.http_addr;
-    wait_for("west served while east hangs", BOUND, || async move {
-        (served(admin, "west").await == ["10.30.0.1"]).then_some(())
+    // While east still syncs (seen before and after the probe), readiness must say no.
+    let (status, body) = wait_for("readiness probed while east syncs", BOUND, || async move {
+        let syncing = || async move {
+            cluster_view(admin, "east")
+                .await
+                .is_some_and(|v| v["state"] == "syncing")
+        };
+        if !syncing().await {
+            return None;
+        }
+        let probe = http_get(admin, "/ready").await.ok()?;
+        syncing().await.then_some(probe)
+    })
+    .await;
+    assert_eq!(status, 503, "ready while a cluster syncs: {body}");
+    assert!(body.contains("east"), "{body}");
+    let east_then = wait_for("west served", BOUND, || async move {
+        (served(admin, "west").await == ["10.30.0.1"]).then_some(())?;
+        cluster_view(admin, "east")
+            .await
+            .map(|v| v["state"].clone())
     })
     .await;
     let west_after = started.elapsed();
-    if west_after < Duration::from_millis(1500) {
-        let (status, body) = http_get(admin, "/ready").await.unwrap();
-        assert_eq!(
-            status, 503,
-            "ready before the hanging cluster timed out: {body}"
-        );
-        assert!(body.contains("east"), "{body}");
-    }
+    assert_eq!(
+        east_then, "syncing",
+        "west was served only after east's timeout ({west_after:?})"
+    );
     wait_for("ready after the timeout", BOUND, || async move {
         let (status, _) = http_get(admin, "/ready").await.ok()?;
         (status == 200).then_some(())

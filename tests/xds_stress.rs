@@ -188,9 +188,15 @@ impl Rng {
     }
 }
 
-fn random_change(rng: &mut Rng) -> Vec<ObjectChange> {
+/// A random registry change; with `endpoints_only`, one that needs an EDS push at most.
+fn random_change(rng: &mut Rng, endpoints_only: bool) -> Vec<ObjectChange> {
     let svc = rng.below(SERVICES);
-    let yaml = match rng.below(6) {
+    // Mostly endpoint churn, as in a real mesh: long runs of EDS-only pushes between full ones.
+    let op = match endpoints_only {
+        true => 6,
+        false => [0, 1, 2, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5][rng.below(16) as usize],
+    };
+    let yaml = match op {
         0 => {
             return vec![ObjectChange::Delete(ObjectKey {
                 kind: Kind::Service,
@@ -198,22 +204,32 @@ fn random_change(rng: &mut Rng) -> Vec<ObjectChange> {
                 name: format!("s{svc}"),
             })]
         }
-        1 => {
+        4 => {
             return vec![ObjectChange::Delete(ObjectKey {
                 kind: Kind::EndpointSlice,
                 namespace: "stress".into(),
                 name: format!("s{svc}-slice"),
             })]
         }
-        2 => {
+        1 => {
             let port = 8000 + rng.below(3);
             format!("apiVersion: v1\nkind: Service\nmetadata: {{name: s{svc}, namespace: stress}}\nspec: {{clusterIP: 10.96.0.{svc}, ports: [{{name: http, port: {port}}}, {{name: tcp, port: 9000}}]}}\n")
         }
-        3 => {
+        2 | 3 => {
             // A pod whose service account moves: the service's identities change (a full push).
             let ip = rng.below(4);
             let sa = rng.below(2);
             format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p{svc}-{ip}, namespace: stress, labels: {{security.istio.io/tlsMode: istio}}}}\nspec: {{serviceAccountName: sa{sa}, containers: []}}\nstatus: {{podIP: 10.40.{svc}.{ip}}}\n")
+        }
+        6 => {
+            // Every pod's endpoint, some not ready: the identities stay, the assignment changes.
+            let endpoints: Vec<String> = (0..4)
+                .map(|ip| {
+                    let ready = rng.below(2) == 0;
+                    format!("- addresses: [10.40.{svc}.{ip}]\n  conditions: {{ready: {ready}}}\n  targetRef: {{kind: Pod, name: p{svc}-{ip}, namespace: stress}}\n")
+                })
+                .collect();
+            format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{svc}-slice, namespace: stress, labels: {{kubernetes.io/service-name: s{svc}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: tcp, port: 9000}}]\nendpoints:\n{}", endpoints.concat())
         }
         _ => {
             let endpoints: Vec<String> = (0..4)
@@ -222,7 +238,7 @@ fn random_change(rng: &mut Rng) -> Vec<ObjectChange> {
                     format!("- addresses: [10.40.{svc}.{ip}]\n  conditions: {{ready: true}}\n  targetRef: {{kind: Pod, name: p{svc}-{ip}, namespace: stress}}\n")
                 })
                 .collect();
-            format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{svc}-slice, namespace: stress, labels: {{kubernetes.io/service-name: s{svc}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: tcp, port: 9000}}]\nendpoints:\n{}", if endpoints.is_empty() { "[]\n".to_string() } else { endpoints.concat() })
+            format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{svc}-slice, namespace: stress, labels: {{kubernetes.io/service-name: s{svc}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: tcp, port: 9000}}]\nendpoints:{}", if endpoints.is_empty() { " []\n".to_string() } else { format!("\n{}", endpoints.concat()) })
         }
     };
     meshpilot::sources::manifest::parse(&yaml)
@@ -232,15 +248,23 @@ fn random_change(rng: &mut Rng) -> Vec<ObjectChange> {
         .collect()
 }
 
+/// Random batches for a while, then endpoint changes only: the final state then differs from the
+/// last full push in assignments alone, which only correct cache keys get right.
 fn writer(registry: Arc<ClusterRegistry>, seed: u64) {
     let mut rng = Rng(seed);
     let until = Instant::now() + WRITE_FOR;
-    while Instant::now() < until {
-        let batch: Vec<ObjectChange> = (0..=rng.below(3))
-            .flat_map(|_| random_change(&mut rng))
+    let mut batch = |rng: &mut Rng, endpoints_only: bool| {
+        let changes: Vec<ObjectChange> = (0..=rng.below(3))
+            .flat_map(|_| random_change(rng, endpoints_only))
             .collect();
-        registry.apply(batch);
+        registry.apply(changes);
         std::thread::sleep(Duration::from_millis(rng.below(4)));
+    };
+    while Instant::now() < until {
+        batch(&mut rng, false);
+    }
+    for _ in 0..30 {
+        batch(&mut rng, true);
     }
 }
 
@@ -279,7 +303,8 @@ fn decode_any<M: Message + Default>(any: &[u8]) -> M {
 async fn after_concurrent_changes_every_proxy_holds_a_fresh_build_of_the_final_state() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("clusters")).unwrap();
-    let mp = start_meshpilot(dir.path(), &["--debounce-after", "5ms"]).await;
+    // No debounce: every batch is pushed while the next is being written.
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
     let shard = ShardKey {
         provider: Provider::Kubernetes,
         cluster: ClusterId::new("stress"),

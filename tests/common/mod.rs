@@ -44,6 +44,52 @@ where
     }
 }
 
+/// Runs a check over and over in a task until stopped, counting the polls and those the check failed:
+/// for properties that must hold at every moment of a change ("never empty", "no gap").
+pub struct Poller {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(u64, u64)>,
+}
+
+impl Poller {
+    pub fn start<F, Fut>(mut check: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = bool> + Send,
+    {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut polls, mut misses) = (0, 0);
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                polls += 1;
+                if !check().await {
+                    misses += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+            (polls, misses)
+        });
+        Self { stop, task }
+    }
+
+    /// Stops polling and returns how many polls failed the check. Fails the test if the check
+    /// panicked (an unreachable server is not "no gap") or ran fewer than `min_polls` times.
+    pub async fn stop(self, min_polls: u64) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (polls, misses) = match self.task.await {
+            Ok(counts) => counts,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("poller task failed: {e}"),
+        };
+        assert!(
+            polls >= min_polls,
+            "the poller ran {polls} times, fewer than {min_polls}: the check proves nothing"
+        );
+        misses
+    }
+}
+
 /// A one-shot HTTP/1.1 GET; returns status and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut stream = TcpStream::connect(addr).await?;
@@ -461,11 +507,13 @@ impl Envoy {
         }
     }
 
+    /// An admin page; fails the test when Envoy does not answer it (a dead Envoy is not "no data").
     pub async fn get(&self, path: &str) -> String {
-        http_get(self.admin, path)
+        let (status, body) = http_get(self.admin, path)
             .await
-            .map(|(_, body)| body)
-            .unwrap_or_default()
+            .unwrap_or_else(|e| panic!("Envoy admin {path} unreachable: {e}"));
+        assert_eq!(status, 200, "Envoy admin {path}: {body}");
+        body
     }
 
     /// Healthy endpoint addresses Envoy holds for one of its clusters.
@@ -482,23 +530,40 @@ impl Envoy {
         out
     }
 
-    /// Sum of every `*update_rejected` counter.
+    /// Sum of every `*update_rejected` counter (Envoy always has some: one per xDS subscription).
     pub async fn rejected_updates(&self) -> u64 {
-        self.get("/stats")
-            .await
+        let stats = self.get("/stats").await;
+        let counters: Vec<u64> = stats
             .lines()
             .filter(|l| l.contains("update_rejected"))
-            .filter_map(|l| l.rsplit(": ").next()?.parse::<u64>().ok())
-            .sum()
+            .map(|l| {
+                l.rsplit(": ")
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("unreadable stat line {l:?}"))
+            })
+            .collect();
+        assert!(
+            !counters.is_empty(),
+            "Envoy reports no update_rejected counters: is it subscribed at all?"
+        );
+        counters.iter().sum()
     }
 
-    /// A counter or gauge from Envoy's /stats.
+    /// A counter or gauge from Envoy's /stats, None while Envoy has not created it.
     pub async fn stat(&self, name: &str) -> Option<u64> {
         let prefix = format!("{name}: ");
         self.get("/stats")
             .await
             .lines()
             .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+    }
+
+    /// A counter or gauge that must exist.
+    pub async fn counter(&self, name: &str) -> u64 {
+        self.stat(name)
+            .await
+            .unwrap_or_else(|| panic!("Envoy has no stat {name}"))
     }
 }
 
