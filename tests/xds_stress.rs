@@ -253,7 +253,7 @@ fn random_change(rng: &mut Rng, endpoints_only: bool) -> Vec<ObjectChange> {
 fn writer(registry: Arc<ClusterRegistry>, seed: u64) {
     let mut rng = Rng(seed);
     let until = Instant::now() + WRITE_FOR;
-    let mut batch = |rng: &mut Rng, endpoints_only: bool| {
+    let batch = |rng: &mut Rng, endpoints_only: bool| {
         let changes: Vec<ObjectChange> = (0..=rng.below(3))
             .flat_map(|_| random_change(rng, endpoints_only))
             .collect();
