@@ -6,6 +6,7 @@ pub mod admin;
 pub mod aggregate;
 pub mod app;
 pub mod config;
+pub mod istio;
 pub mod listen;
 pub mod metrics;
 pub mod model;

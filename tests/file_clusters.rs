@@ -116,10 +116,11 @@ async fn clusters_come_and_go_with_their_directories() {
     })
     .await;
     // cluster3 has no node for its pod, so no locality, but the endpoint is there and synced.
-    assert_eq!(
-        cluster_view(admin, "cluster3").await.unwrap()["state"],
-        "synced"
-    );
+    wait_for("cluster3 synced", BOUND, || async move {
+        let view = cluster_view(admin, "cluster3").await?;
+        (view["state"] == "synced").then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -84,8 +84,10 @@ pub struct Endpoint {
     pub cluster_id: ClusterId,
     pub tls_mode: TlsMode,
     pub health: Health,
-    /// The pod behind the endpoint, for debugging.
+    /// The pod (or WorkloadEntry) behind the endpoint, for debugging.
     pub workload: Arc<str>,
+    /// Relative load-balancing weight (a WorkloadEntry's `weight`; 1 for pods).
+    pub weight: u32,
 }
 
 impl Endpoint {

@@ -3,15 +3,17 @@
 //! Everything a push reads is one immutable [`MeshSnapshot`], published per applied batch, so a push
 //! never holds a lock while it builds or sends and never mixes two versions of the mesh.
 
+mod config;
 mod endpoint;
 mod networks;
 mod service;
 mod services;
 mod shards;
 
+pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
-pub use service::{Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
+pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 
@@ -85,6 +87,8 @@ pub struct MeshSnapshot {
     pub gateways: Arc<Gateways>,
     /// Bumped whenever the gateway set changes; keys cached EDS.
     pub gateways_version: u64,
+    /// Istio configuration and the mesh config.
+    pub config: ConfigStore,
 }
 
 impl Default for MeshSnapshot {
@@ -97,6 +101,7 @@ impl Default for MeshSnapshot {
             networks: Arc::default(),
             gateways: Arc::default(),
             gateways_version: 0,
+            config: ConfigStore::default(),
         }
     }
 }

@@ -65,6 +65,11 @@ impl Protocol {
         })
     }
 
+    /// A ServiceEntry port's `protocol` (HTTP, HTTPS, GRPC, TLS, TCP, …).
+    pub fn from_name(protocol: &str) -> Self {
+        Self::parse(protocol).unwrap_or(Self::Unsupported)
+    }
+
     /// Whether the port carries HTTP that a proxy routes by host.
     pub fn is_http(self) -> bool {
         matches!(self, Self::Http | Self::Http2 | Self::Grpc)
@@ -76,6 +81,9 @@ pub struct ServicePort {
     pub name: String,
     pub port: u16,
     pub protocol: Protocol,
+    /// Where the workloads listen, when the service says (a ServiceEntry's `targetPort`); for
+    /// Kubernetes Services each endpoint carries its own.
+    pub target_port: Option<u16>,
 }
 
 /// How a client reaches the service's endpoints.
@@ -83,10 +91,22 @@ pub struct ServicePort {
 pub enum Resolution {
     /// Load-balanced by the proxy over EDS endpoints.
     ClientSideLb,
-    /// Headless: the proxy forwards to the original destination.
+    /// Headless, or a ServiceEntry with resolution NONE: the proxy forwards to the original
+    /// destination.
     Passthrough,
-    /// ExternalName: a DNS alias.
-    DnsAlias,
+    /// The proxy resolves the service's `dns_targets` itself (an ExternalName service, a DNS
+    /// ServiceEntry): every address of every target, or only the first address of one at a time.
+    Dns { round_robin: bool },
+}
+
+/// A name the proxy resolves, for DNS resolution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DnsTarget {
+    pub host: String,
+    /// Port name → target port; a port absent here is reached on the service port's target port.
+    pub ports: BTreeMap<String, u16>,
+    pub weight: u32,
+    pub locality: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -99,11 +119,17 @@ pub struct Service {
     pub cluster_vips: BTreeMap<ClusterId, Vec<IpAddr>>,
     pub labels: BTreeMap<String, String>,
     pub resolution: Resolution,
-    /// Target of an ExternalName service.
-    pub external_name: Option<String>,
+    /// What the proxy resolves when `resolution` is DNS.
+    pub dns_targets: Vec<DnsTarget>,
     /// Addresses reachable from outside its cluster (LoadBalancer ingress IPs, else externalIPs):
     /// where an east-west gateway Service is reached.
     pub external_addresses: Vec<IpAddr>,
+    /// Outside the mesh (a MESH_EXTERNAL ServiceEntry): no sidecars there, so no auto mTLS.
+    pub mesh_external: bool,
+    /// Namespaces whose proxies see the service (`.`, `*`, `~` or names); empty: the mesh default.
+    pub export_to: Vec<String>,
+    /// Identities to verify beyond the endpoints' own (a ServiceEntry's subjectAltNames).
+    pub subject_alt_names: Vec<String>,
 }
 
 impl Service {
@@ -116,6 +142,24 @@ impl Service {
 
     pub fn port(&self, number: u16) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.port == number)
+    }
+
+    /// Whether a proxy in `namespace` sees the service, given the mesh's default export.
+    pub fn visible_to(&self, namespace: &str, default_export: &[String]) -> bool {
+        let export_to = match self.export_to.as_slice() {
+            [] => default_export,
+            e => e,
+        };
+        *self.namespace == *namespace || export_to.iter().any(|e| e == "*" || e == namespace)
+    }
+
+    /// Whether some namespaces do not see the service.
+    pub fn restricted(&self, default_export: &[String]) -> bool {
+        let export_to = match self.export_to.as_slice() {
+            [] => default_export,
+            e => e,
+        };
+        !export_to.iter().any(|e| e == "*")
     }
 }
 

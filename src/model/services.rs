@@ -15,6 +15,8 @@ pub struct ServiceTable {
     order: Arc<[ClusterId]>,
     hosts: imbl::HashMap<Hostname, Arc<HostEntry>>,
     version: u64,
+    /// Merged services with their own `exportTo`.
+    explicit_exports: usize,
     /// Every merged service sorted by hostname, computed at most once per version.
     sorted: Arc<OnceLock<Arc<[Arc<Service>]>>>,
 }
@@ -46,12 +48,18 @@ impl ServiceTable {
 
     /// Recomputes a host's merged service; returns whether the published one changed.
     fn remerge(&mut self, host: &Hostname, per_cluster: BTreeMap<ClusterId, Arc<Service>>) -> bool {
+        let current = self.hosts.get(host).map(|e| e.merged.clone());
+        if current.as_ref().is_some_and(|c| !c.export_to.is_empty()) {
+            self.explicit_exports -= 1;
+        }
         let Some(merged) = self.merge(&per_cluster) else {
             let removed = self.hosts.remove(host).is_some();
             self.bump(removed);
             return removed;
         };
-        let current = self.hosts.get(host).map(|e| e.merged.clone());
+        if !merged.export_to.is_empty() {
+            self.explicit_exports += 1;
+        }
         let changed = current.as_ref().is_none_or(|c| **c != merged);
         let merged = match current {
             Some(c) if !changed => c,
@@ -168,6 +176,20 @@ impl ServiceTable {
             .collect()
     }
 
+    /// How many services limit who sees them (`exportTo`).
+    pub fn explicit_exports(&self) -> usize {
+        self.explicit_exports
+    }
+
+    /// Hosts this cluster defines.
+    pub fn hosts_of(&self, cluster: &ClusterId) -> Vec<Hostname> {
+        self.hosts
+            .iter()
+            .filter(|(_, e)| e.per_cluster.contains_key(cluster))
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
     /// Bumped on every change of any merged service.
     pub fn version(&self) -> u64 {
         self.version
@@ -188,12 +210,16 @@ mod tests {
                 name: "http".into(),
                 port,
                 protocol: Protocol::Http,
+                target_port: None,
             }],
             cluster_vips: BTreeMap::from([(ClusterId::new(cluster), vec![vip.parse().unwrap()])]),
             labels: Default::default(),
             resolution: Resolution::ClientSideLb,
-            external_name: None,
+            dns_targets: vec![],
             external_addresses: vec![],
+            mesh_external: false,
+            export_to: vec![],
+            subject_alt_names: vec![],
         }
     }
 

@@ -306,6 +306,7 @@ mod tests {
             tls_mode: TlsMode::Istio,
             health: Health::Healthy,
             workload: "".into(),
+            weight: 1,
         }
     }
 

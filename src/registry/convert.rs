@@ -8,7 +8,8 @@ use super::objects::{
     NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
 };
 use crate::model::{
-    ClusterId, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Resolution, Service, TlsMode,
+    ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Resolution,
+    Service, TlsMode,
 };
 
 /// `(namespace, name)` of a namespaced object.
@@ -16,12 +17,22 @@ pub type NsName = (String, String);
 
 pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Service {
     let resolution = if obj.external_name.is_some() {
-        Resolution::DnsAlias
+        Resolution::Dns { round_robin: false }
     } else if obj.headless {
         Resolution::Passthrough
     } else {
         Resolution::ClientSideLb
     };
+    let dns_targets = obj
+        .external_name
+        .iter()
+        .map(|host| DnsTarget {
+            host: host.clone(),
+            ports: BTreeMap::new(),
+            weight: 1,
+            locality: None,
+        })
+        .collect();
     Service {
         hostname: naming.hostname(&obj.name, &obj.namespace),
         name: obj.name.clone(),
@@ -30,8 +41,11 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
         cluster_vips: BTreeMap::from([(cluster.clone(), obj.cluster_ips.clone())]),
         labels: obj.labels.clone(),
         resolution,
-        external_name: obj.external_name.clone(),
+        dns_targets,
         external_addresses: obj.external_addresses.clone(),
+        mesh_external: false,
+        export_to: obj.export_to.clone(),
+        subject_alt_names: Vec::new(),
     }
 }
 
@@ -125,6 +139,7 @@ impl EndpointContext<'_> {
             workload: pod
                 .map(|p| Arc::from(p.name.as_str()))
                 .unwrap_or_else(|| Arc::from("")),
+            weight: 1,
         }
     }
 }

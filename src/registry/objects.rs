@@ -118,6 +118,8 @@ pub struct ServiceObj {
     pub ports: Vec<ServicePort>,
     /// LoadBalancer ingress IPs, else externalIPs.
     pub external_addresses: Vec<IpAddr>,
+    /// The `networking.istio.io/exportTo` annotation, split at commas.
+    pub export_to: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -202,6 +204,9 @@ pub fn namespace(ns: &core::Namespace) -> Result<Object, TrimError> {
     Ok(Object::Namespace(NamespaceObj { name, network }))
 }
 
+/// Which namespaces see a Service (Istio's annotation).
+pub const ANNOTATION_EXPORT_TO: &str = "networking.istio.io/exportTo";
+
 pub fn service(svc: &core::Service) -> Result<Object, TrimError> {
     let (namespace, name) = namespaced(Kind::Service, &svc.metadata)?;
     let spec = svc.spec.clone().unwrap_or_default();
@@ -216,6 +221,7 @@ pub fn service(svc: &core::Service) -> Result<Object, TrimError> {
             ),
             port: port_number(Kind::Service, &namespace, &name, p.port)?,
             name: port_name,
+            target_port: None,
         });
     }
     let headless = spec.cluster_ip.as_deref() == Some("None");
@@ -238,8 +244,22 @@ pub fn service(svc: &core::Service) -> Result<Object, TrimError> {
     } else {
         ingress
     };
+    let export_to = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_EXPORT_TO))
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Object::Service(ServiceObj {
         external_addresses,
+        export_to,
         labels: svc.metadata.labels.clone().unwrap_or_default(),
         name,
         namespace,

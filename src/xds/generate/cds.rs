@@ -1,27 +1,28 @@
-//! CDS: one cluster per service port (`outbound|<port>||<hostname>`), plus Istio's fixed clusters and,
-//! for a sidecar, one `inbound|<port>||` cluster per port of its own workload.
+//! CDS: one cluster per visible service port (`outbound|<port>||<hostname>`) and one per subset of
+//! the DestinationRule that applies (`outbound|<port>|<subset>|<hostname>`), with the rule's traffic
+//! policy and TLS; Istio's fixed clusters and, for a sidecar, one `inbound|<port>||` cluster per port
+//! of its own workload.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy,
 };
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
-use envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions;
+use envoy_types::pb::envoy::config::core::v3::Locality as EnvoyLocality;
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints,
 };
-use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
-    explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
-};
-use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
-use envoy_types::util::pack_any;
+use envoy_types::pb::google::protobuf::UInt32Value;
 
+use super::policy::{self, Effective};
 use super::{
-    ads, outbound_cluster, outbound_target, parse_sni_cluster, seconds, socket, tls, Generation,
+    ads, parse_outbound, parse_sni_cluster, seconds, socket, subset_cluster, target, tls,
+    Generation, Target,
 };
-use crate::model::{Resolution, Service};
+use crate::istio::destination_rule::TlsMode as ClientTlsMode;
+use crate::model::{Locality, Protocol, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
 use crate::xds::wire::Resource;
@@ -32,44 +33,56 @@ pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
-/// The clusters every proxy of this kind shares: one per service port (for an east-west gateway, one
-/// per SNI), plus Istio's fixed clusters for sidecars. Assembled once per model version.
+/// The clusters every proxy of this kind (and, once rules or export limits exist, namespace) shares:
+/// one per visible service port and subset (for an east-west gateway, one per SNI), plus Istio's
+/// fixed clusters for sidecars. Assembled once per snapshot version.
 pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
     let kind = [g.is_east_west_gateway(), g.is_sidecar()];
     let stamp = [
         g.services_version(),
         g.mesh.endpoints.identities_version(),
         0,
+        g.config_version(),
     ];
-    g.cache
-        .list(ResourceType::Cluster, g.variant_of(&kind), stamp, || {
-            let names: Vec<String> = if g.is_east_west_gateway() {
-                g.routable_services()
-                    .iter()
-                    .filter(|s| s.resolution == Resolution::ClientSideLb)
-                    .flat_map(|s| {
-                        s.ports
-                            .iter()
-                            .map(|p| tls::outbound_sni(p.port, &s.hostname))
-                    })
-                    .collect()
-            } else {
-                let mut names: Vec<String> = g
-                    .routable_services()
-                    .iter()
-                    .flat_map(|s| {
-                        s.ports
-                            .iter()
-                            .map(|p| outbound_cluster(p.port, &s.hostname))
-                    })
-                    .collect();
-                if g.is_sidecar() {
-                    names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
-                }
-                names
-            };
-            g.build_all(ResourceType::Cluster, names)
+    let variant = g.variant_of(&(kind, g.list_scope()));
+    g.cache.list(ResourceType::Cluster, variant, stamp, || {
+        let gateway = g.is_east_west_gateway();
+        let mut names = Vec::new();
+        for service in g.routable_services() {
+            if gateway && service.resolution != Resolution::ClientSideLb {
+                continue;
+            }
+            names.extend(cluster_names(g, &service, gateway));
+        }
+        if g.is_sidecar() {
+            names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
+        }
+        g.build_all(ResourceType::Cluster, names)
+    })
+}
+
+/// A service's clusters for this proxy: one per port and subset of the rule that applies, named
+/// `outbound|…` or, for an east-west gateway, by SNI.
+pub fn cluster_names(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<String> {
+    let subsets: Vec<String> = g
+        .destination_rule(service)
+        .map(|r| r.rule.subsets.iter().map(|s| s.name.clone()).collect())
+        .unwrap_or_default();
+    let host = &service.hostname;
+    let name = |port: u16, subset: &str| match sni {
+        true => tls::outbound_sni(port, subset, host),
+        false => subset_cluster(port, subset, host),
+    };
+    service
+        .ports
+        .iter()
+        .flat_map(|p| {
+            std::iter::once("")
+                .chain(subsets.iter().map(String::as_str))
+                .map(move |s| (p.port, s))
         })
+        .map(|(port, subset)| name(port, subset))
+        .collect()
 }
 
 /// The proxy's own clusters: one `inbound|<port>||` per port of its workload.
@@ -88,39 +101,36 @@ pub fn inbound_cluster(port: u16) -> String {
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    if let Some((service, port)) = outbound_target(g, name) {
-        let variant = g.variant(&[]);
+    if let Some(parsed) = parse_outbound(name) {
+        let target = target(g, &parsed)?;
+        let keys = target.rule.as_ref().map(|r| r.keys.clone());
+        let variant = g.variant_of(&keys);
         // mTLS settings name the destination's identities, which live with its endpoints.
-        let shards = g.mesh.endpoints.get(&service.key()).cloned();
+        let shards = g.mesh.endpoints.get(&target.service.key()).cloned();
         let stamp = [
             g.services_version(),
             shards.as_ref().map_or(0, |s| s.version),
             0,
+            g.config_version(),
         ];
         return g
             .cache
             .get_or_build(ResourceType::Cluster, name, variant, stamp, || {
-                let mut cluster = outbound(name, &service, port);
-                if g.proxy.generator == Generator::Envoy
-                    && service.resolution == Resolution::ClientSideLb
-                {
-                    let sans: Vec<String> = shards
-                        .iter()
-                        .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
-                        .collect();
-                    let sni = tls::outbound_sni(port, &service.hostname);
-                    cluster.transport_socket_matches = tls::upstream_matches(sni, &sans);
-                }
-                Some(Resource::encode(name, &cluster))
+                let sans: Vec<String> = shards
+                    .iter()
+                    .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
+                    .chain(target.service.subject_alt_names.iter().cloned())
+                    .collect();
+                Some(Resource::encode(name, &outbound(g, name, &target, &sans)))
             });
     }
-    if let Some((port, host)) = parse_sni_cluster(name) {
-        g.service(host)?.port(port)?;
+    if let Some(parsed) = parse_sni_cluster(name) {
+        target(g, &parsed)?;
         return g.cache.get_or_build(
             ResourceType::Cluster,
             name,
             0,
-            [g.services_version(), 0, 0],
+            [g.services_version(), 0, 0, g.config_version()],
             || Some(Resource::encode(name, &sni_cluster(name))),
         );
     }
@@ -134,7 +144,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ResourceType::Cluster,
             name,
             0,
-            [g.services_version(), 0, 0],
+            [g.services_version(), 0, 0, 0],
             || Some(Resource::encode(name, &cluster)),
         );
     }
@@ -145,16 +155,19 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         .ok()?;
     let (_, protocol) = g.inbound_ports().into_iter().find(|(p, _)| *p == port)?;
     let mut cluster = static_cluster(name, Some(port));
-    if protocol.is_http() && protocol != crate::model::Protocol::Http {
-        cluster.typed_extension_protocol_options = http2_options();
+    if protocol.is_http() && protocol != Protocol::Http {
+        cluster.typed_extension_protocol_options = policy::http2_only();
     }
     Some(Arc::new(Resource::encode(name, &cluster)))
 }
 
-fn outbound(name: &str, service: &Service, port: u16) -> Cluster {
+/// An outbound cluster: its discovery by resolution, the rule's policy, then TLS.
+fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) -> Cluster {
+    let service = &target.service;
+    let mesh = g.mesh_config();
     let mut cluster = Cluster {
         name: name.to_string(),
-        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        connect_timeout: Some(mesh.connect_timeout.to_proto()),
         ..Default::default()
     };
     match service.resolution {
@@ -173,19 +186,111 @@ fn outbound(name: &str, service: &Service, port: u16) -> Cluster {
             ));
             cluster.lb_policy = LbPolicy::ClusterProvided as i32;
         }
-        Resolution::DnsAlias => {
-            let target = service.external_name.clone().unwrap_or_default();
-            cluster.cluster_discovery_type =
-                Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32));
+        Resolution::Dns { round_robin } => {
+            let kind = match round_robin {
+                true => DiscoveryType::LogicalDns,
+                false => DiscoveryType::StrictDns,
+            };
+            cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(kind as i32));
             cluster.dns_lookup_family = DnsLookupFamily::V4Only as i32;
-            cluster.load_assignment = Some(assignment(name, &target, port));
+            cluster.load_assignment = Some(dns_assignment(name, service, target.port));
         }
     }
-    let protocol = service.port(port).map(|p| p.protocol);
-    if protocol.is_some_and(|p| p.is_http() && p != crate::model::Protocol::Http) {
-        cluster.typed_extension_protocol_options = http2_options();
+    let protocol = service.port(target.port).map(|p| p.protocol);
+    let http = protocol.is_some_and(Protocol::is_http);
+    let http2 = protocol.is_some_and(|p| p.is_http() && p != Protocol::Http);
+    let effective = match &target.rule {
+        Some(rule) => Effective::of(
+            &rule.rule,
+            target.subset.as_ref().map(|s| s.name.as_str()),
+            target.port,
+        ),
+        None => Effective::default(),
+    };
+    if service.resolution != Resolution::Passthrough {
+        policy::apply(&mut cluster, &effective, http, http2);
+    }
+    if cluster.typed_extension_protocol_options.is_empty() && http2 {
+        cluster.typed_extension_protocol_options = policy::http2_only();
+    }
+    if g.proxy.generator == Generator::Envoy {
+        let subset = target.subset.as_ref().map_or("", |s| s.name.as_str());
+        let sni = tls::outbound_sni(target.port, subset, &service.hostname);
+        match &effective.tls {
+            Some(t) if t.mode == ClientTlsMode::Disable => {}
+            Some(t) if t.mode == ClientTlsMode::IstioMutual => {
+                let sans = match t.subject_alt_names.is_empty() {
+                    true => sans.to_vec(),
+                    false => t.subject_alt_names.clone(),
+                };
+                cluster.transport_socket = Some(tls::upstream_istio(
+                    if t.sni.is_empty() { sni } else { t.sni.clone() },
+                    &sans,
+                ));
+            }
+            Some(t) => {
+                cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));
+            }
+            None if auto_mtls(g, service) => {
+                cluster.transport_socket_matches = tls::upstream_matches(sni, sans);
+            }
+            None => {}
+        }
     }
     cluster
+}
+
+/// Istio's auto mTLS: to services in the mesh whose endpoints are load-balanced by the proxy, each
+/// endpoint labelled with a sidecar gets mTLS.
+fn auto_mtls(g: &Generation<'_>, service: &Service) -> bool {
+    g.mesh_config().enable_auto_mtls
+        && !service.mesh_external
+        && service.resolution == Resolution::ClientSideLb
+}
+
+/// The addresses a DNS cluster resolves: each target (the service's hosts, or a ServiceEntry's
+/// endpoints) on the port its workloads listen on.
+fn dns_assignment(name: &str, service: &Service, port: u16) -> ClusterLoadAssignment {
+    let service_port = service.port(port);
+    let port_name = service_port.map(|p| p.name.as_str()).unwrap_or_default();
+    let default_port = service_port.and_then(|p| p.target_port).unwrap_or(port);
+    let mut by_locality: BTreeMap<Locality, Vec<LbEndpoint>> = BTreeMap::new();
+    for target in &service.dns_targets {
+        let target_port = target.ports.get(port_name).copied().unwrap_or(default_port);
+        let locality = target
+            .locality
+            .as_deref()
+            .map(Locality::parse)
+            .unwrap_or_default();
+        by_locality.entry(locality).or_default().push(LbEndpoint {
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
+                envoy_types::pb::envoy::config::endpoint::v3::Endpoint {
+                    address: Some(socket(&target.host, target_port)),
+                    ..Default::default()
+                },
+            )),
+            load_balancing_weight: Some(UInt32Value {
+                value: target.weight.max(1),
+            }),
+            ..Default::default()
+        });
+    }
+    ClusterLoadAssignment {
+        cluster_name: name.to_string(),
+        endpoints: by_locality
+            .into_iter()
+            .map(|(locality, lb_endpoints)| LocalityLbEndpoints {
+                locality: Some(EnvoyLocality {
+                    region: locality.region.to_string(),
+                    zone: locality.zone.to_string(),
+                    sub_zone: locality.subzone.to_string(),
+                }),
+                lb_endpoints,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
 }
 
 /// An east-west gateway's cluster for one SNI: EDS, plain TCP — the TLS inside is passed through.
@@ -249,22 +354,4 @@ fn assignment(name: &str, host: &str, port: u16) -> ClusterLoadAssignment {
         }],
         ..Default::default()
     }
-}
-
-/// HTTP/2 to the upstream, for gRPC and HTTP/2 ports.
-fn http2_options() -> HashMap<String, envoy_types::pb::google::protobuf::Any> {
-    let options = HttpProtocolOptions {
-        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
-            ExplicitHttpConfig {
-                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
-                    Http2ProtocolOptions::default(),
-                )),
-            },
-        )),
-        ..Default::default()
-    };
-    HashMap::from([(
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
-        pack_any(options),
-    )])
 }

@@ -4,7 +4,10 @@
 //!   that has gateways replaced by those gateways, weighted by how many endpoints each stands for;
 //!   other endpoints of such a network dropped (they cannot be reached);
 //! - locality priorities relative to the proxy (same zone first, then region, then the rest);
-//! - for east-west gateways (`outbound_.<port>_._.<host>`), only their own network's mTLS endpoints.
+//! - for east-west gateways (`outbound_.<port>_.<subset>_.<host>`), only their own network's mTLS
+//!   endpoints;
+//! - for a subset (`outbound|<port>|<subset>|<host>`), only endpoints with the subset's labels, as
+//!   the DestinationRule that applies to the proxy defines them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -18,9 +21,10 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
 use super::tls::TLS_MODE_KEY;
-use super::{outbound_target, parse_sni_cluster, socket, Generation};
+use super::{parse_outbound, parse_sni_cluster, socket, target, Generation};
 use crate::model::{
-    Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Service, TlsMode,
+    Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
+    TlsMode,
 };
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
@@ -33,24 +37,27 @@ struct View {
     locality: Option<ModelLocality>,
     /// An east-west gateway's SNI cluster: its own network's mTLS endpoints only.
     gateway: bool,
+    /// A subset's labels: only endpoints carrying all of them.
+    subset: Option<BTreeMap<String, String>>,
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    let (service, port, gateway) = match outbound_target(g, name) {
-        Some((service, port)) => (service, port, false),
-        None => {
-            let (port, host) = parse_sni_cluster(name)?;
-            let service = g.service(host)?.clone();
-            service.port(port)?;
-            (service, port, true)
-        }
+    let (parsed, gateway) = match parse_outbound(name) {
+        Some(parsed) => (parsed, false),
+        None => (parse_sni_cluster(name)?, true),
     };
+    let target = target(g, &parsed)?;
+    let service = target.service;
+    if service.resolution != Resolution::ClientSideLb {
+        return None;
+    }
     let shards = g.mesh.endpoints.get(&service.key()).cloned();
     let view = View {
         network: g.proxy.network.clone(),
         requested_networks: g.proxy.requested_network_view.clone(),
         locality: g.proxy_locality(),
         gateway,
+        subset: target.subset.map(|s| s.labels),
     };
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     view.hash(&mut hasher);
@@ -58,8 +65,14 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         g.services_version(),
         shards.as_ref().map_or(0, |s| s.version),
         g.mesh.gateways_version,
+        if view.subset.is_some() {
+            g.config_version()
+        } else {
+            0
+        },
     ];
     let gateways = g.mesh.gateways.clone();
+    let port = target.port;
     g.cache
         .get_or_build(ResourceType::Endpoint, name, hasher.finish(), stamp, || {
             Some(Resource::encode(
@@ -97,6 +110,13 @@ fn assignment(
         if ep.health != Health::Healthy || *ep.service_port_name != *port_name {
             continue;
         }
+        let in_subset = view
+            .subset
+            .as_ref()
+            .is_none_or(|labels| labels.iter().all(|(k, v)| ep.labels.get(k) == Some(v)));
+        if !in_subset {
+            continue;
+        }
         let requested = view.requested_networks.is_empty()
             || ep.network.is_empty()
             || view.requested_networks.iter().any(|n| **n == *ep.network);
@@ -112,7 +132,7 @@ fn assignment(
         } else if local || gateways.of(&ep.network).is_empty() {
             direct.entry(&ep.locality).or_default().push(ep);
         } else if ep.tls_mode == TlsMode::Istio {
-            *remote.entry((&ep.locality, &ep.network)).or_default() += 1;
+            *remote.entry((&ep.locality, &ep.network)).or_default() += u64::from(ep.weight.max(1));
         }
     }
 
@@ -132,7 +152,7 @@ fn assignment(
             .extend(eps.into_iter().map(|ep| Sent {
                 address: ep.address,
                 port: ep.port,
-                weight: scale,
+                weight: scale.saturating_mul(u64::from(ep.weight.max(1))),
                 metadata: endpoint_metadata(
                     ep.tls_mode,
                     &ep.workload,

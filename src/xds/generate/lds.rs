@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_pr
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
-use super::cds::{inbound_cluster, INBOUND_PASSTHROUGH, PASSTHROUGH};
+use super::cds::{self, inbound_cluster, INBOUND_PASSTHROUGH};
 use super::rds::{grpc_route_name, inbound_route};
 use super::{ads, grpc_target, outbound_cluster, socket, tls, Generation};
 use crate::model::{Resolution, Service};
@@ -51,11 +51,11 @@ pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
         .map(|c| c.as_str())
         .unwrap_or_default();
     let kind = [g.is_east_west_gateway(), g.is_sidecar()];
-    let variant = g.variant_of(&(kind, cluster));
+    let variant = g.variant_of(&(kind, cluster, g.list_scope()));
     g.cache.list(
         ResourceType::Listener,
         variant,
-        [g.services_version(), 0, 0],
+        [g.services_version(), 0, 0, g.config_version()],
         || {
             let names: Vec<String> = if g.proxy.generator == Generator::Grpc {
                 g.routable_services()
@@ -101,7 +101,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ResourceType::Listener,
             name,
             g.variant(&[]),
-            [g.services_version(), 0, 0],
+            [g.services_version(), 0, 0, 0],
             || Some(Resource::encode(name, &api_listener(name))),
         );
     }
@@ -109,16 +109,21 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         EAST_WEST if g.is_east_west_gateway() => g.cache.get_or_build(
             ResourceType::Listener,
             name,
-            1,
-            [g.services_version(), 0, 0],
+            g.variant(&[g.list_scope()]),
+            [g.services_version(), 0, 0, 0],
             || Some(Resource::encode(name, &east_west(g))),
         ),
         VIRTUAL_OUTBOUND => g.cache.get_or_build(
             ResourceType::Listener,
             name,
             0,
-            [g.services_version(), 0, 0],
-            || Some(Resource::encode(name, &virtual_outbound())),
+            [0, 0, 0, g.config_version()],
+            || {
+                Some(Resource::encode(
+                    name,
+                    &virtual_outbound(g.outbound_fallback()),
+                ))
+            },
         ),
         VIRTUAL_INBOUND => Some(Arc::new(Resource::encode(name, &virtual_inbound(g)))),
         _ => {
@@ -129,26 +134,28 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 .as_ref()
                 .map(|c| c.as_str())
                 .unwrap_or_default();
-            let variant = g.variant(&[cluster]);
+            let variant = g.variant(&[cluster, g.list_scope()]);
             g.cache.get_or_build(
                 ResourceType::Listener,
                 name,
                 variant,
-                [g.services_version(), 0, 0],
+                [g.services_version(), 0, 0, g.config_version()],
                 || port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
             )
         }
     }
 }
 
-fn virtual_outbound() -> Listener {
+/// Connections to addresses no listener claims go to `fallback`: PassthroughCluster with mesh
+/// config `outboundTrafficPolicy: ALLOW_ANY`, BlackHoleCluster with REGISTRY_ONLY.
+fn virtual_outbound(fallback: &str) -> Listener {
     Listener {
         name: VIRTUAL_OUTBOUND.to_string(),
         address: Some(socket("0.0.0.0", OUTBOUND_PORT)),
         use_original_dst: Some(BoolValue { value: true }),
         filter_chains: vec![FilterChain {
             name: "virtualOutbound-catchall-tcp".to_string(),
-            filters: vec![tcp_proxy_filter(PASSTHROUGH, PASSTHROUGH)],
+            filters: vec![tcp_proxy_filter(fallback, fallback)],
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Outbound as i32,
@@ -160,9 +167,8 @@ fn virtual_outbound() -> Listener {
 fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> {
     let services: Vec<Arc<Service>> = g
         .routable_services()
-        .iter()
+        .into_iter()
         .filter(|s| s.resolution != Resolution::Passthrough && s.port(port).is_some())
-        .cloned()
         .collect();
     if services.is_empty() {
         return None;
@@ -210,9 +216,10 @@ fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> 
             ..Default::default()
         }
     } else {
+        let fallback = g.outbound_fallback();
         FilterChain {
-            name: format!("{name}-passthrough"),
-            filters: vec![tcp_proxy_filter(PASSTHROUGH, PASSTHROUGH)],
+            name: format!("{name}-fallback"),
+            filters: vec![tcp_proxy_filter(fallback, fallback)],
             ..Default::default()
         }
     };
@@ -322,11 +329,7 @@ fn east_west(g: &Generation<'_>) -> Listener {
         .routable_services()
         .iter()
         .filter(|s| s.resolution == Resolution::ClientSideLb)
-        .flat_map(|s| {
-            s.ports
-                .iter()
-                .map(|p| tls::outbound_sni(p.port, &s.hostname))
-        })
+        .flat_map(|s| cds::cluster_names(g, s, true))
         .map(|sni| FilterChain {
             name: sni.clone(),
             filter_chain_match: Some(FilterChainMatch {

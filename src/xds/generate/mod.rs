@@ -7,6 +7,7 @@
 mod cds;
 mod eds;
 mod lds;
+mod policy;
 mod rds;
 pub mod tls;
 
@@ -26,7 +27,10 @@ use parking_lot::RwLock;
 use super::protocol::ResourceType;
 use super::proxy::{Generator, Proxy, ProxyType};
 use super::wire::Resource;
-use crate::model::{Hostname, Locality, MeshSnapshot, Protocol, Service, ServiceKey};
+use crate::istio::destination_rule::Subset;
+use crate::istio::mesh::OutboundMode;
+use crate::istio::MeshConfig;
+use crate::model::{AppliedRule, Hostname, Locality, MeshSnapshot, Protocol, Service, ServiceKey};
 
 /// Builds resources for one proxy from one mesh snapshot.
 pub struct Generation<'a> {
@@ -114,13 +118,67 @@ impl Generation<'_> {
         self.mesh.services.version()
     }
 
-    /// Every merged service, sorted by hostname.
-    fn routable_services(&self) -> Arc<[Arc<Service>]> {
-        self.mesh.services.all()
+    /// Every service the proxy sees (exportTo), sorted by hostname.
+    fn routable_services(&self) -> Vec<Arc<Service>> {
+        let ns = &*self.proxy.namespace;
+        let default = &self.mesh_config().default_service_export_to;
+        self.mesh
+            .services
+            .all()
+            .iter()
+            .filter(|s| s.visible_to(ns, default))
+            .cloned()
+            .collect()
     }
 
+    /// A service by hostname, if the proxy sees it.
     fn service(&self, host: &str) -> Option<&Arc<Service>> {
-        self.mesh.services.get(host)
+        let default = &self.mesh_config().default_service_export_to;
+        self.mesh
+            .services
+            .get(host)
+            .filter(|s| s.visible_to(&self.proxy.namespace, default))
+    }
+
+    fn mesh_config(&self) -> &MeshConfig {
+        self.mesh.config.mesh()
+    }
+
+    /// Where outbound traffic to unknown destinations goes (mesh `outboundTrafficPolicy`).
+    fn outbound_fallback(&self) -> &'static str {
+        match self.mesh_config().outbound_traffic_policy.mode {
+            OutboundMode::AllowAny => cds::PASSTHROUGH,
+            OutboundMode::RegistryOnly => cds::BLACKHOLE,
+        }
+    }
+
+    /// The DestinationRule that applies to a service for this proxy.
+    fn destination_rule(&self, service: &Service) -> Option<Arc<AppliedRule>> {
+        self.mesh.config.destination_rule(
+            &self.proxy.namespace,
+            &service.hostname,
+            &service.namespace,
+        )
+    }
+
+    /// What of the config resources depend on: the rules and the mesh config.
+    fn config_version(&self) -> u64 {
+        self.mesh.config.rules_version()
+    }
+
+    /// Traits of a wildcard list: the proxy's namespace matters once rules or export limits do.
+    fn list_scope(&self) -> &str {
+        let config = &self.mesh.config;
+        let exports_limited = self.mesh.services.explicit_exports() > 0
+            || !config
+                .mesh()
+                .default_service_export_to
+                .iter()
+                .any(|e| e == "*");
+        match config.has_destination_rules() || exports_limited {
+            true => &self.proxy.namespace,
+            false => "",
+        }
     }
 
     /// The ports the proxy's own workload serves: (target port, protocol), from the endpoints at
@@ -172,10 +230,10 @@ impl Generation<'_> {
     }
 }
 
-/// Snapshot versions an entry was built from: (service table, identities or the service's shards,
-/// gateways). Read from the same snapshot the entry is built from, so an entry is never stamped with
-/// versions newer than its content.
-type Stamp = [u64; 3];
+/// Snapshot versions an entry was built from, read from the same snapshot the entry is built from,
+/// so an entry is never stamped with versions newer than its content.
+/// Slots: service table, the service's shards or the identity set, gateways, config (rules and mesh).
+type Stamp = [u64; 4];
 
 struct CacheEntry<T> {
     stamp: Stamp,
@@ -336,29 +394,53 @@ impl ResourceCache {
 
 /// `outbound|<port>||<hostname>`
 pub fn outbound_cluster(port: u16, host: &str) -> String {
-    format!("outbound|{port}||{host}")
+    subset_cluster(port, "", host)
 }
 
-/// Splits `outbound|<port>|<subset>|<hostname>` into port and hostname (subsets are not served).
-pub fn parse_outbound(name: &str) -> Option<(u16, &str)> {
+/// `outbound|<port>|<subset>|<hostname>`
+pub fn subset_cluster(port: u16, subset: &str, host: &str) -> String {
+    format!("outbound|{port}|{subset}|{host}")
+}
+
+/// A cluster name's parts: `outbound|<port>|<subset>|<host>`, or an east-west gateway's SNI
+/// cluster `outbound_.<port>_.<subset>_.<host>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterName<'a> {
+    pub port: u16,
+    pub subset: &'a str,
+    pub host: &'a str,
+}
+
+pub fn parse_outbound(name: &str) -> Option<ClusterName<'_>> {
     let mut parts = name.splitn(4, '|');
     let (dir, port, subset, host) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    (dir == "outbound" && subset.is_empty() && !host.is_empty()).then_some(())?;
-    Some((port.parse().ok()?, host))
+    (dir == "outbound" && !host.is_empty()).then_some(())?;
+    Some(ClusterName {
+        port: port.parse().ok()?,
+        subset,
+        host,
+    })
+}
+
+/// `outbound_.<port>_.<subset>_.<hostname>`: an east-west gateway's cluster, named by the SNI it
+/// serves.
+pub fn parse_sni_cluster(name: &str) -> Option<ClusterName<'_>> {
+    let rest = name.strip_prefix("outbound_.")?;
+    let (port, rest) = rest.split_once("_.")?;
+    let (subset, host) = rest.split_once("_.")?;
+    (!host.is_empty()).then_some(())?;
+    Some(ClusterName {
+        port: port.parse().ok()?,
+        subset,
+        host,
+    })
 }
 
 /// The service host an EDS cluster name is for, in either naming (`outbound|…` or SNI).
 pub fn cluster_host(name: &str) -> Option<&str> {
     parse_outbound(name)
         .or_else(|| parse_sni_cluster(name))
-        .map(|(_, host)| host)
-}
-
-/// `outbound_.<port>_._.<hostname>`: an east-west gateway's cluster, named by the SNI it serves.
-pub fn parse_sni_cluster(name: &str) -> Option<(u16, &str)> {
-    let rest = name.strip_prefix("outbound_.")?;
-    let (port, host) = rest.split_once("_._.")?;
-    Some((port.parse().ok()?, host))
+        .map(|c| c.host)
 }
 
 /// `<hostname>:<port>`, the name a proxyless gRPC client gives its listener and route, when that
@@ -370,12 +452,36 @@ fn grpc_target<'n>(generation: &Generation<'_>, name: &'n str) -> Option<(&'n st
     Some((host, port))
 }
 
-/// The service and port an outbound cluster name points at.
-fn outbound_target(generation: &Generation<'_>, name: &str) -> Option<(Arc<Service>, u16)> {
-    let (port, host) = parse_outbound(name)?;
-    let service = generation.service(host)?;
-    service.port(port)?;
-    Some((service.clone(), port))
+/// What a cluster name points at for a proxy: the service, its port, the subset (which must exist
+/// in the DestinationRule that applies) and that rule.
+struct Target {
+    service: Arc<Service>,
+    port: u16,
+    subset: Option<Subset>,
+    rule: Option<Arc<AppliedRule>>,
+}
+
+fn target(g: &Generation<'_>, name: &ClusterName<'_>) -> Option<Target> {
+    let service = g.service(name.host)?.clone();
+    service.port(name.port)?;
+    let rule = g.destination_rule(&service);
+    let subset = match name.subset {
+        "" => None,
+        subset => Some(
+            rule.as_ref()?
+                .rule
+                .subsets
+                .iter()
+                .find(|s| s.name == subset)?
+                .clone(),
+        ),
+    };
+    Some(Target {
+        service,
+        port: name.port,
+        subset,
+        rule,
+    })
 }
 
 fn ads() -> ConfigSource {
@@ -420,15 +526,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn outbound_names_round_trip() {
-        let name = outbound_cluster(9080, "reviews.bookinfo.svc.cluster.local");
+    fn cluster_names_round_trip() {
+        let host = "reviews.bookinfo.svc.cluster.local";
+        let name = outbound_cluster(9080, host);
         assert_eq!(name, "outbound|9080||reviews.bookinfo.svc.cluster.local");
+        let parsed = |port, subset| Some(ClusterName { port, subset, host });
+        assert_eq!(parse_outbound(&name), parsed(9080, ""));
         assert_eq!(
-            parse_outbound(&name),
-            Some((9080, "reviews.bookinfo.svc.cluster.local"))
+            parse_outbound(&subset_cluster(80, "v1", host)),
+            parsed(80, "v1")
         );
         assert_eq!(parse_outbound("inbound|9080||"), None);
         assert_eq!(parse_outbound("outbound|x||h"), None);
-        assert_eq!(parse_outbound("outbound|80|v1|h"), None);
+        assert_eq!(
+            tls::outbound_sni(80, "", host),
+            "outbound_.80_._.reviews.bookinfo.svc.cluster.local"
+        );
+        assert_eq!(
+            parse_sni_cluster(&tls::outbound_sni(80, "", host)),
+            parsed(80, "")
+        );
+        assert_eq!(
+            parse_sni_cluster(&tls::outbound_sni(80, "v2", host)),
+            parsed(80, "v2")
+        );
     }
 }

@@ -5,14 +5,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::route::v3::{
-    route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch,
-    VirtualHost,
+    route, route_action, route_match, DirectResponseAction, Route, RouteAction, RouteConfiguration,
+    RouteMatch, VirtualHost,
 };
 use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 
 use super::cds::PASSTHROUGH;
 use super::lds::vips_for;
 use super::{grpc_target, outbound_cluster, Generation};
+use crate::istio::mesh::OutboundMode;
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -29,7 +30,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ResourceType::Route,
             name,
             g.variant(&[]),
-            [g.services_version(), 0, 0],
+            [g.services_version(), 0, 0, 0],
             || Some(Resource::encode(name, &grpc_routes(name, host, port))),
         );
     }
@@ -45,7 +46,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         ResourceType::Route,
         name,
         variant,
-        [g.services_version(), 0, 0],
+        [g.services_version(), 0, 0, g.config_version()],
         || Some(Resource::encode(name, &sidecar_routes(g, name, port))),
     )
 }
@@ -72,11 +73,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
             })
         })
         .collect();
-    virtual_hosts.push(virtual_host(
-        "allow_any",
-        vec!["*".to_string()],
-        PASSTHROUGH,
-    ));
+    virtual_hosts.push(catch_all(g.mesh_config().outbound_traffic_policy.mode));
     RouteConfiguration {
         name: name.to_string(),
         virtual_hosts,
@@ -111,6 +108,31 @@ fn grpc_routes(name: &str, host: &str, port: u16) -> RouteConfiguration {
         name: name.to_string(),
         virtual_hosts: vec![virtual_host(name, domains, &outbound_cluster(port, host))],
         ..Default::default()
+    }
+}
+
+/// Requests for hosts no virtual host claims: passed through (ALLOW_ANY, `allow_any`) or answered
+/// 502 (REGISTRY_ONLY, `block_all`), as istiod.
+fn catch_all(mode: OutboundMode) -> VirtualHost {
+    match mode {
+        OutboundMode::AllowAny => virtual_host("allow_any", vec!["*".to_string()], PASSTHROUGH),
+        OutboundMode::RegistryOnly => VirtualHost {
+            name: "block_all".to_string(),
+            domains: vec!["*".to_string()],
+            routes: vec![Route {
+                name: "block_all".to_string(),
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
+                    ..Default::default()
+                }),
+                action: Some(route::Action::DirectResponse(DirectResponseAction {
+                    status: 502,
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
     }
 }
 

@@ -7,16 +7,19 @@ use envoy_types::pb::envoy::config::core::v3::{
     api_config_source, config_source, grpc_service, transport_socket, ApiConfigSource, ApiVersion,
     ConfigSource, GrpcService, TransportSocket,
 };
+use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
     subject_alt_name_matcher::SanType,
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
-    SubjectAltNameMatcher, UpstreamTlsContext,
+    SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::{value::Kind, BoolValue, Duration, Struct, Value};
 use envoy_types::util::pack_any;
+
+use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
 
 /// SDS secret names and cluster of istio-proxy's agent.
 pub const WORKLOAD_SECRET: &str = "default";
@@ -25,9 +28,10 @@ pub const SDS_CLUSTER: &str = "sds-grpc";
 /// Endpoint metadata key selecting the mTLS transport socket.
 pub const TLS_MODE_KEY: &str = "tlsMode";
 
-/// `outbound_.<port>_._.<hostname>`: the SNI an east-west gateway routes by.
-pub fn outbound_sni(port: u16, host: &str) -> String {
-    format!("outbound_.{port}_._.{host}")
+/// `outbound_.<port>_.<subset>_.<hostname>` (`outbound_.<port>_._.<hostname>` without a subset):
+/// the SNI of mesh mTLS, which an east-west gateway routes by.
+pub fn outbound_sni(port: u16, subset: &str, host: &str) -> String {
+    format!("outbound_.{port}_.{subset}_.{host}")
 }
 
 fn sds(name: &str) -> SdsSecretConfig {
@@ -62,18 +66,25 @@ fn sds(name: &str) -> SdsSecretConfig {
     }
 }
 
-fn common(sans: &[String], alpn: &[&str]) -> CommonTlsContext {
-    let matchers = sans
-        .iter()
+fn san_matchers(sans: &[String]) -> Vec<SubjectAltNameMatcher> {
+    sans.iter()
         .map(|san| SubjectAltNameMatcher {
-            san_type: SanType::Uri as i32,
+            san_type: if san.contains("://") {
+                SanType::Uri
+            } else {
+                SanType::Dns
+            } as i32,
             matcher: Some(StringMatcher {
                 match_pattern: Some(MatchPattern::Exact(san.clone())),
                 ..Default::default()
             }),
             ..Default::default()
         })
-        .collect();
+        .collect()
+}
+
+fn common(sans: &[String], alpn: &[&str]) -> CommonTlsContext {
+    let matchers = san_matchers(sans);
     CommonTlsContext {
         tls_certificate_sds_secret_configs: vec![sds(WORKLOAD_SECRET)],
         validation_context_type: Some(ValidationContextType::CombinedValidationContext(
@@ -90,6 +101,58 @@ fn common(sans: &[String], alpn: &[&str]) -> CommonTlsContext {
         ..Default::default()
     }
 }
+
+/// ISTIO_MUTUAL to every endpoint: the workload's certificate, the mesh root, a SAN check.
+pub fn upstream_istio(sni: String, sans: &[String]) -> TransportSocket {
+    let tls = UpstreamTlsContext {
+        common_tls_context: Some(common(sans, &["istio-peer-exchange", "istio"])),
+        sni,
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(tls))
+}
+
+/// SIMPLE or MUTUAL TLS to a destination with its own certificates (DestinationRule files).
+pub fn upstream_files(tls: &ClientTls, default_sni: &str) -> TransportSocket {
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..Default::default()
+    };
+    let mut context = CommonTlsContext::default();
+    if tls.mode == ClientTlsMode::Mutual && !tls.client_certificate.is_empty() {
+        context.tls_certificates = vec![TlsCertificate {
+            certificate_chain: Some(file(&tls.client_certificate)),
+            private_key: Some(file(&tls.private_key)),
+            ..Default::default()
+        }];
+    }
+    if tls.insecure_skip_verify != Some(true) {
+        let trusted = match tls.ca_certificates.as_str() {
+            "" => SYSTEM_CA_BUNDLE,
+            path => path,
+        };
+        context.validation_context_type = Some(ValidationContextType::ValidationContext(
+            CertificateValidationContext {
+                trusted_ca: Some(file(trusted)),
+                match_typed_subject_alt_names: san_matchers(&tls.subject_alt_names),
+                ..Default::default()
+            },
+        ));
+    }
+    let upstream = UpstreamTlsContext {
+        common_tls_context: Some(context),
+        sni: match tls.sni.as_str() {
+            "" => default_sni.to_string(),
+            sni => sni.to_string(),
+        },
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(upstream))
+}
+
+/// Where a destination's CA is looked for when a DestinationRule names none (Debian's, as in
+/// Istio's proxy image).
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Endpoints labelled `tlsMode: istio` get ISTIO_MUTUAL TLS (SNI and a SAN check against the
 /// destination's identities); the others plaintext.

@@ -1,0 +1,173 @@
+//! Mesh config: the `mesh` key of Istio's `istio` ConfigMap (istio.io/api mesh/v1alpha1), for the
+//! fields meshpilot uses; Istio's defaults where a field is absent.
+
+use serde::{Deserialize, Serialize};
+
+use super::destination_rule::LocalityLbSetting;
+use super::duration::Duration;
+use super::validate::{self, ensure, Result, ValidationError};
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MeshConfig {
+    pub trust_domain: String,
+    pub trust_domain_aliases: Vec<String>,
+    /// Where mesh-wide config lives (DestinationRule fallbacks, mesh-wide policies).
+    pub root_namespace: String,
+    pub enable_auto_mtls: bool,
+    pub outbound_traffic_policy: OutboundTrafficPolicy,
+    pub default_config: ProxyConfig,
+    pub connect_timeout: Duration,
+    pub locality_lb_setting: Option<LocalityLbSetting>,
+    pub default_service_export_to: Vec<String>,
+    pub default_virtual_service_export_to: Vec<String>,
+    pub default_destination_rule_export_to: Vec<String>,
+    /// Kept for the features that read them (ext_authz providers).
+    pub extension_providers: Vec<serde_json::Value>,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        Self {
+            trust_domain: "cluster.local".into(),
+            trust_domain_aliases: Vec::new(),
+            root_namespace: "istio-system".into(),
+            enable_auto_mtls: true,
+            outbound_traffic_policy: OutboundTrafficPolicy::default(),
+            default_config: ProxyConfig::default(),
+            connect_timeout: Duration(std::time::Duration::from_secs(10)),
+            locality_lb_setting: None,
+            default_service_export_to: vec!["*".into()],
+            default_virtual_service_export_to: vec!["*".into()],
+            default_destination_rule_export_to: vec!["*".into()],
+            extension_providers: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct OutboundTrafficPolicy {
+    pub mode: OutboundMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OutboundMode {
+    /// Unknown destinations are reached directly (PassthroughCluster).
+    #[default]
+    AllowAny,
+    /// Only registered services are reachable (unknown ones go to BlackHoleCluster).
+    RegistryOnly,
+}
+
+/// `defaultConfig`: the proxies' own settings; meshpilot reads the discovery address and keeps the
+/// rest for injection.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ProxyConfig {
+    pub discovery_address: String,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl MeshConfig {
+    /// Parses the YAML of the `mesh` key; absent fields take Istio's defaults, with the root
+    /// namespace defaulting to `system_namespace`.
+    pub fn parse(yaml: &str, system_namespace: &str) -> std::result::Result<Self, ValidationError> {
+        let value: serde_json::Value = match yaml.trim() {
+            "" => serde_json::Value::Object(Default::default()),
+            text => serde_yaml_ng::from_str(text)
+                .map_err(|e| ValidationError::at("mesh", e.to_string()))?,
+        };
+        let root_namespace_given = value.get("rootNamespace").is_some();
+        let mut mesh: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            ValidationError::at(path, e.into_inner().to_string())
+        })?;
+        if !root_namespace_given {
+            mesh.root_namespace = system_namespace.to_string();
+        }
+        mesh.validate()?;
+        Ok(mesh)
+    }
+
+    pub fn validate(&self) -> Result {
+        ensure(
+            !self.trust_domain.is_empty(),
+            "trustDomain",
+            "must not be empty",
+        )?;
+        ensure(
+            !self.root_namespace.is_empty(),
+            "rootNamespace",
+            "must not be empty",
+        )?;
+        ensure(
+            self.connect_timeout.as_std() >= std::time::Duration::from_millis(1),
+            "connectTimeout",
+            "must be at least 1ms",
+        )?;
+        validate::export_to("defaultServiceExportTo", &self.default_service_export_to)?;
+        validate::export_to(
+            "defaultVirtualServiceExportTo",
+            &self.default_virtual_service_export_to,
+        )?;
+        validate::export_to(
+            "defaultDestinationRuleExportTo",
+            &self.default_destination_rule_export_to,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_istio() {
+        let mesh = MeshConfig::parse("", "mesh-system").unwrap();
+        assert_eq!(mesh.trust_domain, "cluster.local");
+        assert_eq!(mesh.root_namespace, "mesh-system");
+        assert!(mesh.enable_auto_mtls);
+        assert_eq!(mesh.outbound_traffic_policy.mode, OutboundMode::AllowAny);
+        assert_eq!(mesh.connect_timeout.as_std().as_secs(), 10);
+    }
+
+    #[test]
+    fn istio_configmap_mesh_parses() {
+        let mesh = MeshConfig::parse(
+            "
+accessLogFile: /dev/stdout
+defaultConfig:
+  discoveryAddress: istiod.istio-system.svc:15012
+  proxyMetadata: {ISTIO_META_DNS_CAPTURE: \"true\"}
+enablePrometheusMerge: true
+rootNamespace: istio-system
+trustDomain: example.org
+outboundTrafficPolicy: {mode: REGISTRY_ONLY}
+connectTimeout: 5s
+",
+            "istio-system",
+        )
+        .unwrap();
+        assert_eq!(mesh.trust_domain, "example.org");
+        assert_eq!(
+            mesh.outbound_traffic_policy.mode,
+            OutboundMode::RegistryOnly
+        );
+        assert_eq!(
+            mesh.default_config.discovery_address,
+            "istiod.istio-system.svc:15012"
+        );
+        assert!(mesh.default_config.rest.contains_key("proxyMetadata"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = MeshConfig::parse("outboundTrafficPolicy: {mode: SOMETIMES}", "x").unwrap_err();
+        assert!(e.field.starts_with("outboundTrafficPolicy"), "{e}");
+        let e = MeshConfig::parse("connectTimeout: 0s", "x").unwrap_err();
+        assert_eq!(e.field, "connectTimeout");
+    }
+}

@@ -1,0 +1,378 @@
+//! Istio's configuration API: the kinds meshpilot reads, their typed specs (serde structs for the
+//! fields meshpilot supports; unknown fields are tolerated, as the API server does), and Istio's
+//! validation rules for them. No I/O: sources parse objects with [`ConfigObject::from_value`] and
+//! the config store keeps what validates.
+
+pub mod destination_rule;
+pub mod duration;
+pub mod mesh;
+pub mod service_entry;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use thiserror::Error;
+
+pub use destination_rule::DestinationRule;
+pub use mesh::MeshConfig;
+pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
+pub use validate::ValidationError;
+
+/// An Istio resource kind meshpilot stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ConfigKind {
+    ServiceEntry,
+    WorkloadEntry,
+    WorkloadGroup,
+    DestinationRule,
+    VirtualService,
+    Gateway,
+    Sidecar,
+    PeerAuthentication,
+    AuthorizationPolicy,
+    RequestAuthentication,
+}
+
+pub const NETWORKING_GROUP: &str = "networking.istio.io";
+pub const SECURITY_GROUP: &str = "security.istio.io";
+
+impl ConfigKind {
+    pub const ALL: [ConfigKind; 10] = [
+        Self::ServiceEntry,
+        Self::WorkloadEntry,
+        Self::WorkloadGroup,
+        Self::DestinationRule,
+        Self::VirtualService,
+        Self::Gateway,
+        Self::Sidecar,
+        Self::PeerAuthentication,
+        Self::AuthorizationPolicy,
+        Self::RequestAuthentication,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ServiceEntry => "ServiceEntry",
+            Self::WorkloadEntry => "WorkloadEntry",
+            Self::WorkloadGroup => "WorkloadGroup",
+            Self::DestinationRule => "DestinationRule",
+            Self::VirtualService => "VirtualService",
+            Self::Gateway => "Gateway",
+            Self::Sidecar => "Sidecar",
+            Self::PeerAuthentication => "PeerAuthentication",
+            Self::AuthorizationPolicy => "AuthorizationPolicy",
+            Self::RequestAuthentication => "RequestAuthentication",
+        }
+    }
+
+    /// The resource's plural, as in its REST path.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Self::ServiceEntry => "serviceentries",
+            Self::WorkloadEntry => "workloadentries",
+            Self::WorkloadGroup => "workloadgroups",
+            Self::DestinationRule => "destinationrules",
+            Self::VirtualService => "virtualservices",
+            Self::Gateway => "gateways",
+            Self::Sidecar => "sidecars",
+            Self::PeerAuthentication => "peerauthentications",
+            Self::AuthorizationPolicy => "authorizationpolicies",
+            Self::RequestAuthentication => "requestauthentications",
+        }
+    }
+
+    pub fn group(self) -> &'static str {
+        match self {
+            Self::PeerAuthentication | Self::AuthorizationPolicy | Self::RequestAuthentication => {
+                SECURITY_GROUP
+            }
+            _ => NETWORKING_GROUP,
+        }
+    }
+
+    /// The API versions users have, newest first: the first is the one meshpilot watches.
+    pub fn versions(self) -> &'static [&'static str] {
+        match self.group() {
+            SECURITY_GROUP => &["v1", "v1beta1"],
+            _ => &["v1", "v1beta1", "v1alpha3"],
+        }
+    }
+
+    /// Position in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kind an `apiVersion` and `kind` name, when meshpilot reads it.
+    pub fn from_api(api_version: &str, kind: &str) -> Option<Self> {
+        let (group, version) = api_version.split_once('/')?;
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == kind && k.group() == group && k.versions().contains(&version))
+    }
+
+    /// Whether the kind names an Istio resource meshpilot does not read (a newer kind, say).
+    pub fn is_istio_group(api_version: &str) -> bool {
+        api_version
+            .split_once('/')
+            .is_some_and(|(g, _)| g.ends_with(".istio.io"))
+    }
+}
+
+impl fmt::Display for ConfigKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Identifies one config object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ConfigKey {
+    pub kind: ConfigKind,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl fmt::Display for ConfigKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// Where an object came from, for operators.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum Origin {
+    File {
+        path: String,
+        document: usize,
+    },
+    Kubernetes {
+        cluster: String,
+        resource_version: String,
+    },
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, document } => write!(f, "{path}, document {document}"),
+            Origin::Kubernetes {
+                cluster,
+                resource_version,
+            } => write!(f, "cluster {cluster}, resourceVersion {resource_version}"),
+        }
+    }
+}
+
+/// What of an object's metadata meshpilot uses.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConfigMeta {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// RFC 3339; orders objects the way istiod does (oldest first), then by namespace and name.
+    pub creation_timestamp: Option<String>,
+    pub origin: Origin,
+}
+
+/// A typed spec.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Spec {
+    ServiceEntry(ServiceEntry),
+    WorkloadEntry(WorkloadEntry),
+    WorkloadGroup(WorkloadGroup),
+    DestinationRule(Box<DestinationRule>),
+    /// Kinds stored and listed now, read by later features: validated as an object only.
+    Untyped(serde_json::Value),
+}
+
+/// One validated config object.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConfigObject {
+    pub key: ConfigKey,
+    pub meta: ConfigMeta,
+    pub spec: Spec,
+}
+
+/// Why an object is refused; names the object and, where known, the field.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Shape(String),
+    #[error("{key}: {error}")]
+    Invalid {
+        key: ConfigKey,
+        error: ValidationError,
+    },
+}
+
+impl ConfigObject {
+    /// Parses and validates one object (`apiVersion`, `kind`, `metadata`, `spec`) of a known kind.
+    /// Returns None for objects that are not a kind meshpilot reads.
+    pub fn from_value(
+        value: &serde_json::Value,
+        origin: Origin,
+    ) -> Option<Result<Self, ConfigError>> {
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let kind = ConfigKind::from_api(&text(&value["apiVersion"]), &text(&value["kind"]))?;
+        Some(Self::parse(kind, value, origin))
+    }
+
+    fn parse(
+        kind: ConfigKind,
+        value: &serde_json::Value,
+        origin: Origin,
+    ) -> Result<Self, ConfigError> {
+        let metadata = &value["metadata"];
+        let name = metadata["name"].as_str().unwrap_or_default();
+        if name.is_empty() {
+            return Err(ConfigError::Shape(format!("{kind} without metadata.name")));
+        }
+        let namespace = metadata["namespace"].as_str().unwrap_or_default();
+        if namespace.is_empty() {
+            return Err(ConfigError::Shape(format!(
+                "{kind} {name}: no metadata.namespace"
+            )));
+        }
+        let key = ConfigKey {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let invalid = |error: ValidationError| ConfigError::Invalid {
+            key: key.clone(),
+            error,
+        };
+        let strings = |v: &serde_json::Value| -> Result<BTreeMap<String, String>, ConfigError> {
+            match v {
+                serde_json::Value::Null => Ok(BTreeMap::new()),
+                v => serde_json::from_value(v.clone())
+                    .map_err(|e| invalid(ValidationError::at("metadata", e.to_string()))),
+            }
+        };
+        let meta = ConfigMeta {
+            labels: strings(&metadata["labels"])?,
+            annotations: strings(&metadata["annotations"])?,
+            creation_timestamp: metadata["creationTimestamp"].as_str().map(str::to_string),
+            origin,
+        };
+        let spec_value = match &value["spec"] {
+            serde_json::Value::Null => serde_json::Value::Object(Default::default()),
+            v @ serde_json::Value::Object(_) => v.clone(),
+            _ => return Err(invalid(ValidationError::at("spec", "must be an object"))),
+        };
+        let spec = match kind {
+            ConfigKind::ServiceEntry => Spec::ServiceEntry(typed(spec_value).map_err(invalid)?),
+            ConfigKind::WorkloadEntry => Spec::WorkloadEntry(typed(spec_value).map_err(invalid)?),
+            ConfigKind::WorkloadGroup => Spec::WorkloadGroup(typed(spec_value).map_err(invalid)?),
+            ConfigKind::DestinationRule => {
+                Spec::DestinationRule(Box::new(typed(spec_value).map_err(invalid)?))
+            }
+            _ => Spec::Untyped(spec_value),
+        };
+        let object = Self {
+            key: key.clone(),
+            meta,
+            spec,
+        };
+        object.validate().map_err(invalid)?;
+        Ok(object)
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        match &self.spec {
+            Spec::ServiceEntry(se) => se.validate(),
+            Spec::WorkloadEntry(we) => we.validate_standalone(),
+            Spec::WorkloadGroup(wg) => wg.validate(),
+            Spec::DestinationRule(dr) => dr.validate(),
+            Spec::Untyped(_) => Ok(()),
+        }
+    }
+
+    /// `exportTo` of kinds that have it; empty means the mesh default.
+    pub fn export_to(&self) -> &[String] {
+        match &self.spec {
+            Spec::ServiceEntry(se) => &se.export_to,
+            Spec::DestinationRule(dr) => &dr.export_to,
+            _ => &[],
+        }
+    }
+}
+
+/// Deserializes a spec; the error names the field path serde stopped at.
+fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ValidationError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        ValidationError::at(
+            if path == "." { "spec" } else { &path },
+            e.into_inner().to_string(),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin() -> Origin {
+        Origin::File {
+            path: "dr.yaml".into(),
+            document: 1,
+        }
+    }
+
+    #[test]
+    fn kinds_follow_their_api_versions() {
+        assert_eq!(
+            ConfigKind::from_api("networking.istio.io/v1alpha3", "DestinationRule"),
+            Some(ConfigKind::DestinationRule)
+        );
+        assert_eq!(
+            ConfigKind::from_api("security.istio.io/v1beta1", "PeerAuthentication"),
+            Some(ConfigKind::PeerAuthentication)
+        );
+        assert_eq!(
+            ConfigKind::from_api("security.istio.io/v1alpha3", "PeerAuthentication"),
+            None
+        );
+        assert_eq!(ConfigKind::from_api("v1", "Service"), None);
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_named() {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "DestinationRule",
+            "metadata": {"name": "r", "namespace": "shop"},
+            "spec": {"host": "r", "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": "many"}}}}
+        });
+        let err = ConfigObject::from_value(&value, origin())
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("DestinationRule shop/r: "), "{err}");
+        assert!(
+            err.contains("trafficPolicy.connectionPool.tcp.maxConnections"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_tolerated_and_other_kinds_skipped() {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1beta1",
+            "kind": "DestinationRule",
+            "metadata": {"name": "r", "namespace": "shop", "uid": "x"},
+            "spec": {"host": "r.shop.svc.cluster.local", "somethingNew": {"a": 1}}
+        });
+        let object = ConfigObject::from_value(&value, origin()).unwrap().unwrap();
+        assert_eq!(object.key.kind, ConfigKind::DestinationRule);
+        let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap"});
+        assert!(ConfigObject::from_value(&other, origin()).is_none());
+    }
+}

@@ -1,0 +1,513 @@
+//! The config store: accepted Istio config, as part of every mesh snapshot.
+//!
+//! Sources (config files, the config cluster's API server) are layers: each holds what it accepted;
+//! readers see the merge, where the config cluster wins on a key both define. Refusals (objects that
+//! did not validate, files that did not parse) are kept beside, for /debug/configz. Derived indexes
+//! (DestinationRules by namespace) are computed at most once per published version.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, OnceLock};
+
+use serde::Serialize;
+
+use crate::istio::{
+    ConfigKey, ConfigKind, ConfigObject, DestinationRule, MeshConfig, Origin, Spec,
+};
+
+/// Where accepted config came from, in rising precedence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfigSource {
+    Files,
+    ConfigCluster,
+}
+
+impl ConfigSource {
+    const ALL: [ConfigSource; 2] = [Self::Files, Self::ConfigCluster];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A change a source makes to what it holds.
+#[derive(Clone, Debug)]
+pub enum ConfigChange {
+    Upsert(Arc<ConfigObject>),
+    Delete(ConfigKey),
+}
+
+/// Something a source refused, shown until the unit it came from (a file, an object) is good again.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Refusal {
+    /// The object, when it got far enough to be named.
+    pub key: Option<ConfigKey>,
+    pub origin: Origin,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ConfigStore {
+    layers: [imbl::OrdMap<ConfigKey, Arc<ConfigObject>>; 2],
+    merged: imbl::OrdMap<ConfigKey, Arc<ConfigObject>>,
+    /// Per source, per unit (a file path, or an object's key): what was refused.
+    refusals: imbl::OrdMap<(ConfigSource, String), Arc<[Refusal]>>,
+    /// Per kind: bumped whenever an object of the kind changes.
+    versions: [u64; ConfigKind::ALL.len()],
+    mesh: Arc<MeshConfig>,
+    mesh_version: u64,
+    derived: Arc<OnceLock<Derived>>,
+}
+
+/// Indexes derived from the accepted objects.
+#[derive(Debug, Default)]
+struct Derived {
+    /// DestinationRules by namespace, oldest first (istiod's order for merging).
+    destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+}
+
+/// What applying changes did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigDelta {
+    /// Keys whose accepted object changed (appeared, changed or went).
+    pub changed: BTreeSet<ConfigKey>,
+    /// Namespaces whose proxies may see the changed objects; None: every namespace.
+    pub audience: Option<BTreeSet<Arc<str>>>,
+}
+
+impl ConfigDelta {
+    pub fn is_empty(&self) -> bool {
+        self.changed.is_empty()
+    }
+
+    pub fn touches(&self, kinds: &[ConfigKind]) -> bool {
+        self.changed.iter().any(|k| kinds.contains(&k.kind))
+    }
+}
+
+impl ConfigStore {
+    /// Applies one source's changes; returns which keys changed in the merged view and who sees
+    /// them.
+    pub fn apply(&mut self, source: ConfigSource, changes: Vec<ConfigChange>) -> ConfigDelta {
+        let mut delta = ConfigDelta {
+            audience: Some(BTreeSet::new()),
+            ..Default::default()
+        };
+        for change in changes {
+            let key = match change {
+                ConfigChange::Upsert(object) => {
+                    let key = object.key.clone();
+                    if self.layers[source.index()].get(&key) == Some(&object) {
+                        continue;
+                    }
+                    self.layers[source.index()].insert(key.clone(), object);
+                    key
+                }
+                ConfigChange::Delete(key) => {
+                    if self.layers[source.index()].remove(&key).is_none() {
+                        continue;
+                    }
+                    key
+                }
+            };
+            let before = self.merged.get(&key).cloned();
+            let after = ConfigSource::ALL
+                .iter()
+                .rev()
+                .find_map(|s| self.layers[s.index()].get(&key).cloned());
+            if before == after {
+                continue;
+            }
+            for object in before.iter().chain(after.iter()) {
+                self.widen_audience(&mut delta, object);
+            }
+            match after {
+                Some(object) => self.merged.insert(key.clone(), object),
+                None => self.merged.remove(&key),
+            };
+            self.versions[key.kind.index()] += 1;
+            delta.changed.insert(key);
+        }
+        if !delta.changed.is_empty() {
+            self.derived = Arc::default();
+        }
+        delta
+    }
+
+    /// Who may see an object: its own namespace and where it is exported; mesh-wide config (the
+    /// root namespace) and services are seen by everyone.
+    fn widen_audience(&self, delta: &mut ConfigDelta, object: &ConfigObject) {
+        let Some(audience) = delta.audience.as_mut() else {
+            return;
+        };
+        let key = &object.key;
+        let mesh_wide = *key.namespace == *self.mesh.root_namespace
+            || matches!(
+                key.kind,
+                ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry | ConfigKind::WorkloadGroup
+            );
+        let export_to = match object.export_to() {
+            [] => self.default_export_to(key.kind),
+            e => e,
+        };
+        if mesh_wide || export_to.iter().any(|e| e == "*") {
+            delta.audience = None;
+            return;
+        }
+        audience.insert(key.namespace.clone());
+        audience.extend(
+            export_to
+                .iter()
+                .filter(|e| !matches!(e.as_str(), "." | "~"))
+                .map(|e| Arc::from(e.as_str())),
+        );
+    }
+
+    fn default_export_to(&self, kind: ConfigKind) -> &[String] {
+        match kind {
+            ConfigKind::DestinationRule => &self.mesh.default_destination_rule_export_to,
+            ConfigKind::VirtualService => &self.mesh.default_virtual_service_export_to,
+            ConfigKind::ServiceEntry => &self.mesh.default_service_export_to,
+            _ => &[],
+        }
+    }
+
+    /// Replaces what one unit of a source has refused (empty: it is all good now).
+    pub fn set_refusals(&mut self, source: ConfigSource, unit: &str, refusals: Vec<Refusal>) {
+        let key = (source, unit.to_string());
+        match refusals.is_empty() {
+            true => self.refusals.remove(&key),
+            false => self.refusals.insert(key, refusals.into()),
+        };
+    }
+
+    /// Replaces the mesh config; returns whether it changed.
+    pub fn set_mesh(&mut self, mesh: MeshConfig) -> bool {
+        if *self.mesh == mesh {
+            return false;
+        }
+        self.mesh = Arc::new(mesh);
+        self.mesh_version += 1;
+        self.derived = Arc::default();
+        true
+    }
+
+    pub fn mesh(&self) -> &Arc<MeshConfig> {
+        &self.mesh
+    }
+
+    /// Bumped whenever the mesh config changes.
+    pub fn mesh_version(&self) -> u64 {
+        self.mesh_version
+    }
+
+    /// Moves whenever a DestinationRule or the mesh config changes: what clusters and assignments
+    /// depend on beyond the services.
+    pub fn rules_version(&self) -> u64 {
+        self.versions[ConfigKind::DestinationRule.index()] + self.mesh_version
+    }
+
+    /// Bumped whenever an object of `kind` changes.
+    pub fn version(&self, kind: ConfigKind) -> u64 {
+        self.versions[kind.index()]
+    }
+
+    pub fn get(&self, key: &ConfigKey) -> Option<&Arc<ConfigObject>> {
+        self.merged.get(key)
+    }
+
+    /// Every accepted object of a kind, by namespace and name.
+    pub fn of_kind(&self, kind: ConfigKind) -> impl Iterator<Item = &Arc<ConfigObject>> {
+        self.merged
+            .iter()
+            .filter(move |(k, _)| k.kind == kind)
+            .map(|(_, o)| o)
+    }
+
+    /// Every accepted object, with the source it is served from.
+    pub fn accepted(&self) -> impl Iterator<Item = &Arc<ConfigObject>> {
+        self.merged.values()
+    }
+
+    /// Every refusal currently standing.
+    pub fn refusals(&self) -> impl Iterator<Item = (ConfigSource, &Refusal)> {
+        self.refusals
+            .iter()
+            .flat_map(|((source, _), list)| list.iter().map(move |r| (*source, r)))
+    }
+
+    fn derived(&self) -> &Derived {
+        self.derived.get_or_init(|| {
+            let mut destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
+            for dr in self.of_kind(ConfigKind::DestinationRule) {
+                destination_rules
+                    .entry(dr.key.namespace.clone())
+                    .or_default()
+                    .push(dr.clone());
+            }
+            for rules in destination_rules.values_mut() {
+                rules.sort_by(|a, b| {
+                    (a.meta.creation_timestamp.as_deref(), &a.key)
+                        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
+                });
+            }
+            Derived { destination_rules }
+        })
+    }
+
+    /// Whether any DestinationRule exists (cluster lists then depend on the proxy's namespace).
+    pub fn has_destination_rules(&self) -> bool {
+        !self.derived().destination_rules.is_empty()
+    }
+
+    /// The DestinationRule a proxy in `proxy_ns` applies to `host` (of a service in `service_ns`),
+    /// as istiod looks it up: the proxy's namespace first, then the service's, then the root
+    /// namespace; only rules exported to the proxy's namespace; the most specific host wins within a
+    /// namespace, and several rules for the same host merge (oldest first).
+    pub fn destination_rule(
+        &self,
+        proxy_ns: &str,
+        host: &str,
+        service_ns: &str,
+    ) -> Option<Arc<AppliedRule>> {
+        let derived = self.derived();
+        let root = self.mesh.root_namespace.as_str();
+        [proxy_ns, service_ns, root]
+            .into_iter()
+            .find_map(|ns| self.rule_in(derived, ns, proxy_ns, host))
+    }
+
+    fn rule_in(
+        &self,
+        derived: &Derived,
+        ns: &str,
+        proxy_ns: &str,
+        host: &str,
+    ) -> Option<Arc<AppliedRule>> {
+        let rules = derived.destination_rules.get(ns)?;
+        let visible: Vec<(&Arc<ConfigObject>, &DestinationRule)> = rules
+            .iter()
+            .filter_map(|o| match &o.spec {
+                Spec::DestinationRule(dr) => Some((o, &**dr)),
+                _ => None,
+            })
+            .filter(|(o, _)| self.exported_to(o, proxy_ns))
+            .collect();
+        let qualified = |dr: &DestinationRule| qualify(&dr.host, ns);
+        let best = visible
+            .iter()
+            .filter_map(|(_, dr)| host_match(&qualified(dr), host))
+            .max()?;
+        let matching: Vec<_> = visible
+            .iter()
+            .filter(|(_, dr)| host_match(&qualified(dr), host) == Some(best))
+            .collect();
+        let mut merged = AppliedRule {
+            keys: Vec::new(),
+            rule: DestinationRule::default(),
+        };
+        for (object, dr) in matching {
+            merged.merge(&object.key, dr);
+        }
+        Some(Arc::new(merged))
+    }
+
+    fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
+        if *object.key.namespace == *proxy_ns {
+            return true;
+        }
+        let export_to = match object.export_to() {
+            [] => self.default_export_to(object.key.kind),
+            e => e,
+        };
+        export_to.iter().any(|e| e == "*" || *e == *proxy_ns)
+    }
+}
+
+/// The DestinationRule that applies, merged from one or more objects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppliedRule {
+    /// The objects it came from, oldest first.
+    pub keys: Vec<ConfigKey>,
+    pub rule: DestinationRule,
+}
+
+impl AppliedRule {
+    /// istiod's merge of rules for one host: the first traffic policy wins, subsets add up (the
+    /// first of a name wins).
+    fn merge(&mut self, key: &ConfigKey, dr: &DestinationRule) {
+        if self.keys.is_empty() {
+            self.rule = dr.clone();
+        } else {
+            if self.rule.traffic_policy.is_none() {
+                self.rule.traffic_policy = dr.traffic_policy.clone();
+            }
+            for subset in &dr.subsets {
+                if !self.rule.subsets.iter().any(|s| s.name == subset.name) {
+                    self.rule.subsets.push(subset.clone());
+                }
+            }
+        }
+        self.keys.push(key.clone());
+    }
+}
+
+/// A short host (`reviews`) means the service of that name in the rule's namespace.
+fn qualify(host: &str, namespace: &str) -> String {
+    match host.contains('.') || host.starts_with('*') {
+        true => host.to_string(),
+        false => format!("{host}.{namespace}.svc.cluster.local"),
+    }
+}
+
+/// How specifically a rule's host matches a service host: exact beats any wildcard, longer
+/// wildcards beat shorter ones.
+fn host_match(rule_host: &str, host: &str) -> Option<usize> {
+    if rule_host == host {
+        return Some(usize::MAX);
+    }
+    if rule_host == "*" {
+        return Some(0);
+    }
+    let suffix = rule_host.strip_prefix('*')?;
+    host.ends_with(suffix).then_some(suffix.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dr(ns: &str, name: &str, spec: serde_json::Value, created: &str) -> Arc<ConfigObject> {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "DestinationRule",
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
+            "spec": spec,
+        });
+        let origin = Origin::File {
+            path: "t.yaml".into(),
+            document: 1,
+        };
+        Arc::new(ConfigObject::from_value(&value, origin).unwrap().unwrap())
+    }
+
+    const HOST: &str = "reviews.shop.svc.cluster.local";
+
+    #[test]
+    fn lookup_order_proxy_then_service_then_root_namespace() {
+        let mut store = ConfigStore::default();
+        store.apply(
+            ConfigSource::Files,
+            vec![
+                ConfigChange::Upsert(dr(
+                    "istio-system",
+                    "root",
+                    serde_json::json!({"host": "*.svc.cluster.local"}),
+                    "1",
+                )),
+                ConfigChange::Upsert(dr(
+                    "shop",
+                    "svc",
+                    serde_json::json!({"host": "reviews"}),
+                    "1",
+                )),
+                ConfigChange::Upsert(dr(
+                    "client",
+                    "own",
+                    serde_json::json!({"host": HOST, "exportTo": ["."]}),
+                    "1",
+                )),
+                ConfigChange::Upsert(dr(
+                    "other",
+                    "private",
+                    serde_json::json!({"host": HOST, "exportTo": ["."]}),
+                    "1",
+                )),
+            ],
+        );
+        let applied =
+            |ns: &str| store.destination_rule(ns, HOST, "shop").unwrap().keys[0].to_string();
+        assert_eq!(applied("client"), "DestinationRule client/own");
+        assert_eq!(applied("shop"), "DestinationRule shop/svc");
+        assert_eq!(
+            applied("elsewhere"),
+            "DestinationRule shop/svc",
+            "not other's private rule"
+        );
+        assert_eq!(
+            store
+                .destination_rule("x", "details.x.svc.cluster.local", "x")
+                .unwrap()
+                .keys[0]
+                .to_string(),
+            "DestinationRule istio-system/root"
+        );
+    }
+
+    #[test]
+    fn rules_for_one_host_merge_oldest_first() {
+        let mut store = ConfigStore::default();
+        store.apply(
+            ConfigSource::Files,
+            vec![
+                ConfigChange::Upsert(dr("shop", "b", serde_json::json!({"host": HOST, "subsets": [{"name": "v1", "labels": {"v": "new"}}, {"name": "v2", "labels": {"v": "2"}}]}), "2024-02-01T00:00:00Z")),
+                ConfigChange::Upsert(dr("shop", "a", serde_json::json!({"host": HOST, "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}, "subsets": [{"name": "v1", "labels": {"v": "old"}}]}), "2024-01-01T00:00:00Z")),
+            ],
+        );
+        let applied = store.destination_rule("shop", HOST, "shop").unwrap();
+        let names: Vec<_> = applied
+            .rule
+            .subsets
+            .iter()
+            .map(|s| (s.name.as_str(), s.labels["v"].as_str()))
+            .collect();
+        assert_eq!(names, [("v1", "old"), ("v2", "2")]);
+        assert!(applied.rule.traffic_policy.is_some());
+    }
+
+    #[test]
+    fn the_config_cluster_wins_over_files_and_deltas_name_their_audience() {
+        let mut store = ConfigStore::default();
+        let file = dr(
+            "shop",
+            "r",
+            serde_json::json!({"host": HOST, "exportTo": ["."]}),
+            "1",
+        );
+        let cluster = dr(
+            "shop",
+            "r",
+            serde_json::json!({"host": HOST, "exportTo": [".", "front"]}),
+            "1",
+        );
+        let delta = store.apply(
+            ConfigSource::Files,
+            vec![ConfigChange::Upsert(file.clone())],
+        );
+        assert_eq!(delta.audience, Some(BTreeSet::from([Arc::from("shop")])));
+        let delta = store.apply(
+            ConfigSource::ConfigCluster,
+            vec![ConfigChange::Upsert(cluster.clone())],
+        );
+        assert_eq!(delta.changed.len(), 1);
+        assert_eq!(store.get(&cluster.key), Some(&cluster));
+        assert_eq!(
+            delta.audience,
+            Some(BTreeSet::from([Arc::from("front"), Arc::from("shop")]))
+        );
+        let delta = store.apply(
+            ConfigSource::ConfigCluster,
+            vec![ConfigChange::Delete(cluster.key.clone())],
+        );
+        assert_eq!(
+            store.get(&cluster.key),
+            Some(&file),
+            "the file's version shows again"
+        );
+        assert!(!delta.is_empty());
+        let v = store.version(ConfigKind::DestinationRule);
+        let delta = store.apply(ConfigSource::Files, vec![ConfigChange::Upsert(file)]);
+        assert!(delta.is_empty());
+        assert_eq!(store.version(ConfigKind::DestinationRule), v);
+    }
+}

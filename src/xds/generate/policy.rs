@@ -1,0 +1,408 @@
+//! A DestinationRule's traffic policy applied to an Envoy cluster: the effective policy for a
+//! (subset, port), and its load balancer, circuit breakers, outlier detection, timeouts and
+//! keepalive as Envoy fields.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::config::cluster::v3::circuit_breakers::Thresholds;
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{
+    self as cluster, CommonLbConfig, LbPolicy, MaglevLbConfig, RingHashLbConfig,
+};
+use envoy_types::pb::envoy::config::cluster::v3::{
+    CircuitBreakers, Cluster, OutlierDetection as EnvoyOutlier, UpstreamConnectionOptions,
+};
+use envoy_types::pb::envoy::config::core::v3::{
+    Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions as CommonHttpOptions,
+    RoutingPriority, TcpKeepalive,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+    explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
+    UseDownstreamHttpConfig,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+use envoy_types::pb::envoy::r#type::v3::Percent;
+use envoy_types::pb::google::protobuf::{Any, UInt32Value, UInt64Value};
+use envoy_types::util::pack_any;
+
+use crate::istio::destination_rule::{
+    ClientTls, ConnectionPool, DestinationRule, H2UpgradePolicy, LoadBalancer, OutlierDetection,
+    SimpleLb, TrafficPolicy,
+};
+
+/// The four parts of a traffic policy in force for one cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Effective {
+    pub load_balancer: Option<LoadBalancer>,
+    pub connection_pool: Option<ConnectionPool>,
+    pub outlier_detection: Option<OutlierDetection>,
+    pub tls: Option<ClientTls>,
+}
+
+impl Effective {
+    /// Later layers replace earlier ones part by part: the rule's policy, its settings for the
+    /// port, the subset's policy, the subset's settings for the port (Istio's merge).
+    pub fn of(rule: &DestinationRule, subset: Option<&str>, port: u16) -> Self {
+        let mut effective = Self::default();
+        effective.layer(rule.traffic_policy.as_ref(), port);
+        if let Some(subset) = subset.and_then(|n| rule.subsets.iter().find(|s| s.name == n)) {
+            effective.layer(subset.traffic_policy.as_ref(), port);
+        }
+        effective
+    }
+
+    fn layer(&mut self, policy: Option<&TrafficPolicy>, port: u16) {
+        let Some(policy) = policy else { return };
+        self.replace(
+            &policy.load_balancer,
+            &policy.connection_pool,
+            &policy.outlier_detection,
+            &policy.tls,
+        );
+        let port_level = policy
+            .port_level_settings
+            .iter()
+            .find(|p| p.port.as_ref().map(|p| p.number) == Some(u32::from(port)));
+        if let Some(p) = port_level {
+            self.replace(
+                &p.load_balancer,
+                &p.connection_pool,
+                &p.outlier_detection,
+                &p.tls,
+            );
+        }
+    }
+
+    fn replace(
+        &mut self,
+        lb: &Option<LoadBalancer>,
+        pool: &Option<ConnectionPool>,
+        outlier: &Option<OutlierDetection>,
+        tls: &Option<ClientTls>,
+    ) {
+        if lb.is_some() {
+            self.load_balancer = lb.clone();
+        }
+        if pool.is_some() {
+            self.connection_pool = pool.clone();
+        }
+        if outlier.is_some() {
+            self.outlier_detection = outlier.clone();
+        }
+        if tls.is_some() {
+            self.tls = tls.clone();
+        }
+    }
+}
+
+/// Circuit breakers as istiod sets them on every cluster: effectively unlimited unless the policy
+/// says otherwise (Envoy's own defaults, 1024, throttle busy meshes).
+const UNLIMITED: u32 = u32::MAX;
+
+/// Applies the load balancer, connection pool and outlier detection of `policy` to `cluster`.
+/// `http` tells whether the port carries HTTP (protocol options apply), `http2` whether upstream
+/// speaks HTTP/2 already.
+pub fn apply(cluster: &mut Cluster, policy: &Effective, http: bool, http2: bool) {
+    apply_load_balancer(cluster, policy.load_balancer.as_ref());
+    apply_connection_pool(cluster, policy.connection_pool.as_ref(), http, http2);
+    if let Some(outlier) = &policy.outlier_detection {
+        apply_outlier(cluster, outlier);
+    }
+}
+
+fn apply_load_balancer(cluster: &mut Cluster, lb: Option<&LoadBalancer>) {
+    let Some(lb) = lb else { return };
+    if let Some(simple) = lb.simple {
+        cluster.lb_policy = match simple {
+            SimpleLb::Random => LbPolicy::Random,
+            SimpleLb::LeastConn | SimpleLb::LeastRequest => LbPolicy::LeastRequest,
+            SimpleLb::Unspecified | SimpleLb::RoundRobin | SimpleLb::Passthrough => {
+                LbPolicy::RoundRobin
+            }
+        } as i32;
+    }
+    if let Some(hash) = &lb.consistent_hash {
+        match &hash.maglev {
+            Some(maglev) => {
+                cluster.lb_policy = LbPolicy::Maglev as i32;
+                cluster.lb_config = Some(cluster::LbConfig::MaglevLbConfig(MaglevLbConfig {
+                    table_size: maglev.table_size.map(|value| UInt64Value { value }),
+                }));
+            }
+            None => {
+                cluster.lb_policy = LbPolicy::RingHash as i32;
+                let minimum = hash
+                    .ring_hash
+                    .as_ref()
+                    .and_then(|r| r.minimum_ring_size)
+                    .or(hash.minimum_ring_size);
+                cluster.lb_config = Some(cluster::LbConfig::RingHashLbConfig(RingHashLbConfig {
+                    minimum_ring_size: minimum.map(|value| UInt64Value { value }),
+                    ..Default::default()
+                }));
+            }
+        }
+    }
+}
+
+fn apply_connection_pool(
+    cluster: &mut Cluster,
+    pool: Option<&ConnectionPool>,
+    http: bool,
+    http2: bool,
+) {
+    let tcp = pool.and_then(|p| p.tcp.as_ref());
+    let http_settings = pool.and_then(|p| p.http.as_ref());
+    let limit = |v: Option<i32>| {
+        Some(UInt32Value {
+            value: v.filter(|v| *v > 0).map_or(UNLIMITED, |v| v.unsigned_abs()),
+        })
+    };
+    cluster.circuit_breakers = Some(CircuitBreakers {
+        thresholds: vec![Thresholds {
+            priority: RoutingPriority::Default as i32,
+            max_connections: limit(tcp.and_then(|t| t.max_connections)),
+            max_pending_requests: limit(http_settings.and_then(|h| h.http1_max_pending_requests)),
+            max_requests: limit(http_settings.and_then(|h| h.http2_max_requests)),
+            max_retries: limit(http_settings.and_then(|h| h.max_retries)),
+            track_remaining: true,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    if let Some(timeout) = tcp.and_then(|t| t.connect_timeout) {
+        cluster.connect_timeout = Some(timeout.to_proto());
+    }
+    if let Some(keepalive) = tcp.and_then(|t| t.tcp_keepalive.as_ref()) {
+        cluster.upstream_connection_options = Some(UpstreamConnectionOptions {
+            tcp_keepalive: Some(TcpKeepalive {
+                keepalive_probes: keepalive.probes.map(|value| UInt32Value { value }),
+                keepalive_time: keepalive.time.map(|d| UInt32Value {
+                    value: u32::try_from(d.as_std().as_secs()).unwrap_or(u32::MAX),
+                }),
+                keepalive_interval: keepalive.interval.map(|d| UInt32Value {
+                    value: u32::try_from(d.as_std().as_secs()).unwrap_or(u32::MAX),
+                }),
+            }),
+            ..Default::default()
+        });
+    }
+    let idle_timeout = http_settings
+        .and_then(|h| h.idle_timeout)
+        .or(tcp.and_then(|t| t.idle_timeout));
+    let common = CommonHttpOptions {
+        idle_timeout: idle_timeout.map(|d| d.to_proto()),
+        max_requests_per_connection: http_settings
+            .and_then(|h| h.max_requests_per_connection)
+            .filter(|v| *v > 0)
+            .map(|v| UInt32Value {
+                value: v.unsigned_abs(),
+            }),
+        max_connection_duration: tcp
+            .and_then(|t| t.max_connection_duration)
+            .map(|d| d.to_proto()),
+        ..Default::default()
+    };
+    let upgrade = http_settings.and_then(|h| h.h2_upgrade_policy) == Some(H2UpgradePolicy::Upgrade);
+    let use_client = http_settings.and_then(|h| h.use_client_protocol) == Some(true);
+    let concurrent = http_settings
+        .and_then(|h| h.max_concurrent_streams)
+        .filter(|v| *v > 0);
+    let h2 = http2 || (http && upgrade);
+    let protocol = match (use_client, h2) {
+        (true, _) => Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(http2_options(concurrent)),
+                ..Default::default()
+            },
+        )),
+        (false, true) => Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(http2_options(
+                    concurrent,
+                ))),
+            },
+        )),
+        (false, false) => None,
+    };
+    let has_common = common != CommonHttpOptions::default();
+    if protocol.is_none() && !(http && has_common) {
+        return;
+    }
+    let options = HttpProtocolOptions {
+        common_http_protocol_options: (http && has_common).then_some(common),
+        upstream_protocol_options: protocol.or_else(|| {
+            Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        Http1ProtocolOptions::default(),
+                    )),
+                },
+            ))
+        }),
+        ..Default::default()
+    };
+    cluster.typed_extension_protocol_options = protocol_options(options);
+}
+
+fn http2_options(max_concurrent_streams: Option<i32>) -> Http2ProtocolOptions {
+    Http2ProtocolOptions {
+        max_concurrent_streams: max_concurrent_streams.map(|v| UInt32Value {
+            value: v.unsigned_abs(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// HTTP/2 to the upstream, for gRPC and HTTP/2 ports without a policy.
+pub fn http2_only() -> HashMap<String, Any> {
+    protocol_options(HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
+                    Http2ProtocolOptions::default(),
+                )),
+            },
+        )),
+        ..Default::default()
+    })
+}
+
+fn protocol_options(options: HttpProtocolOptions) -> HashMap<String, Any> {
+    HashMap::from([(
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+        pack_any(options),
+    )])
+}
+
+fn apply_outlier(cluster: &mut Cluster, outlier: &OutlierDetection) {
+    let u32v = |value: u32| Some(UInt32Value { value });
+    let mut out = EnvoyOutlier {
+        interval: outlier.interval.map(|d| d.to_proto()),
+        base_ejection_time: outlier.base_ejection_time.map(|d| d.to_proto()),
+        max_ejection_percent: outlier
+            .max_ejection_percent
+            .and_then(|v| u32::try_from(v).ok())
+            .and_then(u32v),
+        split_external_local_origin_errors: outlier
+            .split_external_local_origin_errors
+            .unwrap_or(false),
+        ..Default::default()
+    };
+    // Envoy counts 5xx and gateway errors by default; Istio turns on only what the rule names.
+    let five_xx = outlier.consecutive_5xx_errors.or(outlier
+        .consecutive_errors
+        .and_then(|v| u32::try_from(v).ok()));
+    match five_xx {
+        Some(0) | None => out.enforcing_consecutive_5xx = u32v(0),
+        Some(n) => {
+            out.consecutive_5xx = u32v(n);
+            out.enforcing_consecutive_5xx = u32v(100);
+        }
+    }
+    match outlier.consecutive_gateway_errors {
+        Some(0) | None => out.enforcing_consecutive_gateway_failure = u32v(0),
+        Some(n) => {
+            out.consecutive_gateway_failure = u32v(n);
+            out.enforcing_consecutive_gateway_failure = u32v(100);
+        }
+    }
+    if let Some(n) = outlier.consecutive_local_origin_failures {
+        out.consecutive_local_origin_failure = u32v(n);
+        out.enforcing_consecutive_local_origin_failure = u32v(100);
+    }
+    cluster.outlier_detection = Some(out);
+    if let Some(min_health) = outlier.min_health_percent {
+        cluster.common_lb_config = Some(CommonLbConfig {
+            healthy_panic_threshold: Some(Percent {
+                value: f64::from(min_health),
+            }),
+            ..cluster.common_lb_config.clone().unwrap_or_default()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(yaml: &str) -> DestinationRule {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn subset_and_port_settings_replace_parts_in_order() {
+        let dr = rule(
+            "
+host: r
+trafficPolicy:
+  loadBalancer: {simple: RANDOM}
+  connectionPool: {tcp: {maxConnections: 5}}
+  portLevelSettings:
+  - port: {number: 80}
+    loadBalancer: {simple: LEAST_REQUEST}
+subsets:
+- name: v2
+  labels: {v: '2'}
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 3}
+    portLevelSettings:
+    - port: {number: 80}
+      loadBalancer: {simple: ROUND_ROBIN}
+",
+        );
+        let top = Effective::of(&dr, None, 9090);
+        assert_eq!(top.load_balancer.unwrap().simple, Some(SimpleLb::Random));
+        let port = Effective::of(&dr, None, 80);
+        assert_eq!(
+            port.load_balancer.unwrap().simple,
+            Some(SimpleLb::LeastRequest)
+        );
+        let subset = Effective::of(&dr, Some("v2"), 80);
+        assert_eq!(
+            subset.load_balancer.as_ref().unwrap().simple,
+            Some(SimpleLb::RoundRobin)
+        );
+        assert!(subset.connection_pool.is_some(), "kept from the top level");
+        assert!(subset.outlier_detection.is_some());
+    }
+
+    #[test]
+    fn envoy_fields() {
+        let dr = rule(
+            "
+host: r
+trafficPolicy:
+  loadBalancer: {consistentHash: {httpHeaderName: x-user, ringHash: {minimumRingSize: 2048}}}
+  connectionPool:
+    tcp: {maxConnections: 100, connectTimeout: 250ms}
+    http: {http1MaxPendingRequests: 7, maxRequestsPerConnection: 3, idleTimeout: 30s}
+  outlierDetection: {consecutive5xxErrors: 2, interval: 1s, baseEjectionTime: 3m, maxEjectionPercent: 50, minHealthPercent: 40}
+",
+        );
+        let mut c = Cluster::default();
+        apply(&mut c, &Effective::of(&dr, None, 80), true, false);
+        assert_eq!(c.lb_policy, LbPolicy::RingHash as i32);
+        let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+        assert_eq!(t.max_connections.as_ref().unwrap().value, 100);
+        assert_eq!(t.max_pending_requests.as_ref().unwrap().value, 7);
+        assert_eq!(t.max_requests.as_ref().unwrap().value, UNLIMITED);
+        assert_eq!(c.connect_timeout.as_ref().unwrap().nanos, 250_000_000);
+        let o = c.outlier_detection.as_ref().unwrap();
+        assert_eq!(o.consecutive_5xx.as_ref().unwrap().value, 2);
+        assert_eq!(o.enforcing_consecutive_5xx.as_ref().unwrap().value, 100);
+        assert_eq!(
+            o.enforcing_consecutive_gateway_failure
+                .as_ref()
+                .unwrap()
+                .value,
+            0
+        );
+        assert_eq!(o.base_ejection_time.as_ref().unwrap().seconds, 180);
+        let panic = &c.common_lb_config.as_ref().unwrap().healthy_panic_threshold;
+        assert_eq!(panic.as_ref().unwrap().value, 40.0);
+        assert!(c
+            .typed_extension_protocol_options
+            .contains_key("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"));
+    }
+}
