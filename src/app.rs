@@ -6,6 +6,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tracing::info;
 
 use crate::admin::{self, AdminState};
@@ -168,7 +169,13 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let xds_addr = local_addr("xds", &grpc, args.xds_addr)?;
     let router = tonic::transport::Server::builder().add_service(xds.service());
     tasks.push(tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+        // Without TCP_NODELAY a response of more than one segment waits for the proxy's delayed
+        // ACK (40 ms on Linux) before its tail is sent.
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|conn| {
+            let conn = conn?;
+            conn.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(conn)
+        });
         if let Err(e) = router.serve_with_incoming(incoming).await {
             tracing::error!(error = %e, "xDS server stopped");
         }

@@ -168,6 +168,10 @@ pub fn incoming(
                     continue;
                 }
             };
+            // As on the plaintext port: multi-segment responses must not wait for delayed ACKs.
+            if let Err(e) = tcp.set_nodelay(true) {
+                debug!(%remote, error = %e, "cannot set TCP_NODELAY");
+            }
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
