@@ -7,7 +7,9 @@
 //!       [--clusters C] [--rounds R] [--debounce 0s] [--eds-per-proxy N] [--cds-every M]
 //!
 //! Scenarios: `convergence` (EDS convergence, full push, memory per proxy, CPU per message),
-//! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory), `all`.
+//! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory),
+//! `single` (one change among S services reaching one subscribed proxy: file clusters, where each
+//! round renames one file into a directory of S, and the same through the Kubernetes path), `all`.
 //! Without arguments it is a small smoke run of every scenario (what CI runs).
 
 #[path = "../tests/common/mod.rs"]
@@ -160,13 +162,14 @@ fn proc_stats(pid: u32) -> (f64, u64) {
     (ticks / 100.0, rss_kb * 1024)
 }
 
-/// A running meshpilot with its config cluster (and remotes) served by test API servers.
+/// A running meshpilot with its config cluster (and remotes) served by test API servers, or its
+/// clusters in a config directory (`files/clusters/c0`).
 struct Plane {
     servers: Vec<TestApiServer>,
     process: MeshpilotProcess,
     xds: SocketAddr,
     admin: SocketAddr,
-    _files: tempfile::TempDir,
+    files: tempfile::TempDir,
 }
 
 async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usize) -> Plane {
@@ -184,15 +187,72 @@ async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usiz
     let files = tempfile::tempdir().unwrap();
     let kubeconfig = files.path().join("kubeconfig");
     std::fs::write(&kubeconfig, servers[0].kubeconfig(servers[0].admin_token())).unwrap();
-    let state = files.path().join("ca");
-    let process = MeshpilotProcess::spawn(&[
-        "--log",
-        "warn,meshpilot::app=info",
-        "discovery",
+    let source = [
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
         "--cluster-id",
         "c0",
+    ];
+    let process = spawn_meshpilot(a, &files, &source);
+    let (xds, admin) = ready(&process).await;
+    Plane {
+        servers,
+        process,
+        xds,
+        admin,
+        files,
+    }
+}
+
+/// A service of cluster `c` as a file cluster's manifest: the Service and its one endpoint.
+fn service_file(i: usize, address: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: svc-{i}, namespace: {NS}}}
+spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: svc-{i}-c0, namespace: {NS}, labels: {{kubernetes.io/service-name: svc-{i}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 80}}]
+endpoints: [{{addresses: [\"{address}\"], conditions: {{ready: true}}}}]
+",
+        i / 250,
+        i % 250 + 1
+    )
+}
+
+/// meshpilot serving one file cluster `c0` of `services` files, one service each.
+async fn start_file_plane(a: &Args, services: usize) -> Plane {
+    let files = tempfile::tempdir().unwrap();
+    let cluster = files.path().join("config/clusters/c0");
+    std::fs::create_dir_all(&cluster).unwrap();
+    for i in 0..services {
+        std::fs::write(
+            cluster.join(format!("svc-{i}.yaml")),
+            service_file(i, &ip(0, i)),
+        )
+        .unwrap();
+    }
+    let config = files.path().join("config");
+    let process = spawn_meshpilot(a, &files, &["--config-dir", config.to_str().unwrap()]);
+    let (xds, admin) = ready(&process).await;
+    Plane {
+        servers: Vec::new(),
+        process,
+        xds,
+        admin,
+        files,
+    }
+}
+
+fn spawn_meshpilot(a: &Args, files: &tempfile::TempDir, source: &[&str]) -> MeshpilotProcess {
+    let state = files.path().join("ca");
+    let mut args = vec!["--log", "warn,meshpilot::app=info", "discovery"];
+    args.extend_from_slice(source);
+    args.extend([
         "--http-addr",
         "127.0.0.1:0",
         "--xds-addr",
@@ -204,6 +264,11 @@ async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usiz
         "--debounce-after",
         &a.debounce,
     ]);
+    MeshpilotProcess::spawn(&args)
+}
+
+/// The xDS and admin addresses, once meshpilot is ready.
+async fn ready(process: &MeshpilotProcess) -> (SocketAddr, SocketAddr) {
     let admin = process.bound_addr("admin").await;
     let xds = process.bound_addr("xds").await;
     wait_for("meshpilot ready", Duration::from_secs(300), || async move {
@@ -211,13 +276,7 @@ async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usiz
         (status == 200).then_some(())
     })
     .await;
-    Plane {
-        servers,
-        process,
-        xds,
-        admin,
-        _files: files,
-    }
+    (xds, admin)
 }
 
 /// What the simulated proxies report back.
@@ -704,6 +763,105 @@ async fn onboarding(a: &Args) {
     }
 }
 
+/// What one round of the `single` scenario changes.
+#[derive(Clone, Copy)]
+enum Change {
+    /// The hot service's endpoint moves to the round's mark: an EDS push.
+    Endpoint,
+    /// A service `round-<r>` is added: a full (CDS) push.
+    Service,
+}
+
+/// One change among `a.services` services reaching a single subscribed proxy (wildcard CDS and EDS
+/// of a few clusters), through file clusters and through the Kubernetes path.
+async fn single_change(a: &Args) {
+    println!(
+        "## one change among {} services → one subscribed proxy, debounce {}, {} rounds",
+        a.services, a.debounce, a.rounds
+    );
+    let files = start_file_plane(a, a.services).await;
+    let dir = files.files.path().join("config/clusters/c0");
+    single_rounds(
+        "file clusters (one file renamed in per round)",
+        &files,
+        a,
+        |r, change| {
+            let (file, text) = match change {
+                Change::Endpoint => ("svc-0.yaml".to_string(), service_file(0, &mark(r))),
+                Change::Service => {
+                    let i = a.services + r;
+                    let text = service_file(i, &mark(r))
+                        .replace(&format!("svc-{i}"), &format!("round-{r}"));
+                    (format!("round-{r}.yaml"), text)
+                }
+            };
+            common::write_atomic(&dir.join(file), &text);
+        },
+    )
+    .await;
+    drop(files);
+
+    let kube = start_plane(a, a.services, 1, 1).await;
+    single_rounds("Kubernetes (one object applied per round)", &kube, a, |r, change| {
+        let object = match change {
+            Change::Endpoint => json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "svc-0-c0", "namespace": NS, "labels": {"kubernetes.io/service-name": "svc-0"}},
+                "addressType": "IPv4", "ports": [{"name": "http", "port": 80}],
+                "endpoints": [{"addresses": [mark(r)], "conditions": {"ready": true}}]}),
+            Change::Service => json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("round-{r}"), "namespace": NS},
+                "spec": {"clusterIP": format!("10.97.{}.{}", r / 250, r % 250 + 1), "ports": [{"name": "http", "port": 80}]}}),
+        };
+        kube.servers[0].apply(object);
+    })
+    .await;
+}
+
+async fn single_rounds(what: &str, plane: &Plane, a: &Args, change: impl Fn(usize, Change)) {
+    let observed = Arc::new(Observed::default());
+    let round: Arc<Mutex<Option<Round>>> = Arc::default();
+    let one = Args {
+        cds_every: 1,
+        ..a.clone()
+    };
+    connect_proxies(plane, &one, 1, &observed, &round).await;
+    let (mut eds, mut cds) = (Vec::new(), Vec::new());
+    for r in 1..=a.rounds {
+        for kind in [Change::Endpoint, Change::Service] {
+            *round.lock() = Some(Round {
+                started: Instant::now(),
+                id: r,
+            });
+            change(r, kind);
+            let obs = observed.clone();
+            wait_for("the change at the proxy", Duration::from_secs(30), || {
+                let obs = obs.clone();
+                async move {
+                    match kind {
+                        Change::Endpoint => obs.eds.lock().get(&r).map(|_| ()),
+                        Change::Service => obs.full.lock().get(&r).map(|_| ()),
+                    }
+                }
+            })
+            .await;
+            *round.lock() = None;
+            let latency = match kind {
+                Change::Endpoint => observed.eds.lock().remove(&r),
+                Change::Service => observed.full.lock().remove(&r),
+            };
+            let first = latency.and_then(|v| v.first().copied()).unwrap_or_default();
+            match kind {
+                Change::Endpoint => eds.push(first),
+                Change::Service => cds.push(first),
+            }
+        }
+    }
+    let (p50, p99, max) = percentiles(eds);
+    println!("{what}: endpoint change (EDS) p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
+    let (p50, p99, max) = percentiles(cds);
+    println!("{what}: service added (CDS) p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
+}
+
 fn main() {
     let a = args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -720,10 +878,12 @@ fn main() {
             "convergence" => convergence(&a).await,
             "endpoints" => endpoints_memory(&a).await,
             "onboarding" => onboarding(&a).await,
+            "single" => single_change(&a).await,
             "all" | "smoke" => {
                 convergence(&a).await;
                 endpoints_memory(&a).await;
                 onboarding(&a).await;
+                single_change(&a).await;
             }
             other => panic!("unknown scenario {other}"),
         }

@@ -25,6 +25,7 @@ use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
+use tracing::info;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -42,8 +43,13 @@ pub enum StartError {
     Grpc(#[from] tonic::transport::Error),
     #[error("CA: {0}")]
     Keys(#[from] crate::security::keys::KeysError),
-    #[error("CA: {0}")]
-    Ca(#[from] crate::security::ca::CaError),
+    #[error("CA from {origin}: {source}")]
+    Ca {
+        origin: String,
+        source: crate::security::ca::CaError,
+    },
+    #[error("CA: no state directory for the self-signed root: give --ca-state-dir (or set HOME)")]
+    NoStateDir,
     #[error("secure xDS: {0}")]
     Tls(#[from] crate::security::tls::TlsError),
     #[error(transparent)]
@@ -163,14 +169,22 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             client: c.client.clone(),
             namespace: args.system_namespace.clone(),
         },
-        (None, None) => KeySource::StateDir(args.ca_state_dir.clone()),
+        (None, None) => {
+            let dir = args.ca_state_dir().ok_or(StartError::NoStateDir)?;
+            info!(dir = %dir.display(), "CA state directory");
+            KeySource::StateDir(dir)
+        }
     };
-    let bundle = keys::load(key_source, &args.trust_domain).await?;
+    let loaded = keys::load(key_source, &args.trust_domain).await?;
     let ttl = TtlPolicy {
         default: args.workload_cert_ttl,
         max: args.max_workload_cert_ttl,
     };
-    let ca = Arc::new(CertificateAuthority::new(&bundle, ttl)?);
+    let ca = CertificateAuthority::new(&loaded.bundle, ttl).map_err(|source| StartError::Ca {
+        origin: loaded.origin,
+        source,
+    })?;
+    let ca = Arc::new(ca);
     let authn = Arc::new(Authenticator::new(
         &args.trust_domain,
         config_cluster

@@ -1,7 +1,8 @@
 //! Typed configuration of `meshpilot discovery`: every flag also settable by environment variable.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
@@ -50,9 +51,11 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
 
-    /// Without Kubernetes or --ca-dir: where the self-signed root is kept across restarts.
-    #[arg(long, env = "MESHPILOT_CA_STATE_DIR", default_value = ".meshpilot/ca")]
-    pub ca_state_dir: PathBuf,
+    /// Without Kubernetes or --ca-dir: where the self-signed root is kept across restarts
+    /// [default: <config-dir>/.meshpilot/ca, else $XDG_STATE_HOME/meshpilot/ca, else
+    /// ~/.local/state/meshpilot/ca].
+    #[arg(long, env = "MESHPILOT_CA_STATE_DIR")]
+    pub ca_state_dir: Option<PathBuf>,
 
     /// Lifetime of workload certificates when the request names none.
     #[arg(long, env = "MESHPILOT_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
@@ -143,11 +146,63 @@ impl DiscoveryArgs {
         }
     }
 
+    /// Where the self-signed root is kept: `--ca-state-dir`, else a place that does not depend on
+    /// the working directory (so every run of one installation finds the same root).
+    pub fn ca_state_dir(&self) -> Option<PathBuf> {
+        self.ca_state_dir.clone().or_else(|| {
+            default_state_dir(
+                self.config_dir.as_deref(),
+                std::env::var_os("XDG_STATE_HOME"),
+                std::env::var_os("HOME"),
+            )
+        })
+    }
+
     pub fn naming(&self) -> MeshNaming {
         MeshNaming {
             domain_suffix: self.domain_suffix.clone(),
             trust_domain: self.trust_domain.clone(),
             system_namespace: self.system_namespace.clone(),
         }
+    }
+}
+
+/// `<config-dir>/.meshpilot/ca`, else the XDG state directory (`$XDG_STATE_HOME`, by default
+/// `~/.local/state`); relative values of the variables are ignored, as the XDG spec says.
+fn default_state_dir(
+    config_dir: Option<&Path>,
+    xdg_state_home: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    if let Some(dir) = config_dir {
+        return Some(dir.join(".meshpilot").join("ca"));
+    }
+    let absolute = |v: OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+    xdg_state_home
+        .and_then(absolute)
+        .or_else(|| Some(absolute(home?)?.join(".local").join("state")))
+        .map(|state| state.join("meshpilot").join("ca"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_dir_does_not_follow_the_working_directory() {
+        let home = || Some(OsString::from("/home/u"));
+        assert_eq!(
+            default_state_dir(Some(Path::new("/etc/mesh")), None, home()),
+            Some(PathBuf::from("/etc/mesh/.meshpilot/ca"))
+        );
+        assert_eq!(
+            default_state_dir(None, Some("/var/state".into()), home()),
+            Some(PathBuf::from("/var/state/meshpilot/ca"))
+        );
+        assert_eq!(
+            default_state_dir(None, Some("relative".into()), home()),
+            Some(PathBuf::from("/home/u/.local/state/meshpilot/ca"))
+        );
+        assert_eq!(default_state_dir(None, None, None), None);
     }
 }

@@ -53,7 +53,14 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::RemoteSecret(args) => {
             meshpilot::app::install_crypto_provider();
-            print!("{}", meshpilot::remote_secret::generate(&args).await?);
+            match meshpilot::remote_secret::generate(&args).await {
+                Ok(yaml) => print!("{yaml}"),
+                // One line naming cluster, object and verb; the causes' Debug dumps help nobody.
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
     }
     Ok(())

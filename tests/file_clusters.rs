@@ -2,11 +2,15 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
 use meshpilot::app::Running;
+use notify::event::AccessKind;
+use notify::{EventKind, RecursiveMode, Watcher};
 
 const REVIEWS: &str = "reviews.bookinfo.svc.cluster.local";
 const BOUND: Duration = Duration::from_secs(10);
@@ -111,14 +115,12 @@ async fn clusters_come_and_go_with_their_directories() {
         &cluster3.join("reviews.yaml"),
         &reviews.replace("10.2.3.13", "10.3.0.7"),
     );
-    wait_for("cluster3 endpoints", BOUND, || async move {
-        (shard_addresses(admin, REVIEWS, "cluster3").await == ["10.3.0.7"]).then_some(())
-    })
-    .await;
-    // cluster3 has no node for its pod, so no locality, but the endpoint is there and synced.
-    wait_for("cluster3 synced", BOUND, || async move {
-        let view = cluster_view(admin, "cluster3").await?;
-        (view["state"] == "synced").then_some(())
+    // cluster3 has no node for its pod, so no locality, but the endpoint is there and synced (the
+    // state follows the endpoints' publication by a moment).
+    wait_for("cluster3 endpoints, synced", BOUND, || async move {
+        let served = shard_addresses(admin, REVIEWS, "cluster3").await == ["10.3.0.7"];
+        let synced = cluster_view(admin, "cluster3").await?["state"] == "synced";
+        (served && synced).then_some(())
     })
     .await;
 }
@@ -223,4 +225,112 @@ async fn binary_runs_the_example_and_logs_errors() {
         2,
         "still serving"
     );
+}
+
+/// A Service with one endpoint, as a file cluster's manifest.
+fn service_manifest(name: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: many}}
+spec: {{clusterIP: 10.96.0.1, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: many, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 80}}]
+endpoints: [{{addresses: [{ip}], conditions: {{ready: true}}}}]
+"
+    )
+}
+
+#[tokio::test]
+async fn files_among_many_are_applied_one_by_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("clusters/big");
+    std::fs::create_dir_all(&cluster).unwrap();
+    for i in 0..300 {
+        std::fs::write(
+            cluster.join(format!("svc-{i}.yaml")),
+            service_manifest(
+                &format!("svc-{i}"),
+                &format!("10.0.{}.{}", i / 250, i % 250 + 1),
+            ),
+        )
+        .unwrap();
+    }
+    let running = start(dir.path()).await;
+    let admin = admin(&running).await;
+    let host = |name: &str| format!("{name}.many.svc.cluster.local");
+    assert_eq!(
+        shard_addresses(admin, &host("svc-299"), "big").await,
+        ["10.0.1.50"]
+    );
+
+    // Renamed in, as editors and tooling write; meanwhile every file opened is recorded.
+    let opened = Arc::new(Mutex::new(BTreeSet::new()));
+    let sink = opened.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event {
+            if matches!(event.kind, EventKind::Access(AccessKind::Open(_))) {
+                // The test's own write opens only the temporary file.
+                let manifests = event
+                    .paths
+                    .into_iter()
+                    .filter(|p| p.extension() == Some("yaml".as_ref()));
+                sink.lock().unwrap().extend(manifests);
+            }
+        }
+    })
+    .unwrap();
+    watcher
+        .watch(&cluster, RecursiveMode::NonRecursive)
+        .unwrap();
+    write_atomic(
+        &cluster.join("new.yaml"),
+        &service_manifest("new", "10.9.0.1"),
+    );
+    let new_host = host("new");
+    wait_for("renamed-in file served", BOUND, || {
+        let new_host = new_host.clone();
+        async move { (shard_addresses(admin, &new_host, "big").await == ["10.9.0.1"]).then_some(()) }
+    })
+    .await;
+    // Only the file the events named was read: not the other 300, and not over and over (the
+    // watcher once took its own reads for changes and rescanned forever).
+    drop(watcher);
+    let opened: Vec<_> = opened.lock().unwrap().iter().cloned().collect();
+    assert_eq!(opened, [cluster.join("new.yaml")]);
+
+    // The same objects in a second file: the later path wins; removing it restores the first.
+    write_atomic(
+        &cluster.join("svc-7b.yaml"),
+        &service_manifest("svc-7", "10.9.0.7"),
+    );
+    let svc7 = host("svc-7");
+    let served = |want: &'static str| {
+        let svc7 = svc7.clone();
+        async move { (shard_addresses(admin, &svc7, "big").await == [want]).then_some(()) }
+    };
+    wait_for("later file wins", BOUND, || served("10.9.0.7")).await;
+    std::fs::remove_file(cluster.join("svc-7b.yaml")).unwrap();
+    wait_for("earlier file served again", BOUND, || served("10.0.0.8")).await;
+
+    // A deleted file takes its objects along; the rest stay.
+    std::fs::remove_file(cluster.join("svc-3.yaml")).unwrap();
+    let svc3 = host("svc-3");
+    wait_for("deleted file's service gone", BOUND, || {
+        let svc3 = svc3.clone();
+        async move {
+            shard_addresses(admin, &svc3, "big")
+                .await
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    let view = cluster_view(admin, "big").await.unwrap();
+    assert_eq!(view["services"], 300, "{view}");
+    assert!(view["last_error"].is_null(), "{view}");
 }

@@ -308,3 +308,25 @@ async fn endpoint_change_pushes_only_eds() {
         "ready endpoints of both clusters, the new one included"
     );
 }
+
+#[tokio::test]
+async fn a_huge_node_id_is_refused_with_a_short_message() {
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let mut client = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let id = format!("sidecar~{}~x.y~y.svc.cluster.local", "9".repeat(10 * 1024));
+    client.request(DiscoveryRequest {
+        node: Some(node(&id, &[])),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let status = client
+        .next(BOUND)
+        .await
+        .expect("an answer")
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let message = status.message();
+    assert!(message.contains("is not an IP address"), "{message}");
+    assert!(message.len() <= 700, "{} bytes: {message}", message.len());
+}

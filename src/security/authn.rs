@@ -10,6 +10,7 @@ use super::identity::Identity;
 use super::tls::SecureConnInfo;
 use crate::model::ClusterId;
 use crate::sources::remote::RemoteClients;
+use crate::text::{clip, Quoted};
 
 /// Audience Istio's agents request for CA tokens.
 pub const CA_AUDIENCE: &str = "istio-ca";
@@ -20,13 +21,13 @@ pub enum AuthnError {
     NoCredentials,
     #[error("client certificate carries no SPIFFE identity")]
     NoIdentity,
-    #[error("client claims to be in cluster {0:?}, which meshpilot does not know")]
+    #[error("client claims to be in cluster {}, which meshpilot does not know", Quoted(.0))]
     UnknownCluster(String),
-    #[error("token review on cluster {cluster} failed: {reason}")]
+    #[error("token review on cluster {cluster} failed: {}", clip(.reason))]
     Review { cluster: String, reason: String },
-    #[error("token rejected by cluster {cluster}: {reason}")]
+    #[error("token rejected by cluster {cluster}: {}", clip(.reason))]
     Rejected { cluster: String, reason: String },
-    #[error("token of {user:?} is not a service account's (not in group system:serviceaccounts)")]
+    #[error("token of {} is not a service account's (not in group system:serviceaccounts)", Quoted(.user))]
     NotServiceAccount { user: String },
 }
 

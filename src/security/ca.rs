@@ -15,7 +15,9 @@ use thiserror::Error;
 use time::OffsetDateTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+use super::ca_key::{self, KeyFormError};
 use super::identity::Identity;
+use crate::text::clip;
 
 #[derive(Debug, Error)]
 pub enum CaError {
@@ -28,6 +30,11 @@ pub enum CaError {
     Missing { file: &'static str },
     #[error("CA bundle: {file}: {problem}")]
     Invalid { file: &'static str, problem: String },
+    #[error("CA bundle: {file}: {source}")]
+    Key {
+        file: &'static str,
+        source: KeyFormError,
+    },
     #[error("CA bundle: ca-key.pem does not match ca-cert.pem")]
     KeyMismatch,
     #[error("CA bundle: the chain does not end at root-cert.pem: {0}")]
@@ -90,13 +97,13 @@ impl CaBundle {
         };
         std::fs::create_dir_all(dir).map_err(error)?;
         for (file, text) in self.files() {
-            std::fs::write(dir.join(file), text).map_err(error)?;
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir.join(CA_KEY), std::fs::Permissions::from_mode(0o600))
-                .map_err(error)?;
+            let path = dir.join(file);
+            if file == CA_KEY {
+                write_private(&path, text)
+            } else {
+                std::fs::write(path, text)
+            }
+            .map_err(error)?;
         }
         Ok(())
     }
@@ -146,7 +153,7 @@ impl CaBundle {
         name: &str,
         lifetime: Duration,
     ) -> Result<Self, CaError> {
-        let parent_key = KeyPair::from_pem(&self.ca_key).map_err(|e| invalid(CA_KEY, e))?;
+        let parent_key = parse_key(&self.ca_key)?;
         let issuer =
             Issuer::from_ca_cert_pem(&self.ca_cert, parent_key).map_err(|e| invalid(CA_CERT, e))?;
         let key = KeyPair::generate()?;
@@ -163,6 +170,29 @@ impl CaBundle {
             root_cert: self.root_cert.clone(),
         })
     }
+}
+
+/// Writes a private key readable by its owner only: the file is created with mode 0600, so the key
+/// is never readable by others, not even between writing and a chmod. A file already there is
+/// replaced, not reused with its old mode.
+pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
+}
+
+fn parse_key(pem: &str) -> Result<KeyPair, CaError> {
+    ca_key::parse(pem).map_err(|source| CaError::Key {
+        file: CA_KEY,
+        source,
+    })
 }
 
 fn invalid(file: &'static str, e: impl std::fmt::Display) -> CaError {
@@ -235,7 +265,7 @@ pub struct CertificateAuthority {
 impl CertificateAuthority {
     /// Loads a bundle, refusing one whose key does not match or whose chain does not reach the root.
     pub fn new(bundle: &CaBundle, ttl: TtlPolicy) -> Result<Self, CaError> {
-        let key = KeyPair::from_pem(&bundle.ca_key).map_err(|e| invalid(CA_KEY, e))?;
+        let key = parse_key(&bundle.ca_key)?;
         let ca_der = single_cert(&bundle.ca_cert, CA_CERT)?;
         let (_, ca) = X509Certificate::from_der(&ca_der).map_err(|e| invalid(CA_CERT, e))?;
         if !ca.is_ca() {
@@ -280,7 +310,7 @@ impl CertificateAuthority {
     ) -> Result<Vec<String>, CaError> {
         let ttl = self.lifetime(requested)?;
         let csr = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| CaError::Csr(e.to_string()))?;
+            .map_err(|e| CaError::Csr(clip(&e.to_string())))?;
         let request = CertificateSigningRequestParams {
             params: workload_params(&[identity.to_string()], &[], ttl)?,
             public_key: csr.public_key,

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use super::ca::{CaBundle, CaError, CertificateAuthority, TtlPolicy, CA_KEY, ROOT_CERT};
+use super::ca::{
+    write_private, CaBundle, CaError, CertificateAuthority, TtlPolicy, CA_KEY, ROOT_CERT,
+};
 use super::identity::Identity;
 
 const ROOT_KEY: &str = "root-key.pem";
+const WORKLOAD_KEY: &str = "key.pem";
 
 #[derive(Debug, Clone, Args)]
 pub struct CertsArgs {
@@ -115,7 +118,7 @@ pub fn run(args: &CertsArgs) -> Result<String, CaError> {
                 out,
                 &[
                     ("cert-chain.pem", &chain.concat()),
-                    ("key.pem", &key),
+                    (WORKLOAD_KEY, &key),
                     (ROOT_CERT, ca.root_pem()),
                 ],
             )?;
@@ -141,18 +144,13 @@ fn write(dir: &std::path::Path, files: &[(&str, &str)]) -> Result<(), CaError> {
     };
     std::fs::create_dir_all(dir).map_err(error)?;
     for (name, text) in files {
-        std::fs::write(dir.join(name), text).map_err(error)?;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        for key in [ROOT_KEY, CA_KEY, "key.pem"] {
-            let path = dir.join(key);
-            if path.exists() {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                    .map_err(error)?;
-            }
+        let path = dir.join(name);
+        if [ROOT_KEY, CA_KEY, WORKLOAD_KEY].contains(name) {
+            write_private(&path, text)
+        } else {
+            std::fs::write(path, text)
         }
+        .map_err(error)?;
     }
     Ok(())
 }

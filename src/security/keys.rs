@@ -14,18 +14,20 @@ use thiserror::Error;
 use tracing::info;
 
 use super::ca::{CaBundle, CaError};
+use crate::kube_error::Readable;
 
 pub const PLUGIN_SECRET: &str = "cacerts";
 pub const SELF_SIGNED_SECRET: &str = "istio-ca-secret";
 
 #[derive(Debug, Error)]
 pub enum KeysError {
-    #[error(transparent)]
-    Ca(#[from] CaError),
-    #[error("Secret {namespace}/{name}: {source}")]
+    #[error("{origin}: {source}")]
+    Ca { origin: String, source: CaError },
+    #[error("Secret {namespace}/{name}: {verb} failed: {}", Readable(.source))]
     Secret {
         namespace: String,
         name: &'static str,
+        verb: &'static str,
         source: kube::Error,
     },
 }
@@ -40,82 +42,136 @@ pub enum KeySource {
     StateDir(PathBuf),
 }
 
-pub async fn load(source: KeySource, organization: &str) -> Result<CaBundle, KeysError> {
+/// A bundle and where it came from (named in errors about it).
+pub struct LoadedBundle {
+    pub bundle: CaBundle,
+    pub origin: String,
+}
+
+pub async fn load(source: KeySource, organization: &str) -> Result<LoadedBundle, KeysError> {
     match source {
         KeySource::Dir(dir) => {
+            let origin = format!("CA directory {}", dir.display());
             info!(dir = %dir.display(), "plug-in CA from directory");
-            Ok(CaBundle::read_dir(&dir)?)
+            let bundle = CaBundle::read_dir(&dir).map_err(in_origin(&origin))?;
+            Ok(LoadedBundle { bundle, origin })
         }
-        KeySource::StateDir(dir) => match CaBundle::read_dir(&dir) {
-            Ok(bundle) => {
-                info!(dir = %dir.display(), "self-signed CA loaded from state directory");
-                Ok(bundle)
-            }
-            Err(CaError::Missing { .. }) if !dir.join(super::ca::CA_KEY).exists() => {
-                let bundle = CaBundle::self_signed_root(organization)?;
-                bundle.write_dir(&dir)?;
-                info!(dir = %dir.display(), "new self-signed root CA, kept in the state directory");
-                Ok(bundle)
-            }
-            Err(e) => Err(e.into()),
-        },
-        KeySource::Kubernetes { client, namespace } => {
-            let secrets: Api<Secret> = Api::namespaced(client, &namespace);
-            let get = |name: &'static str| {
-                let secrets = secrets.clone();
-                let namespace = namespace.clone();
-                async move {
-                    secrets
-                        .get_opt(name)
-                        .await
-                        .map_err(|source| KeysError::Secret {
-                            namespace,
-                            name,
-                            source,
-                        })
+        KeySource::StateDir(dir) => {
+            let origin = format!("CA state directory {}", dir.display());
+            let bundle = match CaBundle::read_dir(&dir) {
+                Ok(bundle) => {
+                    info!(dir = %dir.display(), "self-signed CA loaded from state directory");
+                    bundle
                 }
+                Err(CaError::Missing { .. }) if !dir.join(super::ca::CA_KEY).exists() => {
+                    let bundle =
+                        CaBundle::self_signed_root(organization).map_err(in_origin(&origin))?;
+                    bundle.write_dir(&dir).map_err(in_origin(&origin))?;
+                    info!(dir = %dir.display(), "new self-signed root CA, kept in the state directory");
+                    bundle
+                }
+                Err(e) => return Err(in_origin(&origin)(e)),
             };
-            if let Some(secret) = get(PLUGIN_SECRET).await? {
-                info!(namespace, "plug-in CA from Secret cacerts");
-                return Ok(bundle_of(&secret)?);
-            }
-            if let Some(secret) = get(SELF_SIGNED_SECRET).await? {
-                info!(
-                    namespace,
-                    "self-signed CA loaded from Secret istio-ca-secret"
-                );
-                return Ok(bundle_of(&secret)?);
-            }
-            let bundle = CaBundle::self_signed_root(organization)?;
-            let data: BTreeMap<String, ByteString> = bundle
-                .files()
-                .iter()
-                .map(|(file, text)| (file.to_string(), ByteString(text.as_bytes().to_vec())))
-                .collect();
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(SELF_SIGNED_SECRET.to_string()),
-                    namespace: Some(namespace.clone()),
-                    ..Default::default()
-                },
-                type_: Some("istio.io/ca-root".to_string()),
-                data: Some(data),
-                ..Default::default()
-            };
+            Ok(LoadedBundle { bundle, origin })
+        }
+        KeySource::Kubernetes { client, namespace } => {
+            from_secrets(
+                Api::namespaced(client, &namespace),
+                &namespace,
+                organization,
+            )
+            .await
+        }
+    }
+}
+
+fn in_origin(origin: &str) -> impl Fn(CaError) -> KeysError + '_ {
+    move |source| KeysError::Ca {
+        origin: origin.to_string(),
+        source,
+    }
+}
+
+async fn from_secrets(
+    secrets: Api<Secret>,
+    namespace: &str,
+    organization: &str,
+) -> Result<LoadedBundle, KeysError> {
+    let secret_error = |name: &'static str, verb: &'static str| {
+        move |source| KeysError::Secret {
+            namespace: namespace.to_string(),
+            name,
+            verb,
+            source,
+        }
+    };
+    let origin = |name: &str| format!("Secret {namespace}/{name}");
+    let loaded = |secret: &Secret, name: &str| -> Result<LoadedBundle, KeysError> {
+        let origin = origin(name);
+        let bundle = bundle_of(secret).map_err(in_origin(&origin))?;
+        Ok(LoadedBundle { bundle, origin })
+    };
+    let get = |name: &'static str| {
+        let secrets = secrets.clone();
+        async move {
             secrets
-                .create(&PostParams::default(), &secret)
+                .get_opt(name)
                 .await
-                .map_err(|source| KeysError::Secret {
-                    namespace: namespace.clone(),
-                    name: SELF_SIGNED_SECRET,
-                    source,
-                })?;
+                .map_err(secret_error(name, "get"))
+        }
+    };
+    if let Some(secret) = get(PLUGIN_SECRET).await? {
+        info!(namespace, "plug-in CA from Secret cacerts");
+        return loaded(&secret, PLUGIN_SECRET);
+    }
+    if let Some(secret) = get(SELF_SIGNED_SECRET).await? {
+        info!(
+            namespace,
+            "self-signed CA loaded from Secret istio-ca-secret"
+        );
+        return loaded(&secret, SELF_SIGNED_SECRET);
+    }
+    let bundle =
+        CaBundle::self_signed_root(organization).map_err(in_origin(&origin(SELF_SIGNED_SECRET)))?;
+    let data: BTreeMap<String, ByteString> = bundle
+        .files()
+        .iter()
+        .map(|(file, text)| (file.to_string(), ByteString(text.as_bytes().to_vec())))
+        .collect();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(SELF_SIGNED_SECRET.to_string()),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        type_: Some("istio.io/ca-root".to_string()),
+        data: Some(data),
+        ..Default::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
             info!(
                 namespace,
                 "new self-signed root CA, kept in Secret istio-ca-secret"
             );
-            Ok(bundle)
+            Ok(LoadedBundle {
+                bundle,
+                origin: origin(SELF_SIGNED_SECRET),
+            })
         }
+        // Another replica created it between our get and create: every replica must sign with
+        // the same root, so theirs wins.
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            info!(
+                namespace,
+                "another replica created Secret istio-ca-secret first; using its root"
+            );
+            let secret = get(SELF_SIGNED_SECRET)
+                .await?
+                .ok_or_else(|| secret_error(SELF_SIGNED_SECRET, "get")(kube::Error::Api(status)))?;
+            loaded(&secret, SELF_SIGNED_SECRET)
+        }
+        Err(e) => Err(secret_error(SELF_SIGNED_SECRET, "create")(e)),
     }
 }
 

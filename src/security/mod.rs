@@ -3,6 +3,7 @@
 
 pub mod authn;
 pub mod ca;
+pub mod ca_key;
 pub mod certs_cmd;
 pub mod identity;
 pub mod keys;

@@ -67,26 +67,45 @@ impl ServingCert {
         }))
     }
 
-    /// Renews at half the lifetime, until the returned task is aborted.
+    /// Renews at half the lifetime, until the returned task is aborted. A failed renewal is retried
+    /// with backoff until it succeeds, long before the current certificate expires.
     pub fn keep_renewed(
         self: &Arc<Self>,
         ca: Arc<CertificateAuthority>,
         dns_names: Vec<String>,
         ttl: Duration,
     ) -> tokio::task::JoinHandle<()> {
+        self.renew_with(ttl, move || {
+            let key = certified(&ca, &dns_names, ttl)?;
+            info!(names = ?dns_names, "serving certificate renewed");
+            Ok(key)
+        })
+    }
+
+    fn renew_with(
+        self: &Arc<Self>,
+        ttl: Duration,
+        issue: impl Fn() -> Result<Arc<CertifiedKey>, TlsError> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
+        // Retries back off up to a twentieth of the lifetime: at least ten tries before expiry.
+        let max_delay = (ttl / 20).clamp(Duration::from_millis(10), Duration::from_secs(60));
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(ttl / 2).await;
-                match certified(&ca, &dns_names, ttl) {
-                    Ok(key) => {
-                        *this.current.write() = key;
-                        info!(names = ?dns_names, "serving certificate renewed");
-                    }
-                    // Keep the current one; try again after a short pause.
-                    Err(e) => {
-                        warn!(error = %e, "serving certificate renewal failed");
-                        tokio::time::sleep(Duration::from_secs(1).min(ttl / 4)).await;
+                let mut delay = Duration::from_secs(1).min(max_delay);
+                loop {
+                    match issue() {
+                        Ok(key) => {
+                            *this.current.write() = key;
+                            break;
+                        }
+                        // Keep serving the current one meanwhile.
+                        Err(e) => {
+                            warn!(error = %e, retry_in = ?delay, "serving certificate renewal failed");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(max_delay);
+                        }
                     }
                 }
             }
@@ -220,5 +239,49 @@ impl AsyncWrite for SecureConn {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::security::ca::{CaBundle, TtlPolicy};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_renewal_is_retried_well_before_expiry() {
+        crate::app::install_crypto_provider();
+        let ttl = Duration::from_secs(100);
+        let policy = TtlPolicy {
+            default: ttl,
+            max: ttl,
+        };
+        let ca =
+            CertificateAuthority::new(&CaBundle::self_signed_root("td").unwrap(), policy).unwrap();
+        let names = vec!["istiod.istio-system.svc".to_string()];
+        let serving = ServingCert::issue(&ca, &names, ttl).unwrap();
+        let first = serving.current.read().clone();
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counter = attempts.clone();
+        let started = tokio::time::Instant::now();
+        let task = serving.renew_with(ttl, move || {
+            // The CA is unavailable for the first five attempts.
+            if counter.fetch_add(1, Ordering::SeqCst) < 5 {
+                return Err(TlsError::Config("CA unavailable".into()));
+            }
+            certified(&ca, &names, ttl)
+        });
+        while Arc::ptr_eq(&serving.current.read(), &first) {
+            assert!(started.elapsed() < ttl, "not renewed before expiry");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        task.abort();
+        assert_eq!(attempts.load(Ordering::SeqCst), 6);
+        assert!(
+            started.elapsed() < ttl * 3 / 4,
+            "renewed only after {:?}",
+            started.elapsed()
+        );
     }
 }

@@ -1,17 +1,19 @@
 //! File-backed clusters, the embedded default: `DIR/clusters/<cluster-id>/*.yaml`.
 //!
 //! Each sub-directory is one cluster registry fed with the objects of its manifests. The tree is
-//! watched: a changed file is re-read and only its differences are applied; a malformed file is
-//! refused with an error naming it, and the objects it held before stay served.
+//! watched: only the files the events name are read again, and only their differences are applied,
+//! so a change costs the same however many files the directory holds. A malformed file is refused
+//! with an error naming it, and the objects it held before stay served.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use thiserror::Error;
 use tracing::{error, info, warn};
 
@@ -44,6 +46,8 @@ pub struct FileClusters {
 struct FileCluster {
     registry: Arc<ClusterRegistry>,
     files: BTreeMap<PathBuf, FileState>,
+    /// The files holding each object; when several do, the last path wins (as a listing's order).
+    holders: HashMap<ObjectKey, BTreeSet<PathBuf>>,
     /// What this cluster currently serves: the union of every file's last good objects.
     served: HashMap<ObjectKey, Object>,
 }
@@ -52,7 +56,7 @@ struct FileState {
     /// Hash of the content last read, good or bad: unchanged content is not parsed again.
     fingerprint: Option<u64>,
     /// The objects of the last version of the file that parsed.
-    objects: Vec<Object>,
+    objects: HashMap<ObjectKey, Object>,
     error: Option<String>,
 }
 
@@ -110,46 +114,29 @@ impl FileClusters {
 
     fn run(mut self, rx: mpsc::Receiver<notify::Result<notify::Event>>) {
         while let Ok(first) = rx.recv() {
-            let mut events = vec![first];
+            let mut batch = Batch::default();
+            batch.add(&self.root, first);
             while let Ok(more) = rx.recv_timeout(SETTLE) {
-                events.push(more);
+                batch.add(&self.root, more);
             }
-            let mut rescan_all = false;
-            let mut touched = std::collections::BTreeSet::new();
-            for event in events {
-                match event {
-                    Ok(event) if !event.need_rescan() => {
-                        for path in &event.paths {
-                            match self.cluster_of(path) {
-                                Some(id) => {
-                                    touched.insert(id);
-                                }
-                                None => rescan_all = true,
-                            }
-                        }
-                    }
-                    Ok(_) => rescan_all = true,
-                    Err(e) => {
-                        warn!(error = %e, "file watch error; rescanning");
-                        rescan_all = true;
-                    }
-                }
-            }
-            if rescan_all {
+            if batch.rescan_all {
                 self.sync_all();
-            } else {
-                for id in touched {
-                    self.sync_cluster(&id);
+                continue;
+            }
+            for id in &batch.clusters {
+                self.sync_cluster(id);
+            }
+            for (id, paths) in batch.files {
+                if batch.clusters.contains(&id) {
+                    continue;
+                }
+                match self.clusters.get_mut(&id) {
+                    Some(cluster) => cluster.apply_paths(paths),
+                    // A file in a directory not yet known: the directory is new.
+                    None => self.sync_cluster(&id),
                 }
             }
         }
-    }
-
-    /// The cluster a path belongs to: the first component below the root.
-    fn cluster_of(&self, path: &Path) -> Option<ClusterId> {
-        let rel = path.strip_prefix(&self.root).ok()?;
-        let first = rel.components().next()?;
-        Some(ClusterId::new(first.as_os_str().to_str()?))
     }
 
     fn sync_all(&mut self) {
@@ -194,12 +181,7 @@ impl FileClusters {
                 .add_cluster(shard, format!("file:{}", dir.display()), false)
             {
                 Ok(registry) => {
-                    let cluster = FileCluster {
-                        registry,
-                        files: BTreeMap::new(),
-                        served: HashMap::new(),
-                    };
-                    self.clusters.insert(id.clone(), cluster);
+                    self.clusters.insert(id.clone(), FileCluster::new(registry));
                 }
                 Err(e) => {
                     error!(cluster = %id, error = %e, "cluster directory not loaded");
@@ -214,45 +196,73 @@ impl FileClusters {
 }
 
 impl FileCluster {
+    fn new(registry: Arc<ClusterRegistry>) -> Self {
+        Self {
+            registry,
+            files: BTreeMap::new(),
+            holders: HashMap::new(),
+            served: HashMap::new(),
+        }
+    }
+
+    /// Brings the cluster in line with its whole directory (start, rescans, a directory event).
     fn sync(&mut self, dir: &Path) {
         let id = self.registry.id().clone();
-        let paths = match manifest_paths(dir) {
-            Ok(p) => p,
+        match manifest_paths(dir) {
+            Ok(listed) => {
+                let mut paths: BTreeSet<PathBuf> = self.files.keys().cloned().collect();
+                paths.extend(listed);
+                self.apply_paths(paths);
+            }
             Err(e) => {
                 let msg = format!("cannot list {}: {e}", dir.display());
                 error!(cluster = %id, error = %msg, "cluster directory unreadable");
                 self.registry.set_error(Some(msg));
-                return;
             }
-        };
-        self.files.retain(|path, _| paths.contains(path));
+        }
+    }
+
+    /// Re-reads just these paths (present, changed, removed or renamed away) and applies the
+    /// difference they make to what the cluster serves.
+    fn apply_paths(&mut self, paths: BTreeSet<PathBuf>) {
+        let id = self.registry.id().clone();
+        let mut affected: HashSet<ObjectKey> = HashSet::new();
         for path in paths {
-            self.refresh_file(&id, path);
+            let present = is_manifest(&path) && path.is_file();
+            let replaced = if present {
+                self.refresh_file(&id, &path)
+            } else {
+                self.files.remove(&path).map(|gone| gone.objects)
+            };
+            if let Some(old) = replaced {
+                self.reindex(&path, old, &mut affected);
+            }
         }
 
-        let mut desired: HashMap<ObjectKey, Object> = HashMap::new();
-        for state in self.files.values() {
-            for object in &state.objects {
-                desired.insert(object.key(), object.clone());
+        let mut changes = Vec::new();
+        for key in affected {
+            let desired = self
+                .holders
+                .get(&key)
+                .and_then(|paths| paths.last())
+                .and_then(|path| self.files.get(path)?.objects.get(&key));
+            match desired {
+                Some(object) if self.served.get(&key) != Some(object) => {
+                    self.served.insert(key, object.clone());
+                    changes.push(ObjectChange::Upsert(object.clone()));
+                }
+                Some(_) => {}
+                None => {
+                    if self.served.remove(&key).is_some() {
+                        changes.push(ObjectChange::Delete(key));
+                    }
+                }
             }
         }
-        let mut changes: Vec<ObjectChange> = self
-            .served
-            .keys()
-            .filter(|k| !desired.contains_key(*k))
-            .map(|k| ObjectChange::Delete(k.clone()))
-            .collect();
-        changes.extend(
-            desired
-                .iter()
-                .filter(|(k, o)| self.served.get(*k) != Some(*o))
-                .map(|(_, o)| ObjectChange::Upsert(o.clone())),
-        );
         if !changes.is_empty() {
             info!(cluster = %id, changes = changes.len(), "applying file changes");
             self.registry.apply(changes);
         }
-        self.served = desired;
 
         let errors: Vec<&str> = self
             .files
@@ -264,41 +274,130 @@ impl FileCluster {
         self.registry.set_state(SyncState::Synced);
     }
 
-    /// Re-reads a file if its content changed; a file that fails keeps its previous objects.
-    fn refresh_file(&mut self, cluster: &ClusterId, path: PathBuf) {
-        let text = match std::fs::read_to_string(&path) {
+    /// Moves `path` from holding `old` objects to holding its current ones; every key either
+    /// touches is affected.
+    fn reindex(
+        &mut self,
+        path: &Path,
+        old: HashMap<ObjectKey, Object>,
+        affected: &mut HashSet<ObjectKey>,
+    ) {
+        for key in old.into_keys() {
+            if let Some(holders) = self.holders.get_mut(&key) {
+                holders.remove(path);
+                if holders.is_empty() {
+                    self.holders.remove(&key);
+                }
+            }
+            affected.insert(key);
+        }
+        if let Some(state) = self.files.get(path) {
+            for key in state.objects.keys() {
+                self.holders
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(path.to_path_buf());
+                affected.insert(key.clone());
+            }
+        }
+    }
+
+    /// Re-reads a file if its content changed and returns the objects it held before; a file that
+    /// fails keeps its previous objects (and returns None: nothing to re-index).
+    fn refresh_file(
+        &mut self,
+        cluster: &ClusterId,
+        path: &Path,
+    ) -> Option<HashMap<ObjectKey, Object>> {
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
-                // Removed between listing and reading: the next event removes it.
+                // Removed between the event and reading: its own event removes it.
                 if e.kind() != std::io::ErrorKind::NotFound {
                     let msg = format!("{}: {e}", path.display());
                     error!(cluster = %cluster, error = %msg, "cannot read manifest");
                     self.files
-                        .entry(path)
+                        .entry(path.to_path_buf())
                         .or_insert_with(FileState::empty)
                         .error = Some(msg);
                 }
-                return;
+                return None;
             }
         };
         let fingerprint = fingerprint(&text);
         let state = self
             .files
-            .entry(path.clone())
+            .entry(path.to_path_buf())
             .or_insert_with(FileState::empty);
         if state.fingerprint == Some(fingerprint) {
-            return;
+            return None;
         }
         state.fingerprint = Some(fingerprint);
         match manifest::parse(&text) {
             Ok(objects) => {
-                state.objects = objects;
                 state.error = None;
+                // Within a file, a later document of the same key wins.
+                let objects = objects.into_iter().map(|o| (o.key(), o)).collect();
+                Some(std::mem::replace(&mut state.objects, objects))
             }
             Err(e) => {
                 let msg = format!("{}: {e}", path.display());
                 error!(cluster = %cluster, error = %msg, "manifest refused; keeping its last good objects");
                 state.error = Some(msg);
+                None
+            }
+        }
+    }
+}
+
+/// What one settle window of watch events asks for.
+#[derive(Default)]
+struct Batch {
+    rescan_all: bool,
+    /// Cluster directories themselves created, removed or renamed: re-listed whole.
+    clusters: BTreeSet<ClusterId>,
+    /// Files named by events, per cluster: only these are read again.
+    files: BTreeMap<ClusterId, BTreeSet<PathBuf>>,
+}
+
+impl Batch {
+    fn add(&mut self, root: &Path, event: notify::Result<notify::Event>) {
+        let event = match event {
+            // Opening or reading a file changes nothing, and our own reads would feed back as
+            // events; a write that ends (close-write) does count.
+            Ok(event) if is_read(&event.kind) => return,
+            Ok(event) if !event.need_rescan() => event,
+            Ok(_) => {
+                warn!("file watch overflowed; rescanning");
+                self.rescan_all = true;
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "file watch error; rescanning");
+                self.rescan_all = true;
+                return;
+            }
+        };
+        for path in event.paths {
+            let parts: Option<Vec<&str>> = path
+                .strip_prefix(root)
+                .ok()
+                .map(|rel| rel.components().map(|c| c.as_os_str().to_str()).collect())
+                .and_then(|parts: Option<Vec<&str>>| parts);
+            match parts.as_deref() {
+                Some([cluster]) => {
+                    self.clusters.insert(ClusterId::new(cluster));
+                }
+                Some([cluster, _file]) => {
+                    self.files
+                        .entry(ClusterId::new(cluster))
+                        .or_default()
+                        .insert(path.clone());
+                }
+                // Deeper paths are not manifests of a cluster.
+                Some([_, _, _, ..]) => {}
+                // The root itself, or a path we cannot place.
+                _ => self.rescan_all = true,
             }
         }
     }
@@ -308,7 +407,7 @@ impl FileState {
     fn empty() -> Self {
         Self {
             fingerprint: None,
-            objects: Vec::new(),
+            objects: HashMap::new(),
             error: None,
         }
     }
@@ -318,17 +417,24 @@ fn manifest_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        let is_manifest = name.ends_with(".yaml") || name.ends_with(".yml");
-        if is_manifest && !name.starts_with('.') && path.is_file() {
+        if is_manifest(&path) && path.is_file() {
             paths.push(path);
         }
     }
-    paths.sort();
     Ok(paths)
+}
+
+fn is_read(kind: &EventKind) -> bool {
+    matches!(kind, EventKind::Access(access) if !matches!(access, AccessKind::Close(AccessMode::Write)))
+}
+
+/// `*.yaml` or `*.yml`, not hidden (editors' swap and temporary files are).
+fn is_manifest(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.starts_with('.')
 }
 
 fn fingerprint(text: &str) -> u64 {

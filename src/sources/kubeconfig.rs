@@ -7,19 +7,21 @@ use std::str::FromStr;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use thiserror::Error;
 
+use crate::text::{clip, Quoted};
+
 #[derive(Debug, Error)]
 pub enum KubeconfigError {
     #[error("kubeconfig is not UTF-8")]
     NotUtf8,
     #[error("kubeconfig does not parse: {0}")]
     Parse(String),
-    #[error("kubeconfig user {user:?} uses {option}, which is not allowed (allow with --insecure-kubeconfig-options {flag})")]
+    #[error("kubeconfig user {} uses {option}, which is not allowed (allow with --insecure-kubeconfig-options {flag})", Quoted(.user))]
     Forbidden {
         user: String,
         option: &'static str,
         flag: &'static str,
     },
-    #[error("kubeconfig cluster {cluster:?} reads its CA from a file, which is not allowed (allow with --insecure-kubeconfig-options certificateAuthority)")]
+    #[error("kubeconfig cluster {} reads its CA from a file, which is not allowed (allow with --insecure-kubeconfig-options certificateAuthority)", Quoted(.cluster))]
     CaFile { cluster: String },
     #[error("kubeconfig is unusable: {0}")]
     Config(String),
@@ -70,7 +72,8 @@ pub fn parse_untrusted(
     allowed: &InsecureOptions,
 ) -> Result<Kubeconfig, KubeconfigError> {
     let text = std::str::from_utf8(bytes).map_err(|_| KubeconfigError::NotUtf8)?;
-    let config = Kubeconfig::from_yaml(text).map_err(|e| KubeconfigError::Parse(e.to_string()))?;
+    let config =
+        Kubeconfig::from_yaml(text).map_err(|e| KubeconfigError::Parse(clip(&e.to_string())))?;
     for named in &config.auth_infos {
         let Some(user) = &named.auth_info else {
             continue;
@@ -118,8 +121,8 @@ pub fn parse_untrusted(
 pub async fn client(config: Kubeconfig) -> Result<kube::Client, KubeconfigError> {
     let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
-        .map_err(|e| KubeconfigError::Config(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| KubeconfigError::Client(e.to_string()))
+        .map_err(|e| KubeconfigError::Config(clip(&e.to_string())))?;
+    kube::Client::try_from(config).map_err(|e| KubeconfigError::Client(clip(&e.to_string())))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use thiserror::Error;
 use tracing::debug;
 
 use crate::registry::objects::{self, Object, TrimError};
+use crate::text::clip;
 
 #[derive(Debug, Error)]
 pub enum ManifestError {
@@ -18,7 +19,7 @@ pub enum ManifestError {
     },
     #[error("document {doc}: {message}")]
     Document { doc: usize, message: String },
-    #[error("document {doc}: {source}")]
+    #[error("document {doc}: {}", clip(&.source.to_string()))]
     Object { doc: usize, source: TrimError },
 }
 
@@ -40,11 +41,11 @@ fn syntax(doc: usize, e: serde_yaml_ng::Error) -> ManifestError {
         Some(loc) => ManifestError::Syntax {
             line: loc.line(),
             column: loc.column(),
-            message: e.to_string(),
+            message: clip(&e.to_string()),
         },
         None => ManifestError::Document {
             doc,
-            message: e.to_string(),
+            message: clip(&e.to_string()),
         },
     }
 }
@@ -107,11 +108,10 @@ fn typed<T: DeserializeOwned>(value: Value, doc: usize, kind: &str) -> Result<T,
         .get("metadata")
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
-        .unwrap_or("<unnamed>")
-        .to_string();
+        .map_or_else(|| "<unnamed>".to_string(), clip);
     serde_yaml_ng::from_value(value).map_err(|e| ManifestError::Document {
         doc,
-        message: format!("{kind} {name}: {e}"),
+        message: format!("{kind} {name}: {}", clip(&e.to_string())),
     })
 }
 
@@ -163,6 +163,17 @@ items:
             err.contains("document 2") && err.contains("Service web"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn errors_quote_at_most_a_bounded_excerpt() {
+        let huge = "x".repeat(10_000);
+        let text = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {huge}, namespace: shop}}\nspec: {{ports: [{{port: {huge}}}]}}\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.len() < 1000, "{} bytes: {err}", err.len());
+        let text = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {huge}}}\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.len() < 1000, "{} bytes", err.len());
     }
 
     #[test]

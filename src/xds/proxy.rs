@@ -10,12 +10,13 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::model::{ClusterId, Locality};
+use crate::text::Quoted;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum NodeError {
     #[error("the first request of a stream carries no node")]
     Missing,
-    #[error("invalid node id {id:?}: {problem} (expected <type>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>)")]
+    #[error("invalid node id {}: {problem} (expected <type>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>)", Quoted(.id))]
     Id { id: String, problem: String },
     #[error("invalid node metadata {key}: {problem}")]
     Metadata { key: &'static str, problem: String },
@@ -75,11 +76,11 @@ impl Proxy {
         let kind = match kind {
             "sidecar" => ProxyType::Sidecar,
             "router" => ProxyType::Router,
-            other => return Err(id_error(&format!("unknown proxy type {other:?}"))),
+            other => return Err(id_error(&format!("unknown proxy type {}", Quoted(other)))),
         };
         let ip: IpAddr = ip
             .parse()
-            .map_err(|_| id_error(&format!("{ip:?} is not an IP address")))?;
+            .map_err(|_| id_error(&format!("{} is not an IP address", Quoted(ip))))?;
         if workload.is_empty() {
             return Err(id_error("empty workload part"));
         }
@@ -100,7 +101,7 @@ impl Proxy {
             for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 let extra: IpAddr = item.parse().map_err(|_| NodeError::Metadata {
                     key: "INSTANCE_IPS",
-                    problem: format!("{item:?} is not an IP address"),
+                    problem: format!("{} is not an IP address", Quoted(item)),
                 })?;
                 if !ips.contains(&extra) {
                     ips.push(extra);
@@ -177,7 +178,7 @@ impl Metadata<'_> {
                 Some(Kind::StringValue(s)) => Ok((k.clone(), s.clone())),
                 _ => Err(NodeError::Metadata {
                     key: "LABELS",
-                    problem: format!("label {k:?} is not a string"),
+                    problem: format!("label {} is not a string", Quoted(k)),
                 }),
             })
             .collect()

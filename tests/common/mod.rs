@@ -17,7 +17,7 @@ pub mod ads;
 pub mod netns;
 pub mod sds;
 #[allow(unused_imports)] // each test binary uses its own subset
-pub use ads::{AdsClient, DeltaClient};
+pub use ads::{AdsClient, DeltaClient, Received};
 pub use sds::{SdsServer, WorkloadCerts};
 
 pub const EXAMPLE: &str = concat!(
@@ -155,16 +155,6 @@ pub async fn shard_addresses(admin: SocketAddr, host: &str, cluster: &str) -> Ve
 pub async fn cluster_view(admin: SocketAddr, id: &str) -> Option<Value> {
     let clusters = get_json(admin, "/debug/clusterz").await;
     clusters.as_array()?.iter().find(|c| c["id"] == id).cloned()
-}
-
-/// A fresh directory under the system temp dir that outlives the call (for state a test reuses).
-pub fn scratch_dir(what: &str) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir =
-        std::env::temp_dir().join(format!("meshpilot-test-{what}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 /// Copies a directory tree (the bundled example, usually) into a fresh temp dir.
@@ -601,18 +591,26 @@ pub async fn start_meshpilot_with(flags: &[&str]) -> meshpilot::app::Running {
 
 /// Starts meshpilot in-process with these flags, every server on port 0, without waiting.
 pub async fn start_meshpilot_unready(flags: &[&str]) -> meshpilot::app::Running {
+    try_start_meshpilot(flags).await.expect("meshpilot starts")
+}
+
+/// Starts meshpilot in-process with these flags, every server on port 0: its start error, if any.
+pub async fn try_start_meshpilot(
+    flags: &[&str],
+) -> Result<meshpilot::app::Running, meshpilot::app::StartError> {
     use clap::Parser;
     #[derive(Parser)]
     struct Args {
         #[command(flatten)]
         discovery: meshpilot::config::DiscoveryArgs,
     }
-    let state = scratch_dir("ca-state");
+    // The CA reads its state directory only while starting: it can go once start returns.
+    let state = tempfile::tempdir().expect("temp dir");
     let defaults = [
         ("--http-addr", "127.0.0.1:0"),
         ("--xds-addr", "127.0.0.1:0"),
         ("--secure-xds-addr", "127.0.0.1:0"),
-        ("--ca-state-dir", state.to_str().expect("utf-8 path")),
+        ("--ca-state-dir", state.path().to_str().expect("utf-8 path")),
     ];
     let mut argv = vec!["meshpilot"];
     for (flag, value) in defaults {
@@ -621,9 +619,7 @@ pub async fn start_meshpilot_unready(flags: &[&str]) -> meshpilot::app::Running 
         }
     }
     argv.extend_from_slice(flags);
-    meshpilot::app::start(Args::parse_from(argv).discovery)
-        .await
-        .expect("meshpilot starts")
+    meshpilot::app::start(Args::parse_from(argv).discovery).await
 }
 
 pub fn node(id: &str, metadata: &[(&str, &str)]) -> envoy_types::pb::envoy::config::core::v3::Node {

@@ -3,7 +3,9 @@
 //! It speaks the real protocol over HTTPS with its own CA and bearer tokens: list and watch with
 //! resource versions, ADDED/MODIFIED/DELETED/BOOKMARK events, label and field selectors, 410 Gone
 //! for compacted resource versions, TokenReviews against a token table, and TokenRequests. Objects
-//! live in memory. A test can stop and restart it on the same port, or make it hang.
+//! live in memory. Like the real one, it refuses to create an object in a namespace that does not
+//! exist, and a test can deny a user a verb on a resource (403 Forbidden). A test can stop and restart
+//! it on the same port, or make it hang.
 
 mod store;
 
@@ -67,6 +69,8 @@ struct Shared {
     ca_pem: String,
     tls: Arc<rustls::ServerConfig>,
     token_serial: AtomicU64,
+    /// (username, verb, plural) a test denied.
+    denied: Mutex<std::collections::HashSet<(String, String, String)>>,
 }
 
 /// One running (or stopped) test API server.
@@ -129,6 +133,7 @@ impl TestApiServer {
             ca_pem,
             tls: Arc::new(tls),
             token_serial: AtomicU64::new(0),
+            denied: Mutex::default(),
         });
         let server = Self {
             shared,
@@ -163,6 +168,14 @@ impl TestApiServer {
 
     pub fn add_token(&self, token: &str, user: User) {
         self.shared.tokens.lock().insert(token.to_string(), user);
+    }
+
+    /// From now on `username` may not `verb` (get, list, watch, create, update, delete) `plural`.
+    pub fn deny(&self, username: &str, verb: &str, plural: &str) {
+        self.shared
+            .denied
+            .lock()
+            .insert((username.into(), verb.into(), plural.into()));
     }
 
     pub fn revoke_token(&self, token: &str) {
@@ -391,12 +404,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         .and_then(|h| h.to_str().ok())
         .and_then(|h| h.strip_prefix("Bearer "))
         .map(str::to_string);
-    if token
-        .as_ref()
-        .is_none_or(|t| !shared.tokens.lock().contains_key(t))
-    {
+    let user = token.and_then(|t| shared.tokens.lock().get(&t).cloned());
+    let Some(user) = user else {
         return status_error(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
-    }
+    };
     let query: HashMap<String, String> = req
         .uri()
         .query()
@@ -424,6 +435,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             )
         }
     };
+    if let Some(refused) = authorize(&shared, &user, &method, &target, &query) {
+        return refused;
+    }
     match (&method, &target.name, &target.sub) {
         (&Method::GET, None, None) => {
             let filter = match Filter::parse(
@@ -448,7 +462,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 None => status_error(
                     StatusCode::NOT_FOUND,
                     "NotFound",
-                    &format!("{} {name} not found", target.kind.kind),
+                    &format!("{} \"{name}\" not found", target.kind.resource()),
                 ),
             }
         }
@@ -467,12 +481,20 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
+            let namespaces = kind_by_name("Namespace").expect("namespaces are served");
+            if target.kind.namespaced && shared.store.lock().get(namespaces, "", &ns).is_none() {
+                return status_error(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("namespaces \"{ns}\" not found"),
+                );
+            }
             if method == Method::POST && shared.store.lock().get(target.kind, &ns, &name).is_some()
             {
                 return status_error(
                     StatusCode::CONFLICT,
                     "AlreadyExists",
-                    &format!("{} {name} already exists", target.kind.kind),
+                    &format!("{} \"{name}\" already exists", target.kind.resource()),
                 );
             }
             let status = if method == Method::POST {
@@ -509,6 +531,50 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             "method not allowed",
         ),
     }
+}
+
+/// 403 Forbidden, worded as the real API server's RBAC authorizer, if a test denied this.
+fn authorize(
+    shared: &Shared,
+    user: &User,
+    method: &Method,
+    target: &Target,
+    query: &HashMap<String, String>,
+) -> Option<Response<Body>> {
+    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = match (method, &target.name) {
+        (&Method::GET, None) if watch => "watch",
+        (&Method::GET, None) => "list",
+        (&Method::GET, Some(_)) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::DELETE, _) => "delete",
+        _ => return None,
+    };
+    let key = (
+        user.username.clone(),
+        verb.to_string(),
+        target.kind.plural.to_string(),
+    );
+    if !shared.denied.lock().contains(&key) {
+        return None;
+    }
+    let scope = match &target.namespace {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".to_string(),
+    };
+    let object = match &target.name {
+        Some(name) => format!("{} \"{name}\"", target.kind.resource()),
+        None => target.kind.resource(),
+    };
+    Some(status_error(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        &format!(
+            "{object} is forbidden: User \"{}\" cannot {verb} resource \"{}\" in API group \"{}\" {scope}",
+            user.username, target.kind.plural, target.kind.group
+        ),
+    ))
 }
 
 fn percent_decode(s: &str) -> String {

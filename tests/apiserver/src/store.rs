@@ -10,6 +10,8 @@ use tokio::sync::broadcast;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResourceKind {
     pub plural: &'static str,
+    /// API group ("" for the core group), as authorization errors name it.
+    pub group: &'static str,
     pub kind: &'static str,
     pub api_version: &'static str,
     pub namespaced: bool,
@@ -18,48 +20,70 @@ pub struct ResourceKind {
 pub const KINDS: &[ResourceKind] = &[
     ResourceKind {
         plural: "namespaces",
+        group: "",
         kind: "Namespace",
         api_version: "v1",
         namespaced: false,
     },
     ResourceKind {
         plural: "nodes",
+        group: "",
         kind: "Node",
         api_version: "v1",
         namespaced: false,
     },
     ResourceKind {
         plural: "services",
+        group: "",
         kind: "Service",
         api_version: "v1",
         namespaced: true,
     },
     ResourceKind {
         plural: "pods",
+        group: "",
         kind: "Pod",
         api_version: "v1",
         namespaced: true,
     },
     ResourceKind {
         plural: "secrets",
+        group: "",
         kind: "Secret",
         api_version: "v1",
         namespaced: true,
     },
     ResourceKind {
         plural: "configmaps",
+        group: "",
         kind: "ConfigMap",
         api_version: "v1",
         namespaced: true,
     },
     ResourceKind {
         plural: "serviceaccounts",
+        group: "",
         kind: "ServiceAccount",
         api_version: "v1",
         namespaced: true,
     },
     ResourceKind {
+        plural: "clusterroles",
+        group: "rbac.authorization.k8s.io",
+        kind: "ClusterRole",
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: false,
+    },
+    ResourceKind {
+        plural: "clusterrolebindings",
+        group: "rbac.authorization.k8s.io",
+        kind: "ClusterRoleBinding",
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: false,
+    },
+    ResourceKind {
         plural: "endpointslices",
+        group: "discovery.k8s.io",
         kind: "EndpointSlice",
         api_version: "discovery.k8s.io/v1",
         namespaced: true,
@@ -135,6 +159,17 @@ impl Default for Store {
             compacted: 0,
             uids: 0,
             live: broadcast::channel(65_536).0,
+        }
+    }
+}
+
+impl ResourceKind {
+    /// `plural.group`, or `plural` in the core group.
+    pub fn resource(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
         }
     }
 }

@@ -1,19 +1,21 @@
 //! `meshpilot remote-secret`: the Secret that onboards a remote cluster, as `istioctl
 //! create-remote-secret` writes it — a kubeconfig with the remote API server's CA and the bearer token
-//! of a reader service account, created on the remote cluster when missing.
+//! of a reader service account, created on the remote cluster (with its namespace and RBAC) when
+//! missing.
 
-use std::collections::BTreeMap;
+mod reader;
+
 use std::path::PathBuf;
-use std::time::Duration;
 
 use base64::Engine;
-use clap::Args;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::PostParams;
+use clap::{ArgAction, Args};
 use kube::config::Kubeconfig;
-use kube::{Api, Client};
+use kube::Client;
 use thiserror::Error;
+
+use crate::kube_error::Readable;
+use crate::text::{clip, quote};
+use reader::Remote;
 
 #[derive(Debug, Clone, Args)]
 pub struct RemoteSecretArgs {
@@ -36,22 +38,37 @@ pub struct RemoteSecretArgs {
     /// API server address to put in the Secret, when the primary reaches the remote differently.
     #[arg(long)]
     pub server: Option<String>,
+
+    /// Create the system namespace, the service account, its token Secret and the reader RBAC
+    /// (deploy/reader-rbac.yaml) where missing; `false` only reads an existing account's token.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub create_service_account: bool,
 }
 
 #[derive(Debug, Error)]
 pub enum RemoteSecretError {
     #[error(
-        "cluster id {0:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63)"
+        "cluster id {} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63)",
+        quote(.0)
     )]
     ClusterId(String),
     #[error("cannot read kubeconfig {path}: {message}")]
     Kubeconfig { path: String, message: String },
-    #[error("the kubeconfig's current context names no cluster with a server")]
-    NoServer,
-    #[error("remote cluster: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("the token Secret {0} was not populated within 30s: is the token controller running?")]
-    TokenTimeout(String),
+    #[error("kubeconfig {0}: its current context names no cluster with a server")]
+    NoServer(String),
+    #[error("cluster {cluster}: {verb} {object} failed: {}", Readable(.source.as_ref()))]
+    Api {
+        cluster: String,
+        verb: &'static str,
+        object: String,
+        source: Box<kube::Error>,
+    },
+    #[error("cluster {cluster}: {object} does not exist (run without --create-service-account=false to create it)")]
+    Missing { cluster: String, object: String },
+    #[error("cluster {cluster}: the token Secret {object} was not populated within 30s: is the token controller running?")]
+    TokenTimeout { cluster: String, object: String },
+    #[error("deploy/reader-rbac.yaml: {0}")]
+    Rbac(String),
 }
 
 /// Creates what is missing on the remote cluster and returns the Secret's YAML.
@@ -59,22 +76,31 @@ pub async fn generate(args: &RemoteSecretArgs) -> Result<String, RemoteSecretErr
     if !is_dns_label(&args.cluster_id) {
         return Err(RemoteSecretError::ClusterId(args.cluster_id.clone()));
     }
+    let path = args.kubeconfig.display().to_string();
     let read_error = |message: String| RemoteSecretError::Kubeconfig {
-        path: args.kubeconfig.display().to_string(),
-        message,
+        path: path.clone(),
+        message: clip(&message),
     };
     let kubeconfig =
         Kubeconfig::read_from(&args.kubeconfig).map_err(|e| read_error(e.to_string()))?;
     let (server, tls_server_name) =
-        current_server(&kubeconfig).ok_or(RemoteSecretError::NoServer)?;
+        current_server(&kubeconfig).ok_or_else(|| RemoteSecretError::NoServer(path.clone()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| read_error(e.to_string()))?;
-    let client = Client::try_from(config)?;
-
-    ensure_service_account(&client, &args.namespace, &args.service_account).await?;
-    let (token, ca) =
-        service_account_token(&client, &args.namespace, &args.service_account).await?;
+    let client = Client::try_from(config).map_err(|e| read_error(e.to_string()))?;
+    let remote = Remote {
+        client,
+        cluster: args.cluster_id.clone(),
+        namespace: args.namespace.clone(),
+        account: args.service_account.clone(),
+    };
+    if args.create_service_account {
+        remote.provision().await?;
+    } else {
+        remote.require_account().await?;
+    }
+    let (token, ca) = remote.token().await?;
     let server = args.server.clone().unwrap_or(server);
     Ok(secret_yaml(
         &args.cluster_id,
@@ -110,70 +136,6 @@ fn current_server(kubeconfig: &Kubeconfig) -> Option<(String, Option<String>)> {
         .cluster
         .as_ref()?;
     Some((cluster.server.clone()?, cluster.tls_server_name.clone()))
-}
-
-async fn ensure_service_account(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<(), RemoteSecretError> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    if accounts.get_opt(name).await?.is_none() {
-        let account = ServiceAccount {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(namespace.to_string()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        accounts.create(&PostParams::default(), &account).await?;
-    }
-    Ok(())
-}
-
-/// The token and CA of a long-lived service-account token Secret (`<sa>-istio-remote-secret-token`,
-/// as istioctl names it on Kubernetes ≥ 1.24), created when missing.
-async fn service_account_token(
-    client: &Client,
-    namespace: &str,
-    account: &str,
-) -> Result<(String, String), RemoteSecretError> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let name = format!("{account}-istio-remote-secret-token");
-    if secrets.get_opt(&name).await?.is_none() {
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(namespace.to_string()),
-                annotations: Some(BTreeMap::from([(
-                    "kubernetes.io/service-account.name".to_string(),
-                    account.to_string(),
-                )])),
-                ..Default::default()
-            },
-            type_: Some("kubernetes.io/service-account-token".to_string()),
-            ..Default::default()
-        };
-        secrets.create(&PostParams::default(), &secret).await?;
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let data = secrets.get(&name).await?.data.unwrap_or_default();
-        let field = |k: &str| {
-            data.get(k)
-                .map(|v| String::from_utf8_lossy(&v.0).to_string())
-        };
-        if let (Some(token), Some(ca)) = (field("token"), field("ca.crt")) {
-            return Ok((token, ca));
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(RemoteSecretError::TokenTimeout(format!(
-                "{namespace}/{name}"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn secret_yaml(
