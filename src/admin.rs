@@ -20,6 +20,8 @@ pub struct AdminState {
     pub ready: Readiness,
     /// Why the mesh networks file is currently refused, if it is.
     pub networks_error: Arc<parking_lot::Mutex<Option<String>>>,
+    /// Why the mesh config is currently refused, if it is.
+    pub mesh_config_error: Arc<parking_lot::Mutex<Option<String>>>,
     pub aggregate: Arc<Aggregate>,
     pub metrics: Arc<Metrics>,
     pub xds: Arc<XdsServer>,
@@ -33,6 +35,9 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/debug/endpointShardz", get(endpoint_shardz))
         .route("/debug/syncz", get(syncz))
         .route("/debug/networkz", get(networkz))
+        .route("/debug/configz", get(configz))
+        .route("/debug/mesh", get(mesh_config))
+        .route("/debug/pushz", get(pushz))
         .with_state(state)
 }
 
@@ -122,4 +127,60 @@ async fn networkz(State(state): State<Arc<AdminState>>) -> Json<serde_json::Valu
         "gateways": *mesh.gateways,
         "last_error": *state.networks_error.lock(),
     }))
+}
+
+/// Every Istio config object: the accepted ones as Kubernetes objects with where they came from, and
+/// every refusal standing (a newer version of an object that failed validation shows beside the
+/// last good one still served).
+async fn configz(State(state): State<Arc<AdminState>>) -> Json<Vec<serde_json::Value>> {
+    let snapshot = state.aggregate.mesh().snapshot();
+    let config = &snapshot.config;
+    let mut out: Vec<serde_json::Value> = config
+        .accepted()
+        .map(|object| {
+            let key = &object.key;
+            serde_json::json!({
+                "kind": key.kind,
+                "apiVersion": format!("{}/{}", key.kind.group(), key.kind.versions()[0]),
+                "metadata": {
+                    "name": key.name,
+                    "namespace": key.namespace,
+                    "labels": object.meta.labels,
+                    "annotations": object.meta.annotations,
+                    "creationTimestamp": object.meta.creation_timestamp,
+                },
+                "spec": object.spec,
+                "source": object.meta.origin,
+                "status": "accepted",
+            })
+        })
+        .collect();
+    out.extend(config.refusals().map(|(source, refusal)| {
+        serde_json::json!({
+            "kind": refusal.key.as_ref().map(|k| k.kind),
+            "metadata": {
+                "name": refusal.key.as_ref().map(|k| &k.name),
+                "namespace": refusal.key.as_ref().map(|k| &k.namespace),
+            },
+            "source": refusal.origin,
+            "configSource": source,
+            "status": "refused",
+            "error": refusal.error,
+        })
+    }));
+    Json(out)
+}
+
+/// The mesh config in force and why a newer one is refused, if it is.
+async fn mesh_config(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {
+    let snapshot = state.aggregate.mesh().snapshot();
+    Json(serde_json::json!({
+        "meshConfig": **snapshot.config.mesh(),
+        "last_error": *state.mesh_config_error.lock(),
+    }))
+}
+
+/// The last pushes: when, why (the configs behind them), to whom.
+async fn pushz(State(state): State<Arc<AdminState>>) -> Json<Vec<crate::xds::server::PushRecord>> {
+    Json(state.xds.push_log())
 }

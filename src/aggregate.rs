@@ -10,8 +10,18 @@ use thiserror::Error;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tracing::info;
 
-use crate::model::{Change, ClusterId, Mesh, ShardKey};
-use crate::registry::{ClusterRegistry, SyncState};
+use crate::istio::{ConfigKind, MeshConfig};
+use crate::model::{
+    Audience, Change, ClusterId, ConfigChange, ConfigSource, Mesh, Refusal, ShardKey,
+};
+use crate::registry::{service_entries, ClusterRegistry, SyncState};
+
+/// Config kinds whose changes proxies hear about (the others are stored for features to come).
+const PUSHED_KINDS: &[ConfigKind] = &[
+    ConfigKind::ServiceEntry,
+    ConfigKind::WorkloadEntry,
+    ConfigKind::DestinationRule,
+];
 
 #[derive(Debug, Error)]
 pub enum AggregateError {
@@ -151,10 +161,71 @@ impl Aggregate {
         });
         if let Some(services) = gateways_moved {
             // The receiver lives as long as the server; a send error only happens at shutdown.
-            let _ = self.changes.send(Change {
-                full: false,
-                services,
-            });
+            let _ = self.changes.send(Change::endpoints(services));
+        }
+    }
+
+    /// Applies one config source's changes, and what it refused, as one snapshot; re-derives the
+    /// ServiceEntry registry when its kinds changed. Pushes go to the proxies that can see the
+    /// changed objects.
+    pub fn apply_config(
+        &self,
+        source: ConfigSource,
+        changes: Vec<ConfigChange>,
+        refusals: Vec<(String, Vec<Refusal>)>,
+    ) {
+        let naming = &self.mesh.naming;
+        let change = self.mesh.write(|mesh| {
+            let delta = mesh.config.apply(source, changes);
+            for (unit, refused) in refusals {
+                mesh.config.set_refusals(source, &unit, refused);
+            }
+            let mut change = Change::default();
+            if !delta.touches(PUSHED_KINDS) {
+                return change;
+            }
+            let entries_changed =
+                delta.touches(&[ConfigKind::ServiceEntry, ConfigKind::WorkloadEntry]);
+            change.full = true;
+            change.configs = delta.changed;
+            change.audience = match delta.audience {
+                None => Audience::Everyone,
+                Some(namespaces) => Audience::Namespaces(namespaces),
+            };
+            if entries_changed {
+                let mut services = Change::default();
+                service_entries::sync(mesh, naming, &mut services);
+                if !services.is_empty() {
+                    // Services are seen mesh-wide.
+                    change.audience = Audience::Everyone;
+                    change.services.extend(services.services);
+                }
+            }
+            change
+        });
+        self.emit(change);
+    }
+
+    /// Replaces the mesh config; a change is a full push. Returns whether it changed.
+    pub fn set_mesh_config(&self, mesh_config: MeshConfig) -> bool {
+        let changed = self.mesh.write(|mesh| {
+            let changed = mesh.config.set_mesh(mesh_config);
+            if changed {
+                // Export defaults may have changed what ServiceEntries mean.
+                service_entries::sync(mesh, &self.mesh.naming, &mut Change::default());
+            }
+            changed
+        });
+        if changed {
+            self.emit(Change::full());
+        }
+        changed
+    }
+
+    fn emit(&self, change: Change) {
+        if !change.is_empty() {
+            // The receiver lives as long as the server; a send error only happens at shutdown.
+            let _ = self.changes.send(change);
         }
     }
 
@@ -168,8 +239,8 @@ impl Aggregate {
         let changed = self.mesh.write(|mesh| mesh.services.set_order(order));
         if !changed.is_empty() {
             let change = Change {
-                full: true,
                 services: changed.into_iter().collect(),
+                ..Change::full()
             };
             // The receiver lives as long as the server; a send error only happens at shutdown.
             let _ = self.changes.send(change);

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
+use crate::istio::MeshConfig;
 use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
@@ -19,8 +20,10 @@ use crate::security::keys::{self, KeySource};
 use crate::security::service::CaService;
 use crate::security::tls::{self, ServingCert};
 use crate::security::trust;
+use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
+use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
 use crate::xds::push::{debounce, DebounceConfig};
@@ -54,6 +57,10 @@ pub enum StartError {
     Tls(#[from] crate::security::tls::TlsError),
     #[error(transparent)]
     Bind(#[from] BindError),
+    #[error(transparent)]
+    MeshConfig(#[from] crate::sources::mesh_config::MeshConfigError),
+    #[error("cannot watch the Istio config in {dir}/config: {source}")]
+    ConfigFiles { dir: String, source: notify::Error },
     #[error("cannot read the bound address of {what}: {source}")]
     LocalAddr {
         what: &'static str,
@@ -75,6 +82,8 @@ pub struct Running {
     tasks: Vec<JoinHandle<()>>,
     _file_watch: Option<FileWatch>,
     _networks_watch: Option<NetworksWatch>,
+    _config_files_watch: Option<ConfigFilesWatch>,
+    _mesh_config_watch: Option<MeshConfigWatch>,
     config_cluster: Option<ConfigCluster>,
 }
 
@@ -103,8 +112,26 @@ impl Drop for Running {
 
 pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     install_crypto_provider();
-    let mesh = Arc::new(Mesh::new(args.naming()));
+    // The mesh config's trust domain, when it names one, is the installation's.
+    let mut naming = args.naming();
+    let mesh_config = match &args.mesh_config {
+        Some(path) => {
+            let config = mesh_config::read(path, &MeshConfig::defaults_for(&naming))?;
+            naming.trust_domain = config.trust_domain.clone();
+            Some(config)
+        }
+        None => None,
+    };
+    let mesh = Arc::new(Mesh::new(naming.clone()));
     let (aggregate, changes) = Aggregate::new(mesh);
+    let mesh_config_watch = match (&args.mesh_config, mesh_config) {
+        (Some(path), Some(config)) => {
+            aggregate.set_mesh_config(config);
+            let defaults = MeshConfig::defaults_for(&naming);
+            Some(mesh_config::watch(path, aggregate.clone(), defaults)?)
+        }
+        _ => None,
+    };
 
     if args.config_dir.is_none() && args.kubeconfig.is_none() && !args.in_cluster {
         return Err(StartError::NoSources);
@@ -126,6 +153,16 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         .unwrap_or_default();
     let file_watch = match &args.config_dir {
         Some(dir) => Some(FileClusters::load(dir, aggregate.clone())?.watch()?),
+        None => None,
+    };
+    let config_files_watch = match &args.config_dir {
+        Some(dir) => match ConfigFiles::load(dir, aggregate.clone()) {
+            Some(files) => Some(files.watch().map_err(|source| StartError::ConfigFiles {
+                dir: dir.display().to_string(),
+                source,
+            })?),
+            None => None,
+        },
         None => None,
     };
 
@@ -222,6 +259,10 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let router = admin::router(Arc::new(AdminState {
         ready: ready.clone(),
         networks_error,
+        mesh_config_error: mesh_config_watch
+            .as_ref()
+            .map(|w| w.last_error.clone())
+            .unwrap_or_default(),
         aggregate: aggregate.clone(),
         metrics,
         xds: xds.clone(),
@@ -242,6 +283,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         tasks,
         _file_watch: file_watch,
         _networks_watch: networks_watch,
+        _config_files_watch: config_files_watch,
+        _mesh_config_watch: mesh_config_watch,
         config_cluster,
     })
 }

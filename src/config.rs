@@ -17,6 +17,10 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_CONFIG_DIR")]
     pub config_dir: Option<PathBuf>,
 
+    /// Mesh config YAML (the `mesh` key of Istio's `istio` ConfigMap); watched.
+    #[arg(long, env = "MESHPILOT_MESH_CONFIG")]
+    pub mesh_config: Option<PathBuf>,
+
     /// Istio MeshNetworks YAML (networks, their endpoints and gateways); watched.
     #[arg(long, env = "MESHPILOT_MESH_NETWORKS")]
     pub mesh_networks: Option<PathBuf>,

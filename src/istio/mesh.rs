@@ -72,21 +72,34 @@ pub struct ProxyConfig {
 }
 
 impl MeshConfig {
-    /// Parses the YAML of the `mesh` key; absent fields take Istio's defaults, with the root
-    /// namespace defaulting to `system_namespace`.
-    pub fn parse(yaml: &str, system_namespace: &str) -> std::result::Result<Self, ValidationError> {
+    /// Istio's defaults, with the installation's root namespace and trust domain.
+    pub fn defaults_for(naming: &crate::model::MeshNaming) -> Self {
+        Self {
+            trust_domain: naming.trust_domain.clone(),
+            root_namespace: naming.system_namespace.clone(),
+            ..Self::default()
+        }
+    }
+
+    /// Parses the YAML of the `mesh` key; absent fields take Istio's defaults, but the root
+    /// namespace and trust domain those of `defaults` (the installation's flags).
+    pub fn parse(yaml: &str, defaults: &MeshConfig) -> std::result::Result<Self, ValidationError> {
         let value: serde_json::Value = match yaml.trim() {
             "" => serde_json::Value::Object(Default::default()),
             text => serde_yaml_ng::from_str(text)
-                .map_err(|e| ValidationError::at("mesh", e.to_string()))?,
+                .map_err(|e| ValidationError::at("mesh", crate::text::clip(&e.to_string())))?,
         };
-        let root_namespace_given = value.get("rootNamespace").is_some();
+        let given = |field: &str| value.get(field).is_some();
+        let (root_given, trust_given) = (given("rootNamespace"), given("trustDomain"));
         let mut mesh: Self = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
-            ValidationError::at(path, e.into_inner().to_string())
+            ValidationError::at(path, crate::text::clip(&e.into_inner().to_string()))
         })?;
-        if !root_namespace_given {
-            mesh.root_namespace = system_namespace.to_string();
+        if !root_given {
+            mesh.root_namespace = defaults.root_namespace.clone();
+        }
+        if !trust_given {
+            mesh.trust_domain = defaults.trust_domain.clone();
         }
         mesh.validate()?;
         Ok(mesh)
@@ -124,9 +137,16 @@ impl MeshConfig {
 mod tests {
     use super::*;
 
+    fn defaults(root: &str) -> MeshConfig {
+        MeshConfig {
+            root_namespace: root.into(),
+            ..MeshConfig::default()
+        }
+    }
+
     #[test]
     fn defaults_follow_istio() {
-        let mesh = MeshConfig::parse("", "mesh-system").unwrap();
+        let mesh = MeshConfig::parse("", &defaults("mesh-system")).unwrap();
         assert_eq!(mesh.trust_domain, "cluster.local");
         assert_eq!(mesh.root_namespace, "mesh-system");
         assert!(mesh.enable_auto_mtls);
@@ -148,7 +168,7 @@ trustDomain: example.org
 outboundTrafficPolicy: {mode: REGISTRY_ONLY}
 connectTimeout: 5s
 ",
-            "istio-system",
+            &defaults("istio-system"),
         )
         .unwrap();
         assert_eq!(mesh.trust_domain, "example.org");
@@ -165,9 +185,10 @@ connectTimeout: 5s
 
     #[test]
     fn errors_name_the_field() {
-        let e = MeshConfig::parse("outboundTrafficPolicy: {mode: SOMETIMES}", "x").unwrap_err();
+        let e = MeshConfig::parse("outboundTrafficPolicy: {mode: SOMETIMES}", &defaults("x"))
+            .unwrap_err();
         assert!(e.field.starts_with("outboundTrafficPolicy"), "{e}");
-        let e = MeshConfig::parse("connectTimeout: 0s", "x").unwrap_err();
+        let e = MeshConfig::parse("connectTimeout: 0s", &defaults("x")).unwrap_err();
         assert_eq!(e.field, "connectTimeout");
     }
 }

@@ -46,8 +46,10 @@ pub struct Refusal {
     pub error: String,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ConfigStore {
+    /// Completes short hosts (`reviews` in namespace `shop` → `reviews.shop.svc.<suffix>`).
+    domain_suffix: Arc<str>,
     layers: [imbl::OrdMap<ConfigKey, Arc<ConfigObject>>; 2],
     merged: imbl::OrdMap<ConfigKey, Arc<ConfigObject>>,
     /// Per source, per unit (a file path, or an object's key): what was refused.
@@ -85,7 +87,34 @@ impl ConfigDelta {
     }
 }
 
+impl Default for ConfigStore {
+    fn default() -> Self {
+        Self::new("cluster.local", MeshConfig::default())
+    }
+}
+
 impl ConfigStore {
+    pub fn new(domain_suffix: &str, mesh: MeshConfig) -> Self {
+        Self {
+            domain_suffix: domain_suffix.into(),
+            layers: Default::default(),
+            merged: Default::default(),
+            refusals: Default::default(),
+            versions: Default::default(),
+            mesh: Arc::new(mesh),
+            mesh_version: 0,
+            derived: Arc::default(),
+        }
+    }
+
+    /// A host as written in config, made fully qualified: short names are services of `namespace`.
+    pub fn qualify(&self, host: &str, namespace: &str) -> String {
+        match host.contains('.') || host.starts_with('*') {
+            true => host.to_string(),
+            false => format!("{host}.{namespace}.svc.{}", self.domain_suffix),
+        }
+    }
+
     /// Applies one source's changes; returns which keys changed in the merged view and who sees
     /// them.
     pub fn apply(&mut self, source: ConfigSource, changes: Vec<ConfigChange>) -> ConfigDelta {
@@ -293,7 +322,7 @@ impl ConfigStore {
             })
             .filter(|(o, _)| self.exported_to(o, proxy_ns))
             .collect();
-        let qualified = |dr: &DestinationRule| qualify(&dr.host, ns);
+        let qualified = |dr: &DestinationRule| self.qualify(&dr.host, ns);
         let best = visible
             .iter()
             .filter_map(|(_, dr)| host_match(&qualified(dr), host))
@@ -349,14 +378,6 @@ impl AppliedRule {
             }
         }
         self.keys.push(key.clone());
-    }
-}
-
-/// A short host (`reviews`) means the service of that name in the rule's namespace.
-fn qualify(host: &str, namespace: &str) -> String {
-    match host.contains('.') || host.starts_with('*') {
-        true => host.to_string(),
-        false => format!("{host}.{namespace}.svc.cluster.local"),
     }
 }
 

@@ -24,6 +24,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
+use crate::istio::{ConfigKey, MeshConfig};
+
 /// The served state: registries write it in batches, every push reads one published snapshot.
 pub struct Mesh {
     pub naming: MeshNaming,
@@ -49,10 +51,15 @@ impl fmt::Debug for Mesh {
 
 impl Mesh {
     pub fn new(naming: MeshNaming) -> Self {
+        let mesh_config = MeshConfig::defaults_for(&naming);
+        let snapshot = MeshSnapshot {
+            config: ConfigStore::new(&naming.domain_suffix, mesh_config),
+            ..MeshSnapshot::default()
+        };
         Self {
             naming,
             writer: Mutex::new(()),
-            published: ArcSwap::from_pointee(MeshSnapshot::default()),
+            published: ArcSwap::from_pointee(snapshot),
         }
     }
 
@@ -142,25 +149,80 @@ impl MeshSnapshot {
     }
 }
 
-/// A change to the mesh that proxies must hear about: the unit flowing from registries to the
-/// push pipeline.
+/// A change to the mesh that proxies must hear about: the unit flowing from registries and config
+/// sources to the push pipeline.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Change {
-    /// Service definitions or identities changed: every resource type may be affected.
+    /// Service definitions, identities or config changed: every resource type may be affected.
     pub full: bool,
     /// Services whose endpoints (and, when `full`, definitions) changed.
     pub services: BTreeSet<Hostname>,
+    /// Config objects behind the change, for the push log.
+    pub configs: BTreeSet<ConfigKey>,
+    /// Which proxies the full part concerns.
+    pub audience: Audience,
+}
+
+/// The proxies a full push is for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Audience {
+    #[default]
+    Everyone,
+    /// Proxies of these namespaces (a config object visible there alone).
+    Namespaces(BTreeSet<Arc<str>>),
+}
+
+impl Audience {
+    pub fn admits(&self, namespace: &str) -> bool {
+        match self {
+            Audience::Everyone => true,
+            Audience::Namespaces(set) => set.contains(namespace),
+        }
+    }
+
+    fn union(self, other: Audience) -> Audience {
+        match (self, other) {
+            (Audience::Namespaces(mut a), Audience::Namespaces(b)) => {
+                a.extend(b);
+                Audience::Namespaces(a)
+            }
+            _ => Audience::Everyone,
+        }
+    }
 }
 
 impl Change {
+    /// A full push for everyone.
+    pub fn full() -> Self {
+        Self {
+            full: true,
+            ..Default::default()
+        }
+    }
+
+    /// Endpoints of these services changed.
+    pub fn endpoints(services: BTreeSet<Hostname>) -> Self {
+        Self {
+            services,
+            ..Default::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         !self.full && self.services.is_empty()
     }
 
     /// Folds another change into this one.
     pub fn merge(&mut self, other: Change) {
+        self.audience = match (self.full, other.full) {
+            (true, true) => std::mem::take(&mut self.audience).union(other.audience),
+            (false, true) => other.audience,
+            (_, false) => std::mem::take(&mut self.audience),
+        };
         self.full |= other.full;
         self.services.extend(other.services);
+        self.configs.extend(other.configs);
     }
 }
 

@@ -17,6 +17,8 @@ use super::{ClusterId, Endpoint, Hostname, ServiceKey};
 pub enum Provider {
     Kubernetes,
     File,
+    /// ServiceEntries and WorkloadEntries (Istio's name for that registry).
+    External,
 }
 
 /// Which registry owns a shard. Printed as Istio does: `provider/cluster`.
@@ -130,6 +132,27 @@ impl EndpointIndex {
             .collect();
         keys.dedup();
         keys
+    }
+
+    /// Every shard key of a provider in use.
+    pub fn shards_of(&self, provider: Provider) -> Vec<ShardKey> {
+        let keys: BTreeSet<ShardKey> = self
+            .services
+            .values()
+            .flat_map(|s| s.shards.keys())
+            .filter(|k| k.provider == provider)
+            .cloned()
+            .collect();
+        keys.into_iter().collect()
+    }
+
+    /// The services holding a shard of this key.
+    pub fn keys_in(&self, shard: &ShardKey) -> Vec<ServiceKey> {
+        self.services
+            .iter()
+            .filter(|(_, s)| s.shards.contains_key(shard))
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Number of endpoints held in one shard key across every service.

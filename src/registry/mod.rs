@@ -6,6 +6,7 @@
 
 mod convert;
 pub mod objects;
+pub mod service_entries;
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -268,10 +269,7 @@ impl ClusterRegistry {
             ..Default::default()
         };
         let change = self.mesh.write(|mesh| {
-            let mut change = Change {
-                full: true,
-                ..Default::default()
-            };
+            let mut change = Change::full();
             change
                 .services
                 .extend(mesh.services.remove_cluster(&self.id));

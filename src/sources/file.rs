@@ -6,18 +6,14 @@
 //! with an error naming it, and the objects it held before stay served.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode};
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use thiserror::Error;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use super::manifest;
+use super::watch::{self, fingerprint, is_manifest, Batch, Watch};
 use crate::aggregate::Aggregate;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::registry::objects::{Object, ObjectChange, ObjectKey};
@@ -33,9 +29,6 @@ pub enum FileSourceError {
         source: notify::Error,
     },
 }
-
-/// Events arriving within this window of the first are handled together (editors write in bursts).
-const SETTLE: Duration = Duration::from_millis(20);
 
 pub struct FileClusters {
     root: PathBuf,
@@ -62,7 +55,7 @@ struct FileState {
 
 /// Keeps the directory watched; dropping it stops the watch.
 pub struct FileWatch {
-    _watcher: RecommendedWatcher,
+    _watch: Watch,
 }
 
 impl FileClusters {
@@ -84,57 +77,59 @@ impl FileClusters {
 
     /// Watches the tree and applies changes until the returned handle is dropped.
     pub fn watch(mut self) -> Result<FileWatch, FileSourceError> {
-        let (tx, rx) = mpsc::channel::<notify::Result<notify::Event>>();
-        let mut watcher = notify::recommended_watcher(move |event| {
-            // The receiver is gone only once the watch is being dropped.
-            let _ = tx.send(event);
-        })
-        .map_err(|source| self.watch_error(source))?;
-        watcher
-            .watch(&self.root, RecursiveMode::Recursive)
-            .map_err(|source| self.watch_error(source))?;
-        // Catch what changed between the first load and the watch starting.
-        self.sync_all();
-        std::thread::Builder::new()
-            .name("file-clusters".into())
-            .spawn(move || self.run(rx))
-            .map_err(|e| FileSourceError::Watch {
-                path: PathBuf::new(),
-                source: notify::Error::io(e),
-            })?;
-        Ok(FileWatch { _watcher: watcher })
-    }
-
-    fn watch_error(&self, source: notify::Error) -> FileSourceError {
-        FileSourceError::Watch {
-            path: self.root.clone(),
+        let root = self.root.clone();
+        let watch_error = |source| FileSourceError::Watch {
+            path: root.clone(),
             source,
-        }
+        };
+        let watch = watch::watch(&root.clone(), true, "file-clusters", move |batch| {
+            self.apply(batch)
+        })
+        .map_err(watch_error)?;
+        Ok(FileWatch { _watch: watch })
     }
 
-    fn run(mut self, rx: mpsc::Receiver<notify::Result<notify::Event>>) {
-        while let Ok(first) = rx.recv() {
-            let mut batch = Batch::default();
-            batch.add(&self.root, first);
-            while let Ok(more) = rx.recv_timeout(SETTLE) {
-                batch.add(&self.root, more);
+    fn apply(&mut self, batch: Batch) {
+        let paths = match batch {
+            Batch::Rescan => return self.sync_all(),
+            Batch::Paths(paths) => paths,
+        };
+        let mut clusters: BTreeSet<ClusterId> = BTreeSet::new();
+        let mut files: BTreeMap<ClusterId, BTreeSet<PathBuf>> = BTreeMap::new();
+        for path in paths {
+            let parts: Option<Vec<&str>> = path
+                .strip_prefix(&self.root)
+                .ok()
+                .map(|rel| rel.components().map(|c| c.as_os_str().to_str()).collect())
+                .and_then(|parts: Option<Vec<&str>>| parts);
+            match parts.as_deref() {
+                // A cluster directory itself: created, removed or renamed.
+                Some([cluster]) => {
+                    clusters.insert(ClusterId::new(cluster));
+                }
+                Some([cluster, _file]) => {
+                    files
+                        .entry(ClusterId::new(cluster))
+                        .or_default()
+                        .insert(path.clone());
+                }
+                // Deeper paths are not manifests of a cluster.
+                Some([_, _, _, ..]) => {}
+                // The root itself, or a path we cannot place.
+                _ => return self.sync_all(),
             }
-            if batch.rescan_all {
-                self.sync_all();
+        }
+        for id in &clusters {
+            self.sync_cluster(id);
+        }
+        for (id, paths) in files {
+            if clusters.contains(&id) {
                 continue;
             }
-            for id in &batch.clusters {
-                self.sync_cluster(id);
-            }
-            for (id, paths) in batch.files {
-                if batch.clusters.contains(&id) {
-                    continue;
-                }
-                match self.clusters.get_mut(&id) {
-                    Some(cluster) => cluster.apply_paths(paths),
-                    // A file in a directory not yet known: the directory is new.
-                    None => self.sync_cluster(&id),
-                }
+            match self.clusters.get_mut(&id) {
+                Some(cluster) => cluster.apply_paths(paths),
+                // A file in a directory not yet known: the directory is new.
+                None => self.sync_cluster(&id),
             }
         }
     }
@@ -350,59 +345,6 @@ impl FileCluster {
     }
 }
 
-/// What one settle window of watch events asks for.
-#[derive(Default)]
-struct Batch {
-    rescan_all: bool,
-    /// Cluster directories themselves created, removed or renamed: re-listed whole.
-    clusters: BTreeSet<ClusterId>,
-    /// Files named by events, per cluster: only these are read again.
-    files: BTreeMap<ClusterId, BTreeSet<PathBuf>>,
-}
-
-impl Batch {
-    fn add(&mut self, root: &Path, event: notify::Result<notify::Event>) {
-        let event = match event {
-            // Opening or reading a file changes nothing, and our own reads would feed back as
-            // events; a write that ends (close-write) does count.
-            Ok(event) if is_read(&event.kind) => return,
-            Ok(event) if !event.need_rescan() => event,
-            Ok(_) => {
-                warn!("file watch overflowed; rescanning");
-                self.rescan_all = true;
-                return;
-            }
-            Err(e) => {
-                warn!(error = %e, "file watch error; rescanning");
-                self.rescan_all = true;
-                return;
-            }
-        };
-        for path in event.paths {
-            let parts: Option<Vec<&str>> = path
-                .strip_prefix(root)
-                .ok()
-                .map(|rel| rel.components().map(|c| c.as_os_str().to_str()).collect())
-                .and_then(|parts: Option<Vec<&str>>| parts);
-            match parts.as_deref() {
-                Some([cluster]) => {
-                    self.clusters.insert(ClusterId::new(cluster));
-                }
-                Some([cluster, _file]) => {
-                    self.files
-                        .entry(ClusterId::new(cluster))
-                        .or_default()
-                        .insert(path.clone());
-                }
-                // Deeper paths are not manifests of a cluster.
-                Some([_, _, _, ..]) => {}
-                // The root itself, or a path we cannot place.
-                _ => self.rescan_all = true,
-            }
-        }
-    }
-}
-
 impl FileState {
     fn empty() -> Self {
         Self {
@@ -422,23 +364,4 @@ fn manifest_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         }
     }
     Ok(paths)
-}
-
-fn is_read(kind: &EventKind) -> bool {
-    matches!(kind, EventKind::Access(access) if !matches!(access, AccessKind::Close(AccessMode::Write)))
-}
-
-/// `*.yaml` or `*.yml`, not hidden (editors' swap and temporary files are).
-fn is_manifest(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.starts_with('.')
-}
-
-fn fingerprint(text: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    h.finish()
 }

@@ -1,8 +1,11 @@
 //! Where clusters come from: directories of manifests, (later) Kubernetes API servers.
 
+pub mod config_files;
 pub mod file;
 pub mod kube;
 pub mod kubeconfig;
 pub mod manifest;
+pub mod mesh_config;
 pub mod networks;
 pub mod remote;
+pub mod watch;

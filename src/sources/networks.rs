@@ -3,15 +3,13 @@
 //! network and the gateways, and pushes what changed.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
 
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use parking_lot::Mutex;
 use thiserror::Error;
 use tracing::{error, info};
 
+use super::watch::{self, Watch};
 use crate::aggregate::Aggregate;
 use crate::model::{MeshNetworks, NetworksError};
 
@@ -30,7 +28,7 @@ pub enum NetworksSourceError {
 
 /// Keeps the file watched; dropping it stops the watch.
 pub struct NetworksWatch {
-    _watcher: RecommendedWatcher,
+    _watch: Watch,
     pub last_error: Arc<Mutex<Option<String>>>,
 }
 
@@ -53,54 +51,31 @@ pub fn watch(path: &Path, aggregate: Arc<Aggregate>) -> Result<NetworksWatch, Ne
         .mesh()
         .write(|mesh| mesh.set_mesh_networks(initial));
     aggregate.resync_all();
-    let shown = path.display().to_string();
-    let watch_error = |source| NetworksSourceError::Watch {
-        path: shown.clone(),
-        source,
-    };
-    // Watch the directory: editors and ConfigMap mounts replace the file rather than write it.
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let (tx, rx) = mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |event| {
-        let _ = tx.send(event);
-    })
-    .map_err(watch_error)?;
-    watcher
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .map_err(watch_error)?;
     let last_error: Arc<Mutex<Option<String>>> = Arc::default();
     let errors = last_error.clone();
-    std::thread::Builder::new()
-        .name("mesh-networks".into())
-        .spawn(move || {
-            while rx.recv().is_ok() {
-                // Let a burst of events settle before reading.
-                while rx.recv_timeout(Duration::from_millis(20)).is_ok() {}
-                match read(&path) {
-                    Ok(networks) => {
-                        *errors.lock() = None;
-                        if aggregate
-                            .mesh()
-                            .write(|mesh| mesh.set_mesh_networks(networks))
-                        {
-                            info!(path = %path.display(), "mesh networks changed");
-                            aggregate.resync_all();
-                        }
-                    }
-                    Err(e) => {
-                        error!(error = %e, "mesh networks refused; keeping the last good ones");
-                        *errors.lock() = Some(e.to_string());
-                    }
-                }
+    let watched = path.clone();
+    let watch = watch::watch_file(&path, "mesh-networks", move || match read(&watched) {
+        Ok(networks) => {
+            *errors.lock() = None;
+            if aggregate
+                .mesh()
+                .write(|mesh| mesh.set_mesh_networks(networks))
+            {
+                info!(path = %watched.display(), "mesh networks changed");
+                aggregate.resync_all();
             }
-        })
-        .map_err(|e| watch_error(notify::Error::io(e)))?;
+        }
+        Err(e) => {
+            error!(error = %e, "mesh networks refused; keeping the last good ones");
+            *errors.lock() = Some(e.to_string());
+        }
+    })
+    .map_err(|source| NetworksSourceError::Watch {
+        path: path.display().to_string(),
+        source,
+    })?;
     Ok(NetworksWatch {
-        _watcher: watcher,
+        _watch: watch,
         last_error,
     })
 }

@@ -27,15 +27,6 @@ impl PushRequest {
     }
 }
 
-impl From<Change> for PushRequest {
-    fn from(change: Change) -> Self {
-        Self {
-            full: change.full,
-            services: change.services,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 pub struct DebounceConfig {
     /// Quiet period: a push waits until no change arrived for this long. Zero disables debouncing.
@@ -148,12 +139,22 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl From<Change> for PushRequest {
+        fn from(change: Change) -> Self {
+            Self {
+                full: change.full,
+                services: change.services,
+            }
+        }
+    }
     use std::sync::Arc;
 
     fn change(full: bool, hosts: &[&str]) -> Change {
         Change {
             full,
             services: hosts.iter().map(|h| Hostname::from(*h)).collect(),
+            ..Default::default()
         }
     }
 

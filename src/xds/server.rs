@@ -31,7 +31,7 @@ use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use super::wire::AdsCodec;
 use crate::metrics::XdsMetrics;
-use crate::model::{Change, Hostname, Mesh};
+use crate::model::{Audience, Change, Hostname, Mesh};
 use crate::security::authn::{Authenticator, Credentials};
 
 const SOTW_PATH: &str =
@@ -65,6 +65,7 @@ impl Default for XdsOptions {
 
 pub struct XdsServer {
     mesh: Arc<Mesh>,
+    push_log: PushLog,
     ready: Readiness,
     cache: ResourceCache,
     connections: RwLock<HashMap<u64, Arc<Connection>>>,
@@ -138,6 +139,7 @@ impl XdsServer {
     ) -> Arc<Self> {
         Arc::new(Self {
             mesh,
+            push_log: PushLog::default(),
             ready,
             cache: ResourceCache::default(),
             connections: RwLock::default(),
@@ -177,25 +179,50 @@ impl XdsServer {
         self.connections.read().len()
     }
 
-    /// Fans a debounced change out to the proxies it concerns.
+    /// Fans a debounced change out to the proxies it concerns: the full part to its audience, the
+    /// endpoint part to proxies watching those services.
     pub fn push(&self, change: Change) {
+        let snapshot = self.mesh.snapshot();
         if change.full {
-            self.cache.prune(self.mesh.snapshot().services.version());
+            self.cache.prune(snapshot.services.version());
         }
-        let request = PushRequest::from(change);
         let mut woken = 0;
         for conn in self.connections.read().values() {
-            if request.full || conn.wants_eds_of(&request.services) {
-                conn.slot.offer(request.clone());
+            let full = change.full && change.audience.admits(&conn.proxy.namespace);
+            if full || conn.wants_eds_of(&change.services) {
+                conn.slot.offer(PushRequest {
+                    full,
+                    services: change.services.clone(),
+                });
                 woken += 1;
             }
         }
         debug!(
-            full = request.full,
-            services = request.services.len(),
+            full = change.full,
+            services = change.services.len(),
+            configs = change.configs.len(),
             proxies = woken,
             "push"
         );
+        self.push_log.record(PushRecord {
+            at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            version: snapshot.version,
+            full: change.full,
+            audience: change.audience,
+            services: change.services.len(),
+            configs: change
+                .configs
+                .iter()
+                .take(PUSH_LOG_CONFIGS)
+                .map(|k| k.to_string())
+                .collect(),
+            proxies: woken,
+        });
+    }
+
+    /// The most recent pushes, newest last.
+    pub fn push_log(&self) -> Vec<PushRecord> {
+        self.push_log.recent()
     }
 
     /// The gRPC service for the plaintext port: callers are not authenticated (as istiod's 15010).
@@ -255,6 +282,39 @@ impl XdsServer {
 
     pub(super) fn next_nonce(&self) -> Arc<str> {
         format!("{:x}", self.nonces.fetch_add(1, Ordering::Relaxed) + 1).into()
+    }
+}
+
+/// Pushes kept for /debug/pushz, and config keys shown per push.
+const PUSH_LOG_LEN: usize = 100;
+const PUSH_LOG_CONFIGS: usize = 20;
+
+/// One push, as /debug/pushz shows it: why it happened and whom it reached.
+#[derive(Clone, Debug, Serialize)]
+pub struct PushRecord {
+    pub at: String,
+    pub version: u64,
+    pub full: bool,
+    pub audience: Audience,
+    pub services: usize,
+    pub configs: Vec<String>,
+    pub proxies: usize,
+}
+
+#[derive(Default)]
+struct PushLog(Mutex<std::collections::VecDeque<PushRecord>>);
+
+impl PushLog {
+    fn record(&self, record: PushRecord) {
+        let mut log = self.0.lock();
+        if log.len() == PUSH_LOG_LEN {
+            log.pop_front();
+        }
+        log.push_back(record);
+    }
+
+    fn recent(&self) -> Vec<PushRecord> {
+        self.0.lock().iter().cloned().collect()
     }
 }
 

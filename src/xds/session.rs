@@ -14,6 +14,7 @@ use super::protocol::{Action, DeltaRequest, DeltaStream, ResourceType, Scope, So
 use super::push::{plan, PushRequest};
 use super::server::{Connection, XdsServer};
 use super::wire;
+use crate::text::clip;
 
 /// Unknown types a stream may ask for before it is refused: bounds what a client makes us remember.
 const MAX_UNKNOWN_TYPES: usize = 16;
@@ -88,7 +89,7 @@ impl Common {
                 "more than {MAX_UNKNOWN_TYPES} resource types meshpilot does not serve"
             )));
         }
-        debug!(proxy = %self.conn.proxy.id, type_url = %bounded(&type_url), "answering an unserved type with nothing");
+        debug!(proxy = %self.conn.proxy.id, type_url = %clip(&type_url), "answering an unserved type with nothing");
         let nonce = self.server.next_nonce();
         let bytes = encode(&type_url, &nonce);
         self.unknown.insert(type_url, nonce);
@@ -116,7 +117,7 @@ impl Common {
             Action::Respond(scope) => Answer::Resources(ty, scope),
             Action::Nack { message, then } => {
                 self.server.metrics().nacked(ty);
-                warn!(proxy = %self.conn.proxy.id, r#type = ty.short(), error = %bounded(&message), "NACK");
+                warn!(proxy = %self.conn.proxy.id, r#type = ty.short(), error = %clip(&message), "NACK");
                 match then {
                     Some(scope) => Answer::Resources(ty, scope),
                     None => Answer::Nothing,
@@ -125,19 +126,6 @@ impl Common {
             Action::Ack | Action::Ignore => Answer::Nothing,
         }
     }
-}
-
-/// Client-supplied text as it may appear in logs: at most ~200 bytes.
-fn bounded(text: &str) -> &str {
-    const MAX: usize = 200;
-    if text.len() <= MAX {
-        return text;
-    }
-    let mut end = MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 pub struct SotwSession {
@@ -340,18 +328,5 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         watch
             .map(|w| w.subscribed.iter().cloned().collect())
             .unwrap_or_default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bounded;
-
-    #[test]
-    fn echoed_text_is_bounded_on_a_char_boundary() {
-        assert_eq!(bounded("short"), "short");
-        let long = "é".repeat(300);
-        let cut = bounded(&long);
-        assert!(cut.len() <= 200 && long.starts_with(cut));
     }
 }

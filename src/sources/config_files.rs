@@ -1,0 +1,279 @@
+//! Istio config from files, the embedded default: `<config-dir>/config/**/*.yaml`, multi-document,
+//! watched. Only the files events name are read again. A file that does not parse is refused whole
+//! and its last good objects stay; an object that does not validate is refused alone, and its last
+//! good version from that file stays. Every refusal names the file, the document, the object and
+//! the field (/debug/configz and the log).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tracing::{error, info};
+
+use super::watch::{self, fingerprint, is_manifest, Batch, Watch};
+use crate::aggregate::Aggregate;
+use crate::istio::{ConfigError, ConfigKey, ConfigObject, Origin};
+use crate::model::{ConfigChange, ConfigSource, Refusal};
+use crate::text::clip;
+
+/// Keeps the tree watched; dropping it stops the watch.
+pub struct ConfigFilesWatch {
+    _watch: Watch,
+}
+
+pub struct ConfigFiles {
+    root: PathBuf,
+    aggregate: Arc<Aggregate>,
+    files: BTreeMap<PathBuf, FileState>,
+    /// Which files hold each key; when several do, the last path wins (as a listing's order).
+    holders: BTreeMap<ConfigKey, BTreeSet<PathBuf>>,
+    served: BTreeMap<ConfigKey, Arc<ConfigObject>>,
+}
+
+#[derive(Default)]
+struct FileState {
+    fingerprint: Option<u64>,
+    /// The last good version of each object of the file.
+    objects: BTreeMap<ConfigKey, Arc<ConfigObject>>,
+}
+
+impl ConfigFiles {
+    /// Loads `<config_dir>/config` (if there is one: config is optional).
+    pub fn load(config_dir: &Path, aggregate: Arc<Aggregate>) -> Option<Self> {
+        let root = config_dir.join("config").canonicalize().ok()?;
+        let mut this = Self {
+            root,
+            aggregate,
+            files: BTreeMap::new(),
+            holders: BTreeMap::new(),
+            served: BTreeMap::new(),
+        };
+        this.rescan();
+        info!(dir = %this.root.display(), objects = this.served.len(), "Istio config loaded from files");
+        Some(this)
+    }
+
+    /// Watches the tree and applies changes until the returned handle is dropped.
+    pub fn watch(mut self) -> Result<ConfigFilesWatch, notify::Error> {
+        let root = self.root.clone();
+        let watch = watch::watch(&root, true, "config-files", move |batch| match batch {
+            Batch::Rescan => self.rescan(),
+            Batch::Paths(paths) => self.apply_paths(paths),
+        })?;
+        Ok(ConfigFilesWatch { _watch: watch })
+    }
+
+    fn rescan(&mut self) {
+        let mut paths: BTreeSet<PathBuf> = self.files.keys().cloned().collect();
+        collect_manifests(&self.root, &mut paths);
+        self.apply_paths(paths);
+    }
+
+    /// Re-reads these paths (files or directories: created, changed, removed, renamed) and applies
+    /// the difference to the config store.
+    fn apply_paths(&mut self, paths: BTreeSet<PathBuf>) {
+        let mut files = BTreeSet::new();
+        for path in paths {
+            if path.is_dir() {
+                collect_manifests(&path, &mut files);
+            } else {
+                // A directory that went away takes the files below it.
+                files.extend(self.files.keys().filter(|f| f.starts_with(&path)).cloned());
+                files.insert(path);
+            }
+        }
+        let mut affected = HashSet::new();
+        let mut refusals = Vec::new();
+        for path in files {
+            let present = is_manifest(&path) && path.is_file();
+            let old = match present {
+                true => self.refresh(&path, &mut refusals),
+                false => {
+                    if self.files.contains_key(&path) {
+                        refusals.push((path.display().to_string(), Vec::new()));
+                    }
+                    self.files.remove(&path).map(|gone| gone.objects)
+                }
+            };
+            if let Some(old) = old {
+                self.reindex(&path, old, &mut affected);
+            }
+        }
+        let mut changes = Vec::new();
+        for key in affected {
+            let desired = self
+                .holders
+                .get(&key)
+                .and_then(|paths| paths.last())
+                .and_then(|path| self.files.get(path)?.objects.get(&key))
+                .cloned();
+            match desired {
+                Some(object) if self.served.get(&key) != Some(&object) => {
+                    self.served.insert(key, object.clone());
+                    changes.push(ConfigChange::Upsert(object));
+                }
+                Some(_) => {}
+                None => {
+                    if self.served.remove(&key).is_some() {
+                        changes.push(ConfigChange::Delete(key));
+                    }
+                }
+            }
+        }
+        if !changes.is_empty() || !refusals.is_empty() {
+            if !changes.is_empty() {
+                info!(changes = changes.len(), "applying Istio config from files");
+            }
+            self.aggregate
+                .apply_config(ConfigSource::Files, changes, refusals);
+        }
+    }
+
+    /// Moves `path` from holding `old` objects to holding its current ones.
+    fn reindex(
+        &mut self,
+        path: &Path,
+        old: BTreeMap<ConfigKey, Arc<ConfigObject>>,
+        affected: &mut HashSet<ConfigKey>,
+    ) {
+        for key in old.into_keys() {
+            if let Some(holders) = self.holders.get_mut(&key) {
+                holders.remove(path);
+                if holders.is_empty() {
+                    self.holders.remove(&key);
+                }
+            }
+            affected.insert(key);
+        }
+        if let Some(state) = self.files.get(path) {
+            for key in state.objects.keys() {
+                self.holders
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(path.to_path_buf());
+                affected.insert(key.clone());
+            }
+        }
+    }
+
+    /// Re-reads a file whose content changed; returns the objects it held before (None: nothing
+    /// to re-index). Its refusals (none when all is well) are added to `refusals`.
+    fn refresh(
+        &mut self,
+        path: &Path,
+        refusals: &mut Vec<(String, Vec<Refusal>)>,
+    ) -> Option<BTreeMap<ConfigKey, Arc<ConfigObject>>> {
+        let unit = path.display().to_string();
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            // Removed between the event and reading: its own event removes it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                let error = format!("cannot read {unit}: {e}");
+                error!(%error, "config file unreadable; keeping its last good objects");
+                refusals.push((unit.clone(), vec![refusal(None, &unit, 0, error)]));
+                return None;
+            }
+        };
+        let fingerprint = fingerprint(&text);
+        let state = self.files.entry(path.to_path_buf()).or_default();
+        if state.fingerprint == Some(fingerprint) {
+            return None;
+        }
+        state.fingerprint = Some(fingerprint);
+        let documents = match documents(&text) {
+            Ok(docs) => docs,
+            Err((document, message)) => {
+                let error = format!("{unit}: document {document}: {}", clip(&message));
+                error!(%error, "config file refused; keeping its last good objects");
+                refusals.push((unit.clone(), vec![refusal(None, &unit, document, error)]));
+                return None;
+            }
+        };
+        let mut objects = BTreeMap::new();
+        let mut refused = Vec::new();
+        for (i, value) in documents.into_iter().enumerate() {
+            let document = i + 1;
+            let origin = Origin::File {
+                path: unit.clone(),
+                document,
+            };
+            match ConfigObject::from_value(&value, origin) {
+                None => {}
+                Some(Ok(object)) => {
+                    // Within a file, a later document of the same key wins.
+                    objects.insert(object.key.clone(), Arc::new(object));
+                }
+                Some(Err(e)) => {
+                    let key = match &e {
+                        ConfigError::Invalid { key, .. } => Some(key.clone()),
+                        ConfigError::Shape(_) => None,
+                    };
+                    let error = format!("{unit}: document {document}: {e}");
+                    error!(%error, "config object refused; keeping its last good version");
+                    if let Some(last_good) = key.as_ref().and_then(|k| state.objects.get(k)) {
+                        objects.insert(last_good.key.clone(), last_good.clone());
+                    }
+                    refused.push(refusal(key, &unit, document, error));
+                }
+            }
+        }
+        refusals.push((unit, refused));
+        Some(std::mem::replace(&mut state.objects, objects))
+    }
+}
+
+fn refusal(key: Option<ConfigKey>, path: &str, document: usize, error: String) -> Refusal {
+    Refusal {
+        key,
+        origin: Origin::File {
+            path: path.to_string(),
+            document,
+        },
+        error,
+    }
+}
+
+/// The documents of a YAML stream as JSON values (empty documents skipped); on a syntax error, the
+/// document number and the message.
+fn documents(text: &str) -> Result<Vec<serde_json::Value>, (usize, String)> {
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = serde_json::Value::deserialize(document).map_err(|e| (i + 1, e.to_string()))?;
+        if !value.is_null() {
+            out.push(value);
+        }
+    }
+    Ok(out)
+}
+
+/// Every manifest below `dir`, hidden directories skipped.
+fn collect_manifests(dir: &Path, out: &mut BTreeSet<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if path.is_dir() && !hidden {
+            collect_manifests(&path, out);
+        } else if is_manifest(&path) && path.is_file() {
+            out.insert(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_keep_their_numbers_and_name_syntax_errors() {
+        let docs = documents("a: 1\n---\n---\nb: 2\n").unwrap();
+        assert_eq!(docs.len(), 2);
+        let (document, message) = documents("a: 1\n---\nb: [unclosed\n").unwrap_err();
+        assert_eq!(document, 2);
+        assert!(!message.is_empty());
+    }
+}

@@ -1,0 +1,124 @@
+//! Watching files and directories: notify's events, batched over a settle window (editors write in
+//! bursts), reads ignored (our own reads would feed back as events), overflows and errors turned
+//! into a rescan.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use tracing::warn;
+
+/// Events arriving within this window of the first are handled together.
+pub const SETTLE: Duration = Duration::from_millis(20);
+
+/// What one settle window of events asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Batch {
+    /// Events were lost or unreadable: look at everything again.
+    Rescan,
+    /// These paths (files or directories) were created, written, removed or renamed.
+    Paths(BTreeSet<PathBuf>),
+}
+
+/// Keeps a watch running; dropping it stops the events (the handler thread then ends).
+pub struct Watch {
+    _watcher: RecommendedWatcher,
+}
+
+/// Watches `target` and calls `handle` on a thread named `name`: first with a rescan (what changed
+/// before the watch started), then with each batch of events.
+pub fn watch(
+    target: &Path,
+    recursive: bool,
+    name: &str,
+    mut handle: impl FnMut(Batch) + Send + 'static,
+) -> Result<Watch, notify::Error> {
+    let (tx, rx) = mpsc::channel::<notify::Result<notify::Event>>();
+    let mut watcher = notify::recommended_watcher(move |event| {
+        // The receiver is gone only once the watch is being dropped.
+        let _ = tx.send(event);
+    })?;
+    let mode = match recursive {
+        true => RecursiveMode::Recursive,
+        false => RecursiveMode::NonRecursive,
+    };
+    watcher.watch(target, mode)?;
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            handle(Batch::Rescan);
+            while let Ok(first) = rx.recv() {
+                let mut paths = Some(BTreeSet::new());
+                add(&mut paths, first);
+                while let Ok(more) = rx.recv_timeout(SETTLE) {
+                    add(&mut paths, more);
+                }
+                match paths {
+                    None => handle(Batch::Rescan),
+                    Some(paths) if paths.is_empty() => {}
+                    Some(paths) => handle(Batch::Paths(paths)),
+                }
+            }
+        })
+        .map_err(notify::Error::io)?;
+    Ok(Watch { _watcher: watcher })
+}
+
+/// Watches one file and calls `reload` after anything in its directory changed (editors and
+/// ConfigMap mounts replace files rather than write them, so the file's own events are not enough).
+pub fn watch_file(
+    path: &Path,
+    name: &str,
+    mut reload: impl FnMut() + Send + 'static,
+) -> Result<Watch, notify::Error> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    watch(dir, false, name, move |_| reload())
+}
+
+/// Folds one event into the batch (None: rescan).
+fn add(paths: &mut Option<BTreeSet<PathBuf>>, event: notify::Result<notify::Event>) {
+    match event {
+        Ok(event) if is_read(&event.kind) => {}
+        Ok(event) if !event.need_rescan() => {
+            if let Some(paths) = paths.as_mut() {
+                paths.extend(event.paths);
+            }
+        }
+        Ok(_) => {
+            warn!("file watch overflowed; rescanning");
+            *paths = None;
+        }
+        Err(e) => {
+            warn!(error = %e, "file watch error; rescanning");
+            *paths = None;
+        }
+    }
+}
+
+/// Opening or reading a file changes nothing; a write that ends (close-write) does count.
+fn is_read(kind: &EventKind) -> bool {
+    matches!(kind, EventKind::Access(access) if !matches!(access, AccessKind::Close(AccessMode::Write)))
+}
+
+/// `*.yaml` or `*.yml`, not hidden (editors' swap and temporary files are).
+pub fn is_manifest(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.starts_with('.')
+}
+
+/// A hash of a file's content: unchanged content is not parsed again.
+pub fn fingerprint(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}

@@ -1,0 +1,370 @@
+//! Istio config from files: DestinationRules (subsets, traffic policy), ServiceEntries and the
+//! WorkloadEntries they select, checked in the decoded xDS a raw client receives; refusal of
+//! invalid objects; pushes scoped to the proxies that can see a change.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use envoy_types::pb::envoy::config::cluster::v3::cluster::LbPolicy;
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::{address, socket_address};
+use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint, ClusterLoadAssignment};
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use prost::Message;
+
+const BOUND: Duration = Duration::from_secs(10);
+const QUIET: Duration = Duration::from_millis(500);
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const REVIEWS: &str = "reviews.bookinfo.svc.cluster.local";
+const SIDECAR: &str = "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local";
+const OTHER_NS: &str = "sidecar~10.5.0.5~client.other~other.svc.cluster.local";
+
+const DESTINATION_RULE: &str = "
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  host: reviews
+  exportTo: [.]
+  trafficPolicy:
+    loadBalancer: {simple: LEAST_REQUEST}
+    connectionPool: {tcp: {maxConnections: 100}, http: {http1MaxPendingRequests: 10}}
+    outlierDetection: {consecutive5xxErrors: 5, interval: 10s, baseEjectionTime: 30s}
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - name: v3
+    labels: {version: v3}
+    trafficPolicy: {loadBalancer: {simple: RANDOM}}
+";
+
+const SERVICE_ENTRIES: &str = "
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external-api, namespace: bookinfo}
+spec:
+  hosts: [api.example.com]
+  addresses: [192.0.2.10]
+  ports: [{number: 8443, name: tcp-api, protocol: TCP}]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  endpoints: [{address: 192.0.2.11}, {address: 192.0.2.12, ports: {tcp-api: 9443}}]
+---
+apiVersion: networking.istio.io/v1beta1
+kind: ServiceEntry
+metadata: {name: legacy, namespace: bookinfo}
+spec:
+  hosts: [legacy]
+  ports: [{number: 8080, name: http, protocol: HTTP}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  workloadSelector: {labels: {app: legacy}}
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: WorkloadEntry
+metadata: {name: vm-1, namespace: bookinfo}
+spec:
+  address: 10.9.0.1
+  labels: {app: legacy, security.istio.io/tlsMode: istio}
+  serviceAccount: legacy
+  locality: us-east/zone-1
+";
+
+fn config_tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(config.join("nested")).unwrap();
+    for (name, text) in files {
+        std::fs::write(config.join(name), text).unwrap();
+    }
+    dir
+}
+
+/// A SotW client's wildcard CDS, decoded by name (ACKed).
+async fn clusters(
+    ads: &mut AdsClient,
+    node_id: &str,
+) -> (DiscoveryResponse, BTreeMap<String, Cluster>) {
+    ads.request(DiscoveryRequest {
+        node: Some(node(node_id, &[("CLUSTER_ID", "cluster1")])),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let r = ads.response(BOUND).await;
+    ack(ads, &r, vec![]);
+    let decoded = decode_clusters(&r);
+    (r, decoded)
+}
+
+fn decode_clusters(r: &DiscoveryResponse) -> BTreeMap<String, Cluster> {
+    assert_eq!(r.type_url, CDS);
+    r.resources
+        .iter()
+        .map(|a| Cluster::decode(&a.value[..]).expect("a Cluster"))
+        .map(|c| (c.name.clone(), c))
+        .collect()
+}
+
+fn ack(ads: &AdsClient, r: &DiscoveryResponse, names: Vec<String>) {
+    ads.request(DiscoveryRequest {
+        type_url: r.type_url.clone(),
+        version_info: r.version_info.clone(),
+        response_nonce: r.nonce.clone(),
+        resource_names: names,
+        ..Default::default()
+    });
+}
+
+/// Reads (and ACKs) pushes until `check` finds what it looks for, within the bound.
+async fn next_push<T>(
+    ads: &mut AdsClient,
+    what: &str,
+    mut check: impl FnMut(&DiscoveryResponse) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        assert!(!left.is_zero(), "timed out waiting for {what}");
+        let r = ads.response(left).await;
+        let names = match r.type_url == EDS {
+            true => r
+                .resources
+                .iter()
+                .map(|a| {
+                    ClusterLoadAssignment::decode(&a.value[..])
+                        .unwrap()
+                        .cluster_name
+                })
+                .collect(),
+            false => vec![],
+        };
+        ack(ads, &r, names);
+        if let Some(found) = check(&r) {
+            return found;
+        }
+    }
+}
+
+/// The endpoints (ip:port) of each named assignment.
+async fn assignments(ads: &mut AdsClient, names: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    ads.request(DiscoveryRequest {
+        type_url: EDS.into(),
+        resource_names: names.clone(),
+        ..Default::default()
+    });
+    let r = ads.response(BOUND).await;
+    ack(ads, &r, names);
+    r.resources
+        .iter()
+        .map(|a| ClusterLoadAssignment::decode(&a.value[..]).expect("an assignment"))
+        .map(|cla| (cla.cluster_name.clone(), addresses(&cla)))
+        .collect()
+}
+
+fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
+    let mut out: Vec<String> = cla
+        .endpoints
+        .iter()
+        .flat_map(|l| l.lb_endpoints.iter())
+        .filter_map(|e| match &e.host_identifier {
+            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                match ep.address.as_ref()?.address.as_ref()? {
+                    address::Address::SocketAddress(sa) => {
+                        let port = match sa.port_specifier {
+                            Some(socket_address::PortSpecifier::PortValue(p)) => p,
+                            _ => 0,
+                        };
+                        Some(format!("{}:{port}", sa.address))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn destination_rule_subsets_and_policy_reach_the_proxy() {
+    let dir = config_tree(&[("nested/reviews-dr.yaml", DESTINATION_RULE)]);
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let (_, clusters) = clusters(&mut ads, SIDECAR).await;
+
+    let v1 = format!("outbound|9080|v1|{REVIEWS}");
+    let v3 = format!("outbound|9080|v3|{REVIEWS}");
+    let all = format!("outbound|9080||{REVIEWS}");
+    for name in [&v1, &v3, &all] {
+        assert!(
+            clusters.contains_key(name),
+            "{name} missing: {:?}",
+            clusters.keys()
+        );
+    }
+    let base = &clusters[&all];
+    assert_eq!(base.lb_policy, LbPolicy::LeastRequest as i32);
+    let limits = &base.circuit_breakers.as_ref().unwrap().thresholds[0];
+    assert_eq!(limits.max_connections.as_ref().unwrap().value, 100);
+    assert_eq!(limits.max_pending_requests.as_ref().unwrap().value, 10);
+    let outlier = base.outlier_detection.as_ref().unwrap();
+    assert_eq!(outlier.consecutive_5xx.as_ref().unwrap().value, 5);
+    assert_eq!(outlier.interval.as_ref().unwrap().seconds, 10);
+    assert_eq!(
+        clusters[&v3].lb_policy,
+        LbPolicy::Random as i32,
+        "the subset's own policy"
+    );
+    assert_eq!(
+        clusters[&v1].lb_policy,
+        LbPolicy::LeastRequest as i32,
+        "the top-level policy"
+    );
+    assert!(
+        !clusters[&v1].transport_socket_matches.is_empty(),
+        "auto mTLS stays on without a TLS setting"
+    );
+
+    let eds = assignments(&mut ads, &[&v1, &v3, &all]).await;
+    assert_eq!(
+        eds[&v1],
+        ["10.1.1.11:9080"],
+        "v1: the labelled endpoint only"
+    );
+    assert_eq!(
+        eds[&v3],
+        ["10.2.3.13:9080"],
+        "v3 lives in the other cluster"
+    );
+    assert_eq!(eds[&all], ["10.1.1.11:9080", "10.2.3.13:9080"]);
+}
+
+#[tokio::test]
+async fn service_entries_and_selected_workload_entries() {
+    let dir = config_tree(&[("entries.yaml", SERVICE_ENTRIES)]);
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let (_, clusters) = clusters(&mut ads, SIDECAR).await;
+    let api = "outbound|8443||api.example.com";
+    let legacy = "outbound|8080||legacy.bookinfo.svc.cluster.local";
+    assert!(
+        clusters[api].transport_socket_matches.is_empty(),
+        "no mTLS to a MESH_EXTERNAL entry"
+    );
+    assert!(!clusters[legacy].transport_socket_matches.is_empty());
+    let eds = assignments(&mut ads, &[api, legacy]).await;
+    assert_eq!(eds[api], ["192.0.2.11:8443", "192.0.2.12:9443"]);
+    assert_eq!(eds[legacy], ["10.9.0.1:8080"]);
+
+    // Another WorkloadEntry joins the selection: an endpoint push.
+    write_atomic(
+        &dir.path().join("config/vm-2.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm-2, namespace: bookinfo}\nspec: {address: 10.9.0.2, labels: {app: legacy}}\n",
+    );
+    let legacy_now = next_push(&mut ads, "the second VM in EDS", |r| {
+        (r.type_url == EDS)
+            .then(|| {
+                r.resources
+                    .iter()
+                    .map(|a| ClusterLoadAssignment::decode(&a.value[..]).unwrap())
+                    .find(|c| c.cluster_name == legacy)
+                    .map(|c| addresses(&c))
+            })
+            .flatten()
+    })
+    .await;
+    assert_eq!(legacy_now, ["10.9.0.1:8080", "10.9.0.2:8080"]);
+}
+
+#[tokio::test]
+async fn an_invalid_rule_is_refused_and_the_last_good_one_stays() {
+    let dir = config_tree(&[("dr.yaml", DESTINATION_RULE)]);
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let broken = DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: lots");
+    write_atomic(&dir.path().join("config/dr.yaml"), &broken);
+    let refused = wait_for("the refusal on /debug/configz", BOUND, || async {
+        let configz = get_json(mp.http_addr, "/debug/configz").await;
+        configz
+            .as_array()?
+            .iter()
+            .find(|c| c["status"] == "refused")
+            .cloned()
+    })
+    .await;
+    let error = refused["error"].as_str().unwrap();
+    for part in [
+        "dr.yaml",
+        "document 1",
+        "DestinationRule bookinfo/reviews",
+        "trafficPolicy.connectionPool.tcp.maxConnections",
+    ] {
+        assert!(error.contains(part), "{part:?} not in {error}");
+    }
+    // The previous version is still served.
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let (_, clusters) = clusters(&mut ads, SIDECAR).await;
+    let base = &clusters[&format!("outbound|9080||{REVIEWS}")];
+    let limits = &base.circuit_breakers.as_ref().unwrap().thresholds[0];
+    assert_eq!(limits.max_connections.as_ref().unwrap().value, 100);
+    // Fixed, it is accepted and the refusal is gone.
+    write_atomic(
+        &dir.path().join("config/dr.yaml"),
+        &DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: 50"),
+    );
+    next_push(&mut ads, "the fixed rule served", |r| {
+        let clusters = decode_clusters(r);
+        let c = clusters.get(&format!("outbound|9080||{REVIEWS}"))?;
+        let max = c.circuit_breakers.as_ref()?.thresholds[0]
+            .max_connections
+            .as_ref()?
+            .value;
+        (max == 50).then_some(())
+    })
+    .await;
+    let configz = get_json(mp.http_addr, "/debug/configz").await;
+    assert!(
+        configz
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["status"] == "accepted"),
+        "{configz}"
+    );
+}
+
+#[tokio::test]
+async fn a_rule_change_pushes_only_to_proxies_that_see_it() {
+    let dir = config_tree(&[("dr.yaml", DESTINATION_RULE)]);
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let mut inside = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let mut outside = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let (_, seen) = clusters(&mut inside, SIDECAR).await;
+    let (_, unseen) = clusters(&mut outside, OTHER_NS).await;
+    let v1 = format!("outbound|9080|v1|{REVIEWS}");
+    assert!(seen.contains_key(&v1));
+    assert!(
+        !unseen.contains_key(&v1),
+        "a rule exported to its own namespace only"
+    );
+    write_atomic(
+        &dir.path().join("config/dr.yaml"),
+        &DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: 7"),
+    );
+    let pushed = decode_clusters(&inside.response(BOUND).await);
+    let limits = &pushed[&v1].circuit_breakers.as_ref().unwrap().thresholds[0];
+    assert_eq!(limits.max_connections.as_ref().unwrap().value, 7);
+    outside.silence(QUIET).await;
+    let pushes = get_json(mp.http_addr, "/debug/pushz").await;
+    let last = pushes.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        last["configs"][0], "DestinationRule bookinfo/reviews",
+        "{last}"
+    );
+    assert_eq!(last["proxies"], 1, "{last}");
+}
