@@ -23,6 +23,7 @@ use crate::security::trust;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
+use crate::sources::kube_config::{self, KubeConfigWatch};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
@@ -87,11 +88,13 @@ pub struct Running {
     config_cluster: Option<ConfigCluster>,
 }
 
-/// The config cluster's watches and the remote clusters its Secrets onboard.
+/// The config cluster's watches (its services and its Istio config) and the remote clusters its
+/// Secrets onboard.
 struct ConfigCluster {
     id: ClusterId,
     client: kube::Client,
     _watch: KubeWatch,
+    config: KubeConfigWatch,
     remotes: RemoteController,
 }
 
@@ -170,8 +173,12 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let secrets_listed = config_cluster
         .as_ref()
         .map(|c| c.remotes.initial_sync_signal());
+    let config_listed = config_cluster.as_ref().map(|c| c.config.synced_check());
+    // As istiod: not ready before every cluster and the Istio config are loaded.
     let ready: Readiness = Arc::new(move || {
-        loaded.all_loaded() && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
+        loaded.all_loaded()
+            && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
+            && config_listed.as_ref().is_none_or(|listed| listed())
     });
     let xds = XdsServer::new(
         aggregate.mesh().clone(),
@@ -262,6 +269,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         mesh_config_error: mesh_config_watch
             .as_ref()
             .map(|w| w.last_error.clone())
+            .or_else(|| config_cluster.as_ref().map(|c| c.config.mesh_error.clone()))
             .unwrap_or_default(),
         aggregate: aggregate.clone(),
         metrics,
@@ -313,6 +321,13 @@ async fn start_config_cluster(
     };
     let registry = aggregate.add_cluster(shard, source, true)?;
     let watch = kube_source::watch_cluster(client.clone(), registry, &args.system_namespace);
+    let config = kube_config::watch(
+        client.clone(),
+        id.clone(),
+        aggregate.clone(),
+        &args.system_namespace,
+        args.mesh_config.is_none(),
+    );
     let options = RemoteOptions {
         system_namespace: args.system_namespace.clone(),
         config_cluster: id.clone(),
@@ -325,6 +340,7 @@ async fn start_config_cluster(
         id,
         client,
         _watch: watch,
+        config,
         remotes,
     })
 }

@@ -1,6 +1,7 @@
-//! Istio config from files: DestinationRules (subsets, traffic policy), ServiceEntries and the
-//! WorkloadEntries they select, checked in the decoded xDS a raw client receives; refusal of
-//! invalid objects; pushes scoped to the proxies that can see a change.
+//! Istio config, from files and from the config cluster's API server alike: DestinationRules
+//! (subsets, traffic policy), ServiceEntries and the WorkloadEntries they select, checked in the
+//! decoded xDS a raw client receives; refusal of invalid objects; pushes scoped to the proxies that
+//! can see a change.
 
 mod common;
 
@@ -74,14 +75,81 @@ spec:
   locality: us-east/zone-1
 ";
 
-fn config_tree(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = copy_tree(Path::new(EXAMPLE));
-    let config = dir.path().join("config");
-    std::fs::create_dir_all(config.join("nested")).unwrap();
-    for (name, text) in files {
-        std::fs::write(config.join(name), text).unwrap();
+/// meshpilot on the bundled two clusters, its Istio config from files or from the API server.
+struct Fixture {
+    mp: meshpilot::app::Running,
+    dir: tempfile::TempDir,
+    api: Option<test_apiserver::TestApiServer>,
+    _kubeconfig: Option<tempfile::NamedTempFile>,
+}
+
+#[derive(Clone, Copy)]
+enum Source {
+    Files,
+    /// cluster1 is the config cluster (a test API server); cluster2 stays a file cluster.
+    ConfigCluster,
+}
+
+impl Fixture {
+    async fn start(source: Source, config: &[(&str, &str)]) -> Self {
+        let dir = copy_tree(Path::new(EXAMPLE));
+        let flags = ["--debounce-after", "0s"];
+        match source {
+            Source::Files => {
+                let root = dir.path().join("config");
+                std::fs::create_dir_all(root.join("nested")).unwrap();
+                for (name, text) in config {
+                    std::fs::write(root.join(name), text).unwrap();
+                }
+                let mp = start_meshpilot(dir.path(), &flags).await;
+                Self {
+                    mp,
+                    dir,
+                    api: None,
+                    _kubeconfig: None,
+                }
+            }
+            Source::ConfigCluster => {
+                let api = test_apiserver::TestApiServer::start().await;
+                let cluster1 = dir.path().join("clusters/cluster1");
+                for entry in std::fs::read_dir(&cluster1).unwrap() {
+                    api.apply_yaml(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+                }
+                std::fs::remove_dir_all(&cluster1).unwrap();
+                for (_, text) in config {
+                    api.apply_yaml(text);
+                }
+                let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+                std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
+                let path = kubeconfig.path().to_str().unwrap().to_string();
+                let dir_arg = dir.path().to_str().unwrap().to_string();
+                let mut args = vec![
+                    "--kubeconfig",
+                    &path,
+                    "--cluster-id",
+                    "cluster1",
+                    "--config-dir",
+                    &dir_arg,
+                ];
+                args.extend(flags);
+                let mp = start_meshpilot_with(&args).await;
+                Self {
+                    mp,
+                    dir,
+                    api: Some(api),
+                    _kubeconfig: Some(kubeconfig),
+                }
+            }
+        }
     }
-    dir
+
+    /// Adds or replaces config: a file under config/, or objects in the API server.
+    fn apply(&self, file: &str, yaml: &str) {
+        match &self.api {
+            None => write_atomic(&self.dir.path().join("config").join(file), yaml),
+            Some(api) => api.apply_yaml(yaml),
+        }
+    }
 }
 
 /// A SotW client's wildcard CDS, decoded by name (ACKed).
@@ -191,10 +259,45 @@ fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
     out
 }
 
-#[tokio::test]
-async fn destination_rule_subsets_and_policy_reach_the_proxy() {
-    let dir = config_tree(&[("nested/reviews-dr.yaml", DESTINATION_RULE)]);
-    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+/// Each scenario runs against both sources.
+macro_rules! from_both_sources {
+    ($scenario:ident, $files:ident, $cluster:ident) => {
+        #[tokio::test]
+        async fn $files() {
+            $scenario(Source::Files).await;
+        }
+
+        #[tokio::test]
+        async fn $cluster() {
+            $scenario(Source::ConfigCluster).await;
+        }
+    };
+}
+
+from_both_sources!(
+    destination_rule_subsets_and_policy_reach_the_proxy,
+    rule_from_files,
+    rule_from_the_config_cluster
+);
+from_both_sources!(
+    service_entries_and_selected_workload_entries,
+    entries_from_files,
+    entries_from_the_config_cluster
+);
+from_both_sources!(
+    an_invalid_rule_is_refused_and_the_last_good_one_stays,
+    refusal_from_files,
+    refusal_from_the_config_cluster
+);
+from_both_sources!(
+    a_rule_change_pushes_only_to_proxies_that_see_it,
+    scoped_push_from_files,
+    scoped_push_from_the_config_cluster
+);
+
+async fn destination_rule_subsets_and_policy_reach_the_proxy(source: Source) {
+    let f = Fixture::start(source, &[("nested/reviews-dr.yaml", DESTINATION_RULE)]).await;
+    let mp = &f.mp;
     let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     let (_, clusters) = clusters(&mut ads, SIDECAR).await;
 
@@ -245,10 +348,9 @@ async fn destination_rule_subsets_and_policy_reach_the_proxy() {
     assert_eq!(eds[&all], ["10.1.1.11:9080", "10.2.3.13:9080"]);
 }
 
-#[tokio::test]
-async fn service_entries_and_selected_workload_entries() {
-    let dir = config_tree(&[("entries.yaml", SERVICE_ENTRIES)]);
-    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+async fn service_entries_and_selected_workload_entries(source: Source) {
+    let f = Fixture::start(source, &[("entries.yaml", SERVICE_ENTRIES)]).await;
+    let mp = &f.mp;
     let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     let (_, clusters) = clusters(&mut ads, SIDECAR).await;
     let api = "outbound|8443||api.example.com";
@@ -263,8 +365,8 @@ async fn service_entries_and_selected_workload_entries() {
     assert_eq!(eds[legacy], ["10.9.0.1:8080"]);
 
     // Another WorkloadEntry joins the selection: an endpoint push.
-    write_atomic(
-        &dir.path().join("config/vm-2.yaml"),
+    f.apply(
+        "vm-2.yaml",
         "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm-2, namespace: bookinfo}\nspec: {address: 10.9.0.2, labels: {app: legacy}}\n",
     );
     let legacy_now = next_push(&mut ads, "the second VM in EDS", |r| {
@@ -282,12 +384,11 @@ async fn service_entries_and_selected_workload_entries() {
     assert_eq!(legacy_now, ["10.9.0.1:8080", "10.9.0.2:8080"]);
 }
 
-#[tokio::test]
-async fn an_invalid_rule_is_refused_and_the_last_good_one_stays() {
-    let dir = config_tree(&[("dr.yaml", DESTINATION_RULE)]);
-    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+async fn an_invalid_rule_is_refused_and_the_last_good_one_stays(source: Source) {
+    let f = Fixture::start(source, &[("dr.yaml", DESTINATION_RULE)]).await;
+    let mp = &f.mp;
     let broken = DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: lots");
-    write_atomic(&dir.path().join("config/dr.yaml"), &broken);
+    f.apply("dr.yaml", &broken);
     let refused = wait_for("the refusal on /debug/configz", BOUND, || async {
         let configz = get_json(mp.http_addr, "/debug/configz").await;
         configz
@@ -298,12 +399,14 @@ async fn an_invalid_rule_is_refused_and_the_last_good_one_stays() {
     })
     .await;
     let error = refused["error"].as_str().unwrap();
-    for part in [
-        "dr.yaml",
-        "document 1",
+    let mut parts = vec![
         "DestinationRule bookinfo/reviews",
         "trafficPolicy.connectionPool.tcp.maxConnections",
-    ] {
+    ];
+    if let Source::Files = source {
+        parts.extend(["dr.yaml", "document 1"]);
+    }
+    for part in parts {
         assert!(error.contains(part), "{part:?} not in {error}");
     }
     // The previous version is still served.
@@ -313,8 +416,8 @@ async fn an_invalid_rule_is_refused_and_the_last_good_one_stays() {
     let limits = &base.circuit_breakers.as_ref().unwrap().thresholds[0];
     assert_eq!(limits.max_connections.as_ref().unwrap().value, 100);
     // Fixed, it is accepted and the refusal is gone.
-    write_atomic(
-        &dir.path().join("config/dr.yaml"),
+    f.apply(
+        "dr.yaml",
         &DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: 50"),
     );
     next_push(&mut ads, "the fixed rule served", |r| {
@@ -338,10 +441,9 @@ async fn an_invalid_rule_is_refused_and_the_last_good_one_stays() {
     );
 }
 
-#[tokio::test]
-async fn a_rule_change_pushes_only_to_proxies_that_see_it() {
-    let dir = config_tree(&[("dr.yaml", DESTINATION_RULE)]);
-    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+async fn a_rule_change_pushes_only_to_proxies_that_see_it(source: Source) {
+    let f = Fixture::start(source, &[("dr.yaml", DESTINATION_RULE)]).await;
+    let mp = &f.mp;
     let mut inside = AdsClient::connect(mp.xds_addr).await.unwrap();
     let mut outside = AdsClient::connect(mp.xds_addr).await.unwrap();
     let (_, seen) = clusters(&mut inside, SIDECAR).await;
@@ -352,8 +454,8 @@ async fn a_rule_change_pushes_only_to_proxies_that_see_it() {
         !unseen.contains_key(&v1),
         "a rule exported to its own namespace only"
     );
-    write_atomic(
-        &dir.path().join("config/dr.yaml"),
+    f.apply(
+        "dr.yaml",
         &DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: 7"),
     );
     let pushed = decode_clusters(&inside.response(BOUND).await);

@@ -294,6 +294,16 @@ impl ConfigObject {
         }
     }
 
+    /// Whether two versions say the same (where they came from aside: a new resourceVersion
+    /// with the same spec changes nothing for proxies).
+    pub fn same_content(&self, other: &ConfigObject) -> bool {
+        self.key == other.key
+            && self.spec == other.spec
+            && self.meta.labels == other.meta.labels
+            && self.meta.annotations == other.meta.annotations
+            && self.meta.creation_timestamp == other.meta.creation_timestamp
+    }
+
     /// `exportTo` of kinds that have it; empty means the mesh default.
     pub fn export_to(&self) -> &[String] {
         match &self.spec {

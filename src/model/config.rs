@@ -144,7 +144,16 @@ impl ConfigStore {
                 .iter()
                 .rev()
                 .find_map(|s| self.layers[s.index()].get(&key).cloned());
-            if before == after {
+            let same = match (&before, &after) {
+                (Some(b), Some(a)) => b.same_content(a),
+                (None, None) => true,
+                _ => false,
+            };
+            if same {
+                // Keep the newest origin for operators; nothing changes for proxies.
+                if let Some(after) = after {
+                    self.merged.insert(key, after);
+                }
                 continue;
             }
             for object in before.iter().chain(after.iter()) {

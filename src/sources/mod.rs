@@ -3,6 +3,7 @@
 pub mod config_files;
 pub mod file;
 pub mod kube;
+pub mod kube_config;
 pub mod kubeconfig;
 pub mod manifest;
 pub mod mesh_config;

@@ -601,6 +601,7 @@ fn percent_decode(s: &str) -> String {
 
 /// Stores an object; a service-account token Secret is filled in as Kubernetes' token controller does.
 fn upsert(shared: &Shared, kind: ResourceKind, mut object: Value) -> Value {
+    object["apiVersion"] = json!(kind.api_version);
     if kind.plural == "secrets" {
         // As the real API server: stringData is merged into data, base64-encoded, and not stored.
         if let Some(strings) = object.as_object_mut().and_then(|o| o.remove("stringData")) {

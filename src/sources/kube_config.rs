@@ -1,0 +1,291 @@
+//! Istio config from the config cluster's API server: a kube-runtime watcher per kind (the first of
+//! its versions the cluster serves), relists reconciled without a gap, every object validated as the
+//! file source does; and the mesh config from the `istio` ConfigMap of the system namespace.
+//! Remote clusters' Istio config is not read (as istiod: config comes from the config cluster).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use super::kube::WatchBackoff;
+use crate::aggregate::Aggregate;
+use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
+use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
+
+/// How often a kind whose CRD is not installed is looked for again.
+const CRD_RETRY: Duration = Duration::from_secs(10);
+
+/// The running watches; dropping it stops them.
+pub struct KubeConfigWatch {
+    tasks: Vec<JoinHandle<()>>,
+    synced: watch::Receiver<usize>,
+    kinds: usize,
+    /// Why the `istio` ConfigMap's mesh config is refused now, if it is.
+    pub mesh_error: Arc<Mutex<Option<String>>>,
+}
+
+impl Drop for KubeConfigWatch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl KubeConfigWatch {
+    /// Tells whether every kind has been listed once (or found not installed).
+    pub fn synced_check(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let (synced, kinds) = (self.synced.clone(), self.kinds);
+        move || *synced.borrow() >= kinds
+    }
+}
+
+/// Starts watching every Istio kind, and (without `--mesh-config`) the `istio` ConfigMap.
+pub fn watch(
+    client: Client,
+    cluster: ClusterId,
+    aggregate: Arc<Aggregate>,
+    system_namespace: &str,
+    watch_mesh_config: bool,
+) -> KubeConfigWatch {
+    let (listed, synced) = watch::channel(0usize);
+    let listed = Arc::new(listed);
+    let mut tasks: Vec<JoinHandle<()>> = ConfigKind::ALL
+        .iter()
+        .map(|kind| {
+            tokio::spawn(watch_kind(
+                client.clone(),
+                *kind,
+                cluster.clone(),
+                aggregate.clone(),
+                listed.clone(),
+            ))
+        })
+        .collect();
+    let mesh_error: Arc<Mutex<Option<String>>> = Arc::default();
+    if watch_mesh_config {
+        tasks.push(tokio::spawn(watch_mesh(
+            client,
+            system_namespace.to_string(),
+            aggregate,
+            mesh_error.clone(),
+        )));
+    }
+    KubeConfigWatch {
+        tasks,
+        synced,
+        kinds: ConfigKind::ALL.len(),
+        mesh_error,
+    }
+}
+
+/// The first version of `kind` the cluster serves; None while its CRD is not installed.
+async fn served_version(client: &Client, kind: ConfigKind) -> Option<ApiResource> {
+    for version in kind.versions() {
+        let gvk = GroupVersionKind::gvk(kind.group(), version, kind.name());
+        let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural());
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => return Some(resource),
+            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            Err(e) => {
+                warn!(kind = %kind, error = %crate::kube_error::Readable(&e), "cannot list Istio config");
+                return None;
+            }
+        }
+    }
+    None
+}
+
+async fn watch_kind(
+    client: Client,
+    kind: ConfigKind,
+    cluster: ClusterId,
+    aggregate: Arc<Aggregate>,
+    listed: Arc<watch::Sender<usize>>,
+) {
+    let mut counted = false;
+    let resource = loop {
+        match served_version(&client, kind).await {
+            Some(resource) => break resource,
+            None => {
+                if !std::mem::replace(&mut counted, true) {
+                    info!(kind = %kind, "Istio kind not served by the config cluster (CRD not installed?); looking again every 10s");
+                    listed.send_modify(|n| *n += 1);
+                }
+                tokio::time::sleep(CRD_RETRY).await;
+            }
+        }
+    };
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .backoff(WatchBackoff::default())
+        .boxed();
+    let mut held: BTreeSet<ConfigKey> = BTreeSet::new();
+    let mut relist: Option<BTreeMap<ConfigKey, Converted>> = None;
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                warn!(kind = %kind, error = %e, "Istio config watch error");
+                continue;
+            }
+        };
+        match event {
+            Event::Init => relist = Some(BTreeMap::new()),
+            Event::InitApply(object) => {
+                if let (Some(batch), Some((key, converted))) =
+                    (relist.as_mut(), convert(&cluster, &object))
+                {
+                    batch.insert(key, converted);
+                }
+            }
+            Event::InitDone => {
+                let batch = relist.take().unwrap_or_default();
+                let gone: Vec<ConfigKey> = held
+                    .iter()
+                    .filter(|k| !batch.contains_key(*k))
+                    .cloned()
+                    .collect();
+                let mut changes: Vec<ConfigChange> =
+                    gone.iter().cloned().map(ConfigChange::Delete).collect();
+                let mut refusals: Vec<(String, Vec<Refusal>)> =
+                    gone.iter().map(|k| (k.to_string(), Vec::new())).collect();
+                held = batch.keys().cloned().collect();
+                for (key, converted) in batch {
+                    apply_converted(key, converted, &mut changes, &mut refusals);
+                }
+                aggregate.apply_config(ConfigSource::ConfigCluster, changes, refusals);
+                if !std::mem::replace(&mut counted, true) {
+                    listed.send_modify(|n| *n += 1);
+                }
+            }
+            Event::Apply(object) => {
+                if let Some((key, converted)) = convert(&cluster, &object) {
+                    held.insert(key.clone());
+                    let (mut changes, mut refusals) = (Vec::new(), Vec::new());
+                    apply_converted(key, converted, &mut changes, &mut refusals);
+                    aggregate.apply_config(ConfigSource::ConfigCluster, changes, refusals);
+                }
+            }
+            Event::Delete(object) => {
+                if let Some(key) = key_of(kind, &object) {
+                    held.remove(&key);
+                    let refusals = vec![(key.to_string(), Vec::new())];
+                    aggregate.apply_config(
+                        ConfigSource::ConfigCluster,
+                        vec![ConfigChange::Delete(key)],
+                        refusals,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// An object, validated, or why it was refused.
+type Converted = Result<Arc<ConfigObject>, Refusal>;
+
+fn convert(cluster: &ClusterId, object: &DynamicObject) -> Option<(ConfigKey, Converted)> {
+    let origin = Origin::Kubernetes {
+        cluster: cluster.to_string(),
+        resource_version: object.resource_version().unwrap_or_default(),
+    };
+    let value = serde_json::to_value(object).ok()?;
+    match ConfigObject::from_value(&value, origin.clone())? {
+        Ok(config) => Some((config.key.clone(), Ok(Arc::new(config)))),
+        Err(e) => {
+            let key = match &e {
+                ConfigError::Invalid { key, .. } => key.clone(),
+                ConfigError::Shape(_) => return None,
+            };
+            error!(error = %e, %origin, "config object refused; keeping its last good version");
+            let refusal = Refusal {
+                key: Some(key.clone()),
+                origin,
+                error: e.to_string(),
+            };
+            Some((key, Err(refusal)))
+        }
+    }
+}
+
+/// A good object replaces the served one and clears its refusal; a refused one leaves the last good
+/// version served and shows why.
+fn apply_converted(
+    key: ConfigKey,
+    converted: Converted,
+    changes: &mut Vec<ConfigChange>,
+    refusals: &mut Vec<(String, Vec<Refusal>)>,
+) {
+    match converted {
+        Ok(object) => {
+            refusals.push((key.to_string(), Vec::new()));
+            changes.push(ConfigChange::Upsert(object));
+        }
+        Err(refusal) => refusals.push((key.to_string(), vec![refusal])),
+    }
+}
+
+fn key_of(kind: ConfigKind, object: &DynamicObject) -> Option<ConfigKey> {
+    Some(ConfigKey {
+        kind,
+        namespace: object.namespace()?.into(),
+        name: object.name_any().into(),
+    })
+}
+
+/// The `istio` ConfigMap's `mesh` key, as istiod reads it when no mesh config file is mounted.
+async fn watch_mesh(
+    client: Client,
+    namespace: String,
+    aggregate: Arc<Aggregate>,
+    last_error: Arc<Mutex<Option<String>>>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().fields("metadata.name=istio");
+    let defaults = MeshConfig::defaults_for(&aggregate.mesh().naming);
+    let mut maps = watcher::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .applied_objects()
+        .boxed();
+    while let Some(map) = maps.next().await {
+        let map = match map {
+            Ok(map) => map,
+            Err(e) => {
+                warn!(error = %e, "mesh ConfigMap watch error");
+                continue;
+            }
+        };
+        let text = map
+            .data
+            .as_ref()
+            .and_then(|d| d.get("mesh"))
+            .cloned()
+            .unwrap_or_default();
+        match MeshConfig::parse(&text, &defaults) {
+            Ok(mesh) => {
+                *last_error.lock() = None;
+                if aggregate.set_mesh_config(mesh) {
+                    info!(namespace, "mesh config changed (ConfigMap istio)");
+                }
+            }
+            Err(e) => {
+                let message = format!("ConfigMap {namespace}/istio, key mesh: {e}");
+                error!(error = %message, "mesh config refused; keeping the last good one");
+                *last_error.lock() = Some(message);
+            }
+        }
+    }
+}
