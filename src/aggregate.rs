@@ -203,7 +203,17 @@ impl Aggregate {
             }
             change
         });
+        let entries_changed = change
+            .configs
+            .iter()
+            .any(|k| k.kind == ConfigKind::ServiceEntry);
         self.emit(change);
+        if entries_changed {
+            // Entries select pods of every cluster: each registry re-derives its share.
+            for cluster in self.clusters() {
+                cluster.resync_selected();
+            }
+        }
     }
 
     /// Replaces the mesh config; a change is a full push. Returns whether it changed.

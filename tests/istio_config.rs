@@ -348,13 +348,39 @@ async fn destination_rule_subsets_and_policy_reach_the_proxy(source: Source) {
     assert_eq!(eds[&all], ["10.1.1.11:9080", "10.2.3.13:9080"]);
 }
 
+/// A ready pod in cluster2 that the `legacy` entry selects.
+const LEGACY_POD: &str = "
+apiVersion: v1
+kind: Pod
+metadata: {name: legacy-pod, namespace: bookinfo, labels: {app: legacy}}
+spec: {serviceAccountName: legacy, nodeName: node-b1, containers: []}
+status:
+  podIP: 10.2.9.9
+  conditions: [{type: Ready, status: 'True'}]
+";
+
 async fn service_entries_and_selected_workload_entries(source: Source) {
     let f = Fixture::start(source, &[("entries.yaml", SERVICE_ENTRIES)]).await;
+    std::fs::write(
+        f.dir.path().join("clusters/cluster2/legacy-pod.yaml"),
+        LEGACY_POD,
+    )
+    .unwrap();
     let mp = &f.mp;
+    let legacy = "outbound|8080||legacy.bookinfo.svc.cluster.local";
+    wait_for(
+        "the selected pod among the entry's endpoints",
+        BOUND,
+        || async {
+            let shards = get_json(mp.http_addr, "/debug/endpointShardz").await;
+            let text = shards["legacy.bookinfo.svc.cluster.local"].to_string();
+            (text.contains("10.2.9.9") && text.contains("10.9.0.1")).then_some(())
+        },
+    )
+    .await;
     let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     let (_, clusters) = clusters(&mut ads, SIDECAR).await;
     let api = "outbound|8443||api.example.com";
-    let legacy = "outbound|8080||legacy.bookinfo.svc.cluster.local";
     assert!(
         clusters[api].transport_socket_matches.is_empty(),
         "no mTLS to a MESH_EXTERNAL entry"
@@ -362,7 +388,7 @@ async fn service_entries_and_selected_workload_entries(source: Source) {
     assert!(!clusters[legacy].transport_socket_matches.is_empty());
     let eds = assignments(&mut ads, &[api, legacy]).await;
     assert_eq!(eds[api], ["192.0.2.11:8443", "192.0.2.12:9443"]);
-    assert_eq!(eds[legacy], ["10.9.0.1:8080"]);
+    assert_eq!(eds[legacy], ["10.2.9.9:8080", "10.9.0.1:8080"]);
 
     // Another WorkloadEntry joins the selection: an endpoint push.
     f.apply(
@@ -381,7 +407,10 @@ async fn service_entries_and_selected_workload_entries(source: Source) {
             .flatten()
     })
     .await;
-    assert_eq!(legacy_now, ["10.9.0.1:8080", "10.9.0.2:8080"]);
+    assert_eq!(
+        legacy_now,
+        ["10.2.9.9:8080", "10.9.0.1:8080", "10.9.0.2:8080"]
+    );
 }
 
 async fn an_invalid_rule_is_refused_and_the_last_good_one_stays(source: Source) {

@@ -105,6 +105,31 @@ impl EndpointContext<'_> {
         }
     }
 
+    /// The endpoints of a pod a ServiceEntry selects: each of its addresses on each port of the entry
+    /// (`(port name, the workload's port)`), healthy while the pod is ready.
+    pub fn pod_endpoints(&self, pod: &PodObj, ports: &[(Arc<str>, u16)], out: &mut Vec<Endpoint>) {
+        let health = match pod.ready {
+            true => Health::Healthy,
+            false => Health::Unhealthy,
+        };
+        let template = self.template(Some(pod), health);
+        for address in &pod.ips {
+            let network = match &*template.network {
+                "" => self.networks.network_of_address(*address).map(Arc::from),
+                _ => None,
+            };
+            for (port_name, port) in ports {
+                out.push(Endpoint {
+                    address: *address,
+                    port: *port,
+                    service_port_name: port_name.clone(),
+                    network: network.clone().unwrap_or_else(|| template.network.clone()),
+                    ..template.clone()
+                });
+            }
+        }
+    }
+
     /// The per-workload part of an endpoint, shared by each of its addresses and ports.
     fn template(&self, pod: Option<&PodObj>, health: Health) -> Endpoint {
         let label = |key: &str| pod.and_then(|p| p.labels.get(key)).map(String::as_str);

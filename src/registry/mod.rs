@@ -9,7 +9,7 @@ pub mod objects;
 pub mod service_entries;
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -20,9 +20,11 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
+use crate::istio::service_entry::Resolution as EntryResolution;
+use crate::istio::{ConfigKind, Spec};
 use crate::model::{
-    canonical, Change, ClusterId, Endpoint, Mesh, MeshNaming, MeshNetworks, MeshSnapshot, PushNeed,
-    Service, ServiceKey, ShardKey,
+    canonical, Change, ClusterId, Endpoint, Hostname, Mesh, MeshNaming, MeshNetworks, MeshSnapshot,
+    PushNeed, Service, ServiceKey, ShardKey,
 };
 use convert::EndpointContext;
 pub use convert::NsName;
@@ -158,12 +160,24 @@ impl ClusterRegistry {
             return;
         }
         let gateways = dirty.definitions || dirty.all;
-        let services: Vec<NsName> = if dirty.all {
-            store.service_names()
+        let (services, selected): (Vec<NsName>, Selected) = if dirty.all {
+            (store.service_names(), Selected::All)
         } else {
-            dirty.services.into_iter().collect()
+            let selected = match dirty.pod_namespaces.is_empty() {
+                true => Selected::None,
+                false => Selected::Namespaces(dirty.pod_namespaces),
+            };
+            (dirty.services.into_iter().collect(), selected)
         };
-        self.publish(store, services, gateways);
+        self.publish(store, services, gateways, selected);
+    }
+
+    /// Re-derives the endpoints of pods that ServiceEntries select (the entries changed).
+    pub fn resync_selected(&self) {
+        let store = self.store.lock();
+        if store.mode == Mode::Live {
+            self.publish(store, Vec::new(), false, Selected::All);
+        }
     }
 
     /// Re-derives every endpoint (the mesh networks changed).
@@ -171,7 +185,7 @@ impl ClusterRegistry {
         let store = self.store.lock();
         if store.mode == Mode::Live {
             let services = store.service_names();
-            self.publish(store, services, true);
+            self.publish(store, services, true, Selected::All);
         }
     }
 
@@ -180,19 +194,32 @@ impl ClusterRegistry {
     /// writes keep their order.
     fn publish(
         &self,
-        store: parking_lot::MutexGuard<'_, Store>,
+        mut store: parking_lot::MutexGuard<'_, Store>,
         services: impl IntoIterator<Item = NsName>,
         definitions_changed: bool,
+        selected: Selected,
     ) {
-        let networks = self.mesh.snapshot().networks.clone();
+        let snapshot = self.mesh.snapshot();
+        let networks = snapshot.networks.clone();
         let updates: Vec<ServiceUpdate> = services
             .into_iter()
             .map(|(namespace, name)| self.service_update(&store, &networks, &namespace, &name))
             .collect();
+        let selected = self.selected_updates(&mut store, &snapshot, &networks, &selected);
         let change = self.mesh.write(|mesh| {
             let mut change = Change::default();
             for update in updates {
                 update.apply(&self.id, &self.shard, mesh, &mut change);
+            }
+            for (key, endpoints) in selected {
+                let need = match endpoints {
+                    Some(eps) => mesh.endpoints.update(&key, &self.shard, eps),
+                    None => mesh.endpoints.delete_service_shard(&key, &self.shard),
+                };
+                if need != PushNeed::None {
+                    change.full |= need == PushNeed::Full;
+                    change.services.insert(key.hostname);
+                }
             }
             // A Service labelled as a network's gateway may have come, moved or gone.
             if definitions_changed && mesh.refresh_gateways() {
@@ -202,6 +229,91 @@ impl ClusterRegistry {
         });
         drop(store);
         self.emit(change);
+    }
+
+    /// The endpoints of this cluster's pods that ServiceEntries with a `workloadSelector` select, for
+    /// the entries in `scope`: per entry host, the new shard (None: none any more). Hosts this
+    /// cluster defines a Service for keep that Service's endpoints.
+    fn selected_updates(
+        &self,
+        store: &mut Store,
+        snapshot: &MeshSnapshot,
+        networks: &MeshNetworks,
+        scope: &Selected,
+    ) -> Vec<(ServiceKey, Option<Arc<[Endpoint]>>)> {
+        if matches!(scope, Selected::None) {
+            return Vec::new();
+        }
+        let naming = &self.mesh.naming;
+        let config = &snapshot.config;
+        let ctx = store.endpoint_context(&self.id, naming, networks);
+        let mut wanted: BTreeMap<ServiceKey, Vec<Endpoint>> = BTreeMap::new();
+        for object in config.of_kind(ConfigKind::ServiceEntry) {
+            let Spec::ServiceEntry(entry) = &object.spec else {
+                continue;
+            };
+            let namespace = &object.key.namespace;
+            let Some(selector) = &entry.workload_selector else {
+                continue;
+            };
+            if entry.resolution != EntryResolution::Static || !scope.covers(namespace) {
+                continue;
+            }
+            let ports: Vec<(Arc<str>, u16)> = entry
+                .ports
+                .iter()
+                .filter_map(|p| {
+                    let port = u16::try_from(p.target_port.unwrap_or(p.number)).ok()?;
+                    Some((Arc::from(p.name.as_str()), port))
+                })
+                .collect();
+            let mut endpoints = Vec::new();
+            let selects = |pod: &&PodObj| {
+                *pod.namespace == **namespace
+                    && selector
+                        .labels
+                        .iter()
+                        .all(|(k, v)| pod.labels.get(k) == Some(v))
+            };
+            for pod in store.pods.values().filter(selects) {
+                ctx.pod_endpoints(pod, &ports, &mut endpoints);
+            }
+            for host in &entry.hosts {
+                let hostname: Hostname = config.qualify(host, namespace).into();
+                let own_service = hostname
+                    .strip_suffix(&format!(".{namespace}.svc.{}", naming.domain_suffix))
+                    .is_some_and(|name| {
+                        store
+                            .services
+                            .contains_key(&(namespace.to_string(), name.to_string()))
+                    });
+                if own_service {
+                    continue;
+                }
+                let key = ServiceKey {
+                    hostname,
+                    namespace: namespace.clone(),
+                };
+                wanted
+                    .entry(key)
+                    .or_default()
+                    .extend(endpoints.iter().cloned());
+            }
+        }
+        let gone: Vec<ServiceKey> = store
+            .selected
+            .iter()
+            .filter(|k| scope.covers(&k.namespace) && !wanted.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in &gone {
+            store.selected.remove(key);
+        }
+        store.selected.extend(wanted.keys().cloned());
+        gone.into_iter()
+            .map(|k| (k, None))
+            .chain(wanted.into_iter().map(|(k, eps)| (k, Some(canonical(eps)))))
+            .collect()
     }
 
     /// What one of this cluster's services now is: its definition and its shard of endpoints.
@@ -259,7 +371,7 @@ impl ClusterRegistry {
         store.mode = Mode::Live;
         let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
         services.extend(predecessor_services);
-        self.publish(store, services, true);
+        self.publish(store, services, true, Selected::All);
     }
 
     /// Removes everything this cluster contributed to the mesh (the cluster left).
@@ -327,9 +439,29 @@ impl ServiceUpdate {
     }
 }
 
+/// Which ServiceEntries with a `workloadSelector` a publish re-derives.
+enum Selected {
+    None,
+    /// Those of these namespaces (pods changed there).
+    Namespaces(BTreeSet<String>),
+    All,
+}
+
+impl Selected {
+    fn covers(&self, namespace: &str) -> bool {
+        match self {
+            Selected::None => false,
+            Selected::Namespaces(set) => set.contains(namespace),
+            Selected::All => true,
+        }
+    }
+}
+
 /// Services a batch touched.
 #[derive(Default)]
 struct Dirty {
+    /// Namespaces whose pods came, changed or went (ServiceEntries may select them).
+    pod_namespaces: BTreeSet<String>,
     services: BTreeSet<NsName>,
     /// The cluster's network changed: every endpoint is re-derived.
     all: bool,
@@ -363,6 +495,8 @@ struct Store {
     /// Slices naming a pod in a targetRef, or (without targetRef) holding one of its addresses.
     slices_by_pod: HashMap<NsName, HashSet<String>>,
     slices_by_ip: HashMap<(String, IpAddr), HashSet<String>>,
+    /// Services whose ServiceEntry selects pods here, with a shard written for them.
+    selected: BTreeSet<ServiceKey>,
 }
 
 impl Store {
@@ -422,6 +556,7 @@ impl Store {
                         .or_default()
                         .insert(key.clone());
                 }
+                dirty.pod_namespaces.insert(pod.namespace.clone());
                 self.pods.insert(key.clone(), pod);
                 self.mark_pod(&key, dirty);
             }
@@ -499,6 +634,7 @@ impl Store {
         let Some(old) = self.pods.remove(key) else {
             return;
         };
+        dirty.pod_namespaces.insert(old.namespace.clone());
         for ip in &old.ips {
             let ip_key = (old.namespace.clone(), *ip);
             if self.pods_by_ip.get(&ip_key) == Some(&old.name) {
@@ -550,6 +686,7 @@ impl Store {
 
     fn mark_node(&self, node: &str, dirty: &mut Dirty) {
         for pod in self.pods_by_node.get(node).into_iter().flatten() {
+            dirty.pod_namespaces.insert(pod.0.clone());
             self.mark_pod(pod, dirty);
         }
     }

@@ -151,6 +151,8 @@ pub struct PodObj {
     pub service_account: String,
     pub node: Option<String>,
     pub ips: Vec<IpAddr>,
+    /// The Ready condition: what a ServiceEntry selecting the pod serves it by (no slice says).
+    pub ready: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -333,6 +335,9 @@ pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
             .unwrap_or_else(|| "default".into()),
         node: spec.and_then(|s| s.node_name.clone()),
         ips: addrs,
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
         name,
         namespace,
     }))
