@@ -499,3 +499,76 @@ async fn a_rule_change_pushes_only_to_proxies_that_see_it(source: Source) {
     );
     assert_eq!(last["proxies"], 1, "{last}");
 }
+
+/// A real Envoy sidecar takes the rules and entries without rejecting anything: subset clusters
+/// holding exactly the labelled endpoints of both clusters, the rule's policy in its clusters, the
+/// entries' endpoints.
+#[tokio::test]
+async fn envoy_takes_rules_and_entries() {
+    let _ports = sidecar_ports().await;
+    let f = Fixture::start(
+        Source::Files,
+        &[
+            ("dr.yaml", DESTINATION_RULE),
+            ("entries.yaml", SERVICE_ENTRIES),
+        ],
+    )
+    .await;
+    let envoy = Envoy::start(
+        &f.mp,
+        SIDECAR,
+        &[("CLUSTER_ID", "cluster1")],
+        AdsMode::Delta,
+    )
+    .await;
+    let v1 = format!("outbound|9080|v1|{REVIEWS}");
+    let v3 = format!("outbound|9080|v3|{REVIEWS}");
+    for (cluster, expected) in [
+        (v1.as_str(), vec!["10.1.1.11:9080"]),
+        (v3.as_str(), vec!["10.2.3.13:9080"]),
+        (
+            "outbound|8443||api.example.com",
+            vec!["192.0.2.11:8443", "192.0.2.12:9443"],
+        ),
+        (
+            "outbound|8080||legacy.bookinfo.svc.cluster.local",
+            vec!["10.9.0.1:8080"],
+        ),
+    ] {
+        wait_for(&format!("{cluster} in Envoy"), BOUND, || {
+            let envoy = &envoy;
+            let expected = expected.clone();
+            async move { (envoy.endpoints(cluster).await == expected).then_some(()) }
+        })
+        .await;
+    }
+    let dump: serde_json::Value = serde_json::from_str(
+        &envoy
+            .get("/config_dump?resource=dynamic_active_clusters")
+            .await,
+    )
+    .expect("config dump is JSON");
+    let cluster = |name: &str| -> serde_json::Value {
+        dump["configs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| &c["cluster"])
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not in Envoy's clusters"))
+    };
+    let v1_cluster = cluster(&v1);
+    assert_eq!(v1_cluster["lb_policy"], "LEAST_REQUEST", "{v1_cluster}");
+    let limits = &v1_cluster["circuit_breakers"]["thresholds"][0];
+    assert_eq!(limits["max_connections"], 100, "{limits}");
+    assert_eq!(limits["max_pending_requests"], 10, "{limits}");
+    assert_eq!(v1_cluster["outlier_detection"]["consecutive_5xx"], 5);
+    assert_eq!(v1_cluster["outlier_detection"]["interval"], "10s");
+    assert_eq!(cluster(&v3)["lb_policy"], "RANDOM");
+    assert_eq!(
+        envoy.rejected_updates().await,
+        0,
+        "Envoy rejected an update"
+    );
+}

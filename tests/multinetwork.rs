@@ -231,3 +231,68 @@ async fn mesh_networks_file_names_networks_and_refuses_bad_edits() {
     .await;
     assert!(get_json(admin, "/debug/networkz").await["last_error"].is_null());
 }
+
+/// A DestinationRule subset holds only the labelled endpoints, on this network and behind the other
+/// network's gateway (which then stands for the labelled remote endpoints alone).
+#[tokio::test]
+async fn subsets_hold_only_labelled_endpoints_across_networks() {
+    let dir = copy_tree(Path::new(EXAMPLE_MN));
+    // One pod of each network becomes version v2.
+    for (cluster, pod) in [("east1", "reviews-east1-b"), ("west1", "reviews-west1-a")] {
+        let file = dir.path().join(format!("clusters/{cluster}/mesh.yaml"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let labelled = text.replacen(
+            &format!("name: {pod}\n  namespace: bookinfo\n  labels: {{app: reviews,"),
+            &format!("name: {pod}\n  namespace: bookinfo\n  labels: {{version: v2, app: reviews,"),
+            1,
+        );
+        assert_ne!(labelled, text, "{pod} not found in {cluster}");
+        std::fs::write(&file, labelled).unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/reviews.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  host: reviews.bookinfo.svc.cluster.local\n  subsets: [{name: v2, labels: {version: v2}}]\n",
+    )
+    .unwrap();
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let subset = "outbound|9080|v2|reviews.bookinfo.svc.cluster.local";
+    for (network, region, zone, expected) in [
+        (
+            "network1",
+            "us-east1",
+            "us-east1-a",
+            [("10.10.1.12:9080", (1, 0)), ("198.51.100.1:15443", (1, 1))],
+        ),
+        (
+            "network2",
+            "europe-west1",
+            "europe-west1-a",
+            [("10.20.1.11:9080", (1, 0)), ("192.0.2.1:15443", (1, 1))],
+        ),
+    ] {
+        let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+        let mut node = node(
+            "sidecar~10.99.0.1~client.bookinfo~bookinfo.svc.cluster.local",
+            &[("NETWORK", network)],
+        );
+        node.locality = Some(Locality {
+            region: region.into(),
+            zone: zone.into(),
+            ..Default::default()
+        });
+        ads.request(DiscoveryRequest {
+            node: Some(node),
+            type_url: EDS.into(),
+            resource_names: vec![subset.into()],
+            ..Default::default()
+        });
+        let response = ads.response(BOUND).await;
+        let cla = ClusterLoadAssignment::decode(&response.resources[0].value[..]).unwrap();
+        let expected: BTreeMap<String, (u32, u32)> = expected
+            .into_iter()
+            .map(|(a, w)| (a.to_string(), w))
+            .collect();
+        assert_eq!(endpoints(&cla), expected, "from {network}: {cla:#?}");
+    }
+}
