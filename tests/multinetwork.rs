@@ -296,3 +296,45 @@ async fn subsets_hold_only_labelled_endpoints_across_networks() {
         assert_eq!(endpoints(&cla), expected, "from {network}: {cla:#?}");
     }
 }
+
+/// A rule's `localityLbSetting`: `distribute` sends all of us-east1's traffic to zone b (other
+/// localities dropped, no priorities); `enabled: false` turns locality priorities off.
+#[tokio::test]
+async fn locality_settings_shape_the_assignment() {
+    let dir = copy_tree(Path::new(EXAMPLE_MN));
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    let rule = |setting: &str| {
+        format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: reviews, namespace: bookinfo}}\nspec:\n  host: reviews.bookinfo.svc.cluster.local\n  trafficPolicy:\n    loadBalancer:\n      localityLbSetting: {setting}\n")
+    };
+    std::fs::write(
+        config.join("reviews.yaml"),
+        rule("{distribute: [{from: 'us-east1/*', to: {'us-east1/us-east1-b/*': 100}}]}"),
+    )
+    .unwrap();
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let (mut ads, cla) = eds_stream(&mp, "network1", "us-east1", "us-east1-a").await;
+    let groups: Vec<(String, u32, u32)> = cla
+        .endpoints
+        .iter()
+        .map(|g| {
+            let zone = g
+                .locality
+                .as_ref()
+                .map(|l| l.zone.clone())
+                .unwrap_or_default();
+            (
+                zone,
+                g.load_balancing_weight.as_ref().map_or(0, |w| w.value),
+                g.priority,
+            )
+        })
+        .collect();
+    assert_eq!(groups, [("us-east1-b".to_string(), 100, 0)], "{cla:#?}");
+
+    write_atomic(&config.join("reviews.yaml"), &rule("{enabled: false}"));
+    let push = ads.response(BOUND).await;
+    let cla = ClusterLoadAssignment::decode(&push.resources[0].value[..]).unwrap();
+    assert_eq!(cla.endpoints.len(), 4, "{cla:#?}");
+    assert!(cla.endpoints.iter().all(|g| g.priority == 0), "{cla:#?}");
+}

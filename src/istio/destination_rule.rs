@@ -107,7 +107,7 @@ pub struct Maglev {
     pub table_size: Option<u64>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct LocalityLbSetting {
     pub distribute: Vec<LocalityDistribute>,
@@ -116,14 +116,14 @@ pub struct LocalityLbSetting {
     pub enabled: Option<bool>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(default)]
 pub struct LocalityDistribute {
     pub from: String,
     pub to: BTreeMap<String, u32>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(default)]
 pub struct LocalityFailover {
     pub from: String,

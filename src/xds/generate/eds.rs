@@ -20,6 +20,8 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
+use super::locality::{self, topology_labels, LocalityPolicy};
+use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
 use super::{parse_outbound, parse_sni_cluster, socket, target, Generation};
 use crate::model::{
@@ -34,7 +36,8 @@ use crate::xds::wire::Resource;
 struct View {
     network: Arc<str>,
     requested_networks: Vec<String>,
-    locality: Option<ModelLocality>,
+    /// Where the proxy is and the rule's locality load balancing.
+    locality: LocalityPolicy,
     /// An east-west gateway's SNI cluster: its own network's mTLS endpoints only.
     gateway: bool,
     /// A subset's labels: only endpoints carrying all of them.
@@ -52,10 +55,36 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         return None;
     }
     let shards = g.mesh.endpoints.get(&service.key()).cloned();
+    // The rule's setting for this (subset, port), else the mesh's.
+    let setting = target
+        .rule
+        .as_ref()
+        .and_then(|r| {
+            let subset = target.subset.as_ref().map(|s| s.name.as_str());
+            Effective::of(&r.rule, subset, target.port).load_balancer
+        })
+        .and_then(|lb| lb.locality_lb_setting)
+        .or_else(|| g.mesh_config().locality_lb_setting.clone());
+    let proxy_locality = g.proxy_locality();
+    let proxy_labels = match setting
+        .as_ref()
+        .is_some_and(|s| !s.failover_priority.is_empty())
+    {
+        true => topology_labels(
+            &g.proxy.labels,
+            &g.proxy.network,
+            proxy_locality.as_ref().unwrap_or(&ModelLocality::default()),
+        ),
+        false => BTreeMap::new(),
+    };
     let view = View {
         network: g.proxy.network.clone(),
         requested_networks: g.proxy.requested_network_view.clone(),
-        locality: g.proxy_locality(),
+        locality: LocalityPolicy {
+            proxy: proxy_locality,
+            setting,
+            proxy_labels,
+        },
         gateway,
         subset: target.subset.map(|s| s.labels),
     };
@@ -65,11 +94,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         g.services_version(),
         shards.as_ref().map_or(0, |s| s.version),
         g.mesh.gateways_version,
-        if view.subset.is_some() {
-            g.config_version()
-        } else {
-            0
-        },
+        g.config_version(),
     ];
     let gateways = g.mesh.gateways.clone();
     let port = target.port;
@@ -103,9 +128,22 @@ fn assignment(
         .port(port)
         .map(|p| p.name.as_str())
         .unwrap_or_default();
-    let mut direct: BTreeMap<&ModelLocality, Vec<&Endpoint>> = BTreeMap::new();
-    // (locality, network) → endpoints reached through that network's gateways.
-    let mut remote: BTreeMap<(&ModelLocality, &str), u64> = BTreeMap::new();
+    // Groups are (priority level, locality): failoverPriority labels can split a locality.
+    let mut direct: BTreeMap<(u32, &ModelLocality), Vec<&Endpoint>> = BTreeMap::new();
+    // (level, locality, network) → endpoints reached through that network's gateways.
+    let mut remote: BTreeMap<(u32, &ModelLocality, &str), u64> = BTreeMap::new();
+    let by_labels = view
+        .locality
+        .setting
+        .as_ref()
+        .is_some_and(|s| !s.failover_priority.is_empty());
+    let level = |ep: &Endpoint| -> u32 {
+        let labels = match by_labels {
+            true => topology_labels(&ep.labels, &ep.network, &ep.locality),
+            false => BTreeMap::new(),
+        };
+        view.locality.level(&labels, &ep.locality)
+    };
     for ep in shards.into_iter().flat_map(|s| s.endpoints()) {
         if ep.health != Health::Healthy || *ep.service_port_name != *port_name {
             continue;
@@ -127,12 +165,20 @@ fn assignment(
         if view.gateway {
             // The gateway forwards mTLS only, and only into its own network.
             if local && ep.tls_mode == TlsMode::Istio {
-                direct.entry(&ep.locality).or_default().push(ep);
+                direct
+                    .entry((level(ep), &ep.locality))
+                    .or_default()
+                    .push(ep);
             }
         } else if local || gateways.of(&ep.network).is_empty() {
-            direct.entry(&ep.locality).or_default().push(ep);
+            direct
+                .entry((level(ep), &ep.locality))
+                .or_default()
+                .push(ep);
         } else if ep.tls_mode == TlsMode::Istio {
-            *remote.entry((&ep.locality, &ep.network)).or_default() += u64::from(ep.weight.max(1));
+            *remote
+                .entry((level(ep), &ep.locality, &ep.network))
+                .or_default() += u64::from(ep.weight.max(1));
         }
     }
 
@@ -141,13 +187,13 @@ fn assignment(
     // (Should the multiple not fit, shares are rounded instead.)
     let scale = remote
         .keys()
-        .map(|(_, net)| gateways.of(net).len() as u64)
+        .map(|(_, _, net)| gateways.of(net).len() as u64)
         .try_fold(1, lcm)
         .unwrap_or(1);
-    let mut groups: BTreeMap<&ModelLocality, Vec<Sent>> = BTreeMap::new();
-    for (locality, eps) in direct {
+    let mut groups: BTreeMap<(u32, &ModelLocality), Vec<Sent>> = BTreeMap::new();
+    for (group, eps) in direct {
         groups
-            .entry(locality)
+            .entry(group)
             .or_default()
             .extend(eps.into_iter().map(|ep| Sent {
                 address: ep.address,
@@ -161,10 +207,10 @@ fn assignment(
                 ),
             }));
     }
-    for ((locality, network), count) in remote {
+    for ((level, locality, network), count) in remote {
         let gws = gateways.of(network);
         let share = (count * scale / gws.len() as u64).max(1);
-        let group = groups.entry(locality).or_default();
+        let group = groups.entry((level, locality)).or_default();
         for gw in gws {
             match group
                 .iter_mut()
@@ -187,23 +233,41 @@ fn assignment(
     }
 
     fit_weights(groups.values_mut().flatten());
-    let priorities = compact_priorities(groups.keys().map(|l| priority(view.locality.as_ref(), l)));
+    let groups: Vec<((u32, &ModelLocality), Vec<Sent>)> = groups.into_iter().collect();
+    // `distribute` replaces priorities with locality weights (and drops localities it names not).
+    let weights: Vec<Option<u64>> = match view.locality.distribute() {
+        Some(rule) => {
+            let totals: Vec<(&ModelLocality, u64)> = groups
+                .iter()
+                .map(|((_, l), sent)| (*l, sent.iter().map(|s| s.weight).sum()))
+                .collect();
+            locality::distribute(rule, &totals)
+        }
+        None => groups
+            .iter()
+            .map(|(_, sent)| Some(sent.iter().map(|s| s.weight).sum()))
+            .collect(),
+    };
+    let priorities = compact_priorities(groups.iter().map(|((level, _), _)| *level));
     ClusterLoadAssignment {
         cluster_name: name.to_string(),
         endpoints: groups
             .into_iter()
-            .map(|(locality, sent)| LocalityLbEndpoints {
-                locality: Some(Locality {
-                    region: locality.region.to_string(),
-                    zone: locality.zone.to_string(),
-                    sub_zone: locality.subzone.to_string(),
-                }),
-                load_balancing_weight: Some(UInt32Value {
-                    value: clamp_u32(sent.iter().map(|s| s.weight).sum()),
-                }),
-                priority: priorities[&priority(view.locality.as_ref(), locality)],
-                lb_endpoints: sent.into_iter().map(lb_endpoint).collect(),
-                ..Default::default()
+            .zip(weights)
+            .filter_map(|(((level, locality), sent), weight)| {
+                Some(LocalityLbEndpoints {
+                    locality: Some(Locality {
+                        region: locality.region.to_string(),
+                        zone: locality.zone.to_string(),
+                        sub_zone: locality.subzone.to_string(),
+                    }),
+                    load_balancing_weight: Some(UInt32Value {
+                        value: clamp_u32(weight?),
+                    }),
+                    priority: priorities[&level],
+                    lb_endpoints: sent.into_iter().map(lb_endpoint).collect(),
+                    ..Default::default()
+                })
             })
             .collect(),
         ..Default::default()
@@ -242,21 +306,6 @@ fn fit_weights<'s>(sent: impl Iterator<Item = &'s mut Sent>) {
 
 fn clamp_u32(weight: u64) -> u32 {
     u32::try_from(weight).unwrap_or(u32::MAX)
-}
-
-/// Istio's locality failover order relative to the proxy: same region/zone/subzone 0, same zone 1,
-/// same region 2, elsewhere 3. Without a proxy locality every group is priority 0.
-fn priority(proxy: Option<&ModelLocality>, locality: &ModelLocality) -> u32 {
-    let Some(proxy) = proxy else { return 0 };
-    if proxy.region != locality.region {
-        3
-    } else if proxy.zone != locality.zone {
-        2
-    } else if proxy.subzone != locality.subzone {
-        1
-    } else {
-        0
-    }
 }
 
 /// Envoy wants priorities contiguous from 0: map the levels present onto 0, 1, 2, ….
@@ -327,19 +376,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn priorities_follow_the_proxy_locality() {
-        let proxy = ModelLocality::parse("eu/eu-a/rack1");
-        assert_eq!(
-            priority(Some(&proxy), &ModelLocality::parse("eu/eu-a/rack1")),
-            0
-        );
-        assert_eq!(
-            priority(Some(&proxy), &ModelLocality::parse("eu/eu-a/rack2")),
-            1
-        );
-        assert_eq!(priority(Some(&proxy), &ModelLocality::parse("eu/eu-b")), 2);
-        assert_eq!(priority(Some(&proxy), &ModelLocality::parse("us/us-a")), 3);
-        assert_eq!(priority(None, &ModelLocality::parse("us/us-a")), 0);
+    fn priorities_are_compacted() {
         let compact = compact_priorities([3, 0, 3, 2].into_iter());
         assert_eq!((compact[&0], compact[&2], compact[&3]), (0, 1, 2));
     }

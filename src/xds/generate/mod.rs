@@ -7,6 +7,7 @@
 mod cds;
 mod eds;
 mod lds;
+mod locality;
 mod policy;
 mod rds;
 pub mod tls;
