@@ -572,3 +572,45 @@ async fn envoy_takes_rules_and_entries() {
         "Envoy rejected an update"
     );
 }
+
+/// A consistent hash needs both halves: the cluster's ring hash and the route's hash policy.
+#[tokio::test]
+async fn consistent_hash_sets_the_cluster_and_the_route() {
+    let rule = "
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: productpage, namespace: bookinfo}
+spec:
+  host: productpage.bookinfo.svc.cluster.local
+  trafficPolicy:
+    loadBalancer: {consistentHash: {httpHeaderName: x-user, maglev: {tableSize: 65537}}}
+";
+    let f = Fixture::start(Source::Files, &[("hash.yaml", rule)]).await;
+    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    let (_, clusters) = clusters(&mut ads, SIDECAR).await;
+    let cluster = &clusters["outbound|9080||productpage.bookinfo.svc.cluster.local"];
+    assert_eq!(cluster.lb_policy, LbPolicy::Maglev as i32);
+    ads.request(DiscoveryRequest {
+        type_url: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration".into(),
+        resource_names: vec!["9080".into()],
+        ..Default::default()
+    });
+    let r = ads.response(BOUND).await;
+    let routes = envoy_types::pb::envoy::config::route::v3::RouteConfiguration::decode(
+        &r.resources[0].value[..],
+    )
+    .unwrap();
+    let vhost = routes
+        .virtual_hosts
+        .iter()
+        .find(|v| v.name == "productpage.bookinfo.svc.cluster.local:9080")
+        .expect("productpage's virtual host");
+    let Some(envoy_types::pb::envoy::config::route::v3::route::Action::Route(action)) =
+        &vhost.routes[0].action
+    else {
+        panic!("a route action")
+    };
+    assert_eq!(action.hash_policy.len(), 1, "{action:?}");
+    let text = format!("{:?}", action.hash_policy[0]);
+    assert!(text.contains("x-user"), "{text}");
+}

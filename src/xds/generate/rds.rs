@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::route::v3::route_action::{hash_policy, HashPolicy};
 use envoy_types::pb::envoy::config::route::v3::{
     route, route_action, route_match, DirectResponseAction, Route, RouteAction, RouteConfiguration,
     RouteMatch, VirtualHost,
@@ -12,6 +13,7 @@ use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 
 use super::cds::PASSTHROUGH;
 use super::lds::vips_for;
+use super::policy::Effective;
 use super::{grpc_target, outbound_cluster, Generation};
 use crate::istio::mesh::OutboundMode;
 use crate::model::{Resolution, Service};
@@ -65,11 +67,13 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                 .filter(|d| taken.insert(d.clone()))
                 .collect();
             (!domains.is_empty()).then(|| {
-                virtual_host(
+                let mut vhost = virtual_host(
                     &format!("{}:{port}", s.hostname),
                     domains,
                     &outbound_cluster(port, &s.hostname),
-                )
+                );
+                set_hash_policy(g, s, port, &mut vhost);
+                vhost
             })
         })
         .collect();
@@ -147,6 +151,49 @@ pub fn inbound_route(port: u16, cluster: &str) -> RouteConfiguration {
         )],
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
+    }
+}
+
+/// A DestinationRule's consistent hash needs the route to say what to hash (istiod sets it on the
+/// route to the cluster the rule applies to).
+fn set_hash_policy(g: &Generation<'_>, service: &Service, port: u16, vhost: &mut VirtualHost) {
+    let Some(rule) = g.destination_rule(service) else {
+        return;
+    };
+    let Some(hash) = Effective::of(&rule.rule, None, port)
+        .load_balancer
+        .and_then(|lb| lb.consistent_hash)
+    else {
+        return;
+    };
+    let policy = if let Some(header) = &hash.http_header_name {
+        hash_policy::PolicySpecifier::Header(hash_policy::Header {
+            header_name: header.clone(),
+            ..Default::default()
+        })
+    } else if let Some(cookie) = &hash.http_cookie {
+        hash_policy::PolicySpecifier::Cookie(hash_policy::Cookie {
+            name: cookie.name.clone(),
+            path: cookie.path.clone(),
+            ttl: cookie.ttl.map(|d| d.to_proto()),
+            ..Default::default()
+        })
+    } else if let Some(parameter) = &hash.http_query_parameter_name {
+        hash_policy::PolicySpecifier::QueryParameter(hash_policy::QueryParameter {
+            name: parameter.clone(),
+        })
+    } else {
+        hash_policy::PolicySpecifier::ConnectionProperties(hash_policy::ConnectionProperties {
+            source_ip: true,
+        })
+    };
+    for route in &mut vhost.routes {
+        if let Some(route::Action::Route(action)) = &mut route.action {
+            action.hash_policy = vec![HashPolicy {
+                policy_specifier: Some(policy.clone()),
+                ..Default::default()
+            }];
+        }
     }
 }
 
