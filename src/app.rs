@@ -14,6 +14,7 @@ use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
 use crate::model::{ClusterId, Provider, ShardKey};
+use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::Authenticator;
 use crate::security::ca::{CertificateAuthority, TtlPolicy};
 use crate::security::keys::{self, KeySource};
@@ -186,6 +187,10 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         args.xds_options(),
         metrics.xds(),
     );
+    xds.set_auto_registration(AutoRegistration::new(
+        aggregate.clone(),
+        args.workload_entry_grace_period,
+    ));
     let mut tasks = Vec::new();
 
     let grpc = listen::bind("xds", args.xds_addr).await?;

@@ -125,6 +125,10 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_XDS_SEND_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub xds_send_timeout: Duration,
 
+    /// How long an auto-registered WorkloadEntry outlives its proxy's stream (it may reconnect).
+    #[arg(long, env = "MESHPILOT_WORKLOAD_ENTRY_GRACE_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub workload_entry_grace_period: Duration,
+
     /// An xDS stream that sends no request for this long after opening is closed.
     #[arg(long, env = "MESHPILOT_XDS_FIRST_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub xds_first_request_timeout: Duration,

@@ -614,3 +614,102 @@ spec:
     let text = format!("{:?}", action.hash_policy[0]);
     assert!(text.contains("x-user"), "{text}");
 }
+
+const VM_GROUP: &str = "
+apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata: {name: vms, namespace: bookinfo}
+spec:
+  metadata: {labels: {app: legacy}}
+  template: {serviceAccount: legacy, ports: {http: 8081}}
+";
+
+/// A VM's proxy registers into its WorkloadGroup over the secure port: its WorkloadEntry appears
+/// (the `legacy` entry selects the group's labels) and goes once the proxy is gone past the grace.
+#[tokio::test]
+async fn a_vm_registers_into_its_workload_group() {
+    let dir = copy_tree(Path::new(EXAMPLE));
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("config/entries.yaml"), SERVICE_ENTRIES).unwrap();
+    std::fs::write(dir.path().join("config/group.yaml"), VM_GROUP).unwrap();
+    let mp = start_meshpilot(
+        dir.path(),
+        &[
+            "--debounce-after",
+            "0s",
+            "--workload-entry-grace-period",
+            "200ms",
+        ],
+    )
+    .await;
+    let legacy = "outbound|8080||legacy.bookinfo.svc.cluster.local";
+    let mut watcher = AdsClient::connect(mp.xds_addr).await.unwrap();
+    clusters(&mut watcher, SIDECAR).await;
+    assert_eq!(
+        assignments(&mut watcher, &[legacy]).await[legacy],
+        ["10.9.0.1:8080"]
+    );
+
+    let (chain, key) = mp
+        .ca
+        .issue_workload(
+            &meshpilot::security::identity::Identity::new("cluster.local", "bookinfo", "legacy"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    let channel = tls_channel(
+        mp.secure_xds_addr,
+        mp.ca.root_pem(),
+        Some((&chain.concat(), &key)),
+    )
+    .await
+    .unwrap();
+    let mut vm = AdsClient::over(channel).await.unwrap();
+    vm.request(DiscoveryRequest {
+        node: Some(node(
+            "sidecar~10.60.0.5~vm-1.bookinfo~bookinfo.svc.cluster.local",
+            &[
+                ("AUTO_REGISTER_GROUP", "vms"),
+                ("SERVICE_ACCOUNT", "legacy"),
+            ],
+        )),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    vm.response(BOUND).await;
+    let with_vm = next_push(&mut watcher, "the VM in the entry's endpoints", |r| {
+        if r.type_url != EDS {
+            return None;
+        }
+        let cla = r
+            .resources
+            .iter()
+            .map(|a| ClusterLoadAssignment::decode(&a.value[..]).unwrap())
+            .find(|c| c.cluster_name == legacy)?;
+        let seen = addresses(&cla);
+        (seen.len() == 2).then_some(seen)
+    })
+    .await;
+    assert_eq!(with_vm, ["10.60.0.5:8081", "10.9.0.1:8080"]);
+    let configz = get_json(mp.http_addr, "/debug/configz").await;
+    assert!(
+        configz.to_string().contains("vms-10-60-0-5"),
+        "the registered WorkloadEntry is listed: {configz}"
+    );
+
+    drop(vm);
+    let without = next_push(&mut watcher, "the VM gone after the grace period", |r| {
+        if r.type_url != EDS {
+            return None;
+        }
+        let cla = r
+            .resources
+            .iter()
+            .map(|a| ClusterLoadAssignment::decode(&a.value[..]).unwrap())
+            .find(|c| c.cluster_name == legacy)?;
+        let seen = addresses(&cla);
+        (seen.len() == 1).then_some(seen)
+    })
+    .await;
+    assert_eq!(without, ["10.9.0.1:8080"]);
+}

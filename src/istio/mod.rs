@@ -155,6 +155,10 @@ pub enum Origin {
         cluster: String,
         resource_version: String,
     },
+    /// A WorkloadEntry meshpilot made for a proxy that registered into a WorkloadGroup.
+    AutoRegistered {
+        proxy: String,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -165,6 +169,7 @@ impl fmt::Display for Origin {
                 cluster,
                 resource_version,
             } => write!(f, "cluster {cluster}, resourceVersion {resource_version}"),
+            Origin::AutoRegistered { proxy } => write!(f, "registered by proxy {proxy}"),
         }
     }
 }

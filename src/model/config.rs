@@ -18,12 +18,14 @@ use crate::istio::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConfigSource {
+    /// WorkloadEntries of proxies registered into WorkloadGroups.
+    AutoRegistration,
     Files,
     ConfigCluster,
 }
 
 impl ConfigSource {
-    const ALL: [ConfigSource; 2] = [Self::Files, Self::ConfigCluster];
+    const ALL: [ConfigSource; 3] = [Self::AutoRegistration, Self::Files, Self::ConfigCluster];
 
     fn index(self) -> usize {
         self as usize
@@ -50,7 +52,7 @@ pub struct Refusal {
 pub struct ConfigStore {
     /// Completes short hosts (`reviews` in namespace `shop` → `reviews.shop.svc.<suffix>`).
     domain_suffix: Arc<str>,
-    layers: [imbl::OrdMap<ConfigKey, Arc<ConfigObject>>; 2],
+    layers: [imbl::OrdMap<ConfigKey, Arc<ConfigObject>>; ConfigSource::ALL.len()],
     merged: imbl::OrdMap<ConfigKey, Arc<ConfigObject>>,
     /// Per source, per unit (a file path, or an object's key): what was refused.
     refusals: imbl::OrdMap<(ConfigSource, String), Arc<[Refusal]>>,

@@ -4,6 +4,7 @@
 //! [`ClusterRegistry::apply`]; the registry works out which services they touch, converts only those,
 //! writes the cluster's shard of the model and emits one [`Change`] per batch.
 
+pub mod auto_registration;
 mod convert;
 pub mod objects;
 pub mod service_entries;

@@ -33,7 +33,7 @@ const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
 /// Which pseudo-cluster (and shard) an object's services go under: its config source.
 fn source_cluster(object: &ConfigObject) -> ClusterId {
     match &object.meta.origin {
-        Origin::File { .. } => ClusterId::new(FILES_CLUSTER),
+        Origin::File { .. } | Origin::AutoRegistered { .. } => ClusterId::new(FILES_CLUSTER),
         Origin::Kubernetes { cluster, .. } => ClusterId::new(cluster),
     }
 }

@@ -57,6 +57,8 @@ pub struct Proxy {
     pub generator: Generator,
     pub requested_network_view: Vec<String>,
     pub locality: Locality,
+    /// The WorkloadGroup (in the proxy's namespace) a VM's proxy registers itself into.
+    pub auto_register_group: Option<String>,
 }
 
 impl Proxy {
@@ -143,6 +145,7 @@ impl Proxy {
                 })
                 .unwrap_or_default(),
             locality,
+            auto_register_group: meta.string("AUTO_REGISTER_GROUP").filter(|g| !g.is_empty()),
         })
     }
 }

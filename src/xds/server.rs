@@ -32,6 +32,7 @@ use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use super::wire::AdsCodec;
 use crate::metrics::XdsMetrics;
 use crate::model::{Audience, Change, Hostname, Mesh};
+use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::{Authenticator, Credentials};
 
 const SOTW_PATH: &str =
@@ -65,6 +66,7 @@ impl Default for XdsOptions {
 
 pub struct XdsServer {
     mesh: Arc<Mesh>,
+    auto_registration: std::sync::OnceLock<Arc<AutoRegistration>>,
     push_log: PushLog,
     ready: Readiness,
     cache: ResourceCache,
@@ -139,6 +141,7 @@ impl XdsServer {
     ) -> Arc<Self> {
         Arc::new(Self {
             mesh,
+            auto_registration: Default::default(),
             push_log: PushLog::default(),
             ready,
             cache: ResourceCache::default(),
@@ -153,6 +156,15 @@ impl XdsServer {
 
     pub fn cache(&self) -> &ResourceCache {
         &self.cache
+    }
+
+    /// Turns on WorkloadGroup auto-registration for proxies on the secure port (once).
+    pub fn set_auto_registration(&self, registration: Arc<AutoRegistration>) {
+        let _ = self.auto_registration.set(registration);
+    }
+
+    pub(super) fn auto_registration(&self) -> Option<Arc<AutoRegistration>> {
+        self.auto_registration.get().cloned()
     }
 
     pub fn mesh(&self) -> &Arc<Mesh> {

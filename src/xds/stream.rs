@@ -22,6 +22,8 @@ use super::proxy::Proxy;
 use super::push::PushRequest;
 use super::server::{Connection, NodeOf, Registered, XdsServer};
 use super::session::{Answer, Reply, Session};
+use crate::istio::ConfigKey;
+use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::{Authenticator, Credentials};
 
 /// Encoded responses a stream may have queued for transmission.
@@ -93,6 +95,7 @@ pub async fn serve<Req: NodeOf>(
             return;
         }
     };
+    let authenticated = auth.is_some();
     if let Some((authn, credentials)) = auth {
         if let Err(status) = super::server::authorize(&authn, &credentials, &proxy).await {
             warn!(proxy = %proxy.id, %status, "refusing xDS stream");
@@ -100,6 +103,18 @@ pub async fn serve<Req: NodeOf>(
             return;
         }
     }
+    // A WorkloadGroup member is registered before its first response, so that response has it;
+    // only over the secure port, where the proxy proved who it is.
+    let _registration = match (server.auto_registration(), &proxy.auto_register_group) {
+        (Some(registry), Some(_)) if authenticated => registry
+            .connected(&proxy)
+            .map(|key| Registration { registry, key }),
+        (_, Some(group)) => {
+            warn!(proxy = %proxy.id, group, "auto-registration needs the secure xDS port; not registered");
+            None
+        }
+        _ => None,
+    };
     let registered = server.connect(proxy, delta);
     let session = new_session(server.clone(), registered.conn().clone());
     Stream {
@@ -110,6 +125,18 @@ pub async fn serve<Req: NodeOf>(
     }
     .run(first, requests)
     .await;
+}
+
+/// An auto-registered WorkloadEntry, released when the stream ends.
+struct Registration {
+    registry: Arc<AutoRegistration>,
+    key: ConfigKey,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.disconnected(self.key.clone());
+    }
 }
 
 /// What wakes a stream.
