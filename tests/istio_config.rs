@@ -713,3 +713,48 @@ async fn a_vm_registers_into_its_workload_group() {
     .await;
     assert_eq!(without, ["10.9.0.1:8080"]);
 }
+
+/// Without `--mesh-config`, the config cluster's `istio` ConfigMap is the mesh config: a change of
+/// its `mesh` key reaches proxies, a broken one is refused and the last good one kept.
+#[tokio::test]
+async fn mesh_config_from_the_istio_configmap() {
+    let configmap = |mesh: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: istio, namespace: istio-system}}\ndata:\n  mesh: |\n    {mesh}\n")
+    };
+    let f = Fixture::start(Source::ConfigCluster, &[]).await;
+    let api = f.api.as_ref().unwrap();
+    api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
+    api.apply_yaml(&configmap("outboundTrafficPolicy: {mode: REGISTRY_ONLY}"));
+    let admin = f.mp.http_addr;
+    wait_for("REGISTRY_ONLY from the ConfigMap", BOUND, || async move {
+        let mesh = get_json(admin, "/debug/mesh").await;
+        (mesh["meshConfig"]["outboundTrafficPolicy"]["mode"] == "REGISTRY_ONLY").then_some(())
+    })
+    .await;
+    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[("CLUSTER_ID", "cluster1")])),
+        type_url: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration".into(),
+        resource_names: vec!["9080".into()],
+        ..Default::default()
+    });
+    let r = ads.response(BOUND).await;
+    let routes = envoy_types::pb::envoy::config::route::v3::RouteConfiguration::decode(
+        &r.resources[0].value[..],
+    )
+    .unwrap();
+    assert_eq!(routes.virtual_hosts.last().unwrap().name, "block_all");
+
+    api.apply_yaml(&configmap("connectTimeout: never"));
+    let error = wait_for("the broken mesh config refused", BOUND, || async move {
+        let mesh = get_json(admin, "/debug/mesh").await;
+        mesh["last_error"].as_str().map(str::to_string)
+    })
+    .await;
+    assert!(error.contains("connectTimeout"), "{error}");
+    let mesh = get_json(admin, "/debug/mesh").await;
+    assert_eq!(
+        mesh["meshConfig"]["outboundTrafficPolicy"]["mode"], "REGISTRY_ONLY",
+        "the last good one stays"
+    );
+}
