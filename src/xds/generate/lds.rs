@@ -14,21 +14,18 @@ use envoy_types::pb::envoy::config::listener::v3::{
     ListenerFilter,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{
-        ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails,
-    },
-    http_filter, HttpConnectionManager, HttpFilter, Rds,
+    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
-use super::cds::{self, inbound_cluster, INBOUND_PASSTHROUGH};
-use super::rds::{grpc_route_name, inbound_route};
-use super::{ads, grpc_target, outbound_cluster, socket, tls, Generation};
+use super::cds;
+use super::inbound;
+use super::rds::grpc_route_name;
+use super::{ads, grpc_target, outbound_cluster, socket, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -40,7 +37,6 @@ pub const VIRTUAL_INBOUND: &str = "virtualInbound";
 pub const EAST_WEST: &str = "0.0.0.0_15443";
 const EAST_WEST_PORT: u16 = 15443;
 const OUTBOUND_PORT: u16 = 15001;
-const INBOUND_PORT: u16 = 15006;
 
 /// The listeners every proxy of this kind (and cluster) shares, assembled once per model version.
 pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
@@ -125,7 +121,10 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 ))
             },
         ),
-        VIRTUAL_INBOUND => Some(Arc::new(Resource::encode(name, &virtual_inbound(g)))),
+        VIRTUAL_INBOUND => Some(Arc::new(Resource::encode(
+            name,
+            &inbound::virtual_inbound(g),
+        ))),
         _ => {
             let port: u16 = name.strip_prefix("0.0.0.0_")?.parse().ok()?;
             let cluster = g
@@ -251,76 +250,6 @@ pub(super) fn vips_for(g: &Generation<'_>, service: &Service) -> Vec<String> {
         .collect()
 }
 
-fn virtual_inbound(g: &Generation<'_>) -> Listener {
-    // PERMISSIVE, as Istio's default: per port one chain for mTLS (client certificate required) and
-    // one for plaintext, told apart by the TLS inspector.
-    let mut filter_chains: Vec<FilterChain> = Vec::new();
-    for (port, protocol) in g.inbound_ports() {
-        let cluster = inbound_cluster(port);
-        for mtls in [true, false] {
-            let filter = if protocol.is_http() {
-                let route = inbound_route(port, &cluster);
-                let mut hcm = hcm(
-                    &format!("inbound_0.0.0.0_{port}"),
-                    RouteSpecifier::RouteConfig(route),
-                );
-                // The application learns the caller's verified identity, as with Istio (XFCC).
-                hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
-                hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
-                    uri: true,
-                    ..Default::default()
-                });
-                network_filter(
-                    "envoy.filters.network.http_connection_manager",
-                    pack_any(hcm),
-                )
-            } else {
-                tcp_proxy_filter(&cluster, &cluster)
-            };
-            filter_chains.push(FilterChain {
-                name: format!("{cluster}{}", if mtls { "-mtls" } else { "-plaintext" }),
-                filter_chain_match: Some(FilterChainMatch {
-                    destination_port: Some(UInt32Value {
-                        value: u32::from(port),
-                    }),
-                    transport_protocol: if mtls { "tls" } else { "raw_buffer" }.to_string(),
-                    ..Default::default()
-                }),
-                filters: vec![filter],
-                transport_socket: mtls.then(tls::inbound_socket),
-                ..Default::default()
-            });
-        }
-    }
-    filter_chains.push(FilterChain {
-        name: "virtualInbound-catchall-tcp".to_string(),
-        filters: vec![tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
-        ..Default::default()
-    });
-    let listener_filter = |name: &str, config| ListenerFilter {
-        name: name.to_string(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
-        ..Default::default()
-    };
-    Listener {
-        name: VIRTUAL_INBOUND.to_string(),
-        address: Some(socket("0.0.0.0", INBOUND_PORT)),
-        listener_filters: vec![
-            listener_filter(
-                "envoy.filters.listener.original_dst",
-                pack_any(OriginalDst::default()),
-            ),
-            listener_filter(
-                "envoy.filters.listener.tls_inspector",
-                pack_any(TlsInspector::default()),
-            ),
-        ],
-        filter_chains,
-        traffic_direction: TrafficDirection::Inbound as i32,
-        ..Default::default()
-    }
-}
-
 /// The east-west gateway: mTLS from other networks arrives here and is routed by its SNI
 /// (`outbound_.<port>_._.<hostname>`) to that service's endpoints in this network, still encrypted
 /// end to end: the gateway never terminates it.
@@ -375,7 +304,7 @@ fn rds(route_name: &str) -> RouteSpecifier {
     })
 }
 
-fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
+pub(super) fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
     HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(routes),
@@ -397,14 +326,14 @@ fn hcm_filter(stat_prefix: &str, routes: RouteSpecifier) -> Filter {
     )
 }
 
-fn network_filter(name: &str, config: envoy_types::pb::google::protobuf::Any) -> Filter {
+pub(super) fn network_filter(name: &str, config: envoy_types::pb::google::protobuf::Any) -> Filter {
     Filter {
         name: name.to_string(),
         config_type: Some(filter::ConfigType::TypedConfig(config)),
     }
 }
 
-fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
+pub(super) fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
     let proxy = TcpProxy {
         stat_prefix: stat_prefix.to_string(),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),

@@ -6,6 +6,7 @@
 
 mod cds;
 mod eds;
+mod inbound;
 mod lds;
 mod locality;
 mod policy;
