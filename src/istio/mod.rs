@@ -5,9 +5,11 @@
 
 pub mod destination_rule;
 pub mod duration;
+pub mod gateway;
 pub mod mesh;
 pub mod service_entry;
 mod validate;
+pub mod virtual_service;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,6 +20,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use destination_rule::DestinationRule;
+pub use gateway::Gateway;
+pub use virtual_service::VirtualService;
 pub use mesh::MeshConfig;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use validate::ValidationError;
@@ -192,6 +196,8 @@ pub enum Spec {
     WorkloadEntry(WorkloadEntry),
     WorkloadGroup(WorkloadGroup),
     DestinationRule(Box<DestinationRule>),
+    VirtualService(Box<VirtualService>),
+    Gateway(Box<Gateway>),
     /// Kinds stored and listed now, read by later features: validated as an object only.
     Untyped(serde_json::Value),
 }
@@ -278,6 +284,10 @@ impl ConfigObject {
             ConfigKind::DestinationRule => {
                 Spec::DestinationRule(Box::new(typed(spec_value).map_err(invalid)?))
             }
+            ConfigKind::VirtualService => {
+                Spec::VirtualService(Box::new(typed(spec_value).map_err(invalid)?))
+            }
+            ConfigKind::Gateway => Spec::Gateway(Box::new(typed(spec_value).map_err(invalid)?)),
             _ => Spec::Untyped(spec_value),
         };
         let object = Self {
@@ -295,6 +305,8 @@ impl ConfigObject {
             Spec::WorkloadEntry(we) => we.validate_standalone(),
             Spec::WorkloadGroup(wg) => wg.validate(),
             Spec::DestinationRule(dr) => dr.validate(),
+            Spec::VirtualService(vs) => vs.validate(),
+            Spec::Gateway(gw) => gw.validate(),
             Spec::Untyped(_) => Ok(()),
         }
     }
@@ -314,6 +326,7 @@ impl ConfigObject {
         match &self.spec {
             Spec::ServiceEntry(se) => &se.export_to,
             Spec::DestinationRule(dr) => &dr.export_to,
+            Spec::VirtualService(vs) => &vs.export_to,
             _ => &[],
         }
     }

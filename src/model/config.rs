@@ -65,9 +65,14 @@ pub struct ConfigStore {
 
 /// Indexes derived from the accepted objects.
 #[derive(Debug, Default)]
-struct Derived {
+pub(super) struct Derived {
     /// DestinationRules by namespace, oldest first (istiod's order for merging).
     destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// VirtualServices and Gateways, oldest first.
+    pub(super) virtual_services: Vec<Arc<ConfigObject>>,
+    pub(super) gateways: Vec<Arc<ConfigObject>>,
+    /// Whether some VirtualService matches on the client's labels.
+    pub(super) source_labels_used: bool,
 }
 
 /// What applying changes did.
@@ -184,7 +189,10 @@ impl ConfigStore {
         let mesh_wide = *key.namespace == *self.mesh.root_namespace
             || matches!(
                 key.kind,
-                ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry | ConfigKind::WorkloadGroup
+                ConfigKind::ServiceEntry
+                    | ConfigKind::WorkloadEntry
+                    | ConfigKind::WorkloadGroup
+                    | ConfigKind::Gateway
             );
         let export_to = match object.export_to() {
             [] => self.default_export_to(key.kind),
@@ -241,10 +249,15 @@ impl ConfigStore {
         self.mesh_version
     }
 
-    /// Moves whenever a DestinationRule or the mesh config changes: what clusters and assignments
-    /// depend on beyond the services.
+    /// Moves whenever a DestinationRule, VirtualService, Gateway or the mesh config changes: what
+    /// clusters, routes, listeners and assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
-        self.versions[ConfigKind::DestinationRule.index()] + self.mesh_version
+        let kinds = [
+            ConfigKind::DestinationRule,
+            ConfigKind::VirtualService,
+            ConfigKind::Gateway,
+        ];
+        kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
     }
 
     /// Bumped whenever an object of `kind` changes.
@@ -276,7 +289,7 @@ impl ConfigStore {
             .flat_map(|((source, _), list)| list.iter().map(move |r| (*source, r)))
     }
 
-    fn derived(&self) -> &Derived {
+    pub(super) fn derived(&self) -> &Derived {
         self.derived.get_or_init(|| {
             let mut destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
             for dr in self.of_kind(ConfigKind::DestinationRule) {
@@ -286,12 +299,29 @@ impl ConfigStore {
                     .push(dr.clone());
             }
             for rules in destination_rules.values_mut() {
-                rules.sort_by(|a, b| {
-                    (a.meta.creation_timestamp.as_deref(), &a.key)
-                        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
-                });
+                rules.sort_by(oldest_first);
             }
-            Derived { destination_rules }
+            let sorted = |kind| {
+                let mut all: Vec<Arc<ConfigObject>> = self.of_kind(kind).cloned().collect();
+                all.sort_by(oldest_first);
+                all
+            };
+            let virtual_services = sorted(ConfigKind::VirtualService);
+            let source_labels_used = virtual_services.iter().any(|o| match &o.spec {
+                Spec::VirtualService(vs) => {
+                    let http = vs.http.iter().flat_map(|r| &r.matches);
+                    http.clone().any(|m| !m.source_labels.is_empty())
+                        || vs.tcp.iter().flat_map(|r| &r.matches).any(|m| !m.source_labels.is_empty())
+                        || vs.tls.iter().flat_map(|r| &r.matches).any(|m| !m.source_labels.is_empty())
+                }
+                _ => false,
+            });
+            Derived {
+                destination_rules,
+                virtual_services,
+                gateways: sorted(ConfigKind::Gateway),
+                source_labels_used,
+            }
         })
     }
 
@@ -352,7 +382,7 @@ impl ConfigStore {
         Some(Arc::new(merged))
     }
 
-    fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
+    pub(super) fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
         if *object.key.namespace == *proxy_ns {
             return true;
         }
@@ -362,6 +392,11 @@ impl ConfigStore {
         };
         export_to.iter().any(|e| e == "*" || *e == *proxy_ns)
     }
+}
+
+/// istiod's order for merging config of one kind: by creation time, then namespace and name.
+fn oldest_first(a: &Arc<ConfigObject>, b: &Arc<ConfigObject>) -> std::cmp::Ordering {
+    (a.meta.creation_timestamp.as_deref(), &a.key).cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
 }
 
 /// The DestinationRule that applies, merged from one or more objects.

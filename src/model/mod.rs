@@ -6,12 +6,14 @@
 mod config;
 mod endpoint;
 mod networks;
+mod routing;
 mod service;
 mod services;
 mod shards;
 
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
+pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;

@@ -11,6 +11,7 @@ mod lds;
 mod locality;
 mod policy;
 mod rds;
+mod routes;
 pub mod tls;
 
 use std::collections::{BTreeSet, HashMap};
