@@ -66,10 +66,16 @@ const PROTOCOLS: &[&str] = &[
 
 impl Gateway {
     pub fn validate(&self) -> Result {
-        ensure(!self.servers.is_empty(), "servers", "at least one server is required")?;
+        ensure(
+            !self.servers.is_empty(),
+            "servers",
+            "at least one server is required",
+        )?;
         validate::labels("selector", &self.selector)?;
         for (i, server) in self.servers.iter().enumerate() {
-            server.validate().map_err(|e| e.under(&format!("servers[{i}]")))?;
+            server
+                .validate()
+                .map_err(|e| e.under(&format!("servers[{i}]")))?;
         }
         Ok(())
     }
@@ -88,7 +94,11 @@ impl Server {
             "port.protocol",
             format!("unknown protocol {:?}", self.port.protocol),
         )?;
-        ensure(!self.hosts.is_empty(), "hosts", "at least one host is required")?;
+        ensure(
+            !self.hosts.is_empty(),
+            "hosts",
+            "at least one host is required",
+        )?;
         for (i, host) in self.hosts.iter().enumerate() {
             // `<namespace>/<host>`: the namespace part is `*`, `.` or a name.
             let dns = host.rsplit_once('/').map_or(host.as_str(), |(_, h)| h);
@@ -103,13 +113,19 @@ impl Server {
             ),
             Some(tls) if tls.https_redirect && !tls_protocol => Ok(()),
             Some(tls) => {
-                let terminates = matches!(tls.mode, ServerTlsMode::Simple | ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual);
+                let terminates = matches!(
+                    tls.mode,
+                    ServerTlsMode::Simple | ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual
+                );
                 if terminates {
                     let files = !tls.server_certificate.is_empty() && !tls.private_key.is_empty();
                     ensure(
                         files || !tls.credential_name.is_empty(),
                         "tls",
-                        format!("mode {:?} needs credentialName, or serverCertificate and privateKey", tls.mode),
+                        format!(
+                            "mode {:?} needs credentialName, or serverCertificate and privateKey",
+                            tls.mode
+                        ),
                     )?;
                 }
                 Ok(())
@@ -154,9 +170,10 @@ servers:
 
     #[test]
     fn refusals_name_the_field() {
-        let e = gw("servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [a.com]}]")
-            .validate()
-            .unwrap_err();
+        let e =
+            gw("servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [a.com]}]")
+                .validate()
+                .unwrap_err();
         assert_eq!(e.field, "servers[0].tls");
         let e = gw("servers: [{port: {number: 443, name: x, protocol: HTTPS}, hosts: [a.com], tls: {mode: SIMPLE}}]")
             .validate()

@@ -21,10 +21,10 @@ use thiserror::Error;
 
 pub use destination_rule::DestinationRule;
 pub use gateway::Gateway;
-pub use virtual_service::VirtualService;
 pub use mesh::MeshConfig;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use validate::ValidationError;
+pub use virtual_service::VirtualService;
 
 /// An Istio resource kind meshpilot stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

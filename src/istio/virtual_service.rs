@@ -318,7 +318,11 @@ impl VirtualService {
 }
 
 fn validate_destinations(route: &[RouteDestination], field: &str) -> Result {
-    ensure(!route.is_empty(), field, "at least one destination is required")?;
+    ensure(
+        !route.is_empty(),
+        field,
+        "at least one destination is required",
+    )?;
     for (i, d) in route.iter().enumerate() {
         validate_destination(&d.destination, &format!("{field}[{i}].destination"))?;
     }
@@ -365,7 +369,11 @@ impl HttpRoute {
             if let Some(port) = m.port {
                 validate::port(&format!("match[{i}].port"), port)?;
             }
-            for (field, value) in [("uri", &m.uri), ("method", &m.method), ("authority", &m.authority)] {
+            for (field, value) in [
+                ("uri", &m.uri),
+                ("method", &m.method),
+                ("authority", &m.authority),
+            ] {
                 if let Some(StringMatch::Regex(re)) = value {
                     ensure(
                         regex_ok(re),
@@ -376,7 +384,11 @@ impl HttpRoute {
             }
         }
         if let Some(retries) = &self.retries {
-            ensure(retries.attempts >= 0, "retries.attempts", "must not be negative")?;
+            ensure(
+                retries.attempts >= 0,
+                "retries.attempts",
+                "must not be negative",
+            )?;
         }
         if let Some(fault) = &self.fault {
             if let Some(abort) = &fault.abort {
@@ -388,8 +400,14 @@ impl HttpRoute {
                 )?;
             }
             for (field, percentage) in [
-                ("fault.delay.percentage", fault.delay.as_ref().and_then(|d| d.percentage)),
-                ("fault.abort.percentage", fault.abort.as_ref().and_then(|a| a.percentage)),
+                (
+                    "fault.delay.percentage",
+                    fault.delay.as_ref().and_then(|d| d.percentage),
+                ),
+                (
+                    "fault.abort.percentage",
+                    fault.abort.as_ref().and_then(|a| a.percentage),
+                ),
             ] {
                 ensure(
                     percentage.is_none_or(|p| (0.0..=100.0).contains(&p.value)),
@@ -441,9 +459,10 @@ http:
 
     #[test]
     fn refusals_name_the_field() {
-        let e = vs("hosts: [r]\nhttp: [{route: [{destination: {host: r}}, {destination: {host: r}}]}]")
-            .validate()
-            .unwrap_err();
+        let e =
+            vs("hosts: [r]\nhttp: [{route: [{destination: {host: r}}, {destination: {host: r}}]}]")
+                .validate()
+                .unwrap_err();
         assert_eq!(e.field, "http[0].route");
         let e = vs("hosts: [r]\nhttp: [{match: [{uri: {regex: '(unclosed'}}], route: [{destination: {host: r}}]}]")
             .validate()

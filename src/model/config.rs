@@ -311,8 +311,16 @@ impl ConfigStore {
                 Spec::VirtualService(vs) => {
                     let http = vs.http.iter().flat_map(|r| &r.matches);
                     http.clone().any(|m| !m.source_labels.is_empty())
-                        || vs.tcp.iter().flat_map(|r| &r.matches).any(|m| !m.source_labels.is_empty())
-                        || vs.tls.iter().flat_map(|r| &r.matches).any(|m| !m.source_labels.is_empty())
+                        || vs
+                            .tcp
+                            .iter()
+                            .flat_map(|r| &r.matches)
+                            .any(|m| !m.source_labels.is_empty())
+                        || vs
+                            .tls
+                            .iter()
+                            .flat_map(|r| &r.matches)
+                            .any(|m| !m.source_labels.is_empty())
                 }
                 _ => false,
             });
@@ -396,7 +404,8 @@ impl ConfigStore {
 
 /// istiod's order for merging config of one kind: by creation time, then namespace and name.
 fn oldest_first(a: &Arc<ConfigObject>, b: &Arc<ConfigObject>) -> std::cmp::Ordering {
-    (a.meta.creation_timestamp.as_deref(), &a.key).cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
+    (a.meta.creation_timestamp.as_deref(), &a.key)
+        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
 }
 
 /// The DestinationRule that applies, merged from one or more objects.

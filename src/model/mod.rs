@@ -13,8 +13,8 @@ mod shards;
 
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
-pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
+pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};

@@ -31,10 +31,13 @@ pub struct BoundGateway {
 
 impl ConfigStore {
     fn virtual_services(&self) -> impl Iterator<Item = (&Arc<ConfigObject>, &VirtualService)> {
-        self.derived().virtual_services.iter().filter_map(|o| match &o.spec {
-            Spec::VirtualService(vs) => Some((o, &**vs)),
-            _ => None,
-        })
+        self.derived()
+            .virtual_services
+            .iter()
+            .filter_map(|o| match &o.spec {
+                Spec::VirtualService(vs) => Some((o, &**vs)),
+                _ => None,
+            })
     }
 
     /// Whether some VirtualService routes by the client's labels (routes then depend on them).
@@ -46,7 +49,9 @@ impl ConfigStore {
     pub fn mesh_routes(&self, proxy_ns: &str, host: &str) -> Option<HostRoutes> {
         let candidates: Vec<(&Arc<ConfigObject>, &VirtualService, usize)> = self
             .virtual_services()
-            .filter(|(o, vs)| vs.for_mesh() && !vs.hosts.is_empty() && self.exported_to(o, proxy_ns))
+            .filter(|(o, vs)| {
+                vs.for_mesh() && !vs.hosts.is_empty() && self.exported_to(o, proxy_ns)
+            })
             .filter_map(|(o, vs)| {
                 let best = vs
                     .hosts
@@ -135,8 +140,7 @@ impl ConfigStore {
                 _ => None,
             })
             .filter(|(_, gw)| {
-                !gw.selector.is_empty()
-                    && gw.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+                !gw.selector.is_empty() && gw.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
             })
             .map(|(object, gateway)| {
                 let full = format!("{}/{}", object.key.namespace, object.key.name);
@@ -225,7 +229,13 @@ mod tests {
     use crate::istio::Origin;
     use crate::model::{ConfigChange, ConfigSource};
 
-    fn object(kind: &str, ns: &str, name: &str, spec: serde_json::Value, created: &str) -> Arc<ConfigObject> {
+    fn object(
+        kind: &str,
+        ns: &str,
+        name: &str,
+        spec: serde_json::Value,
+        created: &str,
+    ) -> Arc<ConfigObject> {
         let value = serde_json::json!({
             "apiVersion": "networking.istio.io/v1",
             "kind": kind,
@@ -271,7 +281,10 @@ mod tests {
             .map(|r| r.route[0].destination.host.as_str())
             .collect();
         assert_eq!(dests, [HOST, "reviews-b.shop.svc.cluster.local"]);
-        assert!(s.mesh_routes("shop", "x.svc.cluster.local").is_some(), "the wildcard");
+        assert!(
+            s.mesh_routes("shop", "x.svc.cluster.local").is_some(),
+            "the wildcard"
+        );
     }
 
     #[test]
@@ -291,7 +304,10 @@ mod tests {
         assert_eq!(routes.keys.len(), 2);
         let m = &routes.http[0].matches[0];
         assert!(m.uri.is_some() && m.headers.contains_key("x"));
-        assert_eq!(routes.http[0].route[0].destination.host, "v2.shop.svc.cluster.local");
+        assert_eq!(
+            routes.http[0].route[0].destination.host,
+            "v2.shop.svc.cluster.local"
+        );
     }
 
     #[test]

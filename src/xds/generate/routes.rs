@@ -4,8 +4,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::config::core::v3::{
-    header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption, RuntimeFractionalPercent,
+    header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption,
+    RuntimeFractionalPercent,
 };
 use envoy_types::pb::envoy::config::route::v3::redirect_action::{
     PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier,
@@ -13,11 +15,10 @@ use envoy_types::pb::envoy::config::route::v3::redirect_action::{
 use envoy_types::pb::envoy::config::route::v3::route_action::RequestMirrorPolicy;
 use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
 use envoy_types::pb::envoy::config::route::v3::{
-    header_matcher, query_parameter_matcher, route, route_action, route_match, DirectResponseAction,
-    HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route, RouteAction,
-    RouteMatch, WeightedCluster,
+    header_matcher, query_parameter_matcher, route, route_action, route_match,
+    DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
+    RouteAction, RouteMatch, WeightedCluster,
 };
-use envoy_types::pb::envoy::config::core::v3::{data_source, DataSource};
 use envoy_types::pb::envoy::extensions::filters::common::fault::v3::{
     fault_delay::FaultDelaySecifier, FaultDelay,
 };
@@ -98,7 +99,11 @@ fn route_match(ctx: &RouteContext<'_, '_>, m: &HttpMatch) -> Option<RouteMatch> 
         return None;
     }
     let proxy = &ctx.g.proxy;
-    if !m.source_labels.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)) {
+    if !m
+        .source_labels
+        .iter()
+        .all(|(k, v)| proxy.labels.get(k) == Some(v))
+    {
         return None;
     }
     if !m.source_namespace.is_empty() && *m.source_namespace != *proxy.namespace {
@@ -107,7 +112,10 @@ fn route_match(ctx: &RouteContext<'_, '_>, m: &HttpMatch) -> Option<RouteMatch> 
     if !m.gateways.is_empty() {
         let here = ctx.gateway.unwrap_or("mesh");
         let applies = m.gateways.iter().any(|g| {
-            g == here || ctx.gateway.is_some_and(|gw| gw.rsplit('/').next() == Some(g.as_str()))
+            g == here
+                || ctx
+                    .gateway
+                    .is_some_and(|gw| gw.rsplit('/').next() == Some(g.as_str()))
         });
         if !applies {
             return None;
@@ -133,7 +141,11 @@ fn route_match(ctx: &RouteContext<'_, '_>, m: &HttpMatch) -> Option<RouteMatch> 
         }
     }
     headers.extend(m.headers.iter().map(|(n, v)| header_matcher(n, v, false)));
-    headers.extend(m.without_headers.iter().map(|(n, v)| header_matcher(n, v, true)));
+    headers.extend(
+        m.without_headers
+            .iter()
+            .map(|(n, v)| header_matcher(n, v, true)),
+    );
     let query_parameters = m
         .query_params
         .iter()
@@ -207,10 +219,14 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
     if let Some(direct) = &route.direct_response {
         return route::Action::DirectResponse(DirectResponseAction {
             status: direct.status,
-            body: direct.body.as_ref().and_then(|b| b.string.clone()).map(|text| DataSource {
-                specifier: Some(data_source::Specifier::InlineString(text)),
-                ..Default::default()
-            }),
+            body: direct
+                .body
+                .as_ref()
+                .and_then(|b| b.string.clone())
+                .map(|text| DataSource {
+                    specifier: Some(data_source::Specifier::InlineString(text)),
+                    ..Default::default()
+                }),
             ..Default::default()
         });
     }
@@ -261,10 +277,13 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
             .collect(),
         ..Default::default()
     };
-    if let Some(authority) = rewrite.map(|r| r.authority.as_str()).filter(|a| !a.is_empty()) {
-        action.host_rewrite_specifier = Some(route_action::HostRewriteSpecifier::HostRewriteLiteral(
-            authority.to_string(),
-        ));
+    if let Some(authority) = rewrite
+        .map(|r| r.authority.as_str())
+        .filter(|a| !a.is_empty())
+    {
+        action.host_rewrite_specifier = Some(
+            route_action::HostRewriteSpecifier::HostRewriteLiteral(authority.to_string()),
+        );
     }
     route::Action::Route(action)
 }
@@ -298,7 +317,10 @@ pub fn retry_policy(route: &HttpRoute) -> Option<RetryPolicy> {
         .map(|r| r.retry_on.as_str())
         .filter(|r| !r.is_empty())
         .unwrap_or(DEFAULT_RETRY_ON);
-    let codes: Vec<u32> = retry_on.split(',').filter_map(|c| c.trim().parse().ok()).collect();
+    let codes: Vec<u32> = retry_on
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
     let conditions: Vec<&str> = retry_on
         .split(',')
         .map(str::trim)
@@ -313,7 +335,9 @@ pub fn retry_policy(route: &HttpRoute) -> Option<RetryPolicy> {
         num_retries: Some(UInt32Value {
             value: retries.map_or(2, |r| r.attempts.unsigned_abs()),
         }),
-        per_try_timeout: retries.and_then(|r| r.per_try_timeout).map(|d| d.to_proto()),
+        per_try_timeout: retries
+            .and_then(|r| r.per_try_timeout)
+            .map(|d| d.to_proto()),
         retriable_status_codes: if codes.is_empty() && retries.is_none() {
             vec![503]
         } else {
@@ -333,10 +357,14 @@ fn per_filter_config(route: &HttpRoute) -> HashMap<String, Any> {
     if let Some(fault) = &route.fault {
         let delay = fault.delay.as_ref().and_then(|d| {
             Some(FaultDelay {
-                fault_delay_secifier: Some(FaultDelaySecifier::FixedDelay(d.fixed_delay?.to_proto())),
+                fault_delay_secifier: Some(FaultDelaySecifier::FixedDelay(
+                    d.fixed_delay?.to_proto(),
+                )),
                 percentage: Some(match (d.percentage, d.percent) {
                     (Some(p), _) => fraction(p),
-                    (None, Some(p)) => fraction(Percent { value: f64::from(p) }),
+                    (None, Some(p)) => fraction(Percent {
+                        value: f64::from(p),
+                    }),
                     (None, None) => fraction(Percent { value: 100.0 }),
                 }),
                 ..Default::default()
@@ -406,7 +434,12 @@ fn grpc_code(name: &str) -> u32 {
     ];
     name.parse()
         .ok()
-        .or_else(|| NAMES.iter().position(|n| n.eq_ignore_ascii_case(name)).map(|i| i as u32))
+        .or_else(|| {
+            NAMES
+                .iter()
+                .position(|n| n.eq_ignore_ascii_case(name))
+                .map(|i| i as u32)
+        })
         .unwrap_or(2)
 }
 
@@ -427,15 +460,16 @@ fn header_edits(headers: Option<&Headers>, request: bool) -> (Vec<HeaderValueOpt
     let Some(ops) = ops else {
         return (Vec::new(), Vec::new());
     };
-    let option = |(name, value): (&String, &String), action: HeaderAppendAction| HeaderValueOption {
-        header: Some(HeaderValue {
-            key: name.clone(),
-            value: value.clone(),
+    let option =
+        |(name, value): (&String, &String), action: HeaderAppendAction| HeaderValueOption {
+            header: Some(HeaderValue {
+                key: name.clone(),
+                value: value.clone(),
+                ..Default::default()
+            }),
+            append_action: action as i32,
             ..Default::default()
-        }),
-        append_action: action as i32,
-        ..Default::default()
-    };
+        };
     let mut add: Vec<HeaderValueOption> = sorted(&ops.set)
         .map(|kv| option(kv, HeaderAppendAction::OverwriteIfExistsOrAdd))
         .collect();
