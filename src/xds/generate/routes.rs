@@ -367,7 +367,6 @@ fn per_filter_config(route: &HttpRoute) -> HashMap<String, Any> {
                     }),
                     (None, None) => fraction(Percent { value: 100.0 }),
                 }),
-                ..Default::default()
             })
         });
         let abort = fault.abort.as_ref().and_then(|a| {
