@@ -758,3 +758,66 @@ async fn mesh_config_from_the_istio_configmap() {
         "the last good one stays"
     );
 }
+
+/// A VirtualService TCP route splits a TCP service's connections by weight (on the listener of its
+/// port, in the filter chain of its VIP).
+#[tokio::test]
+async fn tcp_routes_weight_the_service_chain() {
+    let routes = "
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: db, namespace: bookinfo}
+spec:
+  hosts: [db]
+  tcp:
+  - route:
+    - {destination: {host: db, subset: a}, weight: 70}
+    - {destination: {host: db, subset: b}, weight: 30}
+";
+    let f = Fixture::start(Source::Files, &[("db.yaml", routes)]).await;
+    std::fs::write(
+        f.dir.path().join("clusters/cluster1/db.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: bookinfo}\nspec: {clusterIP: 10.96.30.30, ports: [{name: tcp-db, port: 5432}]}\n",
+    )
+    .unwrap();
+    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(SIDECAR, &[("CLUSTER_ID", "cluster1")])),
+        type_url: "type.googleapis.com/envoy.config.listener.v3.Listener".into(),
+        ..Default::default()
+    });
+    let listener = next_push(&mut ads, "the db listener", |r| {
+        r.resources
+            .iter()
+            .map(|a| {
+                envoy_types::pb::envoy::config::listener::v3::Listener::decode(&a.value[..])
+                    .unwrap()
+            })
+            .find(|l| l.name == "0.0.0.0_5432")
+    })
+    .await;
+    let chain = listener
+        .filter_chains
+        .iter()
+        .find(|c| c.name == "outbound|5432||db.bookinfo.svc.cluster.local")
+        .expect("the db chain");
+    let Some(envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any)) =
+        &chain.filters[0].config_type
+    else {
+        panic!("a typed filter")
+    };
+    let proxy =
+        envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy::decode(
+            &any.value[..],
+        )
+        .unwrap();
+    let text = format!("{:?}", proxy.cluster_specifier);
+    for part in [
+        "outbound|5432|a|db.bookinfo.svc.cluster.local",
+        "weight: 70",
+        "outbound|5432|b|db.bookinfo.svc.cluster.local",
+        "weight: 30",
+    ] {
+        assert!(text.contains(part), "{part} not in {text}");
+    }
+}

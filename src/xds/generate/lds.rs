@@ -27,7 +27,7 @@ use envoy_types::util::pack_any;
 use super::cds;
 use super::inbound;
 use super::rds::grpc_route_name;
-use super::routes::{CORS_FILTER, FAULT_FILTER};
+use super::routes::{cluster_for, RouteContext, CORS_FILTER, FAULT_FILTER};
 use super::{ads, grpc_target, outbound_cluster, socket, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
@@ -204,7 +204,7 @@ fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> 
                 prefix_ranges: vips,
                 ..Default::default()
             }),
-            filters: vec![tcp_proxy_filter(&cluster, &cluster)],
+            filters: vec![tcp_route(g, service, port, &cluster)],
             ..Default::default()
         });
     }
@@ -234,6 +234,68 @@ fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> 
         traffic_direction: TrafficDirection::Outbound as i32,
         ..Default::default()
     })
+}
+
+/// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its
+/// destinations weighted), else the service's own cluster.
+fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) -> Filter {
+    let routes = g
+        .mesh
+        .config
+        .mesh_routes(&g.proxy.namespace, &service.hostname);
+    let route = routes.as_ref().and_then(|r| {
+        r.tcp.iter().find(|route| {
+            route.matches.is_empty()
+                || route.matches.iter().any(|m| {
+                    m.port.is_none_or(|p| p == u32::from(port))
+                        && m.source_labels
+                            .iter()
+                            .all(|(k, v)| g.proxy.labels.get(k) == Some(v))
+                        && (m.gateways.is_empty() || m.gateways.iter().any(|gw| gw == "mesh"))
+                })
+        })
+    });
+    let Some(route) = route else {
+        return tcp_proxy_filter(cluster, cluster);
+    };
+    let ctx = RouteContext {
+        g,
+        port,
+        gateway: None,
+    };
+    let targets: Vec<(String, u32)> = route
+        .route
+        .iter()
+        .map(|d| (cluster_for(&ctx, &d.destination), d.weight.unwrap_or(0)))
+        .collect();
+    weighted_tcp_proxy(cluster, &targets)
+}
+
+/// A TCP proxy to one cluster, or spread over several by weight.
+pub(super) fn weighted_tcp_proxy(stat_prefix: &str, targets: &[(String, u32)]) -> Filter {
+    if let [(single, _)] = targets {
+        return tcp_proxy_filter(stat_prefix, single);
+    }
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+            tcp_proxy::WeightedCluster {
+                clusters: targets
+                    .iter()
+                    .filter(|(_, w)| *w > 0)
+                    .map(
+                        |(name, weight)| tcp_proxy::weighted_cluster::ClusterWeight {
+                            name: name.clone(),
+                            weight: *weight,
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
+            },
+        )),
+        ..Default::default()
+    };
+    network_filter("envoy.filters.network.tcp_proxy", pack_any(proxy))
 }
 
 /// The VIPs a proxy uses for a service: those of its own cluster when it says which, else all.
