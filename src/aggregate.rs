@@ -12,7 +12,7 @@ use tracing::info;
 
 use crate::istio::{ConfigKind, MeshConfig};
 use crate::model::{
-    Audience, Change, ClusterId, ConfigChange, ConfigSource, Mesh, Refusal, ShardKey,
+    Audience, Change, ClusterId, ConfigChange, ConfigSource, JwksTable, Mesh, Refusal, ShardKey,
 };
 use crate::registry::{service_entries, ClusterRegistry, SyncState};
 
@@ -21,6 +21,9 @@ const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::ServiceEntry,
     ConfigKind::WorkloadEntry,
     ConfigKind::DestinationRule,
+    ConfigKind::PeerAuthentication,
+    ConfigKind::AuthorizationPolicy,
+    ConfigKind::RequestAuthentication,
 ];
 
 #[derive(Debug, Error)]
@@ -230,6 +233,19 @@ impl Aggregate {
             self.emit(Change::full());
         }
         changed
+    }
+
+    /// Publishes fetched JWT keys; proxies in `audience` (those whose policies use them) are
+    /// pushed.
+    pub fn set_jwks(&self, jwks: JwksTable, audience: Audience) {
+        self.mesh.write(|mesh| mesh.jwks = jwks);
+        if audience != Audience::Namespaces(Default::default()) {
+            self.emit(Change {
+                full: true,
+                audience,
+                ..Change::default()
+            });
+        }
     }
 
     fn emit(&self, change: Change) {

@@ -5,7 +5,9 @@
 
 pub mod destination_rule;
 pub mod duration;
+pub mod extension_provider;
 pub mod mesh;
+pub mod security;
 pub mod service_entry;
 mod validate;
 
@@ -19,6 +21,9 @@ use thiserror::Error;
 
 pub use destination_rule::DestinationRule;
 pub use mesh::MeshConfig;
+pub use security::authorization::AuthorizationPolicy;
+pub use security::peer::PeerAuthentication;
+pub use security::request::RequestAuthentication;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use validate::ValidationError;
 
@@ -192,6 +197,9 @@ pub enum Spec {
     WorkloadEntry(WorkloadEntry),
     WorkloadGroup(WorkloadGroup),
     DestinationRule(Box<DestinationRule>),
+    PeerAuthentication(PeerAuthentication),
+    AuthorizationPolicy(AuthorizationPolicy),
+    RequestAuthentication(RequestAuthentication),
     /// Kinds stored and listed now, read by later features: validated as an object only.
     Untyped(serde_json::Value),
 }
@@ -278,6 +286,15 @@ impl ConfigObject {
             ConfigKind::DestinationRule => {
                 Spec::DestinationRule(Box::new(typed(spec_value).map_err(invalid)?))
             }
+            ConfigKind::PeerAuthentication => {
+                Spec::PeerAuthentication(typed(spec_value).map_err(invalid)?)
+            }
+            ConfigKind::AuthorizationPolicy => {
+                Spec::AuthorizationPolicy(typed(spec_value).map_err(invalid)?)
+            }
+            ConfigKind::RequestAuthentication => {
+                Spec::RequestAuthentication(typed(spec_value).map_err(invalid)?)
+            }
             _ => Spec::Untyped(spec_value),
         };
         let object = Self {
@@ -295,6 +312,9 @@ impl ConfigObject {
             Spec::WorkloadEntry(we) => we.validate_standalone(),
             Spec::WorkloadGroup(wg) => wg.validate(),
             Spec::DestinationRule(dr) => dr.validate(),
+            Spec::PeerAuthentication(pa) => pa.validate(),
+            Spec::AuthorizationPolicy(ap) => ap.validate(),
+            Spec::RequestAuthentication(ra) => ra.validate(),
             Spec::Untyped(_) => Ok(()),
         }
     }

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
+use super::policies::{self, SecurityPolicies};
 use crate::istio::{
     ConfigKey, ConfigKind, ConfigObject, DestinationRule, MeshConfig, Origin, Spec,
 };
@@ -68,6 +69,8 @@ pub struct ConfigStore {
 struct Derived {
     /// DestinationRules by namespace, oldest first (istiod's order for merging).
     destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// Security policies, indexed when first asked for.
+    security: OnceLock<SecurityPolicies>,
 }
 
 /// What applying changes did.
@@ -185,7 +188,9 @@ impl ConfigStore {
             || matches!(
                 key.kind,
                 ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry | ConfigKind::WorkloadGroup
-            );
+            )
+            || (key.kind == ConfigKind::PeerAuthentication
+                && policies::reaches_clients(self, object));
         let export_to = match object.export_to() {
             [] => self.default_export_to(key.kind),
             e => e,
@@ -241,10 +246,12 @@ impl ConfigStore {
         self.mesh_version
     }
 
-    /// Moves whenever a DestinationRule or the mesh config changes: what clusters and assignments
-    /// depend on beyond the services.
+    /// Moves whenever a DestinationRule, a PeerAuthentication (auto mTLS follows DISABLE) or the
+    /// mesh config changes: what clusters and assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
-        self.versions[ConfigKind::DestinationRule.index()] + self.mesh_version
+        self.versions[ConfigKind::DestinationRule.index()]
+            + self.versions[ConfigKind::PeerAuthentication.index()]
+            + self.mesh_version
     }
 
     /// Bumped whenever an object of `kind` changes.
@@ -291,8 +298,18 @@ impl ConfigStore {
                         .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
                 });
             }
-            Derived { destination_rules }
+            Derived {
+                destination_rules,
+                security: OnceLock::new(),
+            }
         })
+    }
+
+    /// The security policies, indexed by namespace.
+    pub fn security(&self) -> &SecurityPolicies {
+        self.derived()
+            .security
+            .get_or_init(|| SecurityPolicies::build(self))
     }
 
     /// Whether any DestinationRule exists (cluster lists then depend on the proxy's namespace).

@@ -5,13 +5,16 @@
 
 mod config;
 mod endpoint;
+mod jwks;
 mod networks;
+pub mod policies;
 mod service;
 mod services;
 mod shards;
 
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
+pub use jwks::{JwksEntry, JwksTable};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
@@ -96,6 +99,8 @@ pub struct MeshSnapshot {
     pub gateways_version: u64,
     /// Istio configuration and the mesh config.
     pub config: ConfigStore,
+    /// Keys fetched for RequestAuthentications.
+    pub jwks: JwksTable,
 }
 
 impl Default for MeshSnapshot {
@@ -109,6 +114,7 @@ impl Default for MeshSnapshot {
             gateways: Arc::default(),
             gateways_version: 0,
             config: ConfigStore::default(),
+            jwks: JwksTable::default(),
         }
     }
 }
