@@ -236,3 +236,62 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     crate::text::clip(&text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves an OpenID discovery document naming `/keys`, and a key set there.
+    async fn issuer() -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let keys_uri = format!("{base}/keys");
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/openid-configuration",
+                axum::routing::get(move || async move {
+                    serde_json::json!({ "jwks_uri": keys_uri }).to_string()
+                }),
+            )
+            .route(
+                "/keys",
+                axum::routing::get(|| async { jwks::UNUSABLE.to_string() }),
+            )
+            .route("/broken", axum::routing::get(|| async { "{\"keys\": 1}" }));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (base, task)
+    }
+
+    #[tokio::test]
+    async fn keys_come_from_the_uri_or_the_issuers_discovery() {
+        crate::app::install_crypto_provider();
+        let (base, task) = issuer().await;
+        let client = http_client();
+        let timeout = Duration::from_secs(5);
+        let (uri, keys) = fetch(&client, &JwksSource::Issuer(format!("{base}/")), timeout)
+            .await
+            .unwrap();
+        assert_eq!(uri, format!("{base}/keys"));
+        assert_eq!(keys, jwks::UNUSABLE);
+        let broken = fetch(&client, &JwksSource::Uri(format!("{base}/broken")), timeout)
+            .await
+            .unwrap_err();
+        assert!(broken.contains("not a key set"), "{broken}");
+        let missing = fetch(
+            &client,
+            &JwksSource::Uri(format!("{base}/nothing")),
+            timeout,
+        )
+        .await
+        .unwrap_err();
+        assert!(missing.contains("404"), "{missing}");
+        task.abort();
+        let closed = "http://127.0.0.1:1/keys".to_string();
+        let refused = fetch(&client, &JwksSource::Uri(closed), timeout)
+            .await
+            .unwrap_err();
+        assert!(refused.contains("Connection refused"), "{refused}");
+    }
+}
