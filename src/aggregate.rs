@@ -21,6 +21,8 @@ const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::ServiceEntry,
     ConfigKind::WorkloadEntry,
     ConfigKind::DestinationRule,
+    ConfigKind::VirtualService,
+    ConfigKind::Gateway,
     ConfigKind::PeerAuthentication,
     ConfigKind::AuthorizationPolicy,
     ConfigKind::RequestAuthentication,

@@ -6,10 +6,12 @@
 pub mod destination_rule;
 pub mod duration;
 pub mod extension_provider;
+pub mod gateway;
 pub mod mesh;
 pub mod security;
 pub mod service_entry;
 mod validate;
+pub mod virtual_service;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -20,12 +22,14 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use destination_rule::DestinationRule;
+pub use gateway::Gateway;
 pub use mesh::MeshConfig;
 pub use security::authorization::AuthorizationPolicy;
 pub use security::peer::PeerAuthentication;
 pub use security::request::RequestAuthentication;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use validate::ValidationError;
+pub use virtual_service::VirtualService;
 
 /// An Istio resource kind meshpilot stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -197,6 +201,8 @@ pub enum Spec {
     WorkloadEntry(WorkloadEntry),
     WorkloadGroup(WorkloadGroup),
     DestinationRule(Box<DestinationRule>),
+    VirtualService(Box<VirtualService>),
+    Gateway(Box<Gateway>),
     PeerAuthentication(PeerAuthentication),
     AuthorizationPolicy(AuthorizationPolicy),
     RequestAuthentication(RequestAuthentication),
@@ -286,6 +292,10 @@ impl ConfigObject {
             ConfigKind::DestinationRule => {
                 Spec::DestinationRule(Box::new(typed(spec_value).map_err(invalid)?))
             }
+            ConfigKind::VirtualService => {
+                Spec::VirtualService(Box::new(typed(spec_value).map_err(invalid)?))
+            }
+            ConfigKind::Gateway => Spec::Gateway(Box::new(typed(spec_value).map_err(invalid)?)),
             ConfigKind::PeerAuthentication => {
                 Spec::PeerAuthentication(typed(spec_value).map_err(invalid)?)
             }
@@ -312,6 +322,8 @@ impl ConfigObject {
             Spec::WorkloadEntry(we) => we.validate_standalone(),
             Spec::WorkloadGroup(wg) => wg.validate(),
             Spec::DestinationRule(dr) => dr.validate(),
+            Spec::VirtualService(vs) => vs.validate(),
+            Spec::Gateway(gw) => gw.validate(),
             Spec::PeerAuthentication(pa) => pa.validate(),
             Spec::AuthorizationPolicy(ap) => ap.validate(),
             Spec::RequestAuthentication(ra) => ra.validate(),
@@ -334,6 +346,7 @@ impl ConfigObject {
         match &self.spec {
             Spec::ServiceEntry(se) => &se.export_to,
             Spec::DestinationRule(dr) => &dr.export_to,
+            Spec::VirtualService(vs) => &vs.export_to,
             _ => &[],
         }
     }

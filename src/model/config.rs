@@ -66,9 +66,14 @@ pub struct ConfigStore {
 
 /// Indexes derived from the accepted objects.
 #[derive(Debug, Default)]
-struct Derived {
+pub(super) struct Derived {
     /// DestinationRules by namespace, oldest first (istiod's order for merging).
     destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// VirtualServices and Gateways, oldest first.
+    pub(super) virtual_services: Vec<Arc<ConfigObject>>,
+    pub(super) gateways: Vec<Arc<ConfigObject>>,
+    /// Whether some VirtualService matches on the client's labels.
+    pub(super) source_labels_used: bool,
     /// Security policies, indexed when first asked for.
     security: OnceLock<SecurityPolicies>,
 }
@@ -187,7 +192,10 @@ impl ConfigStore {
         let mesh_wide = *key.namespace == *self.mesh.root_namespace
             || matches!(
                 key.kind,
-                ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry | ConfigKind::WorkloadGroup
+                ConfigKind::ServiceEntry
+                    | ConfigKind::WorkloadEntry
+                    | ConfigKind::WorkloadGroup
+                    | ConfigKind::Gateway
             )
             || (key.kind == ConfigKind::PeerAuthentication
                 && policies::reaches_clients(self, object));
@@ -246,12 +254,17 @@ impl ConfigStore {
         self.mesh_version
     }
 
-    /// Moves whenever a DestinationRule, a PeerAuthentication (auto mTLS follows DISABLE) or the
-    /// mesh config changes: what clusters and assignments depend on beyond the services.
+    /// Moves whenever a DestinationRule, VirtualService, Gateway, PeerAuthentication (auto mTLS
+    /// follows DISABLE) or the mesh config changes: what clusters, routes, listeners and
+    /// assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
-        self.versions[ConfigKind::DestinationRule.index()]
-            + self.versions[ConfigKind::PeerAuthentication.index()]
-            + self.mesh_version
+        let kinds = [
+            ConfigKind::DestinationRule,
+            ConfigKind::VirtualService,
+            ConfigKind::Gateway,
+            ConfigKind::PeerAuthentication,
+        ];
+        kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
     }
 
     /// Bumped whenever an object of `kind` changes.
@@ -283,7 +296,7 @@ impl ConfigStore {
             .flat_map(|((source, _), list)| list.iter().map(move |r| (*source, r)))
     }
 
-    fn derived(&self) -> &Derived {
+    pub(super) fn derived(&self) -> &Derived {
         self.derived.get_or_init(|| {
             let mut destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
             for dr in self.of_kind(ConfigKind::DestinationRule) {
@@ -293,13 +306,36 @@ impl ConfigStore {
                     .push(dr.clone());
             }
             for rules in destination_rules.values_mut() {
-                rules.sort_by(|a, b| {
-                    (a.meta.creation_timestamp.as_deref(), &a.key)
-                        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
-                });
+                rules.sort_by(oldest_first);
             }
+            let sorted = |kind| {
+                let mut all: Vec<Arc<ConfigObject>> = self.of_kind(kind).cloned().collect();
+                all.sort_by(oldest_first);
+                all
+            };
+            let virtual_services = sorted(ConfigKind::VirtualService);
+            let source_labels_used = virtual_services.iter().any(|o| match &o.spec {
+                Spec::VirtualService(vs) => {
+                    let http = vs.http.iter().flat_map(|r| &r.matches);
+                    http.clone().any(|m| !m.source_labels.is_empty())
+                        || vs
+                            .tcp
+                            .iter()
+                            .flat_map(|r| &r.matches)
+                            .any(|m| !m.source_labels.is_empty())
+                        || vs
+                            .tls
+                            .iter()
+                            .flat_map(|r| &r.matches)
+                            .any(|m| !m.source_labels.is_empty())
+                }
+                _ => false,
+            });
             Derived {
                 destination_rules,
+                virtual_services,
+                gateways: sorted(ConfigKind::Gateway),
+                source_labels_used,
                 security: OnceLock::new(),
             }
         })
@@ -369,7 +405,7 @@ impl ConfigStore {
         Some(Arc::new(merged))
     }
 
-    fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
+    pub(super) fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
         if *object.key.namespace == *proxy_ns {
             return true;
         }
@@ -379,6 +415,12 @@ impl ConfigStore {
         };
         export_to.iter().any(|e| e == "*" || *e == *proxy_ns)
     }
+}
+
+/// istiod's order for merging config of one kind: by creation time, then namespace and name.
+fn oldest_first(a: &Arc<ConfigObject>, b: &Arc<ConfigObject>) -> std::cmp::Ordering {
+    (a.meta.creation_timestamp.as_deref(), &a.key)
+        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
 }
 
 /// The DestinationRule that applies, merged from one or more objects.

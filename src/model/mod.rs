@@ -8,6 +8,7 @@ mod endpoint;
 mod jwks;
 mod networks;
 pub mod policies;
+mod routing;
 mod service;
 mod services;
 mod shards;
@@ -16,6 +17,7 @@ pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigSto
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
 pub use jwks::{JwksEntry, JwksTable};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
+pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};

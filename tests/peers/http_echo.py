@@ -1,16 +1,47 @@
-"""An HTTP backend for traffic tests: answers every GET with JSON of the path and request headers.
+"""An HTTP backend for traffic tests: answers every GET with JSON of the path, the request headers
+and the address it was reached at (which backend answered). Query parameters shape the answer:
+`status=N` answers with that status, `delay=S` waits S seconds first. `GET /_counts` returns how
+many requests each path (without its query) has seen.
 
   http_echo.py PORT
 """
 import json
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+COUNTS = {}
+LOCK = threading.Lock()
 
 
 class Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: without this each answer waits for a delayed ACK.
+    disable_nagle_algorithm = True
+
     def do_GET(self):
-        body = json.dumps({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
-        self.send_response(200)
+        url = urlsplit(self.path)
+        if url.path == "/_counts":
+            with LOCK:
+                self.reply(200, dict(COUNTS))
+            return
+        with LOCK:
+            COUNTS[url.path] = COUNTS.get(url.path, 0) + 1
+        query = parse_qs(url.query)
+        if "delay" in query:
+            time.sleep(float(query["delay"][0]))
+        status = int(query.get("status", ["200"])[0])
+        self.reply(status, {
+            "path": self.path,
+            "server": self.connection.getsockname()[0],
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+        })
+
+    def reply(self, status, value):
+        body = json.dumps(value).encode()
+        self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         self.end_headers()

@@ -13,6 +13,8 @@ use envoy_types::pb::envoy::config::listener::v3::{
     filter, listener_filter, ApiListener, Filter, FilterChain, FilterChainMatch, Listener,
     ListenerFilter,
 };
+use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -25,6 +27,7 @@ use envoy_types::util::pack_any;
 use super::cds;
 use super::inbound;
 use super::rds::grpc_route_name;
+use super::routes::{CORS_FILTER, FAULT_FILTER};
 use super::{ads, grpc_target, outbound_cluster, socket, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
@@ -319,10 +322,30 @@ pub(super) fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionMa
     }
 }
 
+/// The HTTP connection manager of outbound and gateway listeners: VirtualService faults and CORS
+/// are per-route settings of these filters, so they come before the router (with nothing to do
+/// where no route configures them).
+pub(super) fn outbound_hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
+    let mut hcm = hcm(stat_prefix, routes);
+    let filter = |name: &str, config| HttpFilter {
+        name: name.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    };
+    hcm.http_filters.splice(
+        0..0,
+        [
+            filter(FAULT_FILTER, pack_any(HttpFault::default())),
+            filter(CORS_FILTER, pack_any(Cors::default())),
+        ],
+    );
+    hcm
+}
+
 fn hcm_filter(stat_prefix: &str, routes: RouteSpecifier) -> Filter {
     network_filter(
         "envoy.filters.network.http_connection_manager",
-        pack_any(hcm(stat_prefix, routes)),
+        pack_any(outbound_hcm(stat_prefix, routes)),
     )
 }
 

@@ -13,6 +13,7 @@ mod lds;
 mod locality;
 mod policy;
 mod rds;
+mod routes;
 pub mod security;
 pub mod tls;
 

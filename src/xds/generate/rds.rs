@@ -14,8 +14,10 @@ use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 use super::cds::PASSTHROUGH;
 use super::lds::vips_for;
 use super::policy::Effective;
+use super::routes::{http_routes, retry_policy, RouteContext};
 use super::{grpc_target, outbound_cluster, Generation};
 use crate::istio::mesh::OutboundMode;
+use crate::istio::virtual_service::HttpRoute;
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -43,7 +45,12 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         .as_ref()
         .map(|c| c.as_str())
         .unwrap_or_default();
-    let variant = g.variant(&[&g.proxy.namespace, cluster]);
+    // Routes depend on the client's labels only where a VirtualService matches on them.
+    let labels = match g.mesh.config.routes_use_source_labels() {
+        true => Some(&g.proxy.labels),
+        false => None,
+    };
+    let variant = g.variant_of(&(&*g.proxy.namespace, cluster, labels));
     g.cache.get_or_build(
         ResourceType::Route,
         name,
@@ -72,6 +79,18 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                     domains,
                     &outbound_cluster(port, &s.hostname),
                 );
+                // A VirtualService for the host replaces the default route.
+                let ctx = RouteContext {
+                    g,
+                    port,
+                    gateway: None,
+                };
+                if let Some(routes) = g.mesh.config.mesh_routes(&g.proxy.namespace, &s.hostname) {
+                    let routes = http_routes(&ctx, &routes.http);
+                    if !routes.is_empty() {
+                        vhost.routes = routes;
+                    }
+                }
                 set_hash_policy(g, s, port, &mut vhost);
                 vhost
             })
@@ -197,11 +216,14 @@ fn set_hash_policy(g: &Generation<'_>, service: &Service, port: u16, vhost: &mut
     }
 }
 
+/// A virtual host with Istio's default route: everything to `cluster`, no timeout (long streams
+/// must not be cut), the default retries.
 fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> VirtualHost {
     VirtualHost {
         name: name.to_string(),
         domains,
         routes: vec![Route {
+            name: "default".to_string(),
             r#match: Some(RouteMatch {
                 path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
                 ..Default::default()
@@ -210,11 +232,11 @@ fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> VirtualHost 
                 cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
                     cluster.to_string(),
                 )),
-                // No timeout by default, as Istio: long streams (gRPC, watches) must not be cut.
                 timeout: Some(Duration {
                     seconds: 0,
                     nanos: 0,
                 }),
+                retry_policy: retry_policy(&HttpRoute::default()),
                 ..Default::default()
             })),
             ..Default::default()

@@ -1,0 +1,243 @@
+//! VirtualService routing with real traffic: an application behind an Istio-style captured sidecar
+//! calls a service with two versions; the sidecar splits 90/10 across subsets, routes a header to
+//! v2, injects faults, retries, and times out, as the VirtualService says. Needs root (network
+//! namespaces, iptables).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use common::netns::{link, Netns};
+use common::*;
+
+const BOUND: Duration = Duration::from_secs(30);
+const APP_UID: &str = "1000";
+const V1: &str = "10.217.3.2";
+const V2: &str = "10.217.3.3";
+const VIP: &str = "10.96.55.55:8080";
+const HOST: &str = "reviews.default.svc.cluster.local";
+
+fn cluster() -> String {
+    format!(
+        "
+apiVersion: v1
+kind: Service
+metadata: {{name: reviews, namespace: default}}
+spec: {{clusterIP: 10.96.55.55, ports: [{{name: http, port: 8080}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: reviews-v1, namespace: default, labels: {{app: reviews, version: v1}}}}
+spec: {{serviceAccountName: reviews, containers: []}}
+status: {{podIP: {V1}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: reviews-v2, namespace: default, labels: {{app: reviews, version: v2}}}}
+spec: {{serviceAccountName: reviews, containers: []}}
+status: {{podIP: {V2}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: reviews-1, namespace: default, labels: {{kubernetes.io/service-name: reviews}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+- {{addresses: [{V1}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: reviews-v1, namespace: default}}}}
+- {{addresses: [{V2}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: reviews-v2, namespace: default}}}}
+"
+    )
+}
+
+const CONFIG: &str = "
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{headers: {end-user: {exact: jason}}}]
+    route: [{destination: {host: reviews, subset: v2}}]
+  - match: [{uri: {prefix: /fault}}]
+    fault: {abort: {httpStatus: 418, percentage: {value: 50}}}
+    route: [{destination: {host: reviews, subset: v1}}]
+  - match: [{uri: {prefix: /retry}}]
+    retries: {attempts: 3, retryOn: 5xx}
+    route: [{destination: {host: reviews, subset: v1}}]
+  - match: [{uri: {prefix: /slow}}]
+    timeout: 300ms
+    route: [{destination: {host: reviews, subset: v1}}]
+  - route:
+    - {destination: {host: reviews, subset: v1}, weight: 90}
+    - {destination: {host: reviews, subset: v2}, weight: 10}
+";
+
+/// One response as the load client reports it.
+#[derive(serde::Deserialize)]
+struct Answer {
+    status: u16,
+    server: Option<String>,
+    seconds: f64,
+}
+
+/// The application's requests (as its own user, so the sidecar captures them).
+fn requests(client: &Netns, path: &str, count: usize, headers: &[&str]) -> Vec<Answer> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_load.py");
+    let output = client
+        .command("setpriv")
+        .args(["--reuid", APP_UID, "--regid", APP_UID, "--clear-groups"])
+        // A Python the application's user may run (the peers' venv lives under root's home).
+        .args([
+            "/usr/bin/python3",
+            script,
+            VIP,
+            HOST,
+            path,
+            &count.to_string(),
+        ])
+        .args(headers)
+        .output()
+        .expect("the load client runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers: Vec<Answer> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(answers.len(), count);
+    answers
+}
+
+fn by_server(answers: &[Answer]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for a in answers {
+        *out.entry(
+            a.server
+                .clone()
+                .unwrap_or_else(|| format!("status {}", a.status)),
+        )
+        .or_default() += 1;
+    }
+    out
+}
+
+#[tokio::test]
+async fn virtual_service_routes_real_traffic() {
+    let _ports = sidecar_ports().await;
+    let tag = std::process::id() % 100_000;
+    let client = Netns::create(&format!("mprc{tag}"));
+    let mut backend = Netns::create(&format!("mprb{tag}"));
+    link(
+        None,
+        &format!("mprc{tag}h"),
+        "10.217.1.1/30",
+        &client,
+        "ctl",
+        "10.217.1.2/30",
+    );
+    link(
+        Some(&client),
+        "data",
+        "10.217.3.1/24",
+        &backend,
+        "data",
+        &format!("{V1}/24"),
+    );
+    backend.run("ip", &["addr", "add", &format!("{V2}/24"), "dev", "data"]);
+    client.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
+    client.capture_outbound(APP_UID);
+    backend.serve_http_echo(8080);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), cluster()).unwrap();
+    std::fs::write(dir.path().join("config/reviews.yaml"), CONFIG).unwrap();
+    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
+    let envoy = Envoy::start_with(EnvoyOptions {
+        xds: SocketAddr::new("10.217.1.1".parse().unwrap(), mp.xds_addr.port()),
+        node_id: "sidecar~10.217.3.1~client.default~default.svc.cluster.local",
+        metadata: &[("CLUSTER_ID", "c1")],
+        labels: &[],
+        mode: AdsMode::Sotw,
+        workload: workload_certs(&mp, "default", "client"),
+        xds_tls: None,
+        netns: Some(InNetns {
+            name: client.name.clone(),
+            ip: "10.217.1.2".parse::<IpAddr>().unwrap(),
+            host_ip: "10.217.1.1".parse().unwrap(),
+        }),
+    })
+    .await;
+    wait_for("both subsets in the sidecar", BOUND, || {
+        let envoy = &envoy;
+        async move {
+            let v1 = envoy.endpoints(&format!("outbound|8080|v1|{HOST}")).await;
+            let v2 = envoy.endpoints(&format!("outbound|8080|v2|{HOST}")).await;
+            (v1 == [format!("{V1}:8080")] && v2 == [format!("{V2}:8080")]).then_some(())
+        }
+    })
+    .await;
+    wait_for("the routes in the sidecar", BOUND, || {
+        let ok = requests(&client, "/", 1, &[])[0].status == 200;
+        async move { ok.then_some(()) }
+    })
+    .await;
+
+    // 90/10 over 1,000 requests: v2's share within ±5 points of 10 %.
+    let split = by_server(&requests(&client, "/", 1000, &[]));
+    let v2_share = *split.get(V2).unwrap_or(&0) as f64 / 10.0;
+    assert!(
+        (5.0..=15.0).contains(&v2_share)
+            && split.get(V1).copied().unwrap_or(0) + split.get(V2).copied().unwrap_or(0) == 1000,
+        "split {split:?}"
+    );
+
+    // The header sends everything to v2.
+    let jason = by_server(&requests(&client, "/", 50, &["end-user:jason"]));
+    assert_eq!(jason, BTreeMap::from([(V2.to_string(), 50)]), "{jason:?}");
+
+    // A 50 % abort answers about half with the configured status.
+    let faults = requests(&client, "/fault", 400, &[]);
+    let aborted = faults.iter().filter(|a| a.status == 418).count();
+    let served = faults.iter().filter(|a| a.status == 200).count();
+    assert_eq!(aborted + served, 400);
+    assert!((140..=260).contains(&aborted), "{aborted} of 400 aborted");
+
+    // Retries: one request that keeps failing reaches the backend 1 + 3 times.
+    let retried = requests(&client, "/retry?status=503", 1, &[]);
+    assert_eq!(retried[0].status, 503);
+    let counts = requests_counts(&client);
+    assert_eq!(counts.get("/retry"), Some(&4), "{counts:?}");
+
+    // The timeout fires: a 2 s backend answer is cut at 300 ms.
+    let slow = requests(&client, "/slow?delay=2", 1, &[]);
+    assert_eq!(slow[0].status, 504);
+    assert!(slow[0].seconds < 1.5, "took {}s", slow[0].seconds);
+
+    assert_eq!(envoy.rejected_updates().await, 0);
+}
+
+/// The backend's request counts per path, read directly (not through the sidecar).
+fn requests_counts(client: &Netns) -> BTreeMap<String, u64> {
+    let output = client
+        .command("curl")
+        .args(["-s", &format!("http://{V1}:8080/_counts")])
+        .output()
+        .expect("curl runs");
+    serde_json::from_slice(&output.stdout).expect("counts JSON")
+}
