@@ -44,10 +44,6 @@ impl JwksTable {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&JwksSource, &Arc<JwksEntry>)> {
-        self.entries.iter()
-    }
-
     /// The key set Envoy gets for a rule: its inline keys, else the fetched ones, else a set no
     /// token verifies against (the listener loads; tokens fail until the keys arrive).
     pub fn keys_for<'a>(&'a self, rule: &'a JwtRule) -> &'a str {

@@ -56,15 +56,6 @@ pub struct SelectedAuthorization<'a> {
     pub audit: Vec<Selected<'a>>,
 }
 
-impl SelectedAuthorization<'_> {
-    pub fn is_empty(&self) -> bool {
-        self.custom.is_empty()
-            && self.deny.is_empty()
-            && self.allow.is_empty()
-            && self.audit.is_empty()
-    }
-}
-
 /// Where a JWT rule's keys come from when they are not inline.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -119,7 +119,7 @@ impl JwtRule {
 }
 
 /// `http://` or `https://` with a host (and, optionally, a numeric port).
-pub fn check_uri(uri: &str) -> std::result::Result<(), String> {
+fn check_uri(uri: &str) -> std::result::Result<(), String> {
     let parsed: http::Uri = uri.parse().map_err(|e| format!("{uri:?}: {e}"))?;
     match parsed.scheme_str() {
         Some("http" | "https") => {}

@@ -69,10 +69,6 @@ impl<'a> Authorization<'a> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.selected.is_empty()
-    }
-
     /// CUSTOM filters for an HTTP connection manager (they go before authentication).
     pub fn custom_http_filters(&self) -> Vec<HttpFilter> {
         let Some(custom) = self.custom(false) else {
