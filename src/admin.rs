@@ -38,6 +38,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/debug/configz", get(configz))
         .route("/debug/mesh", get(mesh_config))
         .route("/debug/pushz", get(pushz))
+        .route("/debug/jwksz", get(jwksz))
         .with_state(state)
 }
 
@@ -178,6 +179,40 @@ async fn mesh_config(State(state): State<Arc<AdminState>>) -> Json<serde_json::V
         "meshConfig": **snapshot.config.mesh(),
         "last_error": *state.mesh_config_error.lock(),
     }))
+}
+
+/// Every JWT key source RequestAuthentications name: who uses it, where the keys came from, when,
+/// and why the last fetch failed. Sources with inline keys are not listed.
+async fn jwksz(State(state): State<Arc<AdminState>>) -> Json<Vec<serde_json::Value>> {
+    let snapshot = state.aggregate.mesh().snapshot();
+    let views = snapshot
+        .config
+        .security()
+        .jwks_sources()
+        .into_iter()
+        .map(|(source, used)| {
+            let entry = snapshot
+                .jwks
+                .get(&source)
+                .map(|e| (**e).clone())
+                .unwrap_or_default();
+            let status = match (&entry.keys, &entry.error) {
+                (Some(_), None) => "fetched",
+                (Some(_), Some(_)) => "stale",
+                (None, Some(_)) => "failed",
+                (None, None) => "pending",
+            };
+            serde_json::json!({
+                "source": source,
+                "usedBy": used.policies.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+                "status": status,
+                "uri": entry.uri,
+                "fetchedAt": entry.fetched_at,
+                "error": entry.error,
+            })
+        })
+        .collect();
+    Json(views)
 }
 
 /// The last pushes: when, why (the configs behind them), to whom.

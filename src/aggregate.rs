@@ -12,7 +12,7 @@ use tracing::info;
 
 use crate::istio::{ConfigKind, MeshConfig};
 use crate::model::{
-    Audience, Change, ClusterId, ConfigChange, ConfigSource, Mesh, Refusal, ShardKey,
+    Audience, Change, ClusterId, ConfigChange, ConfigSource, JwksTable, Mesh, Refusal, ShardKey,
 };
 use crate::registry::{service_entries, ClusterRegistry, SyncState};
 
@@ -23,6 +23,9 @@ const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::DestinationRule,
     ConfigKind::VirtualService,
     ConfigKind::Gateway,
+    ConfigKind::PeerAuthentication,
+    ConfigKind::AuthorizationPolicy,
+    ConfigKind::RequestAuthentication,
 ];
 
 #[derive(Debug, Error)]
@@ -232,6 +235,19 @@ impl Aggregate {
             self.emit(Change::full());
         }
         changed
+    }
+
+    /// Publishes fetched JWT keys; proxies in `audience` (those whose policies use them) are
+    /// pushed.
+    pub fn set_jwks(&self, jwks: JwksTable, audience: Audience) {
+        self.mesh.write(|mesh| mesh.jwks = jwks);
+        if audience != Audience::Namespaces(Default::default()) {
+            self.emit(Change {
+                full: true,
+                audience,
+                ..Change::default()
+            });
+        }
     }
 
     fn emit(&self, change: Change) {

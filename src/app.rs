@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
-use crate::istio::MeshConfig;
+use crate::istio::{ConfigKind, MeshConfig};
 use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
@@ -23,6 +23,7 @@ use crate::security::tls::{self, ServingCert};
 use crate::security::trust;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
+use crate::sources::jwks::{JwksOptions, JwksResolver};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
 use crate::sources::kube_config::{self, KubeConfigWatch};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
@@ -207,8 +208,22 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         after: args.debounce_after,
         max: args.debounce_max,
     };
+    let jwks_options = JwksOptions {
+        refresh: args.jwks_refresh_interval,
+        timeout: args.jwks_fetch_timeout,
+    };
+    let (jwks, jwks_task) = JwksResolver::start(aggregate.clone(), jwks_options);
+    tasks.push(jwks_task);
     let pusher = xds.clone();
     tasks.push(tokio::spawn(debounce(changes, config, move |change| {
+        // RequestAuthentications may name keys to fetch (or no longer need some).
+        if change
+            .configs
+            .iter()
+            .any(|k| k.kind == ConfigKind::RequestAuthentication)
+        {
+            jwks.wake();
+        }
         pusher.push(change)
     })));
 

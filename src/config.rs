@@ -129,6 +129,14 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_WORKLOAD_ENTRY_GRACE_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
     pub workload_entry_grace_period: Duration,
 
+    /// How often JWT keys of RequestAuthentications (`jwksUri`, OpenID discovery) are fetched again.
+    #[arg(long, env = "MESHPILOT_JWKS_REFRESH_INTERVAL", default_value = "20m", value_parser = humantime::parse_duration)]
+    pub jwks_refresh_interval: Duration,
+
+    /// How long one JWT key fetch may take.
+    #[arg(long, env = "MESHPILOT_JWKS_FETCH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub jwks_fetch_timeout: Duration,
+
     /// An xDS stream that sends no request for this long after opening is closed.
     #[arg(long, env = "MESHPILOT_XDS_FIRST_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub xds_first_request_timeout: Duration,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::destination_rule::LocalityLbSetting;
 use super::duration::Duration;
+use super::extension_provider::{self, ExtensionProvider};
 use super::validate::{self, ensure, Result, ValidationError};
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -22,8 +23,8 @@ pub struct MeshConfig {
     pub default_service_export_to: Vec<String>,
     pub default_virtual_service_export_to: Vec<String>,
     pub default_destination_rule_export_to: Vec<String>,
-    /// Kept for the features that read them (ext_authz providers).
-    pub extension_providers: Vec<serde_json::Value>,
+    /// ext_authz providers of CUSTOM AuthorizationPolicies (others kept as given).
+    pub extension_providers: Vec<ExtensionProvider>,
 }
 
 impl Default for MeshConfig {
@@ -129,7 +130,8 @@ impl MeshConfig {
         validate::export_to(
             "defaultDestinationRuleExportTo",
             &self.default_destination_rule_export_to,
-        )
+        )?;
+        extension_provider::validate(&self.extension_providers)
     }
 }
 

@@ -5,8 +5,10 @@
 
 pub mod destination_rule;
 pub mod duration;
+pub mod extension_provider;
 pub mod gateway;
 pub mod mesh;
+pub mod security;
 pub mod service_entry;
 mod validate;
 pub mod virtual_service;
@@ -22,6 +24,9 @@ use thiserror::Error;
 pub use destination_rule::DestinationRule;
 pub use gateway::Gateway;
 pub use mesh::MeshConfig;
+pub use security::authorization::AuthorizationPolicy;
+pub use security::peer::PeerAuthentication;
+pub use security::request::RequestAuthentication;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use validate::ValidationError;
 pub use virtual_service::VirtualService;
@@ -198,6 +203,9 @@ pub enum Spec {
     DestinationRule(Box<DestinationRule>),
     VirtualService(Box<VirtualService>),
     Gateway(Box<Gateway>),
+    PeerAuthentication(PeerAuthentication),
+    AuthorizationPolicy(AuthorizationPolicy),
+    RequestAuthentication(RequestAuthentication),
     /// Kinds stored and listed now, read by later features: validated as an object only.
     Untyped(serde_json::Value),
 }
@@ -288,6 +296,15 @@ impl ConfigObject {
                 Spec::VirtualService(Box::new(typed(spec_value).map_err(invalid)?))
             }
             ConfigKind::Gateway => Spec::Gateway(Box::new(typed(spec_value).map_err(invalid)?)),
+            ConfigKind::PeerAuthentication => {
+                Spec::PeerAuthentication(typed(spec_value).map_err(invalid)?)
+            }
+            ConfigKind::AuthorizationPolicy => {
+                Spec::AuthorizationPolicy(typed(spec_value).map_err(invalid)?)
+            }
+            ConfigKind::RequestAuthentication => {
+                Spec::RequestAuthentication(typed(spec_value).map_err(invalid)?)
+            }
             _ => Spec::Untyped(spec_value),
         };
         let object = Self {
@@ -307,6 +324,9 @@ impl ConfigObject {
             Spec::DestinationRule(dr) => dr.validate(),
             Spec::VirtualService(vs) => vs.validate(),
             Spec::Gateway(gw) => gw.validate(),
+            Spec::PeerAuthentication(pa) => pa.validate(),
+            Spec::AuthorizationPolicy(ap) => ap.validate(),
+            Spec::RequestAuthentication(ra) => ra.validate(),
             Spec::Untyped(_) => Ok(()),
         }
     }

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
+use super::policies::{self, SecurityPolicies};
 use crate::istio::{
     ConfigKey, ConfigKind, ConfigObject, DestinationRule, MeshConfig, Origin, Spec,
 };
@@ -73,6 +74,8 @@ pub(super) struct Derived {
     pub(super) gateways: Vec<Arc<ConfigObject>>,
     /// Whether some VirtualService matches on the client's labels.
     pub(super) source_labels_used: bool,
+    /// Security policies, indexed when first asked for.
+    security: OnceLock<SecurityPolicies>,
 }
 
 /// What applying changes did.
@@ -193,7 +196,9 @@ impl ConfigStore {
                     | ConfigKind::WorkloadEntry
                     | ConfigKind::WorkloadGroup
                     | ConfigKind::Gateway
-            );
+            )
+            || (key.kind == ConfigKind::PeerAuthentication
+                && policies::reaches_clients(self, object));
         let export_to = match object.export_to() {
             [] => self.default_export_to(key.kind),
             e => e,
@@ -249,13 +254,15 @@ impl ConfigStore {
         self.mesh_version
     }
 
-    /// Moves whenever a DestinationRule, VirtualService, Gateway or the mesh config changes: what
-    /// clusters, routes, listeners and assignments depend on beyond the services.
+    /// Moves whenever a DestinationRule, VirtualService, Gateway, PeerAuthentication (auto mTLS
+    /// follows DISABLE) or the mesh config changes: what clusters, routes, listeners and
+    /// assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
         let kinds = [
             ConfigKind::DestinationRule,
             ConfigKind::VirtualService,
             ConfigKind::Gateway,
+            ConfigKind::PeerAuthentication,
         ];
         kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
     }
@@ -329,8 +336,16 @@ impl ConfigStore {
                 virtual_services,
                 gateways: sorted(ConfigKind::Gateway),
                 source_labels_used,
+                security: OnceLock::new(),
             }
         })
+    }
+
+    /// The security policies, indexed by namespace.
+    pub fn security(&self) -> &SecurityPolicies {
+        self.derived()
+            .security
+            .get_or_init(|| SecurityPolicies::build(self))
     }
 
     /// Whether any DestinationRule exists (cluster lists then depend on the proxy's namespace).

@@ -5,7 +5,9 @@
 
 mod config;
 mod endpoint;
+mod jwks;
 mod networks;
+pub mod policies;
 mod routing;
 mod service;
 mod services;
@@ -13,6 +15,7 @@ mod shards;
 
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
+pub use jwks::{JwksEntry, JwksTable};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
 pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
@@ -98,6 +101,8 @@ pub struct MeshSnapshot {
     pub gateways_version: u64,
     /// Istio configuration and the mesh config.
     pub config: ConfigStore,
+    /// Keys fetched for RequestAuthentications.
+    pub jwks: JwksTable,
 }
 
 impl Default for MeshSnapshot {
@@ -111,6 +116,7 @@ impl Default for MeshSnapshot {
             gateways: Arc::default(),
             gateways_version: 0,
             config: ConfigStore::default(),
+            jwks: JwksTable::default(),
         }
     }
 }

@@ -14,6 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub mod ads;
+pub mod config_source;
+pub mod jwt;
 pub mod netns;
 pub mod sds;
 #[allow(unused_imports)] // each test binary uses its own subset

@@ -151,3 +151,51 @@ impl Netns {
         self.spawn("python3", &[script, &port.to_string()]);
     }
 }
+
+impl Netns {
+    /// A bridge `name` in this namespace: a switch the workloads' data links plug into.
+    pub fn bridge(&self, name: &str) {
+        self.run("ip", &["link", "add", name, "type", "bridge"]);
+        self.run("ip", &["link", "set", name, "up"]);
+    }
+
+    /// An HTTP request from inside the namespace (as user `uid`, so an outbound capture takes it,
+    /// when given): the status, or 0 when no response came (refused, reset, closed).
+    pub fn curl(&self, uid: Option<&str>, args: &[&str]) -> u16 {
+        let mut command = self.command("setpriv");
+        if let Some(uid) = uid {
+            command.args(["--reuid", uid, "--regid", uid]);
+        }
+        let output = command
+            .args(["--clear-groups", "curl", "-s", "-o", "/dev/null"])
+            .args(["-w", "%{http_code}", "-m", "3"])
+            .args(args)
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+}
+
+/// Plugs `ns` into the bridge `bridge` of `lan` with an interface `ifname` holding `cidr`.
+pub fn plug(lan: &Netns, bridge: &str, ns: &Netns, ifname: &str, cidr: &str) {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (port, peer) = (
+        format!("mpb{}p{n}", std::process::id() % 10_000),
+        format!("mpb{}w{n}", std::process::id() % 10_000),
+    );
+    run(
+        "ip",
+        &["link", "add", &port, "type", "veth", "peer", "name", &peer],
+    );
+    run("ip", &["link", "set", &port, "netns", &lan.name]);
+    lan.run("ip", &["link", "set", &port, "master", bridge]);
+    lan.run("ip", &["link", "set", &port, "up"]);
+    run("ip", &["link", "set", &peer, "netns", &ns.name]);
+    ns.run("ip", &["link", "set", &peer, "name", ifname]);
+    ns.run("ip", &["addr", "add", cidr, "dev", ifname]);
+    ns.run("ip", &["link", "set", ifname, "up"]);
+}

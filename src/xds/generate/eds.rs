@@ -24,6 +24,7 @@ use super::locality::{self, topology_labels, LocalityPolicy};
 use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
 use super::{parse_outbound, parse_sni_cluster, socket, target, Generation};
+use crate::model::policies::SecurityPolicies;
 use crate::model::{
     Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
     TlsMode,
@@ -98,13 +99,27 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     ];
     let gateways = g.mesh.gateways.clone();
     let port = target.port;
+    let security = g.mesh.config.security();
     g.cache
         .get_or_build(ResourceType::Endpoint, name, hasher.finish(), stamp, || {
+            let sources = Sources {
+                shards: shards.as_deref(),
+                gateways: &gateways,
+                security,
+            };
             Some(Resource::encode(
                 name,
-                &assignment(name, &service, port, shards.as_deref(), &view, &gateways),
+                &assignment(name, &service, port, sources, &view),
             ))
         })
+}
+
+/// What an assignment is made of beyond the service.
+struct Sources<'a> {
+    shards: Option<&'a EndpointShards>,
+    gateways: &'a Gateways,
+    /// PeerAuthentication DISABLE turns a workload's endpoints to plaintext for clients.
+    security: &'a SecurityPolicies,
 }
 
 /// One endpoint as sent, before grouping.
@@ -120,10 +135,14 @@ fn assignment(
     name: &str,
     service: &Service,
     port: u16,
-    shards: Option<&EndpointShards>,
+    sources: Sources<'_>,
     view: &View,
-    gateways: &Gateways,
 ) -> ClusterLoadAssignment {
+    let Sources {
+        shards,
+        gateways,
+        security,
+    } = sources;
     let port_name = service
         .port(port)
         .map(|p| p.name.as_str())
@@ -200,7 +219,7 @@ fn assignment(
                 port: ep.port,
                 weight: scale.saturating_mul(u64::from(ep.weight.max(1))),
                 metadata: endpoint_metadata(
-                    ep.tls_mode,
+                    security.endpoint_tls(&service.namespace, ep),
                     &ep.workload,
                     ep.cluster_id.as_str(),
                     &ep.network,

@@ -4,6 +4,8 @@
 //! cluster). The cache keys entries by (type, name, traits) and stamps them with the versions of the
 //! snapshot they were built from; every proxy with the same traits gets the same encoded bytes.
 
+mod authn;
+pub mod authz;
 mod cds;
 mod eds;
 mod inbound;
@@ -12,6 +14,7 @@ mod locality;
 mod policy;
 mod rds;
 mod routes;
+pub mod security;
 pub mod tls;
 
 use std::collections::{BTreeSet, HashMap};

@@ -1,0 +1,190 @@
+//! Mesh config `extensionProviders` meshpilot serves: Envoy's external authorization over HTTP or
+//! gRPC, for CUSTOM AuthorizationPolicies. Other providers (tracing, access logs) are kept as given.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::Duration;
+use super::validate::{ensure, Result, ValidationError};
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExtensionProvider {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_ext_authz_http: Option<ExtAuthzHttp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_ext_authz_grpc: Option<ExtAuthzGrpc>,
+    /// The other provider kinds, untouched.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExtAuthzHttp {
+    /// `[<namespace>/]<hostname>` of a service in the mesh.
+    pub service: String,
+    pub port: u32,
+    pub timeout: Option<Duration>,
+    pub path_prefix: String,
+    pub fail_open: bool,
+    pub status_on_error: String,
+    pub include_request_headers_in_check: Vec<String>,
+    /// Deprecated form of `includeRequestHeadersInCheck`.
+    pub include_headers_in_check: Vec<String>,
+    pub include_additional_headers_in_check: BTreeMap<String, String>,
+    pub include_request_body_in_check: Option<RequestBody>,
+    pub headers_to_upstream_on_allow: Vec<String>,
+    pub headers_to_downstream_on_deny: Vec<String>,
+    pub headers_to_downstream_on_allow: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExtAuthzGrpc {
+    pub service: String,
+    pub port: u32,
+    pub timeout: Option<Duration>,
+    pub fail_open: bool,
+    pub status_on_error: String,
+    pub include_request_body_in_check: Option<RequestBody>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RequestBody {
+    pub max_request_bytes: u32,
+    pub allow_partial_message: bool,
+    pub pack_as_bytes: bool,
+}
+
+/// Names unique and present; ext_authz providers with a service, a port, a known status and no
+/// lone `*` header patterns.
+pub fn validate(providers: &[ExtensionProvider]) -> Result {
+    for (i, provider) in providers.iter().enumerate() {
+        let at = format!("extensionProviders[{i}]");
+        ensure(
+            !provider.name.is_empty(),
+            &format!("{at}.name"),
+            "must not be empty",
+        )?;
+        ensure(
+            !providers[..i].iter().any(|p| p.name == provider.name),
+            &format!("{at}.name"),
+            format!("must be unique, found duplicate: {}", provider.name),
+        )?;
+        if let Some(http) = &provider.envoy_ext_authz_http {
+            http.validate()
+                .map_err(|e| e.under(&format!("{at}.envoyExtAuthzHttp")))?;
+        }
+        if let Some(grpc) = &provider.envoy_ext_authz_grpc {
+            service_and_port(&grpc.service, grpc.port, &grpc.status_on_error)
+                .map_err(|e| e.under(&format!("{at}.envoyExtAuthzGrpc")))?;
+        }
+    }
+    Ok(())
+}
+
+impl ExtAuthzHttp {
+    fn validate(&self) -> Result {
+        service_and_port(&self.service, self.port, &self.status_on_error)?;
+        ensure(
+            self.path_prefix.is_empty() || self.path_prefix.starts_with('/'),
+            "pathPrefix",
+            format!("must begin with `/`, found: {:?}", self.path_prefix),
+        )?;
+        for (field, values) in [
+            (
+                "includeRequestHeadersInCheck",
+                &self.include_request_headers_in_check,
+            ),
+            ("includeHeadersInCheck", &self.include_headers_in_check),
+            (
+                "headersToUpstreamOnAllow",
+                &self.headers_to_upstream_on_allow,
+            ),
+            (
+                "headersToDownstreamOnDeny",
+                &self.headers_to_downstream_on_deny,
+            ),
+            (
+                "headersToDownstreamOnAllow",
+                &self.headers_to_downstream_on_allow,
+            ),
+        ] {
+            ensure(
+                !values.iter().any(|v| v == "*"),
+                field,
+                "a single wildcard (\"*\") is not supported, change it to either prefix or suffix match",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn service_and_port(service: &str, port: u32, status_on_error: &str) -> Result {
+    ensure(!service.is_empty(), "service", "must not be empty")?;
+    ensure(
+        (1..=65535).contains(&port),
+        "port",
+        format!("port must be in the range [1, 65535], found: {port}"),
+    )?;
+    status_code(status_on_error)
+        .map(|_| ())
+        .map_err(|e| ValidationError::at("statusOnError", e))
+}
+
+/// `statusOnError`: empty, or an HTTP status code Envoy knows (100–599).
+pub fn status_code(text: &str) -> std::result::Result<Option<u16>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match text.parse::<u16>() {
+        Ok(code) if (100..=599).contains(&code) => Ok(Some(code)),
+        _ => Err(format!("unsupported statusOnError {text}")),
+    }
+}
+
+/// `[<namespace>/]<hostname>`.
+pub fn split_service(service: &str) -> (Option<&str>, &str) {
+    match service.split_once('/') {
+        Some((ns, host)) => (Some(ns), host),
+        None => (None, service),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn providers_parse_and_validate() {
+        let providers: Vec<ExtensionProvider> = serde_json::from_value(serde_json::json!([
+            {"name": "authz", "envoyExtAuthzHttp": {"service": "ext.foo.svc.cluster.local", "port": 8000, "includeRequestHeadersInCheck": ["x-ext-authz"]}},
+            {"name": "otel", "opentelemetry": {"service": "otel", "port": 4317}}
+        ]))
+        .unwrap();
+        assert!(validate(&providers).is_ok());
+        assert!(providers[1].other.contains_key("opentelemetry"));
+        let mut dup = providers.clone();
+        dup[1].name = "authz".into();
+        assert_eq!(
+            validate(&dup).unwrap_err().field,
+            "extensionProviders[1].name"
+        );
+        let mut bad = providers;
+        if let Some(http) = bad[0].envoy_ext_authz_http.as_mut() {
+            http.port = 0;
+        }
+        assert_eq!(
+            validate(&bad).unwrap_err().field,
+            "extensionProviders[0].envoyExtAuthzHttp.port"
+        );
+        assert_eq!(
+            split_service("foo/ext.foo.svc"),
+            (Some("foo"), "ext.foo.svc")
+        );
+    }
+}
