@@ -124,6 +124,11 @@ pub struct DiscoveryArgs {
     /// An xDS stream that sends no request for this long after opening is closed.
     #[arg(long, env = "MESHPILOT_XDS_FIRST_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub xds_first_request_timeout: Duration,
+
+    /// An xDS stream older than this (±10 % jitter) is ended so proxies rebalance over replicas;
+    /// `0s` keeps streams open.
+    #[arg(long, env = "MESHPILOT_XDS_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub xds_max_connection_age: Duration,
 }
 
 impl DiscoveryArgs {
@@ -143,6 +148,7 @@ impl DiscoveryArgs {
             push_concurrency: self.push_concurrency,
             send_timeout: self.xds_send_timeout,
             first_request_timeout: self.xds_first_request_timeout,
+            max_connection_age: self.xds_max_connection_age,
         }
     }
 
