@@ -9,6 +9,9 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
+use crate::inject::mesh_source::MeshSource;
+use crate::inject::{default_mesh, InjectConfig};
+use crate::leader::{self, Leader, LeaderConfig};
 use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
@@ -23,6 +26,7 @@ use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
 use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
+use crate::webhook::{self, ca_bundle, WebhookState};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
 use tracing::info;
@@ -54,6 +58,8 @@ pub enum StartError {
     Tls(#[from] crate::security::tls::TlsError),
     #[error(transparent)]
     Bind(#[from] BindError),
+    #[error("webhook server: {0}")]
+    Webhook(std::io::Error),
     #[error("cannot read the bound address of {what}: {source}")]
     LocalAddr {
         what: &'static str,
@@ -69,6 +75,7 @@ pub struct Running {
     pub http_addr: SocketAddr,
     pub xds_addr: SocketAddr,
     pub secure_xds_addr: SocketAddr,
+    pub webhook_addr: SocketAddr,
     pub ca: Arc<CertificateAuthority>,
     pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,
@@ -76,6 +83,8 @@ pub struct Running {
     _file_watch: Option<FileWatch>,
     _networks_watch: Option<NetworksWatch>,
     config_cluster: Option<ConfigCluster>,
+    /// With a Kubernetes config cluster: the election deciding who does the one-replica work.
+    leader: Option<Leader>,
 }
 
 /// The config cluster's watches and the remote clusters its Secrets onboard.
@@ -90,6 +99,13 @@ impl Running {
     /// Clients of the remote clusters onboarded from Secrets (none without a Kubernetes config cluster).
     pub fn remote_clients(&self) -> Option<RemoteClients> {
         self.config_cluster.as_ref().map(|c| c.remotes.clients())
+    }
+
+    /// Stops, handing leadership over at once rather than after the lease duration.
+    pub async fn shutdown(mut self) {
+        if let Some(leader) = self.leader.take() {
+            leader.release().await;
+        }
     }
 }
 
@@ -163,11 +179,26 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         pusher.push(change)
     })));
 
+    let leader = config_cluster.as_ref().map(|c| {
+        Leader::start(
+            c.client.clone(),
+            LeaderConfig {
+                namespace: args.system_namespace.clone(),
+                name: leader::LEASE_NAME.into(),
+                identity: args
+                    .leader_identity
+                    .clone()
+                    .unwrap_or_else(leader::default_identity),
+                lease_duration: args.leader_election_lease_duration,
+            },
+        )
+    });
     let key_source = match (&args.ca_dir, &config_cluster) {
         (Some(dir), _) => KeySource::Dir(dir.clone()),
         (None, Some(c)) => KeySource::Kubernetes {
             client: c.client.clone(),
             namespace: args.system_namespace.clone(),
+            leading: leader.as_ref().map(Leader::leading),
         },
         (None, None) => {
             let dir = args.ca_state_dir().ok_or(StartError::NoStateDir)?;
@@ -195,7 +226,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let names = args.serving_names();
     let serving = ServingCert::issue(&ca, &names, args.serving_cert_ttl)?;
     tasks.push(serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl));
-    let tls = tls::server_config(serving, ca.root_pem())?;
+    let tls = tls::server_config(serving.clone(), ca.root_pem())?;
     let secure = listen::bind("secure-xds", args.secure_xds_addr).await?;
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
@@ -207,15 +238,66 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             tracing::error!(error = %e, "secure xDS server stopped");
         }
     }));
-    if let Some(c) = &config_cluster {
-        tasks.extend(trust::publish_root(
-            c.client.clone(),
-            c.id.clone(),
-            c.remotes.clients(),
-            args.system_namespace.clone(),
-            ca.root_pem().to_string(),
-        ));
+    if let (Some(c), Some(leader)) = (&config_cluster, &leader) {
+        let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
+        let namespace = args.system_namespace.clone();
+        let root = ca.root_pem().to_string();
+        tasks.push(leader::run_while_leading(leader.leading(), move || {
+            let mut work = trust::publish_root(
+                client.clone(),
+                id.clone(),
+                remotes.clone(),
+                namespace.clone(),
+                root.clone(),
+            );
+            work.extend(ca_bundle::keep_current(
+                client.clone(),
+                id.clone(),
+                remotes.clone(),
+                namespace.clone(),
+                root.clone(),
+            ));
+            work
+        }));
     }
+
+    let fallback_mesh = default_mesh(&args.trust_domain, &args.system_namespace);
+    let mesh = match &config_cluster {
+        Some(c) => {
+            let (source, task) = MeshSource::watch(
+                c.client.clone(),
+                args.system_namespace.clone(),
+                fallback_mesh,
+            );
+            tasks.push(task);
+            source
+        }
+        None => MeshSource::fixed(fallback_mesh),
+    };
+    let webhook_state = Arc::new(WebhookState {
+        inject: InjectConfig {
+            proxy_image: args.inject.proxy_image.clone(),
+            cluster_id: args.cluster_id.clone(),
+            network: args.inject.network.clone(),
+            mesh_id: args.inject.mesh_id.clone(),
+            system_namespace: args.system_namespace.clone(),
+            domain_suffix: args.domain_suffix.clone(),
+            mesh: mesh.current(),
+        },
+        mesh,
+        cluster_id: args.cluster_id.clone(),
+    });
+    let hooks = listen::bind("webhook", args.webhook_addr).await?;
+    let webhook_addr = local_addr("webhook", &hooks)?;
+    tasks.push(
+        webhook::serve(
+            hooks,
+            webhook::tls_config(serving),
+            webhook::router(webhook_state),
+            HANDSHAKE_TIMEOUT,
+        )
+        .map_err(StartError::Webhook)?,
+    );
 
     let http = listen::bind("admin", args.http_addr).await?;
     let http_addr = local_addr("admin", &http)?;
@@ -236,6 +318,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         http_addr,
         xds_addr,
         secure_xds_addr,
+        webhook_addr,
         ca,
         xds,
         aggregate,
@@ -243,6 +326,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         _file_watch: file_watch,
         _networks_watch: networks_watch,
         config_cluster,
+        leader,
     })
 }
 

@@ -81,12 +81,106 @@ pub const KINDS: &[ResourceKind] = &[
         api_version: "rbac.authorization.k8s.io/v1",
         namespaced: false,
     },
+    // Istio's kinds, served at their storage version (objects applied at an older one are
+    // converted, as CRD conversion does for these schema-identical versions).
+    ResourceKind {
+        plural: "serviceentries",
+        group: "networking.istio.io",
+        kind: "ServiceEntry",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "workloadentries",
+        group: "networking.istio.io",
+        kind: "WorkloadEntry",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "workloadgroups",
+        group: "networking.istio.io",
+        kind: "WorkloadGroup",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "destinationrules",
+        group: "networking.istio.io",
+        kind: "DestinationRule",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "virtualservices",
+        group: "networking.istio.io",
+        kind: "VirtualService",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "gateways",
+        group: "networking.istio.io",
+        kind: "Gateway",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "sidecars",
+        group: "networking.istio.io",
+        kind: "Sidecar",
+        api_version: "networking.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "peerauthentications",
+        group: "security.istio.io",
+        kind: "PeerAuthentication",
+        api_version: "security.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "authorizationpolicies",
+        group: "security.istio.io",
+        kind: "AuthorizationPolicy",
+        api_version: "security.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "requestauthentications",
+        group: "security.istio.io",
+        kind: "RequestAuthentication",
+        api_version: "security.istio.io/v1",
+        namespaced: true,
+    },
     ResourceKind {
         plural: "endpointslices",
         group: "discovery.k8s.io",
         kind: "EndpointSlice",
         api_version: "discovery.k8s.io/v1",
         namespaced: true,
+    },
+    // Leader election, and the webhook configurations the API server calls on admission.
+    ResourceKind {
+        plural: "leases",
+        group: "coordination.k8s.io",
+        kind: "Lease",
+        api_version: "coordination.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "mutatingwebhookconfigurations",
+        group: "admissionregistration.k8s.io",
+        kind: "MutatingWebhookConfiguration",
+        api_version: "admissionregistration.k8s.io/v1",
+        namespaced: false,
+    },
+    ResourceKind {
+        plural: "validatingwebhookconfigurations",
+        group: "admissionregistration.k8s.io",
+        kind: "ValidatingWebhookConfiguration",
+        api_version: "admissionregistration.k8s.io/v1",
+        namespaced: false,
     },
 ];
 
@@ -329,6 +423,38 @@ enum Requirement {
 }
 
 impl Filter {
+    /// A Kubernetes LabelSelector object (`matchLabels`, `matchExpressions`); absent matches all.
+    pub fn from_label_selector(selector: &Value) -> Result<Self, String> {
+        let mut filter = Filter::default();
+        for (key, value) in selector["matchLabels"].as_object().into_iter().flatten() {
+            let value = value.as_str().ok_or("matchLabels values must be strings")?;
+            filter
+                .labels
+                .push(Requirement::Equals(key.clone(), value.to_string()));
+        }
+        for expression in selector["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let key = expression["key"].as_str().unwrap_or_default().to_string();
+            let values: Vec<String> = expression["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            filter.labels.push(match expression["operator"].as_str() {
+                Some("In") => Requirement::In(key, values),
+                Some("NotIn") => Requirement::NotIn(key, values),
+                Some("Exists") => Requirement::Exists(key),
+                Some("DoesNotExist") => Requirement::NotExists(key),
+                other => return Err(format!("unknown selector operator {other:?}")),
+            });
+        }
+        Ok(filter)
+    }
+
     pub fn parse(
         label_selector: Option<&str>,
         field_selector: Option<&str>,
