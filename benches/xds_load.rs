@@ -250,7 +250,11 @@ async fn start_file_plane(a: &Args, services: usize) -> Plane {
 
 fn spawn_meshpilot(a: &Args, files: &tempfile::TempDir, source: &[&str]) -> MeshpilotProcess {
     let state = files.path().join("ca");
-    let mut args = vec!["--log", "warn,meshpilot::app=info", "discovery"];
+    let mut args = vec![
+        "--log",
+        "warn,meshpilot::app=info,meshpilot::listen=info",
+        "discovery",
+    ];
     args.extend_from_slice(source);
     args.extend([
         "--http-addr",
