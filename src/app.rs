@@ -9,7 +9,9 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
+use crate::inject::InjectConfig;
 use crate::istio::{ConfigKind, MeshConfig};
+use crate::leader::{self, Leader, LeaderConfig};
 use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
@@ -29,6 +31,7 @@ use crate::sources::kube_config::{self, KubeConfigWatch};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
+use crate::webhook::{self, ca_bundle, WebhookState};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
 use tracing::info;
@@ -64,6 +67,8 @@ pub enum StartError {
     MeshConfig(#[from] crate::sources::mesh_config::MeshConfigError),
     #[error("cannot watch the Istio config in {dir}/config: {source}")]
     ConfigFiles { dir: String, source: notify::Error },
+    #[error("webhook server: {0}")]
+    Webhook(std::io::Error),
     #[error("cannot read the bound address of {what}: {source}")]
     LocalAddr {
         what: &'static str,
@@ -79,6 +84,7 @@ pub struct Running {
     pub http_addr: SocketAddr,
     pub xds_addr: SocketAddr,
     pub secure_xds_addr: SocketAddr,
+    pub webhook_addr: SocketAddr,
     pub ca: Arc<CertificateAuthority>,
     pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,
@@ -88,6 +94,8 @@ pub struct Running {
     _config_files_watch: Option<ConfigFilesWatch>,
     _mesh_config_watch: Option<MeshConfigWatch>,
     config_cluster: Option<ConfigCluster>,
+    /// With a Kubernetes config cluster: the election deciding who does the one-replica work.
+    leader: Option<Leader>,
 }
 
 /// The config cluster's watches (its services and its Istio config) and the remote clusters its
@@ -104,6 +112,13 @@ impl Running {
     /// Clients of the remote clusters onboarded from Secrets (none without a Kubernetes config cluster).
     pub fn remote_clients(&self) -> Option<RemoteClients> {
         self.config_cluster.as_ref().map(|c| c.remotes.clients())
+    }
+
+    /// Stops, handing leadership over at once rather than after the lease duration.
+    pub async fn shutdown(mut self) {
+        if let Some(leader) = self.leader.take() {
+            leader.release().await;
+        }
     }
 }
 
@@ -227,11 +242,26 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         pusher.push(change)
     })));
 
+    let leader = config_cluster.as_ref().map(|c| {
+        Leader::start(
+            c.client.clone(),
+            LeaderConfig {
+                namespace: args.system_namespace.clone(),
+                name: leader::LEASE_NAME.into(),
+                identity: args
+                    .leader_identity
+                    .clone()
+                    .unwrap_or_else(leader::default_identity),
+                lease_duration: args.leader_election_lease_duration,
+            },
+        )
+    });
     let key_source = match (&args.ca_dir, &config_cluster) {
         (Some(dir), _) => KeySource::Dir(dir.clone()),
         (None, Some(c)) => KeySource::Kubernetes {
             client: c.client.clone(),
             namespace: args.system_namespace.clone(),
+            leading: leader.as_ref().map(Leader::leading),
         },
         (None, None) => {
             let dir = args.ca_state_dir().ok_or(StartError::NoStateDir)?;
@@ -259,7 +289,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let names = args.serving_names();
     let serving = ServingCert::issue(&ca, &names, args.serving_cert_ttl)?;
     tasks.push(serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl));
-    let tls = tls::server_config(serving, ca.root_pem())?;
+    let tls = tls::server_config(serving.clone(), ca.root_pem())?;
     let secure = listen::bind("secure-xds", args.secure_xds_addr).await?;
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
@@ -271,15 +301,53 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             tracing::error!(error = %e, "secure xDS server stopped");
         }
     }));
-    if let Some(c) = &config_cluster {
-        tasks.extend(trust::publish_root(
-            c.client.clone(),
-            c.id.clone(),
-            c.remotes.clients(),
-            args.system_namespace.clone(),
-            ca.root_pem().to_string(),
-        ));
+    if let (Some(c), Some(leader)) = (&config_cluster, &leader) {
+        let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
+        let namespace = args.system_namespace.clone();
+        let root = ca.root_pem().to_string();
+        tasks.push(leader::run_while_leading(leader.leading(), move || {
+            let mut work = trust::publish_root(
+                client.clone(),
+                id.clone(),
+                remotes.clone(),
+                namespace.clone(),
+                root.clone(),
+            );
+            work.extend(ca_bundle::keep_current(
+                client.clone(),
+                id.clone(),
+                remotes.clone(),
+                namespace.clone(),
+                root.clone(),
+            ));
+            work
+        }));
     }
+
+    let webhook_state = Arc::new(WebhookState {
+        inject: InjectConfig {
+            proxy_image: args.inject.proxy_image.clone(),
+            cluster_id: args.cluster_id.clone(),
+            network: args.inject.network.clone(),
+            mesh_id: args.inject.mesh_id.clone(),
+            system_namespace: args.system_namespace.clone(),
+            domain_suffix: args.domain_suffix.clone(),
+            mesh: aggregate.mesh().snapshot().config.mesh().clone(),
+        },
+        mesh: aggregate.mesh().clone(),
+        cluster_id: args.cluster_id.clone(),
+    });
+    let hooks = listen::bind("webhook", args.webhook_addr).await?;
+    let webhook_addr = local_addr("webhook", &hooks)?;
+    tasks.push(
+        webhook::serve(
+            hooks,
+            webhook::tls_config(serving),
+            webhook::router(webhook_state),
+            HANDSHAKE_TIMEOUT,
+        )
+        .map_err(StartError::Webhook)?,
+    );
 
     let http = listen::bind("admin", args.http_addr).await?;
     let http_addr = local_addr("admin", &http)?;
@@ -305,6 +373,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         http_addr,
         xds_addr,
         secure_xds_addr,
+        webhook_addr,
         ca,
         xds,
         aggregate,
@@ -314,6 +383,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         _config_files_watch: config_files_watch,
         _mesh_config_watch: mesh_config_watch,
         config_cluster,
+        leader,
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::inject::InjectArgs;
 use crate::model::MeshNaming;
 use crate::sources::kubeconfig::InsecureOptions;
 use crate::xds::server::XdsOptions;
@@ -140,6 +141,39 @@ pub struct DiscoveryArgs {
     /// An xDS stream that sends no request for this long after opening is closed.
     #[arg(long, env = "MESHPILOT_XDS_FIRST_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub xds_first_request_timeout: Duration,
+
+    /// An xDS stream older than this (±10 % jitter) is ended so proxies rebalance over replicas;
+    /// `0s` keeps streams open.
+    #[arg(long, env = "MESHPILOT_XDS_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub xds_max_connection_age: Duration,
+
+    /// Admission webhook server (sidecar injection, config validation), over TLS.
+    #[arg(
+        long,
+        env = "MESHPILOT_WEBHOOK_ADDR",
+        default_value = "127.0.0.1:15017"
+    )]
+    pub webhook_addr: SocketAddr,
+
+    /// How long the leader's Lease lasts unrenewed before another replica takes over (≥ 1s).
+    #[arg(long, env = "MESHPILOT_LEADER_ELECTION_LEASE_DURATION", default_value = "30s", value_parser = at_least_a_second)]
+    pub leader_election_lease_duration: Duration,
+
+    /// This replica's identity in leader election (the pod name in a Deployment)
+    /// [default: host name and process id].
+    #[arg(long, env = "MESHPILOT_LEADER_IDENTITY")]
+    pub leader_identity: Option<String>,
+
+    #[command(flatten)]
+    pub inject: InjectArgs,
+}
+
+fn at_least_a_second(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    match duration >= Duration::from_secs(1) {
+        true => Ok(duration),
+        false => Err(format!("{text} is shorter than 1s")),
+    }
 }
 
 impl DiscoveryArgs {
@@ -159,6 +193,7 @@ impl DiscoveryArgs {
             push_concurrency: self.push_concurrency,
             send_timeout: self.xds_send_timeout,
             first_request_timeout: self.xds_first_request_timeout,
+            max_connection_age: self.xds_max_connection_age,
         }
     }
 

@@ -5,6 +5,8 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use meshpilot::config::DiscoveryArgs;
+use meshpilot::inject::offline::InjectCmdArgs;
+use meshpilot::install::ManifestArgs;
 use meshpilot::remote_secret::RemoteSecretArgs;
 use meshpilot::security::certs_cmd::CertsArgs;
 
@@ -31,6 +33,10 @@ enum Command {
     RemoteSecret(RemoteSecretArgs),
     /// Generate a shared root, per-cluster intermediates and workload certificates.
     Certs(CertsArgs),
+    /// Print the install manifests of a profile (primary, remote, multi-primary, eastwest-gateway).
+    Manifest(ManifestArgs),
+    /// Inject sidecars into a manifest's pods and pod templates, as the webhook would.
+    Inject(Box<InjectCmdArgs>),
 }
 
 #[tokio::main]
@@ -45,12 +51,26 @@ async fn main() -> anyhow::Result<()> {
         Command::Discovery(args) => {
             let running = meshpilot::app::start(*args).await?;
             shutdown_signal().await?;
-            drop(running);
+            running.shutdown().await;
         }
         Command::Certs(args) => {
             meshpilot::app::install_crypto_provider();
             eprintln!("{}", meshpilot::security::certs_cmd::run(&args)?);
         }
+        Command::Manifest(args) => match meshpilot::install::generate(&args) {
+            Ok(yaml) => print!("{yaml}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        },
+        Command::Inject(args) => match meshpilot::inject::offline::run(&args) {
+            Ok(yaml) => print!("{yaml}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        },
         Command::RemoteSecret(args) => {
             meshpilot::app::install_crypto_provider();
             match meshpilot::remote_secret::generate(&args).await {

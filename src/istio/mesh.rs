@@ -8,6 +8,10 @@ use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
 use super::validate::{self, ensure, Result, ValidationError};
 
+/// The ConfigMap in the system namespace that carries the mesh config, and its key.
+pub const MESH_CONFIGMAP: &str = "istio";
+pub const MESH_KEY: &str = "mesh";
+
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct MeshConfig {

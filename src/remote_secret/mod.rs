@@ -40,7 +40,7 @@ pub struct RemoteSecretArgs {
     pub server: Option<String>,
 
     /// Create the system namespace, the service account, its token Secret and the reader RBAC
-    /// (deploy/reader-rbac.yaml) where missing; `false` only reads an existing account's token.
+    /// (the reader RBAC of the manifests) where missing; `false` only reads an existing account's token.
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub create_service_account: bool,
 }
@@ -67,8 +67,6 @@ pub enum RemoteSecretError {
     Missing { cluster: String, object: String },
     #[error("cluster {cluster}: the token Secret {object} was not populated within 30s: is the token controller running?")]
     TokenTimeout { cluster: String, object: String },
-    #[error("deploy/reader-rbac.yaml: {0}")]
-    Rbac(String),
 }
 
 /// Creates what is missing on the remote cluster and returns the Secret's YAML.

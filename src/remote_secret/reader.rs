@@ -1,24 +1,21 @@
 //! What the reader service account needs on the remote cluster, created when missing, as istioctl
 //! create-remote-secret does: the system namespace, the account, a long-lived token Secret and the
-//! read-only RBAC of deploy/reader-rbac.yaml. Every step is idempotent.
+//! read-only RBAC the manifests install (`install::rbac`). Every step is idempotent.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize as _, Serialize};
+use serde::Serialize;
 
 use super::RemoteSecretError;
-
-/// The reader RBAC as deploy/reader-rbac.yaml defines it (ServiceAccount, ClusterRole,
-/// ClusterRoleBinding), so the tool and the manifest never drift apart.
-const READER_RBAC: &str = include_str!("../../deploy/reader-rbac.yaml");
+use crate::install::rbac;
 
 /// One remote cluster, as the tool reaches it.
 pub struct Remote {
@@ -61,7 +58,9 @@ impl Remote {
             account,
         )
         .await?;
-        let (role, binding) = reader_rbac()?;
+        // The objects of the manifests, so the tool and the manifests never drift apart.
+        let role = rbac::reader_role();
+        let binding = rbac::reader_binding(&self.namespace, &self.account);
         let role_name = role.metadata.name.clone().unwrap_or_default();
         self.ensure(Api::all(self.client.clone()), role).await?;
         self.ensure_binding(binding, &role_name).await
@@ -205,41 +204,5 @@ fn describe<K: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> String {
     match &meta.namespace {
         Some(ns) => format!("{} {ns}/{name}", K::kind(&())),
         None => format!("{} {name}", K::kind(&())),
-    }
-}
-
-/// The ClusterRole and ClusterRoleBinding of deploy/reader-rbac.yaml.
-fn reader_rbac() -> Result<(ClusterRole, ClusterRoleBinding), RemoteSecretError> {
-    let (mut role, mut binding) = (None, None);
-    for document in serde_yaml_ng::Deserializer::from_str(READER_RBAC) {
-        let value = serde_yaml_ng::Value::deserialize(document).map_err(rbac_error)?;
-        match value.get("kind").and_then(serde_yaml_ng::Value::as_str) {
-            Some("ClusterRole") => {
-                role = Some(serde_yaml_ng::from_value(value).map_err(rbac_error)?)
-            }
-            Some("ClusterRoleBinding") => {
-                binding = Some(serde_yaml_ng::from_value(value).map_err(rbac_error)?)
-            }
-            _ => {}
-        }
-    }
-    role.zip(binding).ok_or_else(|| {
-        RemoteSecretError::Rbac("no ClusterRole and ClusterRoleBinding in it".into())
-    })
-}
-
-fn rbac_error(e: serde_yaml_ng::Error) -> RemoteSecretError {
-    RemoteSecretError::Rbac(e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_bundled_rbac_parses() {
-        let (role, binding) = reader_rbac().unwrap();
-        assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
-        assert!(!role.rules.unwrap_or_default().is_empty());
     }
 }

@@ -1,9 +1,11 @@
 //! Where the CA's keys come from, as istiod decides: a plug-in bundle (directory or the `cacerts`
 //! Secret), else a self-signed root kept in `istio-ca-secret` (or, without Kubernetes, a state
-//! directory) so that a restart keeps the same root.
+//! directory) so that a restart keeps the same root. With leader election only the leader creates
+//! `istio-ca-secret`; the other replicas wait for it and load it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -11,6 +13,7 @@ use k8s_openapi::ByteString;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use thiserror::Error;
+use tokio::sync::watch;
 use tracing::info;
 
 use super::ca::{CaBundle, CaError};
@@ -36,8 +39,13 @@ pub enum KeysError {
 pub enum KeySource {
     /// `--ca-dir`: a plug-in bundle in Istio's cacerts layout.
     Dir(PathBuf),
-    /// The config cluster's system namespace (`cacerts`, else `istio-ca-secret`).
-    Kubernetes { client: Client, namespace: String },
+    /// The config cluster's system namespace (`cacerts`, else `istio-ca-secret`); `leading` says
+    /// whether this replica may create `istio-ca-secret` (None: no election, it may).
+    Kubernetes {
+        client: Client,
+        namespace: String,
+        leading: Option<watch::Receiver<bool>>,
+    },
     /// No Kubernetes: a self-signed root kept in this directory.
     StateDir(PathBuf),
 }
@@ -74,11 +82,16 @@ pub async fn load(source: KeySource, organization: &str) -> Result<LoadedBundle,
             };
             Ok(LoadedBundle { bundle, origin })
         }
-        KeySource::Kubernetes { client, namespace } => {
+        KeySource::Kubernetes {
+            client,
+            namespace,
+            leading,
+        } => {
             from_secrets(
                 Api::namespaced(client, &namespace),
                 &namespace,
                 organization,
+                leading,
             )
             .await
         }
@@ -92,10 +105,14 @@ fn in_origin(origin: &str) -> impl Fn(CaError) -> KeysError + '_ {
     }
 }
 
+/// How often a replica that is not the leader looks for the Secret the leader creates.
+const SECRET_POLL: Duration = Duration::from_secs(1);
+
 async fn from_secrets(
     secrets: Api<Secret>,
     namespace: &str,
     organization: &str,
+    mut leading: Option<watch::Receiver<bool>>,
 ) -> Result<LoadedBundle, KeysError> {
     let secret_error = |name: &'static str, verb: &'static str| {
         move |source| KeysError::Secret {
@@ -120,16 +137,31 @@ async fn from_secrets(
                 .map_err(secret_error(name, "get"))
         }
     };
-    if let Some(secret) = get(PLUGIN_SECRET).await? {
-        info!(namespace, "plug-in CA from Secret cacerts");
-        return loaded(&secret, PLUGIN_SECRET);
-    }
-    if let Some(secret) = get(SELF_SIGNED_SECRET).await? {
-        info!(
-            namespace,
-            "self-signed CA loaded from Secret istio-ca-secret"
-        );
-        return loaded(&secret, SELF_SIGNED_SECRET);
+    let mut waiting = false;
+    loop {
+        if let Some(secret) = get(PLUGIN_SECRET).await? {
+            info!(namespace, "plug-in CA from Secret cacerts");
+            return loaded(&secret, PLUGIN_SECRET);
+        }
+        if let Some(secret) = get(SELF_SIGNED_SECRET).await? {
+            info!(
+                namespace,
+                "self-signed CA loaded from Secret istio-ca-secret"
+            );
+            return loaded(&secret, SELF_SIGNED_SECRET);
+        }
+        let Some(leader) = leading.as_mut().filter(|l| !*l.borrow()) else {
+            break;
+        };
+        if !waiting {
+            info!(
+                namespace,
+                "waiting for the leader to create Secret istio-ca-secret"
+            );
+            waiting = true;
+        }
+        // Leadership may come to us meanwhile; then we create it ourselves.
+        let _ = tokio::time::timeout(SECRET_POLL, leader.changed()).await;
     }
     let bundle =
         CaBundle::self_signed_root(organization).map_err(in_origin(&origin(SELF_SIGNED_SECRET)))?;

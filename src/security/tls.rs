@@ -194,6 +194,12 @@ pub struct SecureConn {
     info: SecureConnInfo,
 }
 
+impl SecureConn {
+    pub fn info(&self) -> &SecureConnInfo {
+        &self.info
+    }
+}
+
 impl tonic::transport::server::Connected for SecureConn {
     type ConnectInfo = SecureConnInfo;
 

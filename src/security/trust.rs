@@ -73,7 +73,12 @@ pub fn publish_root(
     vec![local, remote]
 }
 
-async fn opted_in(client: &Client, system_namespace: &str, config_cluster: &ClusterId) -> bool {
+/// Whether a remote cluster's system namespace names this control plane's cluster (or `*`).
+pub(crate) async fn opted_in(
+    client: &Client,
+    system_namespace: &str,
+    config_cluster: &ClusterId,
+) -> bool {
     let Ok(Some(ns)) = Api::<Namespace>::all(client.clone())
         .get_opt(system_namespace)
         .await

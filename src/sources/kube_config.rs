@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use super::kube::WatchBackoff;
 use crate::aggregate::Aggregate;
+use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
 use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
 use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
 
@@ -254,7 +255,7 @@ async fn watch_mesh(
     last_error: Arc<Mutex<Option<String>>>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().fields("metadata.name=istio");
+    let config = watcher::Config::default().fields(&format!("metadata.name={MESH_CONFIGMAP}"));
     let defaults = MeshConfig::defaults_for(&aggregate.mesh().naming);
     let mut maps = watcher::watcher(api, config)
         .backoff(WatchBackoff::default())
@@ -271,7 +272,7 @@ async fn watch_mesh(
         let text = map
             .data
             .as_ref()
-            .and_then(|d| d.get("mesh"))
+            .and_then(|d| d.get(MESH_KEY))
             .cloned()
             .unwrap_or_default();
         match MeshConfig::parse(&text, &defaults) {
@@ -282,7 +283,8 @@ async fn watch_mesh(
                 }
             }
             Err(e) => {
-                let message = format!("ConfigMap {namespace}/istio, key mesh: {e}");
+                let message =
+                    format!("ConfigMap {namespace}/{MESH_CONFIGMAP}, key {MESH_KEY}: {e}");
                 error!(error = %message, "mesh config refused; keeping the last good one");
                 *last_error.lock() = Some(message);
             }

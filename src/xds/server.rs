@@ -52,6 +52,9 @@ pub struct XdsOptions {
     pub send_timeout: Duration,
     /// How long a new stream may stay silent before it is closed.
     pub first_request_timeout: Duration,
+    /// A stream older than this (±10 % jitter) is ended cleanly so proxies reconnect and spread
+    /// over replicas after a scale-up; zero keeps streams forever.
+    pub max_connection_age: Duration,
 }
 
 impl Default for XdsOptions {
@@ -60,6 +63,7 @@ impl Default for XdsOptions {
             push_concurrency: 64,
             send_timeout: Duration::from_secs(30),
             first_request_timeout: Duration::from_secs(30),
+            max_connection_age: Duration::from_secs(30 * 60),
         }
     }
 }

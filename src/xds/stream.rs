@@ -155,11 +155,18 @@ struct Stream<Req> {
 impl<Req: NodeOf> Stream<Req> {
     async fn run(mut self, first: Req, mut requests: Streaming<Req>) {
         let conn = self.registered.conn().clone();
+        let max_age = self.server.options().max_connection_age;
+        let deadline =
+            (!max_age.is_zero()).then(|| tokio::time::Instant::now() + jittered(max_age));
         let mut next = Some(Work::Request(first));
         loop {
             let work = match next.take() {
                 Some(work) => work,
                 None => tokio::select! {
+                    _ = sleep_until_some(deadline) => {
+                        debug!(proxy = %conn.proxy.id, ?max_age, "maximum connection age reached; ending the stream");
+                        return;
+                    }
                     message = requests.message() => match message {
                         Ok(Some(request)) => Work::Request(request),
                         Ok(None) => return,
@@ -249,6 +256,20 @@ impl<Req: NodeOf> Stream<Req> {
             }
         }
         true
+    }
+}
+
+/// The age spread over ±10 % (as gRPC's MaxConnectionAge), so streams opened together do not all
+/// end together.
+fn jittered(age: Duration) -> Duration {
+    age.mul_f64(0.9 + fastrand::f64() * 0.2)
+}
+
+/// Sleeps until the deadline; forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 
 pub mod ads;
 pub mod config_source;
+pub mod https;
 pub mod jwt;
 pub mod netns;
 pub mod sds;
@@ -201,6 +202,8 @@ impl MeshpilotProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
             .args(args)
             .env("MESHPILOT_LOG", "info")
+            // Tests run side by side: no fixed webhook port unless a test names one.
+            .env("MESHPILOT_WEBHOOK_ADDR", "127.0.0.1:0")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -612,6 +615,7 @@ pub async fn try_start_meshpilot(
         ("--http-addr", "127.0.0.1:0"),
         ("--xds-addr", "127.0.0.1:0"),
         ("--secure-xds-addr", "127.0.0.1:0"),
+        ("--webhook-addr", "127.0.0.1:0"),
         ("--ca-state-dir", state.path().to_str().expect("utf-8 path")),
     ];
     let mut argv = vec!["meshpilot"];

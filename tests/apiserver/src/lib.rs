@@ -5,8 +5,13 @@
 //! for compacted resource versions, TokenReviews against a token table, and TokenRequests. Objects
 //! live in memory. Like the real one, it refuses to create an object in a namespace that does not
 //! exist, and a test can deny a user a verb on a resource (403 Forbidden). A test can stop and restart
-//! it on the same port, or make it hang.
+//! it on the same port, or make it hang. Creates and updates are atomic: a create of an existing
+//! object is 409 AlreadyExists, an update naming a stale `resourceVersion` is 409 Conflict (what
+//! leader election relies on); `dryRun=All` admits without storing. Admission webhooks configured
+//! in the store are called as the real API server calls them (`admission`); a test says where a
+//! webhook's Service is reachable with [`TestApiServer::route_service`].
 
+mod admission;
 mod store;
 
 use std::collections::HashMap;
@@ -71,6 +76,11 @@ struct Shared {
     token_serial: AtomicU64,
     /// (username, verb, plural) a test denied.
     denied: Mutex<std::collections::HashSet<(String, String, String)>>,
+    /// Where a Service (namespace, name, port) is reachable: what kube-proxy would do for webhooks.
+    routes: Mutex<HashMap<(String, String, u16), SocketAddr>>,
+    review_serial: AtomicU64,
+    /// Serializes the check-then-store of creates and updates, so they are atomic.
+    writes: Mutex<()>,
 }
 
 /// One running (or stopped) test API server.
@@ -134,6 +144,9 @@ impl TestApiServer {
             tls: Arc::new(tls),
             token_serial: AtomicU64::new(0),
             denied: Mutex::default(),
+            routes: Mutex::default(),
+            review_serial: AtomicU64::new(0),
+            writes: Mutex::default(),
         });
         let server = Self {
             shared,
@@ -176,6 +189,14 @@ impl TestApiServer {
             .denied
             .lock()
             .insert((username.into(), verb.into(), plural.into()));
+    }
+
+    /// Admission webhooks naming Service `namespace/name` on `port` reach `addr`.
+    pub fn route_service(&self, namespace: &str, name: &str, port: u16, addr: SocketAddr) {
+        self.shared
+            .routes
+            .lock()
+            .insert((namespace.into(), name.into(), port), addr);
     }
 
     pub fn revoke_token(&self, token: &str) {
@@ -489,19 +510,39 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                     &format!("namespaces \"{ns}\" not found"),
                 );
             }
-            if method == Method::POST && shared.store.lock().get(target.kind, &ns, &name).is_some()
-            {
-                return status_error(
-                    StatusCode::CONFLICT,
-                    "AlreadyExists",
-                    &format!("{} \"{name}\" already exists", target.kind.resource()),
-                );
-            }
-            let status = if method == Method::POST {
+            let create = method == Method::POST;
+            let dry_run = query.get("dryRun").is_some_and(|v| v == "All");
+            let old = match precondition(&shared, &target, &ns, &name, &object, create) {
+                Ok(old) => old,
+                Err(refused) => return *refused,
+            };
+            let attempt = admission::Attempt {
+                kind: target.kind,
+                operation: if create { "CREATE" } else { "UPDATE" },
+                object,
+                old,
+                user: &user,
+                dry_run,
+            };
+            let object = match admission::admit(&shared, attempt).await {
+                Ok(object) => object,
+                Err(admission::Refusal(refused)) => return *refused,
+            };
+            let status = if create {
                 StatusCode::CREATED
             } else {
                 StatusCode::OK
             };
+            if dry_run {
+                return json_response(status, &object);
+            }
+            // Checked again with writes serialized: another client may have written meanwhile.
+            let _writing = shared.writes.lock();
+            if let Err(refused) = precondition(&shared, &target, &ns, &name, &object, create) {
+                return *refused;
+            }
+            let verb = if create { "create" } else { "update" };
+            count(&shared, format!("{verb}:{}", target.kind.plural));
             json_response(status, &upsert(&shared, target.kind, object))
         }
         (&Method::DELETE, Some(name), None) => {
@@ -530,6 +571,50 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             "MethodNotAllowed",
             "method not allowed",
         ),
+    }
+}
+
+/// What a create or update requires, as the real API server words its refusals: a create needs no
+/// object of that name, an update needs one, at the `resourceVersion` it names (if any). Returns the
+/// current object.
+fn precondition(
+    shared: &Shared,
+    target: &Target,
+    ns: &str,
+    name: &str,
+    object: &Value,
+    create: bool,
+) -> Result<Option<Value>, Box<Response<Body>>> {
+    let current = shared.store.lock().get(target.kind, ns, name);
+    let resource = target.kind.resource();
+    match (&current, create) {
+        (Some(_), true) => Err(Box::new(status_error(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("{resource} \"{name}\" already exists"),
+        ))),
+        (None, false) => Err(Box::new(status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("{resource} \"{name}\" not found"),
+        ))),
+        (Some(stored), false) => {
+            let wanted = object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default();
+            let actual = stored["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default();
+            if !wanted.is_empty() && wanted != actual {
+                return Err(Box::new(status_error(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    &format!("Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+                )));
+            }
+            Ok(current)
+        }
+        (None, true) => Ok(None),
     }
 }
 

@@ -160,6 +160,28 @@ pub const KINDS: &[ResourceKind] = &[
         api_version: "discovery.k8s.io/v1",
         namespaced: true,
     },
+    // Leader election, and the webhook configurations the API server calls on admission.
+    ResourceKind {
+        plural: "leases",
+        group: "coordination.k8s.io",
+        kind: "Lease",
+        api_version: "coordination.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "mutatingwebhookconfigurations",
+        group: "admissionregistration.k8s.io",
+        kind: "MutatingWebhookConfiguration",
+        api_version: "admissionregistration.k8s.io/v1",
+        namespaced: false,
+    },
+    ResourceKind {
+        plural: "validatingwebhookconfigurations",
+        group: "admissionregistration.k8s.io",
+        kind: "ValidatingWebhookConfiguration",
+        api_version: "admissionregistration.k8s.io/v1",
+        namespaced: false,
+    },
 ];
 
 pub fn kind_by_plural(group_version: &str, plural: &str) -> Option<ResourceKind> {
@@ -401,6 +423,38 @@ enum Requirement {
 }
 
 impl Filter {
+    /// A Kubernetes LabelSelector object (`matchLabels`, `matchExpressions`); absent matches all.
+    pub fn from_label_selector(selector: &Value) -> Result<Self, String> {
+        let mut filter = Filter::default();
+        for (key, value) in selector["matchLabels"].as_object().into_iter().flatten() {
+            let value = value.as_str().ok_or("matchLabels values must be strings")?;
+            filter
+                .labels
+                .push(Requirement::Equals(key.clone(), value.to_string()));
+        }
+        for expression in selector["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let key = expression["key"].as_str().unwrap_or_default().to_string();
+            let values: Vec<String> = expression["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            filter.labels.push(match expression["operator"].as_str() {
+                Some("In") => Requirement::In(key, values),
+                Some("NotIn") => Requirement::NotIn(key, values),
+                Some("Exists") => Requirement::Exists(key),
+                Some("DoesNotExist") => Requirement::NotExists(key),
+                other => return Err(format!("unknown selector operator {other:?}")),
+            });
+        }
+        Ok(filter)
+    }
+
     pub fn parse(
         label_selector: Option<&str>,
         field_selector: Option<&str>,

@@ -1,0 +1,183 @@
+//! Service accounts and RBAC: the control plane's own, the reader account other control planes
+//! use to read a cluster (`meshpilot remote-secret` creates the same objects), and what a primary
+//! writes in a remote cluster that opted in to it.
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+
+use super::meta;
+
+pub const CONTROL_PLANE_ACCOUNT: &str = "meshpilot";
+pub const READER_ACCOUNT: &str = "istio-reader-service-account";
+pub const READER_ROLE: &str = "meshpilot-reader";
+const REMOTE_WRITER_ROLE: &str = "meshpilot-remote-writer";
+const ISTIO_GROUPS: [&str; 2] = ["networking.istio.io", "security.istio.io"];
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());
+    PolicyRule {
+        api_groups: strings(groups),
+        resources: strings(resources),
+        verbs: verbs.iter().map(|x| x.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+
+pub fn service_account(name: &str, namespace: &str) -> ServiceAccount {
+    ServiceAccount {
+        metadata: meta(name, Some(namespace)),
+        ..Default::default()
+    }
+}
+
+fn subject(account: &str, namespace: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: account.into(),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }
+}
+
+fn cluster_binding(name: &str, role: &str, account: &str, namespace: &str) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(name, None),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![subject(account, namespace)]),
+    }
+}
+
+/// What the control plane does in its own cluster: read services, endpoints and Istio config,
+/// review tokens, publish root certificates, keep webhook configurations current.
+pub fn control_plane_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(CONTROL_PLANE_ACCOUNT, None),
+        rules: Some(vec![
+            rule(&[""], &["pods", "services", "nodes", "namespaces"], READ),
+            rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+            rule(
+                &[""],
+                &["configmaps"],
+                &["get", "list", "watch", "create", "update"],
+            ),
+            rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+            rule(&ISTIO_GROUPS, &["*"], READ),
+            // Dry-run only: proves the validation webhook refuses invalid config.
+            rule(&["networking.istio.io"], &["destinationrules"], &["create"]),
+            rule(
+                &["admissionregistration.k8s.io"],
+                &[
+                    "mutatingwebhookconfigurations",
+                    "validatingwebhookconfigurations",
+                ],
+                &["get", "list", "watch", "update"],
+            ),
+        ]),
+        ..Default::default()
+    }
+}
+
+pub fn control_plane_binding(namespace: &str) -> ClusterRoleBinding {
+    cluster_binding(
+        CONTROL_PLANE_ACCOUNT,
+        CONTROL_PLANE_ACCOUNT,
+        CONTROL_PLANE_ACCOUNT,
+        namespace,
+    )
+}
+
+/// In the system namespace only: remote-cluster kubeconfigs and CA keys (Secrets), the leader
+/// Lease.
+pub fn control_plane_namespace_role(namespace: &str) -> Role {
+    Role {
+        metadata: meta(CONTROL_PLANE_ACCOUNT, Some(namespace)),
+        rules: Some(vec![
+            rule(
+                &[""],
+                &["secrets"],
+                &["get", "list", "watch", "create", "update"],
+            ),
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "create", "update"],
+            ),
+        ]),
+    }
+}
+
+pub fn control_plane_namespace_binding(namespace: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(CONTROL_PLANE_ACCOUNT, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: CONTROL_PLANE_ACCOUNT.into(),
+        },
+        subjects: Some(vec![subject(CONTROL_PLANE_ACCOUNT, namespace)]),
+    }
+}
+
+/// What a control plane reading this cluster needs (Istio's reader role, for the kinds meshpilot
+/// reads): services, endpoints, pods, nodes, Istio config; TokenReviews for its workloads.
+pub fn reader_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(READER_ROLE, None),
+        rules: Some(vec![
+            rule(
+                &[""],
+                &["pods", "services", "nodes", "namespaces", "secrets"],
+                READ,
+            ),
+            rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+            rule(&ISTIO_GROUPS, &["*"], READ),
+            rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+        ]),
+        ..Default::default()
+    }
+}
+
+pub fn reader_binding(namespace: &str, account: &str) -> ClusterRoleBinding {
+    cluster_binding(READER_ROLE, READER_ROLE, account, namespace)
+}
+
+/// What the primary writes in a remote cluster that opted in to it: root-certificate ConfigMaps
+/// and the caBundle of the webhook configurations calling it.
+pub fn remote_writer_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(REMOTE_WRITER_ROLE, None),
+        rules: Some(vec![
+            rule(
+                &[""],
+                &["configmaps"],
+                &["get", "list", "watch", "create", "update"],
+            ),
+            rule(
+                &["admissionregistration.k8s.io"],
+                &[
+                    "mutatingwebhookconfigurations",
+                    "validatingwebhookconfigurations",
+                ],
+                &["get", "list", "watch", "update"],
+            ),
+        ]),
+        ..Default::default()
+    }
+}
+
+pub fn remote_writer_binding(namespace: &str) -> ClusterRoleBinding {
+    cluster_binding(
+        REMOTE_WRITER_ROLE,
+        REMOTE_WRITER_ROLE,
+        READER_ACCOUNT,
+        namespace,
+    )
+}

@@ -1,0 +1,235 @@
+//! The settings a manifest is rendered with (`--set key=value`), each checked where it is given:
+//! an unknown key, a bad value or a setting a profile needs is an error naming it.
+
+use std::net::IpAddr;
+
+use thiserror::Error;
+
+use super::Profile;
+use crate::inject::DEFAULT_PROXY_IMAGE;
+
+/// Every key `--set` knows, with what it means (shown when a key is unknown).
+pub const KEYS: &[(&str, &str)] = &[
+    ("namespace", "namespace of the control plane [istio-system]"),
+    ("image", "meshpilot's image [meshpilot:<version>]"),
+    (
+        "proxyImage",
+        "Istio's proxyv2 image for sidecars and gateways",
+    ),
+    ("replicas", "control-plane replicas [2]"),
+    ("clusterId", "this cluster's id [Kubernetes]"),
+    ("network", "this cluster's network (multi-network meshes)"),
+    ("meshId", "mesh id of proxies [the trust domain]"),
+    ("trustDomain", "SPIFFE trust domain [cluster.local]"),
+    (
+        "remotePilotAddress",
+        "where remote clusters reach the control plane (IP or DNS name)",
+    ),
+    (
+        "exposeControlPlane",
+        "primary: a LoadBalancer Service for 15012 and 15017 [false]",
+    ),
+    (
+        "controlPlaneClusters",
+        "remote: the cluster ids allowed to manage it [*]",
+    ),
+];
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ValuesError {
+    #[error("--set {entry:?}: expected key=value")]
+    Syntax { entry: String },
+    #[error("--set {key}: unknown key; known keys: {known}")]
+    UnknownKey { key: String, known: String },
+    #[error("--set {key}={value:?}: {problem}")]
+    Invalid {
+        key: String,
+        value: String,
+        problem: String,
+    },
+    #[error("profile {profile} needs --set {key}=<{what}>")]
+    Missing {
+        profile: &'static str,
+        key: &'static str,
+        what: &'static str,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Values {
+    pub namespace: String,
+    pub image: String,
+    pub proxy_image: String,
+    pub replicas: i32,
+    pub cluster_id: String,
+    pub network: String,
+    pub mesh_id: String,
+    pub trust_domain: String,
+    pub remote_pilot_address: String,
+    pub expose_control_plane: bool,
+    pub control_plane_clusters: String,
+}
+
+impl Default for Values {
+    fn default() -> Self {
+        Self {
+            namespace: "istio-system".into(),
+            image: format!("meshpilot:{}", env!("CARGO_PKG_VERSION")),
+            proxy_image: DEFAULT_PROXY_IMAGE.into(),
+            replicas: 2,
+            cluster_id: "Kubernetes".into(),
+            network: String::new(),
+            mesh_id: String::new(),
+            trust_domain: "cluster.local".into(),
+            remote_pilot_address: String::new(),
+            expose_control_plane: false,
+            control_plane_clusters: "*".into(),
+        }
+    }
+}
+
+impl Values {
+    /// Applies one `key=value`.
+    pub fn set(&mut self, entry: &str) -> Result<(), ValuesError> {
+        let (key, value) = entry.split_once('=').ok_or_else(|| ValuesError::Syntax {
+            entry: entry.to_string(),
+        })?;
+        let invalid = |problem: &str| ValuesError::Invalid {
+            key: key.to_string(),
+            value: value.to_string(),
+            problem: problem.to_string(),
+        };
+        let label = |v: &str| -> Result<String, ValuesError> {
+            is_dns_label(v)
+                .then(|| v.to_string())
+                .ok_or_else(|| invalid("must be a DNS-1123 label (lowercase letters, digits, '-')"))
+        };
+        let text = |v: &str| -> Result<String, ValuesError> {
+            (!v.is_empty() && !v.contains(char::is_whitespace))
+                .then(|| v.to_string())
+                .ok_or_else(|| invalid("must be non-empty, without spaces"))
+        };
+        match key {
+            "namespace" => self.namespace = label(value)?,
+            "image" => self.image = text(value)?,
+            "proxyImage" => self.proxy_image = text(value)?,
+            "replicas" => {
+                self.replicas = value
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| invalid("must be a whole number ≥ 1"))?
+            }
+            "clusterId" => self.cluster_id = text(value)?,
+            "network" => self.network = text(value)?,
+            "meshId" => self.mesh_id = text(value)?,
+            "trustDomain" => self.trust_domain = text(value)?,
+            "remotePilotAddress" => {
+                if value.parse::<IpAddr>().is_err() && !is_dns_name(value) {
+                    return Err(invalid("must be an IP address or a DNS name"));
+                }
+                self.remote_pilot_address = value.to_string();
+            }
+            "exposeControlPlane" => {
+                self.expose_control_plane = value
+                    .parse()
+                    .map_err(|_| invalid("must be true or false"))?
+            }
+            "controlPlaneClusters" => self.control_plane_clusters = text(value)?,
+            _ => {
+                return Err(ValuesError::UnknownKey {
+                    key: key.to_string(),
+                    known: KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// What a profile cannot do without.
+    pub fn check(&self, profile: Profile) -> Result<(), ValuesError> {
+        let missing = |key, what| ValuesError::Missing {
+            profile: profile.name(),
+            key,
+            what,
+        };
+        let default_cluster = self.cluster_id == Values::default().cluster_id;
+        match profile {
+            Profile::Primary => Ok(()),
+            Profile::MultiPrimary if default_cluster => Err(missing("clusterId", "id")),
+            Profile::MultiPrimary => Ok(()),
+            Profile::Remote if self.remote_pilot_address.is_empty() => {
+                Err(missing("remotePilotAddress", "the primary's address"))
+            }
+            Profile::Remote if default_cluster => Err(missing("clusterId", "id")),
+            Profile::Remote => Ok(()),
+            Profile::EastwestGateway if self.network.is_empty() => {
+                Err(missing("network", "network"))
+            }
+            Profile::EastwestGateway if default_cluster => Err(missing("clusterId", "id")),
+            Profile::EastwestGateway => Ok(()),
+        }
+    }
+
+    /// The control plane's secure address inside the cluster, as proxies reach it.
+    pub fn discovery_address(&self) -> String {
+        format!("istiod.{}.svc:15012", self.namespace)
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_name(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(|l| is_dns_label(&l.to_ascii_lowercase()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_checked_where_given() {
+        let mut values = Values::default();
+        values.set("replicas=3").unwrap();
+        values.set("remotePilotAddress=192.0.2.10").unwrap();
+        assert_eq!(
+            (values.replicas, values.remote_pilot_address.as_str()),
+            (3, "192.0.2.10")
+        );
+        let e = values.set("replica=3").unwrap_err().to_string();
+        assert!(
+            e.starts_with("--set replica: unknown key; known keys: namespace"),
+            "{e}"
+        );
+        assert!(values.set("replicas=0").is_err());
+        assert!(values.set("namespace=Istio").is_err());
+        assert!(values.set("remotePilotAddress=not an address").is_err());
+        assert_eq!(
+            values.set("replicas").unwrap_err(),
+            ValuesError::Syntax {
+                entry: "replicas".into()
+            }
+        );
+    }
+
+    #[test]
+    fn profiles_name_what_they_need() {
+        let e = Values::default().check(Profile::Remote).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "profile remote needs --set remotePilotAddress=<the primary's address>"
+        );
+        let e = Values::default().check(Profile::MultiPrimary).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "profile multi-primary needs --set clusterId=<id>"
+        );
+    }
+}
