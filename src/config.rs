@@ -214,6 +214,7 @@ impl DiscoveryArgs {
             domain_suffix: self.domain_suffix.clone(),
             trust_domain: self.trust_domain.clone(),
             system_namespace: self.system_namespace.clone(),
+            cluster_id: crate::model::ClusterId::new(&self.cluster_id),
         }
     }
 }

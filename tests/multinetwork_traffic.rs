@@ -2,7 +2,10 @@
 //! network 2. The networks are joined only through network 2's east-west gateway address. The
 //! client's sidecar originates mTLS with SNI `outbound_.<port>_._.<host>` to the gateway (a real
 //! Envoy), which passes the TLS through by SNI without terminating it; the backend's own sidecar
-//! terminates it with a meshpilot-issued certificate. Needs root (network namespaces, iptables).
+//! terminates it with a meshpilot-issued certificate. The gateway is configured from Istio's
+//! cross-network Gateway (AUTO_PASSTHROUGH) alone: its proxy does not carry the
+//! `istio: eastwestgateway` label meshpilot otherwise falls back to. Needs root (network
+//! namespaces, iptables).
 
 mod common;
 
@@ -16,6 +19,20 @@ const BOUND: Duration = Duration::from_secs(30);
 const ECHO: &str = "echo.default.svc.cluster.local";
 const APP_UID: &str = "1000";
 const GATEWAY_IP: &str = "10.214.1.2";
+
+/// Istio's cross-network Gateway (samples/multicluster/expose-services.yaml), selecting the gateway
+/// by a label of its own.
+const CROSS_NETWORK_GATEWAY: &str = "
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: cross-network-gateway, namespace: istio-system}
+spec:
+  selector: {app: cross-network-gateway}
+  servers:
+  - port: {number: 15443, name: tls, protocol: TLS}
+    tls: {mode: AUTO_PASSTHROUGH}
+    hosts: ['*.local']
+";
 
 const EAST: &str = "
 apiVersion: v1
@@ -124,6 +141,12 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         std::fs::create_dir_all(&path).unwrap();
         std::fs::write(path.join("mesh.yaml"), manifests).unwrap();
     }
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(
+        dir.path().join("config/cross-network.yaml"),
+        CROSS_NETWORK_GATEWAY,
+    )
+    .unwrap();
     let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
 
     let proxy = |ns: &Netns,
@@ -162,7 +185,7 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         "10.214.12.1",
         "router~10.214.1.2~istio-eastwestgateway-0.istio-system~istio-system.svc.cluster.local",
         &[("CLUSTER_ID", "west"), ("NETWORK", "network2")],
-        &[("istio", "eastwestgateway")],
+        &[("app", "cross-network-gateway")],
         "istio-eastwestgateway",
     ))
     .await;

@@ -55,13 +55,18 @@ fn cluster_binding(name: &str, role: &str, account: &str, namespace: &str) -> Cl
     }
 }
 
-/// What the control plane does in its own cluster: read services, endpoints and Istio config,
-/// review tokens, publish root certificates, keep webhook configurations current.
+/// What the control plane does in its own cluster: read services, endpoints, Istio config and
+/// gateway credentials (Secrets), review tokens, publish root certificates, keep webhook
+/// configurations current.
 pub fn control_plane_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(CONTROL_PLANE_ACCOUNT, None),
         rules: Some(vec![
-            rule(&[""], &["pods", "services", "nodes", "namespaces"], READ),
+            rule(
+                &[""],
+                &["pods", "services", "nodes", "namespaces", "secrets"],
+                READ,
+            ),
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
             rule(
                 &[""],
@@ -127,7 +132,8 @@ pub fn control_plane_namespace_binding(namespace: &str) -> RoleBinding {
 }
 
 /// What a control plane reading this cluster needs (Istio's reader role, for the kinds meshpilot
-/// reads): services, endpoints, pods, nodes, Istio config; TokenReviews for its workloads.
+/// reads): services, endpoints, pods, nodes, gateway credentials, Istio config; TokenReviews for
+/// its workloads.
 pub fn reader_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(READER_ROLE, None),

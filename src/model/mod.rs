@@ -4,6 +4,7 @@
 //! never holds a lock while it builds or sends and never mixes two versions of the mesh.
 
 mod config;
+mod credentials;
 mod endpoint;
 mod jwks;
 mod networks;
@@ -14,6 +15,9 @@ mod services;
 mod shards;
 
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
+pub use credentials::{
+    CredentialError, CredentialKey, Credentials, SecretMaterial, CA_SUFFIX as CREDENTIAL_CA_SUFFIX,
+};
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
 pub use jwks::{JwksEntry, JwksTable};
 pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
@@ -59,6 +63,7 @@ impl Mesh {
         let mesh_config = MeshConfig::defaults_for(&naming);
         let snapshot = MeshSnapshot {
             config: ConfigStore::new(&naming.domain_suffix, mesh_config),
+            credentials: Credentials::new(naming.cluster_id.clone()),
             ..MeshSnapshot::default()
         };
         Self {
@@ -103,6 +108,8 @@ pub struct MeshSnapshot {
     pub config: ConfigStore,
     /// Keys fetched for RequestAuthentications.
     pub jwks: JwksTable,
+    /// TLS Secrets of every cluster, for gateways' `credentialName`.
+    pub credentials: Credentials,
 }
 
 impl Default for MeshSnapshot {
@@ -117,6 +124,7 @@ impl Default for MeshSnapshot {
             gateways_version: 0,
             config: ConfigStore::default(),
             jwks: JwksTable::default(),
+            credentials: Credentials::default(),
         }
     }
 }
@@ -169,6 +177,8 @@ pub struct Change {
     pub configs: BTreeSet<ConfigKey>,
     /// Which proxies the full part concerns.
     pub audience: Audience,
+    /// Secrets that changed: proxies holding them over SDS get them again.
+    pub credentials: BTreeSet<CredentialKey>,
 }
 
 /// The proxies a full push is for.
@@ -218,7 +228,7 @@ impl Change {
     }
 
     pub fn is_empty(&self) -> bool {
-        !self.full && self.services.is_empty()
+        !self.full && self.services.is_empty() && self.credentials.is_empty()
     }
 
     /// Folds another change into this one.
@@ -231,11 +241,12 @@ impl Change {
         self.full |= other.full;
         self.services.extend(other.services);
         self.configs.extend(other.configs);
+        self.credentials.extend(other.credentials);
     }
 }
 
 /// Identifies one cluster (a Kubernetes cluster or a file-backed one). Cheap to clone.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(transparent)]
 pub struct ClusterId(Arc<str>);
 
@@ -264,6 +275,8 @@ pub struct MeshNaming {
     pub trust_domain: String,
     /// Namespace of the control plane; its `topology.istio.io/network` label names a cluster's network.
     pub system_namespace: String,
+    /// The cluster meshpilot runs in: where gateway credentials are looked up after the gateway's own.
+    pub cluster_id: ClusterId,
 }
 
 impl Default for MeshNaming {
@@ -272,6 +285,7 @@ impl Default for MeshNaming {
             domain_suffix: "cluster.local".into(),
             trust_domain: "cluster.local".into(),
             system_namespace: "istio-system".into(),
+            cluster_id: ClusterId::new("Kubernetes"),
         }
     }
 }

@@ -24,8 +24,8 @@ use tracing::{debug, warn};
 use crate::istio::service_entry::Resolution as EntryResolution;
 use crate::istio::{ConfigKind, Spec};
 use crate::model::{
-    canonical, Change, ClusterId, Endpoint, Hostname, Mesh, MeshNaming, MeshNetworks, MeshSnapshot,
-    PushNeed, Service, ServiceKey, ShardKey,
+    canonical, Change, ClusterId, CredentialKey, Endpoint, Hostname, Mesh, MeshNaming,
+    MeshNetworks, MeshSnapshot, PushNeed, SecretMaterial, Service, ServiceKey, ShardKey,
 };
 use convert::EndpointContext;
 pub use convert::NsName;
@@ -161,6 +161,7 @@ impl ClusterRegistry {
             return;
         }
         let gateways = dirty.definitions || dirty.all;
+        let secrets = Secrets::Named(std::mem::take(&mut dirty.secrets));
         let (services, selected): (Vec<NsName>, Selected) = if dirty.all {
             (store.service_names(), Selected::All)
         } else {
@@ -170,14 +171,14 @@ impl ClusterRegistry {
             };
             (dirty.services.into_iter().collect(), selected)
         };
-        self.publish(store, services, gateways, selected);
+        self.publish(store, services, gateways, selected, secrets);
     }
 
     /// Re-derives the endpoints of pods that ServiceEntries select (the entries changed).
     pub fn resync_selected(&self) {
         let store = self.store.lock();
         if store.mode == Mode::Live {
-            self.publish(store, Vec::new(), false, Selected::All);
+            self.publish(store, Vec::new(), false, Selected::All, Secrets::none());
         }
     }
 
@@ -186,7 +187,7 @@ impl ClusterRegistry {
         let store = self.store.lock();
         if store.mode == Mode::Live {
             let services = store.service_names();
-            self.publish(store, services, true, Selected::All);
+            self.publish(store, services, true, Selected::All, Secrets::none());
         }
     }
 
@@ -199,6 +200,7 @@ impl ClusterRegistry {
         services: impl IntoIterator<Item = NsName>,
         definitions_changed: bool,
         selected: Selected,
+        secrets: Secrets,
     ) {
         let snapshot = self.mesh.snapshot();
         let networks = snapshot.networks.clone();
@@ -226,10 +228,44 @@ impl ClusterRegistry {
             if definitions_changed && mesh.refresh_gateways() {
                 change.services.extend(mesh.endpoints.hostnames().cloned());
             }
+            self.write_secrets(&store, &secrets, mesh, &mut change);
             change
         });
         drop(store);
         self.emit(change);
+    }
+
+    /// Writes the cluster's Secrets in `scope` to the mesh's credentials, noting those that changed.
+    fn write_secrets(
+        &self,
+        store: &Store,
+        scope: &Secrets,
+        mesh: &mut MeshSnapshot,
+        change: &mut Change,
+    ) {
+        let key = |(namespace, name): &NsName| CredentialKey {
+            cluster: self.id.clone(),
+            namespace: namespace.as_str().into(),
+            name: name.as_str().into(),
+        };
+        let names: Vec<NsName> = match scope {
+            Secrets::Named(names) => names.iter().cloned().collect(),
+            Secrets::All => {
+                // Those the predecessor served and this store lacks go too.
+                let held = mesh.credentials.of_cluster(&self.id).into_iter();
+                let gone = held.map(|k| (k.namespace.to_string(), k.name.to_string()));
+                let mut all: BTreeSet<NsName> = store.secrets.keys().cloned().collect();
+                all.extend(gone);
+                all.into_iter().collect()
+            }
+        };
+        for name in names {
+            let material = store.secrets.get(&name).cloned();
+            let key = key(&name);
+            if mesh.credentials.set(key.clone(), material) {
+                change.credentials.insert(key);
+            }
+        }
     }
 
     /// The endpoints of this cluster's pods that ServiceEntries with a `workloadSelector` select, for
@@ -372,7 +408,7 @@ impl ClusterRegistry {
         store.mode = Mode::Live;
         let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
         services.extend(predecessor_services);
-        self.publish(store, services, true, Selected::All);
+        self.publish(store, services, true, Selected::All, Secrets::All);
     }
 
     /// Removes everything this cluster contributed to the mesh (the cluster left).
@@ -390,6 +426,9 @@ impl ClusterRegistry {
             change
                 .services
                 .extend(removed.into_iter().map(|k| k.hostname));
+            change
+                .credentials
+                .extend(mesh.credentials.remove_cluster(&self.id));
             change
         });
         self.emit(change);
@@ -440,6 +479,19 @@ impl ServiceUpdate {
     }
 }
 
+/// Which Secrets a publish writes.
+enum Secrets {
+    Named(BTreeSet<NsName>),
+    /// Every one of the cluster's, replacing what the mesh holds for it.
+    All,
+}
+
+impl Secrets {
+    fn none() -> Self {
+        Secrets::Named(BTreeSet::new())
+    }
+}
+
 /// Which ServiceEntries with a `workloadSelector` a publish re-derives.
 enum Selected {
     None,
@@ -468,6 +520,8 @@ struct Dirty {
     all: bool,
     /// A Service object changed: it may be (or have been) a network's gateway.
     definitions: bool,
+    /// Secrets whose TLS material came, changed or went.
+    secrets: BTreeSet<NsName>,
 }
 
 /// Whether a registry writes the mesh.
@@ -498,6 +552,8 @@ struct Store {
     slices_by_ip: HashMap<(String, IpAddr), HashSet<String>>,
     /// Services whose ServiceEntry selects pods here, with a shard written for them.
     selected: BTreeSet<ServiceKey>,
+    /// TLS material of Secrets, for gateway credentials.
+    secrets: HashMap<NsName, Arc<SecretMaterial>>,
 }
 
 impl Store {
@@ -569,6 +625,16 @@ impl Store {
                 self.nodes.insert(name.clone(), node);
                 self.mark_node(&name, dirty);
             }
+            Object::Secret(secret) => {
+                let key = (secret.namespace, secret.name);
+                let changed = match secret.material {
+                    Some(m) => self.secrets.insert(key.clone(), m.clone()) != Some(m),
+                    None => self.secrets.remove(&key).is_some(),
+                };
+                if changed {
+                    dirty.secrets.insert(key);
+                }
+            }
         }
     }
 
@@ -591,6 +657,11 @@ impl Store {
             Kind::Node => {
                 if self.nodes.remove(&ns_name.1).is_some() {
                     self.mark_node(&ns_name.1, dirty);
+                }
+            }
+            Kind::Secret => {
+                if self.secrets.remove(&ns_name).is_some() {
+                    dirty.secrets.insert(ns_name);
                 }
             }
         }

@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
 
-use crate::model::{Labels, Locality, Protocol, ServicePort};
+use crate::model::{Labels, Locality, Protocol, SecretMaterial, ServicePort};
 
 pub const LABEL_NETWORK: &str = "topology.istio.io/network";
 pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
@@ -51,6 +52,7 @@ pub enum Kind {
     EndpointSlice,
     Pod,
     Node,
+    Secret,
 }
 
 impl std::fmt::Display for Kind {
@@ -74,6 +76,7 @@ pub enum Object {
     EndpointSlice(SliceObj),
     Pod(PodObj),
     Node(NodeObj),
+    Secret(SecretObj),
 }
 
 /// One change to a cluster's objects, from a watch event or a file diff.
@@ -91,6 +94,7 @@ impl Object {
             Object::EndpointSlice(o) => (Kind::EndpointSlice, o.namespace.as_str(), &o.name),
             Object::Pod(o) => (Kind::Pod, o.namespace.as_str(), &o.name),
             Object::Node(o) => (Kind::Node, "", &o.name),
+            Object::Secret(o) => (Kind::Secret, o.namespace.as_str(), &o.name),
         };
         ObjectKey {
             kind,
@@ -159,6 +163,14 @@ pub struct PodObj {
 pub struct NodeObj {
     pub name: String,
     pub locality: Locality,
+}
+
+/// A Secret, reduced to the TLS material gateways may use; other Secrets hold nothing here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SecretObj {
+    pub name: String,
+    pub namespace: String,
+    pub material: Option<Arc<SecretMaterial>>,
 }
 
 fn name_of(kind: Kind, meta: &ObjectMeta) -> Result<String, TrimError> {
@@ -360,5 +372,34 @@ pub fn node(node: &core::Node) -> Result<Object, TrimError> {
             subzone: first(&[LABEL_SUBZONE]),
         },
         name,
+    }))
+}
+
+/// Secret types that never carry TLS material and are numerous: not watched (as istiod).
+pub const UNWATCHED_SECRET_TYPES: [&str; 2] =
+    ["helm.sh/release.v1", "kubernetes.io/service-account-token"];
+
+/// Keeps only the keys istiod serves to gateways (`stringData`, as written in files, overrides
+/// `data`, as the API server merges them).
+pub fn secret(secret: &core::Secret) -> Result<Object, TrimError> {
+    let (namespace, name) = namespaced(Kind::Secret, &secret.metadata)?;
+    let value = |key: &str| -> Option<Bytes> {
+        let text = secret.string_data.as_ref().and_then(|d| d.get(key));
+        let bytes = match text {
+            Some(t) => Bytes::from(t.clone().into_bytes()),
+            None => Bytes::from(secret.data.as_ref()?.get(key)?.0.clone()),
+        };
+        (!bytes.is_empty()).then_some(bytes)
+    };
+    let pair = |cert: &str, key: &str| Some((value(cert)?, value(key)?));
+    let material = SecretMaterial {
+        certificate: pair("cert", "key").or_else(|| pair("tls.crt", "tls.key")),
+        ca: value("cacert").or_else(|| value("ca.crt")),
+    };
+    let useful = material.certificate.is_some() || material.ca.is_some();
+    Ok(Object::Secret(SecretObj {
+        name,
+        namespace,
+        material: useful.then(|| Arc::new(material)),
     }))
 }

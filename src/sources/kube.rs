@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
@@ -113,7 +113,7 @@ pub fn watch_cluster(
 ) -> KubeWatch {
     let (done, synced) = watch::channel(false);
     let gate = Arc::new(SyncGate {
-        remaining: AtomicUsize::new(5),
+        remaining: AtomicUsize::new(6),
         registry: registry.clone(),
         done,
     });
@@ -149,14 +149,30 @@ pub fn watch_cluster(
             |o| objects::service(o).map(Some),
         ),
         spawn::<EndpointSlice>(
-            Api::all(client),
-            all,
+            Api::all(client.clone()),
+            all.clone(),
             Kind::EndpointSlice,
             &gate,
             objects::endpoint_slice,
         ),
+        spawn::<Secret>(
+            Api::all(client),
+            all.fields(&secret_fields()),
+            Kind::Secret,
+            &gate,
+            |o| objects::secret(o).map(Some),
+        ),
     ];
     KubeWatch { tasks, synced }
+}
+
+/// Leaves out the numerous Secret kinds that never hold TLS material, as istiod's secret watch.
+fn secret_fields() -> String {
+    objects::UNWATCHED_SECRET_TYPES
+        .iter()
+        .map(|t| format!("type!={t}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 type Trim<K> = fn(&K) -> Result<Option<Object>, TrimError>;

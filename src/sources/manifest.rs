@@ -24,7 +24,7 @@ pub enum ManifestError {
 }
 
 /// Parses every document of a manifest. Kinds other than Namespace, Service, EndpointSlice
-/// (discovery.k8s.io/v1), Pod and Node are skipped; `kind: List` is unpacked.
+/// (discovery.k8s.io/v1), Pod, Node and Secret are skipped; `kind: List` is unpacked.
 /// Any malformed document fails the whole manifest, so a half-read file is never applied.
 pub fn parse(text: &str) -> Result<Vec<Object>, ManifestError> {
     let mut out = Vec::new();
@@ -85,6 +85,7 @@ fn collect(value: Value, doc: usize, out: &mut Vec<Object>) -> Result<(), Manife
         ("Service", "v1") => objects::service(&typed(value, doc, &kind)?).map_err(object)?,
         ("Pod", "v1") => objects::pod(&typed(value, doc, &kind)?).map_err(object)?,
         ("Node", "v1") => objects::node(&typed(value, doc, &kind)?).map_err(object)?,
+        ("Secret", "v1") => objects::secret(&typed(value, doc, &kind)?).map_err(object)?,
         ("EndpointSlice", "discovery.k8s.io/v1") => {
             match objects::endpoint_slice(&typed(value, doc, &kind)?).map_err(object)? {
                 Some(o) => o,

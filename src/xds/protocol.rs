@@ -15,6 +15,8 @@ pub const ENDPOINT_TYPE: &str =
     "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+pub const SECRET_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum ResourceType {
@@ -26,10 +28,18 @@ pub enum ResourceType {
     Listener,
     #[serde(rename = "rds")]
     Route,
+    #[serde(rename = "sds")]
+    Secret,
 }
 
 impl ResourceType {
-    pub const ALL: [ResourceType; 4] = [Self::Cluster, Self::Endpoint, Self::Listener, Self::Route];
+    pub const ALL: [ResourceType; 5] = [
+        Self::Cluster,
+        Self::Endpoint,
+        Self::Listener,
+        Self::Route,
+        Self::Secret,
+    ];
 
     pub fn from_url(url: &str) -> Option<Self> {
         Some(match url {
@@ -37,6 +47,7 @@ impl ResourceType {
             ENDPOINT_TYPE => Self::Endpoint,
             LISTENER_TYPE => Self::Listener,
             ROUTE_TYPE => Self::Route,
+            SECRET_TYPE => Self::Secret,
             _ => return None,
         })
     }
@@ -47,6 +58,7 @@ impl ResourceType {
             Self::Endpoint => ENDPOINT_TYPE,
             Self::Listener => LISTENER_TYPE,
             Self::Route => ROUTE_TYPE,
+            Self::Secret => SECRET_TYPE,
         }
     }
 
@@ -61,6 +73,7 @@ impl ResourceType {
             Self::Endpoint => "eds",
             Self::Listener => "lds",
             Self::Route => "rds",
+            Self::Secret => "sds",
         }
     }
 

@@ -59,6 +59,9 @@ pub struct Proxy {
     pub locality: Locality,
     /// The WorkloadGroup (in the proxy's namespace) a VM's proxy registers itself into.
     pub auto_register_group: Option<String>,
+    /// The stream proved the proxy's namespace (and service account) over the secure port: what
+    /// gateway credentials it may read depends on it.
+    pub verified: bool,
 }
 
 impl Proxy {
@@ -146,6 +149,7 @@ impl Proxy {
                 .unwrap_or_default(),
             locality,
             auto_register_group: meta.string("AUTO_REGISTER_GROUP").filter(|g| !g.is_empty()),
+            verified: false,
         })
     }
 }

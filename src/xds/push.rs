@@ -18,12 +18,15 @@ pub struct PushRequest {
     /// Every watched type is recomputed; otherwise only EDS of `services`.
     pub full: bool,
     pub services: BTreeSet<Hostname>,
+    /// Secrets the proxy may hold over SDS changed: its SDS resources are sent again.
+    pub secrets: bool,
 }
 
 impl PushRequest {
     pub fn merge(&mut self, other: PushRequest) {
         self.full |= other.full;
         self.services.extend(other.services);
+        self.secrets |= other.secrets;
     }
 }
 
@@ -112,6 +115,9 @@ pub fn plan(
     watched: &[ResourceType],
     eds_names: impl Iterator<Item = String>,
 ) -> Vec<(ResourceType, Scope)> {
+    // SDS depends on Secrets alone: a full push for other reasons leaves it be (as istiod).
+    let secrets = (request.secrets && watched.contains(&ResourceType::Secret))
+        .then_some((ResourceType::Secret, Scope::All));
     if request.full {
         // Istio's order, so Envoy warms clusters before listeners reference them.
         let order = [
@@ -124,16 +130,17 @@ pub fn plan(
             .into_iter()
             .filter(|t| watched.contains(t))
             .map(|t| (t, Scope::All))
+            .chain(secrets)
             .collect();
     }
-    if !watched.contains(&ResourceType::Endpoint) {
-        return Vec::new();
+    let mut out: Vec<(ResourceType, Scope)> = secrets.into_iter().collect();
+    if watched.contains(&ResourceType::Endpoint) {
+        let names = eds_names_for(&request.services, eds_names);
+        if !names.is_empty() {
+            out.insert(0, (ResourceType::Endpoint, Scope::Names(names)));
+        }
     }
-    let names = eds_names_for(&request.services, eds_names);
-    if names.is_empty() {
-        return Vec::new();
-    }
-    vec![(ResourceType::Endpoint, Scope::Names(names))]
+    out
 }
 
 #[cfg(test)]
@@ -145,6 +152,7 @@ mod tests {
             Self {
                 full: change.full,
                 services: change.services,
+                secrets: !change.credentials.is_empty(),
             }
         }
     }

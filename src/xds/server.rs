@@ -205,10 +205,17 @@ impl XdsServer {
         let mut woken = 0;
         for conn in self.connections.read().values() {
             let full = change.full && change.audience.admits(&conn.proxy.namespace);
-            if full || conn.wants_eds_of(&change.services) {
+            // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
+            let secrets = conn.proxy.verified
+                && change
+                    .credentials
+                    .iter()
+                    .any(|k| *k.namespace == *conn.proxy.namespace);
+            if full || secrets || conn.wants_eds_of(&change.services) {
                 conn.slot.offer(PushRequest {
                     full,
                     services: change.services.clone(),
+                    secrets,
                 });
                 woken += 1;
             }

@@ -87,7 +87,7 @@ pub async fn serve<Req: NodeOf>(
             return;
         }
     };
-    let proxy = match Proxy::from_node(first.node()) {
+    let mut proxy = match Proxy::from_node(first.node()) {
         Ok(proxy) => proxy,
         Err(e) => {
             warn!(error = %e, "refusing xDS stream");
@@ -102,6 +102,7 @@ pub async fn serve<Req: NodeOf>(
             let _ = tx.send(Err(status)).await;
             return;
         }
+        proxy.verified = true;
     }
     // A WorkloadGroup member is registered before its first response, so that response has it;
     // only over the secure port, where the proxy proved who it is.

@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::UInt32Value;
 
+use super::gateway;
 use super::policy::{self, Effective};
 use super::{
     ads, parse_outbound, parse_sni_cluster, seconds, socket, subset_cluster, target, tls,
@@ -34,25 +35,27 @@ pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
 /// The clusters every proxy of this kind (and, once rules or export limits exist, namespace) shares:
-/// one per visible service port and subset (for an east-west gateway, one per SNI), plus Istio's
-/// fixed clusters for sidecars. Assembled once per snapshot version.
+/// one per visible service port and subset (for a gateway passing mesh mTLS through, one per SNI
+/// as well or instead), plus Istio's fixed clusters for sidecars. Assembled once per snapshot
+/// version.
 pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
-    let kind = [g.is_east_west_gateway(), g.is_sidecar()];
+    let needs = gateway::cluster_needs(g);
     let stamp = [
         g.services_version(),
         g.mesh.endpoints.identities_version(),
         0,
         g.config_version(),
     ];
-    let variant = g.variant_of(&(kind, g.list_scope()));
+    let variant = g.variant_of(&([needs.sni, needs.outbound, g.is_sidecar()], g.list_scope()));
     g.cache.list(ResourceType::Cluster, variant, stamp, || {
-        let gateway = g.is_east_west_gateway();
         let mut names = Vec::new();
         for service in g.routable_services() {
-            if gateway && service.resolution != Resolution::ClientSideLb {
-                continue;
+            if needs.outbound {
+                names.extend(cluster_names(g, &service, false));
             }
-            names.extend(cluster_names(g, &service, gateway));
+            if needs.sni && service.resolution == Resolution::ClientSideLb {
+                names.extend(cluster_names(g, &service, true));
+            }
         }
         if g.is_sidecar() {
             names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));

@@ -3,20 +3,19 @@
 //!   `0.0.0.0_<port>` that are not bound themselves: HTTP via RDS route `<port>`, TCP services matched
 //!   by VIP and proxied to their cluster;
 //! - `virtualInbound` on 15006 has a filter chain per port of the proxy's own workload;
-//! - proxyless gRPC clients get API listeners named `<hostname>:<port>`.
+//! - proxyless gRPC clients get API listeners named `<hostname>:<port>`;
+//! - gateways get theirs from `gateway`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
 use envoy_types::pb::envoy::config::listener::v3::{
-    filter, listener_filter, ApiListener, Filter, FilterChain, FilterChainMatch, Listener,
-    ListenerFilter,
+    filter, ApiListener, Filter, FilterChain, FilterChainMatch, Listener,
 };
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
@@ -24,7 +23,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_pr
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
-use super::cds;
+use super::gateway;
 use super::inbound;
 use super::rds::grpc_route_name;
 use super::routes::{cluster_for, RouteContext, CORS_FILTER, FAULT_FILTER};
@@ -36,21 +35,20 @@ use crate::xds::wire::Resource;
 
 pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
 pub const VIRTUAL_INBOUND: &str = "virtualInbound";
-/// An east-west gateway's listener (Istio's AUTO_PASSTHROUGH server on 15443).
-pub const EAST_WEST: &str = "0.0.0.0_15443";
-const EAST_WEST_PORT: u16 = 15443;
 const OUTBOUND_PORT: u16 = 15001;
 
 /// The listeners every proxy of this kind (and cluster) shares, assembled once per model version.
 pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
+    if gateway::is_router(g) {
+        return gateway::listeners(g);
+    }
     let cluster = g
         .proxy
         .cluster_id
         .as_ref()
         .map(|c| c.as_str())
         .unwrap_or_default();
-    let kind = [g.is_east_west_gateway(), g.is_sidecar()];
-    let variant = g.variant_of(&(kind, cluster, g.list_scope()));
+    let variant = g.variant_of(&(g.is_sidecar(), cluster, g.list_scope()));
     g.cache.list(
         ResourceType::Listener,
         variant,
@@ -61,8 +59,6 @@ pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
                     .iter()
                     .flat_map(|s| s.ports.iter().map(|p| grpc_route_name(&s.hostname, p.port)))
                     .collect()
-            } else if g.is_east_west_gateway() {
-                vec![EAST_WEST.to_string()]
             } else if g.is_sidecar() {
                 let ports: BTreeSet<u16> = g
                     .routable_services()
@@ -104,14 +100,10 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             || Some(Resource::encode(name, &api_listener(name))),
         );
     }
+    if gateway::is_router(g) {
+        return gateway::build_listener(g, name);
+    }
     match name {
-        EAST_WEST if g.is_east_west_gateway() => g.cache.get_or_build(
-            ResourceType::Listener,
-            name,
-            g.variant(&[g.list_scope()]),
-            [g.services_version(), 0, 0, 0],
-            || Some(Resource::encode(name, &east_west(g))),
-        ),
         VIRTUAL_OUTBOUND => g.cache.get_or_build(
             ResourceType::Listener,
             name,
@@ -315,41 +307,6 @@ pub(super) fn vips_for(g: &Generation<'_>, service: &Service) -> Vec<String> {
         .collect()
 }
 
-/// The east-west gateway: mTLS from other networks arrives here and is routed by its SNI
-/// (`outbound_.<port>_._.<hostname>`) to that service's endpoints in this network, still encrypted
-/// end to end: the gateway never terminates it.
-fn east_west(g: &Generation<'_>) -> Listener {
-    let filter_chains = g
-        .routable_services()
-        .iter()
-        .filter(|s| s.resolution == Resolution::ClientSideLb)
-        .flat_map(|s| cds::cluster_names(g, s, true))
-        .map(|sni| FilterChain {
-            name: sni.clone(),
-            filter_chain_match: Some(FilterChainMatch {
-                server_names: vec![sni.clone()],
-                ..Default::default()
-            }),
-            filters: vec![tcp_proxy_filter(&sni, &sni)],
-            ..Default::default()
-        })
-        .collect();
-    Listener {
-        name: EAST_WEST.to_string(),
-        address: Some(socket("0.0.0.0", EAST_WEST_PORT)),
-        listener_filters: vec![ListenerFilter {
-            name: "envoy.filters.listener.tls_inspector".to_string(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
-                TlsInspector::default(),
-            ))),
-            ..Default::default()
-        }],
-        filter_chains,
-        traffic_direction: TrafficDirection::Inbound as i32,
-        ..Default::default()
-    }
-}
-
 /// A proxyless gRPC client's listener: an API listener whose routes come over RDS.
 fn api_listener(name: &str) -> Listener {
     let hcm = hcm(name, rds(name));
@@ -362,7 +319,7 @@ fn api_listener(name: &str) -> Listener {
     }
 }
 
-fn rds(route_name: &str) -> RouteSpecifier {
+pub(super) fn rds(route_name: &str) -> RouteSpecifier {
     RouteSpecifier::Rds(Rds {
         config_source: Some(ads()),
         route_config_name: route_name.to_string(),

@@ -8,12 +8,15 @@ mod authn;
 pub mod authz;
 mod cds;
 mod eds;
+mod gateway;
+mod gateway_tls;
 mod inbound;
 mod lds;
 mod locality;
 mod policy;
 mod rds;
 mod routes;
+mod sds;
 pub mod security;
 pub mod tls;
 
@@ -76,18 +79,14 @@ impl Generation<'_> {
             .clone()
     }
 
-    /// An east-west gateway: a router labelled `istio: eastwestgateway`, as Istio's samples deploy it.
-    fn is_east_west_gateway(&self) -> bool {
-        self.proxy.kind == ProxyType::Router
-            && self.proxy.labels.get("istio").map(String::as_str) == Some("eastwestgateway")
-    }
-
     /// Every resource of a wildcard subscription.
     pub fn all(&self, ty: ResourceType) -> Vec<Arc<Resource>> {
         let (shared, own) = match ty {
             ResourceType::Cluster => (cds::shared(self), cds::own_names(self)),
             ResourceType::Listener => (lds::shared(self), lds::own_names(self)),
-            ResourceType::Endpoint | ResourceType::Route => return Vec::new(),
+            ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => {
+                return Vec::new()
+            }
         };
         let mut all = shared.to_vec();
         all.extend(own.iter().filter_map(|n| self.build(ty, n)));
@@ -117,6 +116,7 @@ impl Generation<'_> {
             ResourceType::Endpoint => eds::build(self, name),
             ResourceType::Listener => lds::build(self, name),
             ResourceType::Route => rds::build(self, name),
+            ResourceType::Secret => sds::build(self, name),
         }
     }
 

@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 
 use super::cds::PASSTHROUGH;
+use super::gateway;
 use super::lds::vips_for;
 use super::policy::Effective;
 use super::routes::{http_routes, retry_policy, RouteContext};
@@ -37,6 +38,9 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             [g.services_version(), 0, 0, 0],
             || Some(Resource::encode(name, &grpc_routes(name, host, port))),
         );
+    }
+    if gateway::is_router(g) {
+        return gateway::build_routes(g, name);
     }
     let port: u16 = name.parse().ok()?;
     let cluster = g

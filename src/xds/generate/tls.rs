@@ -66,7 +66,7 @@ fn sds(name: &str) -> SdsSecretConfig {
     }
 }
 
-fn san_matchers(sans: &[String]) -> Vec<SubjectAltNameMatcher> {
+pub(super) fn san_matchers(sans: &[String]) -> Vec<SubjectAltNameMatcher> {
     sans.iter()
         .map(|san| SubjectAltNameMatcher {
             san_type: if san.contains("://") {

@@ -1,0 +1,120 @@
+//! The TLS a gateway server terminates: its certificate from a Secret (`credentialName`, fetched
+//! from meshpilot over ADS as `kubernetes://<name>`, its CA as `kubernetes://<name>-cacert`) or
+//! from files in the gateway's pod; ISTIO_MUTUAL with the workload certificate, as a sidecar's
+//! inbound side.
+
+use envoy_types::pb::envoy::config::core::v3::TransportSocket;
+use envoy_types::pb::envoy::config::core::v3::{data_source, transport_socket, DataSource};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
+    tls_parameters::TlsProtocol,
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+    TlsCertificate, TlsParameters,
+};
+use envoy_types::pb::google::protobuf::BoolValue;
+use envoy_types::util::pack_any;
+
+use super::{ads, sds, tls};
+use crate::istio::gateway::{ServerTls, ServerTlsMode};
+
+/// Whether a server's TLS mode ends TLS at the gateway (the others pass it through).
+pub fn terminates(mode: ServerTlsMode) -> bool {
+    !matches!(
+        mode,
+        ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough
+    )
+}
+
+/// The transport socket of a server that terminates TLS.
+pub fn server_socket(settings: &ServerTls, alpn: &[&str]) -> TransportSocket {
+    if settings.mode == ServerTlsMode::IstioMutual {
+        return tls::inbound_socket();
+    }
+    let verify_clients = matches!(
+        settings.mode,
+        ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual
+    );
+    let mut common = CommonTlsContext {
+        alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
+        tls_params: tls_params(settings),
+        ..Default::default()
+    };
+    let sans = tls::san_matchers(&settings.subject_alt_names);
+    if settings.credential_name.is_empty() {
+        common.tls_certificates = vec![TlsCertificate {
+            certificate_chain: Some(file(&settings.server_certificate)),
+            private_key: Some(file(&settings.private_key)),
+            ..Default::default()
+        }];
+        if verify_clients {
+            common.validation_context_type = Some(ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(file(&settings.ca_certificates)),
+                    match_typed_subject_alt_names: sans,
+                    ..Default::default()
+                },
+            ));
+        }
+    } else {
+        let name = &settings.credential_name;
+        common.tls_certificate_sds_secret_configs = vec![over_ads(sds::resource_name(name, false))];
+        if verify_clients {
+            common.validation_context_type =
+                Some(ValidationContextType::CombinedValidationContext(
+                    CombinedCertificateValidationContext {
+                        default_validation_context: Some(CertificateValidationContext {
+                            match_typed_subject_alt_names: sans,
+                            ..Default::default()
+                        }),
+                        validation_context_sds_secret_config: Some(over_ads(sds::resource_name(
+                            name, true,
+                        ))),
+                        ..Default::default()
+                    },
+                ));
+        }
+    }
+    let context = DownstreamTlsContext {
+        common_tls_context: Some(common),
+        require_client_certificate: Some(BoolValue {
+            value: settings.mode == ServerTlsMode::Mutual,
+        }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(context))),
+    }
+}
+
+/// An SDS secret the gateway fetches from meshpilot on its ADS stream (as istiod's gateways do).
+fn over_ads(name: String) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name,
+        sds_config: Some(ads()),
+    }
+}
+
+fn file(path: &str) -> DataSource {
+    DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..Default::default()
+    }
+}
+
+fn tls_params(settings: &ServerTls) -> Option<TlsParameters> {
+    let version = |v: &str| match v {
+        "TLSV1_0" => TlsProtocol::TlSv10,
+        "TLSV1_1" => TlsProtocol::TlSv11,
+        "TLSV1_2" => TlsProtocol::TlSv12,
+        "TLSV1_3" => TlsProtocol::TlSv13,
+        _ => TlsProtocol::TlsAuto,
+    } as i32;
+    let params = TlsParameters {
+        tls_minimum_protocol_version: version(&settings.min_protocol_version),
+        tls_maximum_protocol_version: version(&settings.max_protocol_version),
+        cipher_suites: settings.cipher_suites.clone(),
+        ..Default::default()
+    };
+    (params != TlsParameters::default()).then_some(params)
+}
