@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use prost::Message;
 
+use common::gateway_certs::tls_secret;
 use common::*;
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -22,24 +23,6 @@ const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 const GATEWAY_NODE: &str = "router~10.30.0.5~ingress-0.istio-system~istio-system.svc.cluster.local";
-
-fn secret_yaml(namespace: &str, name: &str, cert: &str, key: &str) -> String {
-    let indent = |pem: &str| pem.trim_end().replace('\n', "\n    ");
-    format!(
-        "apiVersion: v1
-kind: Secret
-metadata: {{name: {name}, namespace: {namespace}}}
-type: kubernetes.io/tls
-stringData:
-  tls.crt: |
-    {}
-  tls.key: |
-    {}
-",
-        indent(cert),
-        indent(key)
-    )
-}
 
 const CLUSTER: &str = "
 apiVersion: v1
@@ -78,6 +61,9 @@ spec:
   - port: {number: 9443, name: tls, protocol: TLS}
     hosts: [db.example.com]
     tls: {mode: PASSTHROUGH}
+  - port: {number: 15012, name: tls-istiod, protocol: TLS}
+    hosts: ['*']
+    tls: {mode: PASSTHROUGH}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -101,16 +87,18 @@ spec:
   tls:
   - match: [{sniHosts: [db.example.com]}]
     route: [{destination: {host: shop, port: {number: 8080}}}]
+---
+# As Istio's istiod-gateway: any SNI on one port, passed through.
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: istiod-pass, namespace: istio-system}
+spec:
+  hosts: ['*']
+  gateways: [ingress]
+  tls:
+  - match: [{port: 15012, sniHosts: ['*']}]
+    route: [{destination: {host: shop.default.svc.cluster.local, port: {number: 8080}}}]
 ";
-
-fn issue(host: &str) -> (String, String) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec![host.to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    (cert.pem(), key.serialize_pem())
-}
 
 fn request(type_url: &str, names: &[&str], ack: Option<&DiscoveryResponse>) -> DiscoveryRequest {
     DiscoveryRequest {
@@ -129,6 +117,12 @@ fn secrets(response: &DiscoveryResponse) -> Vec<Secret> {
         .iter()
         .map(|a| Secret::decode(a.value.as_slice()).unwrap())
         .collect()
+}
+
+/// A certificate for `host`: (chain, key).
+fn issue(host: &str) -> (String, String) {
+    let (_, chain, key) = common::gateway_certs::issue(host);
+    (chain, key)
 }
 
 fn chain_of(secret: &Secret) -> String {
@@ -159,8 +153,8 @@ async fn start(cert: &(String, String)) -> Fixture {
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
     std::fs::write(cluster.join("mesh.yaml"), CLUSTER).unwrap();
     let secrets = [
-        secret_yaml("istio-system", "shop-cert", &cert.0, &cert.1),
-        secret_yaml("default", "other-cert", &cert.0, &cert.1),
+        tls_secret("istio-system", "shop-cert", &cert.0, &cert.1),
+        tls_secret("default", "other-cert", &cert.0, &cert.1),
     ];
     std::fs::write(cluster.join("secrets.yaml"), secrets.join("---\n")).unwrap();
     std::fs::write(dir.path().join("config/gateway.yaml"), CONFIG).unwrap();
@@ -215,7 +209,15 @@ async fn a_selected_router_gets_its_gateways_servers() {
         .map(|a| Listener::decode(a.value.as_slice()).unwrap())
         .collect();
     let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
-    assert_eq!(names, ["0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443"]);
+    assert_eq!(
+        names,
+        [
+            "0.0.0.0_8080",
+            "0.0.0.0_8443",
+            "0.0.0.0_9443",
+            "0.0.0.0_15012"
+        ]
+    );
 
     // HTTPS: matched by SNI, certificate from meshpilot over ADS, routes over RDS.
     let https = &listeners[1];
@@ -263,6 +265,18 @@ async fn a_selected_router_gets_its_gateways_servers() {
         !passthrough.listener_filters.is_empty(),
         "SNI needs the TLS inspector"
     );
+    // `sniHosts: ['*']` matches any server name; db's TLS route, bound without a port, applies
+    // on this server too.
+    let names: Vec<Vec<String>> = listeners[3]
+        .filter_chains
+        .iter()
+        .map(|c| {
+            let matched = c.filter_chain_match.as_ref().unwrap();
+            assert_eq!(matched.transport_protocol, "tls");
+            matched.server_names.clone()
+        })
+        .collect();
+    assert_eq!(names, [vec!["db.example.com".to_string()], vec![]]);
 
     ads.request(labelled(request(LISTENER, &[], Some(&response))));
     ads.request(labelled(request(
@@ -333,8 +347,8 @@ async fn gateway_certificates_go_only_to_proven_proxies_of_their_namespace() {
     write_atomic(
         &fixture.dir.path().join("clusters/c1/secrets.yaml"),
         &[
-            secret_yaml("istio-system", "shop-cert", &second.0, &second.1),
-            secret_yaml("default", "other-cert", &first.0, &first.1),
+            tls_secret("istio-system", "shop-cert", &second.0, &second.1),
+            tls_secret("default", "other-cert", &first.0, &first.1),
         ]
         .join("---\n"),
     );

@@ -12,46 +12,12 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use common::gateway_certs::{issue, tls_secret};
 use common::netns::{link, Netns};
 use common::*;
 
 const BOUND: Duration = Duration::from_secs(30);
 const APP_UID: &str = "1000";
-
-/// A CA and a certificate for `host` it signed: (CA, chain, key) in PEM.
-fn issue(host: &str) -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "ingress test CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec![host.to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    (ca.pem(), leaf.pem(), key.serialize_pem())
-}
-
-fn tls_secret(namespace: &str, name: &str, chain: &str, key: &str) -> String {
-    let indent = |pem: &str| pem.trim_end().replace('\n', "\n    ");
-    format!(
-        "apiVersion: v1
-kind: Secret
-metadata: {{name: {name}, namespace: {namespace}}}
-type: kubernetes.io/tls
-stringData:
-  tls.crt: |
-    {}
-  tls.key: |
-    {}
-",
-        indent(chain),
-        indent(key)
-    )
-}
 
 /// A file-mode mesh with one cluster `c1` and the given Istio config.
 fn mesh_dir(cluster: &[String], config: &str) -> tempfile::TempDir {

@@ -32,26 +32,7 @@ status: {podIP: 10.216.3.1}
 /// The application's `curl` to `url` (as its own user, so the sidecar captures it): the HTTP status,
 /// or 0 when the connection failed.
 fn curl(client: &Netns, url: &str) -> u16 {
-    let output = client
-        .command("setpriv")
-        .args(["--reuid", APP_UID, "--regid", APP_UID, "--clear-groups"])
-        .args([
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "-m",
-            "3",
-            url,
-        ])
-        .output()
-        .expect("curl runs");
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
+    client.curl(Some(APP_UID), &[url])
 }
 
 #[tokio::test]

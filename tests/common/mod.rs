@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 
 pub mod ads;
 pub mod config_source;
+pub mod gateway_certs;
 pub mod https;
 pub mod jwt;
 pub mod netns;

@@ -172,6 +172,13 @@ impl Netns {
             .args(args)
             .output()
             .expect("curl runs");
+        // A hang is not a refusal: a request that times out fails the test.
+        assert_ne!(
+            output.status.code(),
+            Some(28),
+            "curl {args:?} timed out in {}",
+            self.name
+        );
         String::from_utf8_lossy(&output.stdout)
             .trim()
             .parse()

@@ -20,8 +20,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
     listener_filter, Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter,
 };
 use envoy_types::pb::envoy::config::route::v3::{
-    route, route_match, virtual_host::TlsRequirementType, DirectResponseAction, Route,
-    RouteConfiguration, RouteMatch, VirtualHost,
+    virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost,
 };
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::google::protobuf::BoolValue;
@@ -30,7 +29,7 @@ use tracing::debug;
 
 use super::routes::{cluster_for, http_routes, RouteContext};
 use super::security::WorkloadSecurity;
-use super::{cds, gateway_tls, lds, socket, Generation};
+use super::{cds, gateway_tls, lds, rds, socket, Generation};
 use crate::istio::gateway::{Server, ServerTlsMode};
 use crate::istio::virtual_service::{RouteDestination, VirtualService};
 use crate::model::{host_match, BoundGateway, Resolution};
@@ -462,7 +461,7 @@ fn passthrough_routes(g: &Generation<'_>, ps: &PortServer<'_>) -> Vec<(Vec<Strin
     let number = u32::from(ps.number());
     let mut out = Vec::new();
     for (ns, vs) in ps.virtual_services() {
-        for route in &vs.tls {
+        for (i, route) in vs.tls.iter().enumerate() {
             let names: Vec<String> = route
                 .matches
                 .iter()
@@ -473,8 +472,13 @@ fn passthrough_routes(g: &Generation<'_>, ps: &PortServer<'_>) -> Vec<(Vec<Strin
             if names.is_empty() {
                 continue;
             }
+            // `*` is any SNI: no server name to match (Envoy takes no bare `*`).
+            let names = match names.iter().any(|n| n == "*") {
+                true => Vec::new(),
+                false => names,
+            };
             let targets = targets(g, ps, &route.route);
-            let stat = format!("{}_{}", ps.gateway, names[0]);
+            let stat = format!("{}_tls_{i}", ps.gateway);
             out.push((names, lds::weighted_tcp_proxy(&stat, &targets)));
         }
     }
@@ -570,21 +574,5 @@ fn domains(host: &str) -> Vec<String> {
 
 /// What a gateway answers for hosts nothing routes (istiod's `blackhole:<port>`).
 fn not_found(port: u16) -> VirtualHost {
-    VirtualHost {
-        name: format!("blackhole:{port}"),
-        domains: vec!["*".to_string()],
-        routes: vec![Route {
-            name: "default".to_string(),
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
-                ..Default::default()
-            }),
-            action: Some(route::Action::DirectResponse(DirectResponseAction {
-                status: 404,
-                ..Default::default()
-            })),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
+    rds::answering_all(&format!("blackhole:{port}"), "default", 404)
 }

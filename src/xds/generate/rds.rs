@@ -143,23 +143,28 @@ fn grpc_routes(name: &str, host: &str, port: u16) -> RouteConfiguration {
 fn catch_all(mode: OutboundMode) -> VirtualHost {
     match mode {
         OutboundMode::AllowAny => virtual_host("allow_any", vec!["*".to_string()], PASSTHROUGH),
-        OutboundMode::RegistryOnly => VirtualHost {
-            name: "block_all".to_string(),
-            domains: vec!["*".to_string()],
-            routes: vec![Route {
-                name: "block_all".to_string(),
-                r#match: Some(RouteMatch {
-                    path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
-                    ..Default::default()
-                }),
-                action: Some(route::Action::DirectResponse(DirectResponseAction {
-                    status: 502,
-                    ..Default::default()
-                })),
+        OutboundMode::RegistryOnly => answering_all("block_all", "block_all", 502),
+    }
+}
+
+/// A virtual host answering every request for any host with `status` itself.
+pub(super) fn answering_all(name: &str, route_name: &str, status: u32) -> VirtualHost {
+    VirtualHost {
+        name: name.to_string(),
+        domains: vec!["*".to_string()],
+        routes: vec![Route {
+            name: route_name.to_string(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
                 ..Default::default()
-            }],
+            }),
+            action: Some(route::Action::DirectResponse(DirectResponseAction {
+                status,
+                ..Default::default()
+            })),
             ..Default::default()
-        },
+        }],
+        ..Default::default()
     }
 }
 
