@@ -88,6 +88,15 @@ spec:
   - match: [{sniHosts: [db.example.com]}]
     route: [{destination: {host: shop, port: {number: 8080}}}]
 ---
+# Policies select gateways as they select workloads.
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ingress-deny, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  action: DENY
+  rules: [{to: [{operation: {paths: [/admin]}}]}]
+---
 # As Istio's istiod-gateway: any SNI on one port, passed through.
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -250,6 +259,13 @@ async fn a_selected_router_gets_its_gateways_servers() {
         panic!("no typed HCM");
     };
     let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+    let filters: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        filters.first(),
+        Some(&"envoy.filters.http.rbac"),
+        "the gateway's AuthorizationPolicy comes first: {filters:?}"
+    );
+    assert_eq!(filters.last(), Some(&"envoy.filters.http.router"));
     assert!(format!("{:?}", hcm.route_specifier).contains("https.8443.https.ingress.istio-system"));
 
     // PASSTHROUGH: an SNI chain to the TLS route's destination, no TLS context of its own.
