@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use tracing::{error, info};
 
+use super::holders::Holders;
 use super::watch::{self, fingerprint, is_manifest, Batch, Watch};
 use crate::aggregate::Aggregate;
 use crate::istio::{ConfigError, ConfigKey, ConfigObject, Origin};
@@ -27,7 +28,7 @@ pub struct ConfigFiles {
     aggregate: Arc<Aggregate>,
     files: BTreeMap<PathBuf, FileState>,
     /// Which files hold each key; when several do, the last path wins (as a listing's order).
-    holders: BTreeMap<ConfigKey, BTreeSet<PathBuf>>,
+    holders: Holders<ConfigKey>,
     served: BTreeMap<ConfigKey, Arc<ConfigObject>>,
 }
 
@@ -46,7 +47,7 @@ impl ConfigFiles {
             root,
             aggregate,
             files: BTreeMap::new(),
-            holders: BTreeMap::new(),
+            holders: Holders::default(),
             served: BTreeMap::new(),
         };
         this.rescan();
@@ -97,15 +98,17 @@ impl ConfigFiles {
                 }
             };
             if let Some(old) = old {
-                self.reindex(&path, old, &mut affected);
+                let current = self.files.get(&path).into_iter();
+                let current = current.flat_map(|state| state.objects.keys());
+                self.holders
+                    .reindex(&path, old.into_keys(), current, &mut affected);
             }
         }
         let mut changes = Vec::new();
         for key in affected {
             let desired = self
                 .holders
-                .get(&key)
-                .and_then(|paths| paths.last())
+                .serving(&key)
                 .and_then(|path| self.files.get(path)?.objects.get(&key))
                 .cloned();
             match desired {
@@ -127,33 +130,6 @@ impl ConfigFiles {
             }
             self.aggregate
                 .apply_config(ConfigSource::Files, changes, refusals);
-        }
-    }
-
-    /// Moves `path` from holding `old` objects to holding its current ones.
-    fn reindex(
-        &mut self,
-        path: &Path,
-        old: BTreeMap<ConfigKey, Arc<ConfigObject>>,
-        affected: &mut HashSet<ConfigKey>,
-    ) {
-        for key in old.into_keys() {
-            if let Some(holders) = self.holders.get_mut(&key) {
-                holders.remove(path);
-                if holders.is_empty() {
-                    self.holders.remove(&key);
-                }
-            }
-            affected.insert(key);
-        }
-        if let Some(state) = self.files.get(path) {
-            for key in state.objects.keys() {
-                self.holders
-                    .entry(key.clone())
-                    .or_default()
-                    .insert(path.to_path_buf());
-                affected.insert(key.clone());
-            }
         }
     }
 

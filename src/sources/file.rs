@@ -12,6 +12,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use tracing::{error, info};
 
+use super::holders::Holders;
 use super::manifest;
 use super::watch::{self, fingerprint, is_manifest, Batch, Watch};
 use crate::aggregate::Aggregate;
@@ -40,7 +41,7 @@ struct FileCluster {
     registry: Arc<ClusterRegistry>,
     files: BTreeMap<PathBuf, FileState>,
     /// The files holding each object; when several do, the last path wins (as a listing's order).
-    holders: HashMap<ObjectKey, BTreeSet<PathBuf>>,
+    holders: Holders<ObjectKey>,
     /// What this cluster currently serves: the union of every file's last good objects.
     served: HashMap<ObjectKey, Object>,
 }
@@ -195,7 +196,7 @@ impl FileCluster {
         Self {
             registry,
             files: BTreeMap::new(),
-            holders: HashMap::new(),
+            holders: Holders::default(),
             served: HashMap::new(),
         }
     }
@@ -230,7 +231,10 @@ impl FileCluster {
                 self.files.remove(&path).map(|gone| gone.objects)
             };
             if let Some(old) = replaced {
-                self.reindex(&path, old, &mut affected);
+                let current = self.files.get(&path).into_iter();
+                let current = current.flat_map(|state| state.objects.keys());
+                self.holders
+                    .reindex(&path, old.into_keys(), current, &mut affected);
             }
         }
 
@@ -238,8 +242,7 @@ impl FileCluster {
         for key in affected {
             let desired = self
                 .holders
-                .get(&key)
-                .and_then(|paths| paths.last())
+                .serving(&key)
                 .and_then(|path| self.files.get(path)?.objects.get(&key));
             match desired {
                 Some(object) if self.served.get(&key) != Some(object) => {
@@ -267,34 +270,6 @@ impl FileCluster {
         self.registry
             .set_error((!errors.is_empty()).then(|| errors.join("; ")));
         self.registry.set_state(SyncState::Synced);
-    }
-
-    /// Moves `path` from holding `old` objects to holding its current ones; every key either
-    /// touches is affected.
-    fn reindex(
-        &mut self,
-        path: &Path,
-        old: HashMap<ObjectKey, Object>,
-        affected: &mut HashSet<ObjectKey>,
-    ) {
-        for key in old.into_keys() {
-            if let Some(holders) = self.holders.get_mut(&key) {
-                holders.remove(path);
-                if holders.is_empty() {
-                    self.holders.remove(&key);
-                }
-            }
-            affected.insert(key);
-        }
-        if let Some(state) = self.files.get(path) {
-            for key in state.objects.keys() {
-                self.holders
-                    .entry(key.clone())
-                    .or_default()
-                    .insert(path.to_path_buf());
-                affected.insert(key.clone());
-            }
-        }
     }
 
     /// Re-reads a file if its content changed and returns the objects it held before; a file that

@@ -2,6 +2,7 @@
 
 pub mod config_files;
 pub mod file;
+mod holders;
 pub mod jwks;
 pub mod kube;
 pub mod kube_config;

@@ -239,14 +239,15 @@ fn listener_name(port: u16) -> String {
 /// Every listener of a router.
 pub fn listeners(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
     let bound = bound(g);
+    let by_port = servers(g, &bound);
     let ports: Vec<u16> = match bound.is_empty() {
         true if labelled_east_west(g) => vec![EAST_WEST_PORT],
         true => Vec::new(),
-        false => servers(g, &bound).into_keys().collect(),
+        false => by_port.keys().copied().collect(),
     };
     ports
         .into_iter()
-        .filter_map(|p| build_listener(g, &listener_name(p)))
+        .filter_map(|p| listener(g, p, &by_port))
         .collect()
 }
 
@@ -254,11 +255,21 @@ pub fn listeners(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
 pub fn build_listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port: u16 = name.strip_prefix("0.0.0.0_")?.parse().ok()?;
     let bound = bound(g);
-    let chains = if bound.is_empty() {
+    listener(g, port, &servers(g, &bound))
+}
+
+/// The listener on `port`, from the servers of the Gateways selecting the router (none: the
+/// labelled east-west fallback).
+fn listener(
+    g: &Generation<'_>,
+    port: u16,
+    by_port: &BTreeMap<u16, Vec<PortServer<'_>>>,
+) -> Option<Arc<Resource>> {
+    let name = listener_name(port);
+    let chains = if by_port.is_empty() {
         (port == EAST_WEST_PORT && labelled_east_west(g)).then(|| auto_passthrough_chains(g))?
     } else {
-        let by_port = servers(g, &bound);
-        port_chains(g, name, by_port.get(&port)?)
+        port_chains(g, &name, by_port.get(&port)?)
     };
     let inspect = chains.iter().any(|c| {
         c.filter_chain_match
@@ -266,7 +277,7 @@ pub fn build_listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             .is_some_and(|m| !m.transport_protocol.is_empty() || !m.server_names.is_empty())
     });
     let listener = Listener {
-        name: name.to_string(),
+        name: name.clone(),
         address: Some(socket("0.0.0.0", port)),
         listener_filters: match inspect {
             true => vec![tls_inspector()],
