@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
+use crate::debug::DebugContext;
 use crate::inject::InjectConfig;
 use crate::istio::{ConfigKind, MeshConfig};
 use crate::leader::{self, Leader, LeaderConfig};
@@ -156,7 +157,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     if args.config_dir.is_none() && args.kubeconfig.is_none() && !args.in_cluster {
         return Err(StartError::NoSources);
     }
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new(ClusterId::new(&args.cluster_id)));
     let config_cluster = match (&args.kubeconfig, args.in_cluster) {
         (None, false) => None,
         (path, _) => {
@@ -230,7 +231,10 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let (jwks, jwks_task) = JwksResolver::start(aggregate.clone(), jwks_options);
     tasks.push(jwks_task);
     let pusher = xds.clone();
-    tasks.push(tokio::spawn(debounce(changes, config, move |change| {
+    let push_metrics = metrics.push();
+    tasks.push(tokio::spawn(debounce(changes, config, move |debounced| {
+        push_metrics.debounced(&debounced.triggers, debounced.first_at.elapsed());
+        let change = debounced.change;
         // RequestAuthentications may name keys to fetch (or no longer need some).
         if change
             .configs
@@ -239,7 +243,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         {
             jwks.wake();
         }
-        pusher.push(change)
+        pusher.push(change, debounced.first_at)
     })));
 
     let leader = config_cluster.as_ref().map(|c| {
@@ -294,7 +298,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
         .add_service(xds.secure_service(authn.clone()))
-        .add_service(CaService::server(ca.clone(), authn));
+        .add_service(CaService::server(ca.clone(), authn, metrics.ca()));
     tasks.push(tokio::spawn(async move {
         let incoming = tls::incoming(secure, tls, HANDSHAKE_TIMEOUT);
         if let Err(e) = router.serve_with_incoming(incoming).await {
@@ -351,17 +355,22 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
 
     let http = listen::bind("admin", args.http_addr).await?;
     let http_addr = local_addr("admin", &http)?;
-    let router = admin::router(Arc::new(AdminState {
-        ready: ready.clone(),
+    let debug = Arc::new(DebugContext {
+        aggregate: aggregate.clone(),
+        xds: xds.clone(),
         networks_error,
         mesh_config_error: mesh_config_watch
             .as_ref()
             .map(|w| w.last_error.clone())
             .or_else(|| config_cluster.as_ref().map(|c| c.config.mesh_error.clone()))
             .unwrap_or_default(),
+    });
+    xds.set_debug(debug.clone());
+    let router = admin::router(Arc::new(AdminState {
+        ready: ready.clone(),
         aggregate: aggregate.clone(),
         metrics,
-        xds: xds.clone(),
+        debug,
     }));
     tasks.push(tokio::spawn(async move {
         if let Err(e) = axum::serve(http, router).await {

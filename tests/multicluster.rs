@@ -321,7 +321,7 @@ async fn hanging_remote_delays_neither_others_nor_readiness_past_the_timeout() {
     assert_eq!(view["state"], "timed-out");
     let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
     assert!(
-        metrics.contains("meshpilot_remote_cluster_sync_timeouts_total 1"),
+        metrics.contains("remote_cluster_sync_timeouts_total 1"),
         "{metrics}"
     );
     eprintln!("west served after {west_after:?}; east timed out as configured");

@@ -169,7 +169,7 @@ async fn sotw_nack_is_recorded_not_answered_and_resent_on_change() {
     assert!(status["acked_version"].is_null(), "{status}");
     let (_, metrics) = http_get(mp.http_addr, "/metrics").await.unwrap();
     assert!(
-        metrics.contains("meshpilot_xds_nacks_total{type=\"eds\"} 1"),
+        metrics.contains("pilot_total_xds_rejects{type=\"eds\"} 1"),
         "{metrics}"
     );
 

@@ -231,6 +231,21 @@ impl Change {
         !self.full && self.services.is_empty() && self.credentials.is_empty()
     }
 
+    /// Why this change pushes, as istiod names its push triggers.
+    pub fn trigger(&self) -> &'static str {
+        if !self.configs.is_empty() {
+            "config"
+        } else if !self.credentials.is_empty() {
+            "secret"
+        } else if !self.full {
+            "endpoint"
+        } else if !self.services.is_empty() {
+            "service"
+        } else {
+            "global"
+        }
+    }
+
     /// Folds another change into this one.
     pub fn merge(&mut self, other: Change) {
         self.audience = match (self.full, other.full) {

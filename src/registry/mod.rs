@@ -43,6 +43,17 @@ pub enum SyncState {
     Failed,
 }
 
+impl SyncState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Syncing => "syncing",
+            Self::Synced => "synced",
+            Self::TimedOut => "timed-out",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ClusterStatus {
     pub state: SyncState,
@@ -64,6 +75,9 @@ mod rfc3339 {
         }
     }
 }
+
+/// How a remote cluster's source reads: this, then the Secret's name.
+pub const SECRET_SOURCE: &str = "secret ";
 
 pub struct ClusterRegistry {
     id: ClusterId,
@@ -124,6 +138,11 @@ impl ClusterRegistry {
         &self.source
     }
 
+    /// The Secret that onboarded the cluster, for a remote one.
+    pub fn remote_secret(&self) -> Option<&str> {
+        self.source.strip_prefix(SECRET_SOURCE)
+    }
+
     pub fn status(&self) -> ClusterStatus {
         self.status.lock().clone()
     }
@@ -141,6 +160,24 @@ impl ClusterRegistry {
 
     pub fn service_count(&self) -> usize {
         self.store.lock().services.len()
+    }
+
+    /// Slice endpoints left out because the pod their targetRef names is not known yet
+    /// (`pilot_k8s_endpoints_pending_pod`).
+    pub fn pending_pod_endpoints(&self) -> usize {
+        let store = self.store.lock();
+        store
+            .slices
+            .values()
+            .flat_map(|slice| slice.endpoints.iter().map(move |ep| (slice, ep)))
+            .filter(|(slice, ep)| {
+                ep.pod.as_ref().is_some_and(|pod| {
+                    !store
+                        .pods
+                        .contains_key(&(slice.namespace.clone(), pod.clone()))
+                })
+            })
+            .count()
     }
 
     pub fn endpoint_count(&self) -> usize {

@@ -259,6 +259,8 @@ pub struct CertificateAuthority {
     /// What follows a leaf in a response: the CA, its issuers, the root last.
     chain_tail: Vec<String>,
     root_pem: String,
+    /// When the root expires (Unix seconds), for `citadel_server_root_cert_expiry_timestamp`.
+    root_not_after: i64,
     ttl: TtlPolicy,
 }
 
@@ -286,18 +288,26 @@ impl CertificateAuthority {
             chain.push(root_der.clone());
         }
         verify_chain(&chain)?;
+        let (_, root) = X509Certificate::from_der(&root_der).map_err(|e| invalid(ROOT_CERT, e))?;
+        let root_not_after = root.validity().not_after.timestamp();
         let chain_tail = chain.iter().map(|der| to_pem(der)).collect();
         let issuer = Issuer::from_ca_cert_der(&ca_der, key).map_err(|e| invalid(CA_CERT, e))?;
         Ok(Self {
             issuer,
             chain_tail,
             root_pem: to_pem(&root_der),
+            root_not_after,
             ttl,
         })
     }
 
     pub fn root_pem(&self) -> &str {
         &self.root_pem
+    }
+
+    /// When the root certificate expires, in Unix seconds.
+    pub fn root_not_after(&self) -> i64 {
+        self.root_not_after
     }
 
     /// Signs a CSR for `identity`; the CSR's own subject and SANs are ignored. Returns the chain:

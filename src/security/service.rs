@@ -12,18 +12,22 @@ use super::pb::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
 use super::pb::{IstioCertificateRequest, IstioCertificateResponse};
+use crate::metrics::CaMetrics;
 
 pub struct CaService {
     ca: Arc<CertificateAuthority>,
     authn: Arc<Authenticator>,
+    metrics: CaMetrics,
 }
 
 impl CaService {
     pub fn server(
         ca: Arc<CertificateAuthority>,
         authn: Arc<Authenticator>,
+        metrics: CaMetrics,
     ) -> IstioCertificateServiceServer<Self> {
-        IstioCertificateServiceServer::new(Self { ca, authn })
+        metrics.set_root_expiry(ca.root_not_after());
+        IstioCertificateServiceServer::new(Self { ca, authn, metrics })
     }
 }
 
@@ -33,10 +37,12 @@ impl IstioCertificateService for CaService {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
+        self.metrics.requested();
         let credentials = Credentials::from_request(&request);
         let identity = match self.authn.authenticate(&credentials).await {
             Ok(id) => id,
             Err(e) => {
+                self.metrics.authentication_failed();
                 warn!(cluster = credentials.cluster_id.as_deref().unwrap_or_default(), error = %e, "certificate request refused");
                 return Err(e.into());
             }
@@ -48,12 +54,14 @@ impl IstioCertificateService for CaService {
         let cert_chain = self
             .ca
             .sign_csr(&request.csr, &identity, requested)
+            .inspect_err(|_| self.metrics.sign_failed())
             .map_err(|e| match e {
                 CaError::Csr(_) | CaError::TtlTooLong { .. } => {
                     Status::invalid_argument(e.to_string())
                 }
                 other => Status::internal(other.to_string()),
             })?;
+        self.metrics.issued();
         info!(identity = %identity, "certificate signed");
         Ok(Response::new(IstioCertificateResponse { cert_chain }))
     }

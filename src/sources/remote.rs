@@ -25,7 +25,7 @@ use super::kubeconfig::{self, InsecureOptions};
 use crate::aggregate::Aggregate;
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};
-use crate::registry::{ClusterRegistry, SyncState};
+use crate::registry::{ClusterRegistry, SyncState, SECRET_SOURCE};
 
 pub const MULTICLUSTER_LABEL: &str = "istio/multiCluster=true";
 
@@ -250,16 +250,17 @@ impl Controller {
             provider: Provider::Kubernetes,
             cluster: id.clone(),
         };
-        let registry = match self
-            .aggregate
-            .add_cluster(shard, format!("secret {secret}"), false)
-        {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(cluster = %id, secret, error = %e, "remote cluster not added");
-                return;
-            }
-        };
+        let registry =
+            match self
+                .aggregate
+                .add_cluster(shard, format!("{SECRET_SOURCE}{secret}"), false)
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(cluster = %id, secret, error = %e, "remote cluster not added");
+                    return;
+                }
+            };
         let mut cluster = RemoteCluster {
             secret: secret.to_string(),
             hash,

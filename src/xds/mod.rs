@@ -1,5 +1,6 @@
 //! The xDS server: proxy identity, generators, the per-stream protocol, and the push pipeline.
 
+mod debug;
 pub mod generate;
 pub mod protocol;
 pub mod proxy;

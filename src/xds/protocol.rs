@@ -107,6 +107,8 @@ pub struct TypeStatus {
     pub sent_version: Option<Arc<str>>,
     pub sent_nonce: Option<Arc<str>>,
     pub acked_version: Option<Arc<str>>,
+    /// The nonce of the response last acknowledged (istioctl compares it with `sent_nonce`).
+    pub acked_nonce: Option<Arc<str>>,
     pub last_nack: Option<Arc<str>>,
     pub resources: usize,
 }
@@ -201,6 +203,7 @@ impl SotwStream {
             return Action::Ignore;
         }
         watch.status.acked_version = Some(Arc::from(version));
+        watch.status.acked_nonce = watch.status.sent_nonce.clone();
         watch.status.last_nack = None;
         if !watch.wildcard && watch.set_names(names) {
             Action::Respond(Scope::All)
@@ -392,6 +395,7 @@ impl DeltaStream {
         let acked = !req.nonce.is_empty() && watch.status.sent_nonce.as_deref() == Some(req.nonce);
         if acked {
             watch.status.acked_version = watch.status.sent_version.clone();
+            watch.status.acked_nonce = watch.status.sent_nonce.clone();
             watch.status.last_nack = None;
         }
         watch.answered(req.nonce, false);

@@ -38,6 +38,9 @@ pub enum Generator {
     Envoy,
     /// Proxyless gRPC (metadata GENERATOR=grpc).
     Grpc,
+    /// A debug client such as istioctl (GENERATOR=event): asks for `istio.io/debug/*` only and is
+    /// not listed among the proxies.
+    Event,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -115,6 +118,7 @@ impl Proxy {
         }
         let generator = match meta.string("GENERATOR").as_deref() {
             Some("grpc") => Generator::Grpc,
+            Some("event") => Generator::Event,
             _ => Generator::Envoy,
         };
         let locality = node

@@ -1,6 +1,6 @@
 //! The push pipeline: registry changes → debounce → one merged request per proxy → what to send.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -20,6 +20,10 @@ pub struct PushRequest {
     pub services: BTreeSet<Hostname>,
     /// Secrets the proxy may hold over SDS changed: its SDS resources are sent again.
     pub secrets: bool,
+    /// When the earliest change behind this request happened, and when it was offered to the
+    /// proxy (the earliest, once merged): convergence and queue times are measured from these.
+    pub triggered_at: Option<Instant>,
+    pub queued_at: Option<Instant>,
 }
 
 impl PushRequest {
@@ -27,6 +31,41 @@ impl PushRequest {
         self.full |= other.full;
         self.services.extend(other.services);
         self.secrets |= other.secrets;
+        self.triggered_at = earliest(self.triggered_at, other.triggered_at);
+        self.queued_at = earliest(self.queued_at, other.queued_at);
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A burst of changes merged into one push.
+pub struct Debounced {
+    pub change: Change,
+    /// When the burst's first change arrived.
+    pub first_at: Instant,
+    /// The burst's changes counted by reason (istiod's `pilot_push_triggers` types).
+    pub triggers: BTreeMap<&'static str, u64>,
+}
+
+impl Debounced {
+    fn start(change: Change) -> Self {
+        let mut triggers = BTreeMap::new();
+        *triggers.entry(change.trigger()).or_default() += 1;
+        Self {
+            change,
+            first_at: Instant::now(),
+            triggers,
+        }
+    }
+
+    fn merge(&mut self, change: Change) {
+        *self.triggers.entry(change.trigger()).or_default() += 1;
+        self.change.merge(change);
     }
 }
 
@@ -43,10 +82,10 @@ pub struct DebounceConfig {
 pub async fn debounce(
     mut changes: UnboundedReceiver<Change>,
     config: DebounceConfig,
-    mut emit: impl FnMut(Change),
+    mut emit: impl FnMut(Debounced),
 ) {
     while let Some(first) = changes.recv().await {
-        let mut merged = first;
+        let mut merged = Debounced::start(first);
         if config.after.is_zero() {
             while let Ok(more) = changes.try_recv() {
                 merged.merge(more);
@@ -54,7 +93,7 @@ pub async fn debounce(
             emit(merged);
             continue;
         }
-        let start = Instant::now();
+        let start = merged.first_at;
         let mut last = start;
         loop {
             let deadline = (last + config.after).min(start + config.max);
@@ -153,6 +192,7 @@ mod tests {
                 full: change.full,
                 services: change.services,
                 secrets: !change.credentials.is_empty(),
+                ..Default::default()
             }
         }
     }
@@ -175,7 +215,9 @@ mod tests {
             after: Duration::from_millis(100),
             max: Duration::from_secs(10),
         };
-        let task = tokio::spawn(debounce(rx, config, move |c| sink.lock().push(c)));
+        let task = tokio::spawn(debounce(rx, config, move |d: Debounced| {
+            sink.lock().push(d.change)
+        }));
         tx.send(change(false, &["a"])).unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         tx.send(change(true, &["b"])).unwrap();
@@ -188,6 +230,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn debounce_counts_a_burst_by_trigger_reason() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        let config = DebounceConfig {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        };
+        let task = tokio::spawn(debounce(rx, config, move |d: Debounced| {
+            sink.lock().push(d.triggers)
+        }));
+        tx.send(change(false, &["a"])).unwrap();
+        tx.send(change(false, &["b"])).unwrap();
+        tx.send(change(true, &["c"])).unwrap();
+        drop(tx);
+        task.await.unwrap();
+        let expected = BTreeMap::from([("endpoint", 2), ("service", 1)]);
+        assert_eq!(*out.lock(), vec![expected]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn debounce_max_delay_bounds_a_steady_stream() {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let out = Arc::new(Mutex::new(Vec::new()));
@@ -196,7 +259,9 @@ mod tests {
             after: Duration::from_millis(100),
             max: Duration::from_millis(300),
         };
-        tokio::spawn(debounce(rx, config, move |c| sink.lock().push(c)));
+        tokio::spawn(debounce(rx, config, move |d: Debounced| {
+            sink.lock().push(d.change)
+        }));
         for _ in 0..5 {
             tx.send(change(false, &["a"])).unwrap();
             tokio::time::sleep(Duration::from_millis(80)).await;
@@ -217,7 +282,9 @@ mod tests {
             after: Duration::ZERO,
             max: Duration::from_secs(10),
         };
-        tokio::spawn(debounce(rx, config, move |c| sink.lock().push(c)));
+        tokio::spawn(debounce(rx, config, move |d: Debounced| {
+            sink.lock().push(d.change)
+        }));
         tx.send(change(false, &["a"])).unwrap();
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;

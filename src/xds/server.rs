@@ -30,6 +30,7 @@ use super::push::{PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use super::wire::AdsCodec;
+use crate::debug::DebugContext;
 use crate::metrics::XdsMetrics;
 use crate::model::{Audience, Change, Hostname, Mesh};
 use crate::registry::auto_registration::AutoRegistration;
@@ -71,6 +72,7 @@ impl Default for XdsOptions {
 pub struct XdsServer {
     mesh: Arc<Mesh>,
     auto_registration: std::sync::OnceLock<Arc<AutoRegistration>>,
+    debug: std::sync::OnceLock<Arc<DebugContext>>,
     push_log: PushLog,
     ready: Readiness,
     cache: ResourceCache,
@@ -88,12 +90,17 @@ pub struct Connection {
     pub proxy: Proxy,
     pub delta: bool,
     pub connected_at: SystemTime,
+    /// The peer's address, when the transport knows it.
+    pub address: Option<std::net::SocketAddr>,
     pub(super) slot: PushSlot,
     /// Hostnames behind the proxy's EDS subscriptions: an endpoint change wakes only these proxies.
     eds_hosts: RwLock<BTreeSet<Hostname>>,
     /// The subscription generation `eds_hosts` was derived from.
     pub(super) eds_generation: AtomicU64,
     status: Mutex<BTreeMap<ResourceType, TypeStatus>>,
+    /// Route and secret names the proxy subscribes to (few), for the debug config dump; its
+    /// cluster, listener and endpoint names follow from the snapshot.
+    named: Mutex<BTreeMap<ResourceType, Arc<[String]>>>,
 }
 
 impl Connection {
@@ -113,6 +120,39 @@ impl Connection {
     pub(super) fn publish_status(&self, ty: ResourceType, status: TypeStatus) {
         self.status.lock().insert(ty, status);
     }
+
+    /// Records the subscribed names of a type the debug config dump cannot derive.
+    pub(super) fn publish_names(&self, ty: ResourceType, names: &BTreeSet<String>) {
+        if !matches!(ty, ResourceType::Route | ResourceType::Secret) {
+            return;
+        }
+        let mut named = self.named.lock();
+        if named
+            .get(&ty)
+            .is_none_or(|old| !old.iter().eq(names.iter()))
+        {
+            named.insert(ty, names.iter().cloned().collect());
+        }
+    }
+
+    /// The route or secret names the proxy subscribes to.
+    pub fn subscribed(&self, ty: ResourceType) -> Arc<[String]> {
+        self.named
+            .lock()
+            .get(&ty)
+            .cloned()
+            .unwrap_or_else(|| Arc::new([]))
+    }
+
+    /// Each watched type's protocol status.
+    pub fn status(&self) -> BTreeMap<ResourceType, TypeStatus> {
+        self.status.lock().clone()
+    }
+
+    /// istiod's connection id: the node id and a per-server counter.
+    pub fn connection_id(&self) -> String {
+        format!("{}-{}", self.proxy.id, self.id)
+    }
 }
 
 /// A connection while it is registered with the server: dropping it (the stream ended, or its task
@@ -131,7 +171,9 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.server.connections.write().remove(&self.conn.id);
-        self.server.metrics.connections.dec();
+        self.server
+            .metrics
+            .disconnected(&self.conn.proxy.istio_version);
         info!(proxy = %self.conn.proxy.id, connection = self.conn.id, "proxy disconnected");
     }
 }
@@ -146,6 +188,7 @@ impl XdsServer {
         Arc::new(Self {
             mesh,
             auto_registration: Default::default(),
+            debug: Default::default(),
             push_log: PushLog::default(),
             ready,
             cache: ResourceCache::default(),
@@ -169,6 +212,15 @@ impl XdsServer {
 
     pub(super) fn auto_registration(&self) -> Option<Arc<AutoRegistration>> {
         self.auto_registration.get().cloned()
+    }
+
+    /// Serves istio.io/debug requests from these views (once).
+    pub fn set_debug(&self, debug: Arc<DebugContext>) {
+        let _ = self.debug.set(debug);
+    }
+
+    pub(super) fn debug(&self) -> Option<&Arc<DebugContext>> {
+        self.debug.get()
     }
 
     pub fn mesh(&self) -> &Arc<Mesh> {
@@ -197,8 +249,10 @@ impl XdsServer {
 
     /// Fans a debounced change out to the proxies it concerns: the full part to its audience, the
     /// endpoint part to proxies watching those services.
-    pub fn push(&self, change: Change) {
+    /// `triggered_at`: when the first change behind it happened (for convergence times).
+    pub fn push(&self, change: Change, triggered_at: tokio::time::Instant) {
         let snapshot = self.mesh.snapshot();
+        let queued_at = tokio::time::Instant::now();
         if change.full {
             self.cache.prune(snapshot.services.version());
         }
@@ -216,6 +270,8 @@ impl XdsServer {
                     full,
                     services: change.services.clone(),
                     secrets,
+                    triggered_at: Some(triggered_at),
+                    queued_at: Some(queued_at),
                 });
                 woken += 1;
             }
@@ -264,38 +320,33 @@ impl XdsServer {
         }
     }
 
-    pub fn syncz(&self) -> Vec<SyncView> {
-        let mut views: Vec<SyncView> = self
-            .connections
-            .read()
-            .values()
-            .map(|c| SyncView {
-                connection: c.id,
-                proxy: c.proxy.id.clone(),
-                cluster: c.proxy.cluster_id.as_ref().map(|c| c.to_string()),
-                network: c.proxy.network.to_string(),
-                mode: if c.delta { "delta" } else { "sotw" },
-                connected_at: humantime::format_rfc3339_seconds(c.connected_at).to_string(),
-                types: c.status.lock().clone(),
-            })
-            .collect();
-        views.sort_by_key(|v| v.connection);
-        views
+    /// The connected streams, oldest first.
+    pub fn connections(&self) -> Vec<Arc<Connection>> {
+        let mut all: Vec<Arc<Connection>> = self.connections.read().values().cloned().collect();
+        all.sort_by_key(|c| c.id);
+        all
     }
 
-    pub(super) fn connect(self: &Arc<Self>, proxy: Proxy, delta: bool) -> Registered {
+    pub(super) fn connect(
+        self: &Arc<Self>,
+        proxy: Proxy,
+        delta: bool,
+        address: Option<std::net::SocketAddr>,
+    ) -> Registered {
         let conn = Arc::new(Connection {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             proxy,
             delta,
             connected_at: SystemTime::now(),
+            address,
             slot: PushSlot::default(),
             eds_hosts: RwLock::default(),
             eds_generation: AtomicU64::new(0),
             status: Mutex::default(),
+            named: Mutex::default(),
         });
         self.connections.write().insert(conn.id, conn.clone());
-        self.metrics.connections.inc();
+        self.metrics.connected(&conn.proxy.istio_version);
         info!(proxy = %conn.proxy.id, connection = conn.id, delta, "proxy connected");
         Registered {
             server: self.clone(),
@@ -339,18 +390,6 @@ impl PushLog {
     fn recent(&self) -> Vec<PushRecord> {
         self.0.lock().iter().cloned().collect()
     }
-}
-
-/// One row of /debug/syncz.
-#[derive(Serialize)]
-pub struct SyncView {
-    pub connection: u64,
-    pub proxy: String,
-    pub cluster: Option<String>,
-    pub network: String,
-    pub mode: &'static str,
-    pub connected_at: String,
-    pub types: BTreeMap<ResourceType, TypeStatus>,
 }
 
 /// The caller's proven identity must be the proxy's: same namespace, and same service account when
@@ -421,12 +460,16 @@ impl<Req: NodeOf + prost::Message + Default> StreamingService<Req> for Method<Re
             .authn
             .clone()
             .map(|a| (a, Credentials::from_request(&request)));
+        let peer = request.remote_addr();
         let stream = stream::serve(
             server.clone(),
             request.into_inner(),
             tx.clone(),
-            self.delta,
-            auth,
+            stream::Peer {
+                delta: self.delta,
+                address: peer,
+                auth,
+            },
             self.new_session,
         );
         tokio::spawn(stream::run_guarded(server, tx, stream));

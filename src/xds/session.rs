@@ -4,6 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
@@ -31,6 +32,15 @@ pub enum Answer {
     Empty(Bytes),
     /// The client is misbehaving; the stream ends with this.
     Refuse(tonic::Status),
+    /// An `istio.io/debug*` request (istioctl): answered from the debug views, never watched.
+    Debug(DebugRequest),
+}
+
+#[derive(Debug)]
+pub struct DebugRequest {
+    pub type_url: String,
+    pub names: Vec<String>,
+    pub nonce: Arc<str>,
 }
 
 /// What every response needs besides its resources.
@@ -71,6 +81,15 @@ struct Common {
     conn: Arc<Connection>,
     /// Type URL → nonce of the empty response sent for it.
     unknown: HashMap<String, Arc<str>>,
+    /// (type, error code) of the proxy's rejects, whose gauges go when it does.
+    rejected: BTreeSet<(ResourceType, String)>,
+}
+
+impl Drop for Common {
+    fn drop(&mut self) {
+        let metrics = self.server.metrics();
+        metrics.forget_rejects(&self.conn.proxy.id, self.rejected.iter());
+    }
 }
 
 impl Common {
@@ -96,11 +115,33 @@ impl Common {
         Answer::Empty(bytes)
     }
 
+    /// A debug request is answered each time it is made; its acknowledgement (our nonce back) is
+    /// not a request. Remembered like unknown types, so bounded alike.
+    fn debug(&mut self, type_url: String, names: Vec<String>, nonce: &str) -> Answer {
+        if self.unknown.get(&type_url).is_some_and(|n| **n == *nonce) {
+            return Answer::Nothing;
+        }
+        if !self.unknown.contains_key(&type_url) && self.unknown.len() >= MAX_UNKNOWN_TYPES {
+            return Answer::Refuse(tonic::Status::invalid_argument(format!(
+                "more than {MAX_UNKNOWN_TYPES} resource types meshpilot does not serve"
+            )));
+        }
+        let nonce = self.server.next_nonce();
+        self.unknown.insert(type_url.clone(), nonce.clone());
+        Answer::Debug(DebugRequest {
+            type_url,
+            names,
+            nonce,
+        })
+    }
+
     /// Turns the protocol's decision into an answer; records NACKs and the EDS subscription.
+    /// `code`: the gRPC status code of the request's error detail, if any.
     fn conclude(
-        &self,
+        &mut self,
         ty: ResourceType,
         action: Action,
+        code: i32,
         eds_generation: u64,
         eds: &dyn Fn() -> Vec<String>,
     ) -> Answer {
@@ -116,7 +157,9 @@ impl Common {
         match action {
             Action::Respond(scope) => Answer::Resources(ty, scope),
             Action::Nack { message, then } => {
-                self.server.metrics().nacked(ty);
+                let err = format!("{:?}", tonic::Code::from_i32(code));
+                self.server.metrics().nacked(ty, &self.conn.proxy.id, &err);
+                self.rejected.insert((ty, err));
                 warn!(proxy = %self.conn.proxy.id, r#type = ty.short(), error = %clip(&message), "NACK");
                 match then {
                     Some(scope) => Answer::Resources(ty, scope),
@@ -140,6 +183,7 @@ impl SotwSession {
                 server,
                 conn,
                 unknown: HashMap::new(),
+                rejected: BTreeSet::new(),
             },
             stream: SotwStream::default(),
         }
@@ -148,12 +192,20 @@ impl SotwSession {
     fn publish_status(&self, ty: ResourceType) {
         if let Some(w) = self.stream.watches.get(&ty) {
             self.common.conn.publish_status(ty, w.status.clone());
+            self.common.conn.publish_names(ty, &w.names);
         }
     }
 }
 
 impl Session<DiscoveryRequest> for SotwSession {
     fn on_request(&mut self, request: DiscoveryRequest) -> Answer {
+        if request.type_url.starts_with(super::debug::DEBUG_TYPE) {
+            return self.common.debug(
+                request.type_url,
+                request.resource_names,
+                &request.response_nonce,
+            );
+        }
         let Some(ty) = ResourceType::from_url(&request.type_url) else {
             return self.common.unknown_type(
                 request.type_url,
@@ -161,6 +213,7 @@ impl Session<DiscoveryRequest> for SotwSession {
                 |url, nonce| wire::sotw_response(url, "", nonce, &[]),
             );
         };
+        let code = request.error_detail.as_ref().map_or(0, |e| e.code);
         let error = request.error_detail.map(|e| e.message);
         let action = self.stream.on_request(
             ty,
@@ -174,9 +227,10 @@ impl Session<DiscoveryRequest> for SotwSession {
             .watches
             .get(&ResourceType::Endpoint)
             .map_or(0, |w| w.generation);
+        let stream = &self.stream;
         let answer = self
             .common
-            .conclude(ty, action, generation, &|| self.eds_names());
+            .conclude(ty, action, code, generation, &|| sotw_eds_names(stream));
         self.publish_status(ty);
         answer
     }
@@ -192,6 +246,7 @@ impl Session<DiscoveryRequest> for SotwSession {
         let Some(watch) = self.stream.watches.get(&ty) else {
             return;
         };
+        let started = Instant::now();
         let g = reply.generation;
         let resources = if watch.wildcard {
             g.all(ty)
@@ -207,7 +262,7 @@ impl Session<DiscoveryRequest> for SotwSession {
         ));
         self.stream.sent(ty, reply.version, &nonce, resources.len());
         self.publish_status(ty);
-        self.common.server.metrics().pushed(ty);
+        self.common.server.metrics().pushed(ty, started.elapsed());
         debug!(proxy = %self.common.conn.proxy.id, r#type = ty.short(), version = &**reply.version, resources = resources.len(), "sent");
     }
 
@@ -216,10 +271,7 @@ impl Session<DiscoveryRequest> for SotwSession {
     }
 
     fn eds_names(&self) -> Vec<String> {
-        let watch = self.stream.watches.get(&ResourceType::Endpoint);
-        watch
-            .map(|w| w.names.iter().cloned().collect())
-            .unwrap_or_default()
+        sotw_eds_names(&self.stream)
     }
 }
 
@@ -235,6 +287,7 @@ impl DeltaSession {
                 server,
                 conn,
                 unknown: HashMap::new(),
+                rejected: BTreeSet::new(),
             },
             stream: DeltaStream::default(),
         }
@@ -243,6 +296,7 @@ impl DeltaSession {
     fn publish_status(&self, ty: ResourceType) {
         if let Some(w) = self.stream.watches.get(&ty) {
             self.common.conn.publish_status(ty, w.status.clone());
+            self.common.conn.publish_names(ty, &w.subscribed);
         }
     }
 }
@@ -256,6 +310,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
                 |url, nonce| wire::delta_response(url, "", nonce, &[], &[]),
             );
         };
+        let code = request.error_detail.as_ref().map_or(0, |e| e.code);
         let action = self.stream.on_request(DeltaRequest {
             ty,
             subscribe: request.resource_names_subscribe,
@@ -269,9 +324,10 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             .watches
             .get(&ResourceType::Endpoint)
             .map_or(0, |w| w.generation);
+        let stream = &self.stream;
         let answer = self
             .common
-            .conclude(ty, action, generation, &|| self.eds_names());
+            .conclude(ty, action, code, generation, &|| delta_eds_names(stream));
         self.publish_status(ty);
         answer
     }
@@ -284,6 +340,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         requested: bool,
         out: &mut Vec<Bytes>,
     ) {
+        let started = Instant::now();
         let g = reply.generation;
         let Some(watch) = self.stream.watches.get_mut(&ty) else {
             return;
@@ -315,7 +372,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         let names = changed.iter().map(|r| r.name.clone()).collect();
         self.stream.sent(ty, reply.version, &nonce, names);
         self.publish_status(ty);
-        self.common.server.metrics().pushed(ty);
+        self.common.server.metrics().pushed(ty, started.elapsed());
         debug!(proxy = %self.common.conn.proxy.id, r#type = ty.short(), version = &**reply.version, changed = changed.len(), removed = removed.len(), "sent");
     }
 
@@ -324,9 +381,20 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
     }
 
     fn eds_names(&self) -> Vec<String> {
-        let watch = self.stream.watches.get(&ResourceType::Endpoint);
-        watch
-            .map(|w| w.subscribed.iter().cloned().collect())
-            .unwrap_or_default()
+        delta_eds_names(&self.stream)
     }
+}
+
+fn sotw_eds_names(stream: &SotwStream) -> Vec<String> {
+    let watch = stream.watches.get(&ResourceType::Endpoint);
+    watch
+        .map(|w| w.names.iter().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn delta_eds_names(stream: &DeltaStream) -> Vec<String> {
+    let watch = stream.watches.get(&ResourceType::Endpoint);
+    watch
+        .map(|w| w.subscribed.iter().cloned().collect())
+        .unwrap_or_default()
 }

@@ -54,16 +54,28 @@ where
     }
 }
 
+/// Who is on the other end of a stream, as the transport tells.
+pub struct Peer {
+    pub delta: bool,
+    pub address: Option<std::net::SocketAddr>,
+    /// On the secure port: how to check the caller's proof of identity.
+    pub auth: Option<(Arc<Authenticator>, Credentials)>,
+}
+
 /// Waits for the first request, identifies and authorizes the proxy, and runs its session until the
 /// stream ends.
 pub async fn serve<Req: NodeOf>(
     server: Arc<XdsServer>,
     mut requests: Streaming<Req>,
     tx: ResponseTx,
-    delta: bool,
-    auth: Option<(Arc<Authenticator>, Credentials)>,
+    peer: Peer,
     new_session: NewSession<Req>,
 ) {
+    let Peer {
+        delta,
+        address,
+        auth,
+    } = peer;
     if !server.ready() {
         // As istiod: a proxy must not get a partial view while clusters are still syncing.
         let _ = tx
@@ -116,7 +128,7 @@ pub async fn serve<Req: NodeOf>(
         }
         _ => None,
     };
-    let registered = server.connect(proxy, delta);
+    let registered = server.connect(proxy, delta, address);
     let session = new_session(server.clone(), registered.conn().clone());
     Stream {
         server,
@@ -201,6 +213,16 @@ impl<Req: NodeOf> Stream<Req> {
                 let _ = self.tx.send(Err(status)).await;
                 false
             }
+            Answer::Debug(request) => {
+                let conn = self.registered.conn().clone();
+                match super::debug::respond(&self.server, &conn, request) {
+                    Ok(bytes) => self.send(vec![bytes]).await,
+                    Err(status) => {
+                        let _ = self.tx.send(Err(status)).await;
+                        false
+                    }
+                }
+            }
             Answer::Resources(ty, scope) => {
                 let server = self.server.clone();
                 let Ok(_permit) = server.push_permit().await else {
@@ -216,11 +238,19 @@ impl<Req: NodeOf> Stream<Req> {
     /// Sends what a push means for this proxy; false once the stream is gone.
     async fn push(&mut self, push: PushRequest) -> bool {
         let server = self.server.clone();
+        if let Some(queued) = push.queued_at {
+            server.metrics().dequeued(queued.elapsed());
+        }
         let Ok(_permit) = server.push_permit().await else {
             return false;
         };
         let out = self.build(|session, reply, out| session.push(reply, &push, out));
-        self.send(out).await
+        let sent = !out.is_empty();
+        let open = self.send(out).await;
+        if let (true, true, Some(triggered)) = (open, sent, push.triggered_at) {
+            server.metrics().converged(triggered.elapsed());
+        }
+        open
     }
 
     /// Assembles responses from one snapshot of the mesh.
@@ -244,6 +274,7 @@ impl<Req: NodeOf> Stream<Req> {
     /// loses its stream (it reconnects and gets everything afresh).
     async fn send(&self, out: Vec<Bytes>) -> bool {
         let timeout: Duration = self.server.options().send_timeout;
+        let started = tokio::time::Instant::now();
         for bytes in out {
             match tokio::time::timeout(timeout, self.tx.send(Ok(bytes))).await {
                 Ok(Ok(())) => {}
@@ -256,6 +287,7 @@ impl<Req: NodeOf> Stream<Req> {
                 }
             }
         }
+        self.server.metrics().sent(started.elapsed());
         true
     }
 }
@@ -298,7 +330,8 @@ mod tests {
                 id: "sidecar~10.0.0.1~pod.ns~ns.svc.cluster.local".into(),
                 ..Default::default()
             };
-            let _registered = inner.connect(Proxy::from_node(Some(&node)).expect("node"), false);
+            let _registered =
+                inner.connect(Proxy::from_node(Some(&node)).expect("node"), false, None);
             assert_eq!(inner.connection_count(), 1);
             panic!("a bug in a session");
         })

@@ -1,0 +1,101 @@
+//! Config in force: Istio objects (`/debug/configz`, istiod's Kubernetes-object shape), mesh
+//! config, mesh networks and JWT key sources.
+
+use serde_json::Value;
+
+use super::DebugContext;
+
+/// MeshNetworks in force, the gateways of every network, and the file's current error.
+pub(super) fn networkz(state: &DebugContext) -> Value {
+    let mesh = state.aggregate.mesh().snapshot();
+    serde_json::json!({
+        "meshNetworks": *mesh.networks,
+        "gateways": *mesh.gateways,
+        "last_error": *state.networks_error.lock(),
+    })
+}
+
+/// Every Istio config object: the accepted ones as Kubernetes objects with where they came from, and
+/// every refusal standing (a newer version of an object that failed validation shows beside the
+/// last good one still served).
+pub(super) fn configz(state: &DebugContext) -> Value {
+    let snapshot = state.aggregate.mesh().snapshot();
+    let config = &snapshot.config;
+    let mut out: Vec<serde_json::Value> = config
+        .accepted()
+        .map(|object| {
+            let key = &object.key;
+            serde_json::json!({
+                "kind": key.kind,
+                "apiVersion": format!("{}/{}", key.kind.group(), key.kind.versions()[0]),
+                "metadata": {
+                    "name": key.name,
+                    "namespace": key.namespace,
+                    "labels": object.meta.labels,
+                    "annotations": object.meta.annotations,
+                    "creationTimestamp": object.meta.creation_timestamp,
+                },
+                "spec": object.spec,
+                "source": object.meta.origin,
+                "status": "accepted",
+            })
+        })
+        .collect();
+    out.extend(config.refusals().map(|(source, refusal)| {
+        serde_json::json!({
+            "kind": refusal.key.as_ref().map(|k| k.kind),
+            "metadata": {
+                "name": refusal.key.as_ref().map(|k| &k.name),
+                "namespace": refusal.key.as_ref().map(|k| &k.namespace),
+            },
+            "source": refusal.origin,
+            "configSource": source,
+            "status": "refused",
+            "error": refusal.error,
+        })
+    }));
+    Value::Array(out)
+}
+
+/// The mesh config in force and why a newer one is refused, if it is.
+pub(super) fn mesh(state: &DebugContext) -> Value {
+    let snapshot = state.aggregate.mesh().snapshot();
+    serde_json::json!({
+        "meshConfig": **snapshot.config.mesh(),
+        "last_error": *state.mesh_config_error.lock(),
+    })
+}
+
+/// Every JWT key source RequestAuthentications name: who uses it, where the keys came from, when,
+/// and why the last fetch failed. Sources with inline keys are not listed.
+pub(super) fn jwksz(state: &DebugContext) -> Value {
+    let snapshot = state.aggregate.mesh().snapshot();
+    let views = snapshot
+        .config
+        .security()
+        .jwks_sources()
+        .into_iter()
+        .map(|(source, used)| {
+            let entry = snapshot
+                .jwks
+                .get(&source)
+                .map(|e| (**e).clone())
+                .unwrap_or_default();
+            let status = match (&entry.keys, &entry.error) {
+                (Some(_), None) => "fetched",
+                (Some(_), Some(_)) => "stale",
+                (None, Some(_)) => "failed",
+                (None, None) => "pending",
+            };
+            serde_json::json!({
+                "source": source,
+                "usedBy": used.policies.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+                "status": status,
+                "uri": entry.uri,
+                "fetchedAt": entry.fetched_at,
+                "error": entry.error,
+            })
+        })
+        .collect();
+    Value::Array(views)
+}

@@ -1,0 +1,229 @@
+//! Prometheus metrics on `/metrics`, in the text format istiod serves: istiod's names, labels and
+//! buckets wherever istiod has the metric (so its dashboards and alerts work unchanged), and
+//! `meshpilot_*` only for what istiod does not measure.
+
+mod ca;
+mod xds;
+
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub use ca::CaMetrics;
+pub use xds::{PushMetrics, XdsMetrics};
+
+use crate::aggregate::Aggregate;
+use crate::model::ClusterId;
+
+/// What `/metrics` answers with: Prometheus' text format, as istiod's endpoint.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// istiod's buckets for push and debounce times (seconds).
+const PUSH_BUCKETS: [f64; 8] = [0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0];
+/// istiod's buckets for convergence and queue times (seconds).
+const CONVERGENCE_BUCKETS: [f64; 8] = [0.1, 0.5, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0];
+
+/// Registers a metric and hands back a handle to it. Names are constants of this module, so a
+/// refusal is a programming error caught by the unit tests.
+fn registered<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique and valid");
+    metric
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help)
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    registered(
+        registry,
+        Histogram::with_opts(opts).expect("valid histogram"),
+    )
+}
+
+pub struct Metrics {
+    registry: Registry,
+    local_cluster: ClusterId,
+    managed_clusters: IntGaugeVec,
+    services: IntGauge,
+    pending_pods: IntGauge,
+    clusters_by_state: IntGaugeVec,
+    cluster_endpoints: IntGaugeVec,
+    cluster_errors: IntGaugeVec,
+    xds: XdsMetrics,
+    push: PushMetrics,
+    ca: CaMetrics,
+    remote: RemoteMetrics,
+}
+
+/// Remote-cluster lifecycle metrics, updated by the secret controller.
+#[derive(Clone)]
+pub struct RemoteMetrics {
+    pub sync_timeouts: IntCounter,
+    pub sync_duration: Histogram,
+    pub rotations: IntCounter,
+}
+
+impl RemoteMetrics {
+    fn new(registry: &Registry) -> Self {
+        let counter = |name: &str, help: &str| {
+            registered(
+                registry,
+                IntCounter::with_opts(opts(name, help)).expect("valid counter"),
+            )
+        };
+        // 10 ms … ~40 s
+        let buckets = prometheus::exponential_buckets(0.01, 2.0, 13).expect("valid buckets");
+        Self {
+            sync_timeouts: counter(
+                "remote_cluster_sync_timeouts_total",
+                "Remote clusters that did not sync within --remote-cluster-timeout",
+            ),
+            sync_duration: histogram(
+                registry,
+                "meshpilot_remote_cluster_sync_duration_seconds",
+                "Time from a remote cluster's onboarding to its first full sync",
+                &buckets,
+            ),
+            rotations: counter(
+                "meshpilot_remote_cluster_rotations_total",
+                "Remote clusters swapped to a rotated kubeconfig without a gap",
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    /// `local_cluster`: meshpilot's own cluster (`istiod_managed_clusters{cluster_type="local"}`).
+    pub fn new(local_cluster: ClusterId) -> Self {
+        let registry = Registry::new();
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            registered(
+                &registry,
+                IntGaugeVec::new(opts(name, help), labels).expect("valid gauge"),
+            )
+        };
+        let gauge = |name: &str, help: &str| {
+            registered(
+                &registry,
+                IntGauge::with_opts(opts(name, help)).expect("valid gauge"),
+            )
+        };
+        Self {
+            managed_clusters: gauge_vec(
+                "istiod_managed_clusters",
+                "Clusters in the mesh, local or remote",
+                &["cluster_type"],
+            ),
+            services: gauge("pilot_services", "Services in the merged service table"),
+            pending_pods: gauge(
+                "pilot_k8s_endpoints_pending_pod",
+                "EndpointSlice endpoints waiting for the pod their targetRef names",
+            ),
+            clusters_by_state: gauge_vec(
+                "meshpilot_managed_clusters",
+                "Clusters by sync state",
+                &["state"],
+            ),
+            cluster_endpoints: gauge_vec(
+                "meshpilot_cluster_endpoints",
+                "Endpoints served per cluster",
+                &["cluster"],
+            ),
+            cluster_errors: gauge_vec(
+                "meshpilot_cluster_errors",
+                "1 while a cluster has an unresolved configuration error",
+                &["cluster"],
+            ),
+            xds: XdsMetrics::new(&registry),
+            push: PushMetrics::new(&registry),
+            ca: CaMetrics::new(&registry),
+            remote: RemoteMetrics::new(&registry),
+            local_cluster,
+            registry,
+        }
+    }
+
+    pub fn remote(&self) -> RemoteMetrics {
+        self.remote.clone()
+    }
+
+    pub fn xds(&self) -> XdsMetrics {
+        self.xds.clone()
+    }
+
+    pub fn push(&self) -> PushMetrics {
+        self.push.clone()
+    }
+
+    pub fn ca(&self) -> CaMetrics {
+        self.ca.clone()
+    }
+
+    /// Refreshes the model gauges and renders every metric in Prometheus' text format.
+    pub fn render(&self, aggregate: &Aggregate) -> String {
+        self.clusters_by_state.reset();
+        self.cluster_endpoints.reset();
+        self.cluster_errors.reset();
+        self.managed_clusters.reset();
+        let mut pending = 0;
+        for cluster in aggregate.clusters() {
+            let status = cluster.status();
+            let kind = match *cluster.id() == self.local_cluster {
+                true => "local",
+                false => "remote",
+            };
+            self.managed_clusters.with_label_values(&[kind]).inc();
+            self.clusters_by_state
+                .with_label_values(&[status.state.name()])
+                .inc();
+            let id = cluster.id().to_string();
+            self.cluster_endpoints
+                .with_label_values(&[&id])
+                .set(cluster.endpoint_count() as i64);
+            self.cluster_errors
+                .with_label_values(&[&id])
+                .set(i64::from(status.last_error.is_some()));
+            pending += cluster.pending_pod_endpoints();
+        }
+        self.pending_pods.set(pending as i64);
+        self.services
+            .set(aggregate.mesh().snapshot().services.len() as i64);
+        let mut out = Vec::new();
+        // Encoding into memory fails only on invalid metric data, which the types rule out.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_registers_under_its_istiod_name() {
+        let metrics = Metrics::new(ClusterId::new("local"));
+        metrics.xds().pushed(
+            crate::xds::protocol::ResourceType::Cluster,
+            std::time::Duration::ZERO,
+        );
+        let names: Vec<String> = metrics
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect();
+        for name in [
+            "pilot_xds_pushes",
+            "pilot_services",
+            "citadel_server_csr_count",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+    }
+}
