@@ -34,7 +34,6 @@ fn sync_status(state: SyncState) -> &'static str {
 }
 
 pub(super) fn clusterz(ctx: &DebugContext) -> Vec<impl Serialize> {
-    let system_namespace = &ctx.aggregate.mesh().naming.system_namespace;
     ctx.aggregate
         .clusters()
         .iter()
@@ -42,10 +41,7 @@ pub(super) fn clusterz(ctx: &DebugContext) -> Vec<impl Serialize> {
             let status = c.status();
             ClusterRow {
                 id: c.id().to_string(),
-                secret_name: c
-                    .remote_secret()
-                    .map(|name| format!("{system_namespace}/{name}"))
-                    .unwrap_or_default(),
+                secret_name: c.remote_secret().unwrap_or_default().to_string(),
                 sync_status: sync_status(status.state),
                 provider: c.shard().provider,
                 source: c.source().to_string(),
