@@ -201,6 +201,40 @@ async fn metrics_carry_istiods_names_after_pushes_rejects_and_csrs() {
         .as_secs_f64();
     assert!(value("citadel_server_root_cert_expiry_timestamp", &[]) > now);
 
+    // The shipped dashboard reads only metrics that exist.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/grafana/meshpilot-control-plane.json"
+    ))
+    .unwrap();
+    let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+    let exprs = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_string());
+    for expr in exprs {
+        let names = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| {
+                ["pilot_", "citadel_", "istiod_", "remote_", "meshpilot_"]
+                    .iter()
+                    .any(|p| w.starts_with(p))
+            });
+        for name in names {
+            // Reject gauges are listed only while a proxy rejects that type (EDS here).
+            if name.ends_with("_reject") && name != "pilot_xds_eds_reject" {
+                continue;
+            }
+            assert!(
+                metrics.contains(&format!("# TYPE {name} "))
+                    || metrics.contains(&format!("\n{name}")),
+                "{name} (in {expr}) is not on /metrics"
+            );
+        }
+    }
+
     // A departed proxy's reject gauge goes with it.
     drop(ads);
     wait_for("the reject gauge dropped", BOUND, || async move {

@@ -35,6 +35,10 @@ fn deployed() -> Vec<(String, Vec<String>, String)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("deploy/") {
         let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            // deploy/grafana holds the dashboard, not a manifest.
+            continue;
+        }
         let text = std::fs::read_to_string(&path).expect("read manifest");
         let header = text.lines().next().unwrap_or_default();
         let command = header
