@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::status::v3::{ClientConfig, ConfigStatus};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 use serde_json::Value;
-use test_apiserver::{TestApiServer, User};
+use test_apiserver::User;
 
 const BOUND: Duration = Duration::from_secs(20);
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -25,58 +25,31 @@ const BOOKINFO_PROXY: &str = "sidecar~10.1.1.50~productpage-x.bookinfo~bookinfo.
 const SHOP_PROXY: &str = "sidecar~10.9.0.5~web-1.shop~shop.svc.cluster.local";
 const ISTIOCTL_NODE: &str = "sidecar~0.0.0.0~test-1.istio-system~istio-system.svc.cluster.local";
 
-/// meshpilot with the bundled file clusters, a config cluster reviewing tokens, and a remote
-/// cluster onboarded by Secret.
+/// meshpilot with the bundled file clusters beside a config cluster reviewing tokens and a remote
+/// onboarded by Secret.
 struct Mesh {
-    config: TestApiServer,
-    _east: TestApiServer,
-    _kubeconfig: tempfile::NamedTempFile,
-    _dir: tempfile::TempDir,
-    mp: meshpilot::app::Running,
+    primary: primary::Primary,
+    dir: tempfile::TempDir,
 }
 
 async fn mesh() -> Mesh {
-    let config = TestApiServer::start().await;
-    config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
-    config.add_token("istioctl", User::service_account("istio-system", "default"));
-    config.add_token("shop-web", User::service_account("shop", "default"));
-    let east = TestApiServer::start().await;
-    east.add_token(
-        "east-reader",
-        User::service_account("istio-system", "istio-reader-service-account"),
-    );
-    config.apply(serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "istio-remote-secret-east", "namespace": "istio-system",
-                     "labels": {"istio/multiCluster": "true"}},
-        "stringData": {"east": east.kubeconfig("east-reader")}
-    }));
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
     let dir = copy_tree(Path::new(EXAMPLE));
-    let mp = start_meshpilot_with(&[
-        "--kubeconfig",
-        kubeconfig.path().to_str().unwrap(),
-        "--cluster-id",
-        "primary",
-        "--config-dir",
-        dir.path().to_str().unwrap(),
-        "--debounce-after",
-        "0s",
-    ])
-    .await;
-    let admin = mp.http_addr;
+    let config_dir = dir.path().to_str().unwrap().to_string();
+    let primary =
+        primary::primary_with_remote(&["--config-dir", &config_dir, "--debounce-after", "0s"])
+            .await;
+    primary
+        .config
+        .add_token("istioctl", User::service_account("istio-system", "default"));
+    primary
+        .config
+        .add_token("shop-web", User::service_account("shop", "default"));
+    let admin = primary.mp.http_addr;
     wait_for("east synced", BOUND, || async move {
         (cluster_view(admin, "east").await?["state"] == "synced").then_some(())
     })
     .await;
-    Mesh {
-        config,
-        _east: east,
-        _kubeconfig: kubeconfig,
-        _dir: dir,
-        mp,
-    }
+    Mesh { primary, dir }
 }
 
 fn request(node_id: &str, type_url: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {
@@ -117,7 +90,7 @@ fn series(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 #[tokio::test]
 async fn metrics_carry_istiods_names_after_pushes_rejects_and_csrs() {
     let mesh = mesh().await;
-    let mp = &mesh.mp;
+    let mp = &mesh.primary.mp;
     let mut ads = synced_proxy(mp, BOOKINFO_PROXY).await;
     ads.request(request(BOOKINFO_PROXY, EDS, &[REVIEWS], ""));
     let eds = ads.response(BOUND).await;
@@ -130,7 +103,7 @@ async fn metrics_carry_istiods_names_after_pushes_rejects_and_csrs() {
         ..request(BOOKINFO_PROXY, EDS, &[REVIEWS], &eds.nonce)
     });
     // A change the proxy watches: an endpoint push measured from change to delivery.
-    let dir = mesh._dir.path();
+    let dir = mesh.dir.path();
     let reviews = dir.join("clusters/cluster1/reviews.yaml");
     let text = std::fs::read_to_string(&reviews).unwrap();
     write_atomic(&reviews, &text.replace("10.1.1.11", "10.1.1.77"));
@@ -274,7 +247,7 @@ async fn grpcio_certificate(mp: &meshpilot::app::Running, dir: &Path, token: &st
 #[tokio::test]
 async fn debug_paths_answer_in_istiods_shapes() {
     let mesh = mesh().await;
-    let mp = &mesh.mp;
+    let mp = &mesh.primary.mp;
     let admin = mp.http_addr;
     let _proxy = synced_proxy(mp, BOOKINFO_PROXY).await;
 
@@ -324,7 +297,7 @@ async fn debug_paths_answer_in_istiods_shapes() {
     assert_eq!(east["syncStatus"], "synced");
 
     // A Service with no endpoints anywhere, for push_status.
-    mesh.config.apply_yaml(
+    mesh.primary.config.apply_yaml(
         "apiVersion: v1\nkind: Service\nmetadata: {name: lonely, namespace: shop}\n\
          spec: {clusterIP: 10.96.0.77, ports: [{name: http, port: 80}]}\n",
     );
@@ -480,7 +453,7 @@ fn listed(response: &DiscoveryResponse) -> Vec<String> {
 #[tokio::test]
 async fn xds_debug_types_over_grpcio_on_both_ports() {
     let mesh = mesh().await;
-    let mp = &mesh.mp;
+    let mp = &mesh.primary.mp;
     let _bookinfo = synced_proxy(mp, BOOKINFO_PROXY).await;
     let _shop = synced_proxy(mp, SHOP_PROXY).await;
     let admin = mp.http_addr;

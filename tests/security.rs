@@ -162,38 +162,6 @@ async fn secure_cds(
     ads.next(BOUND).await.expect("an answer")
 }
 
-/// A primary with one remote cluster onboarded by Secret.
-async fn primary_with_remote() -> (
-    TestApiServer,
-    TestApiServer,
-    tempfile::NamedTempFile,
-    meshpilot::app::Running,
-) {
-    let config = TestApiServer::start().await;
-    config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
-    let east = TestApiServer::start().await;
-    east.add_token(
-        "east-reader",
-        User::service_account("istio-system", "istio-reader-service-account"),
-    );
-    config.apply(serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "istio-remote-secret-east", "namespace": "istio-system",
-                     "labels": {"istio/multiCluster": "true"}},
-        "stringData": {"east": east.kubeconfig("east-reader")}
-    }));
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
-    let mp = start_meshpilot_with(&[
-        "--kubeconfig",
-        kubeconfig.path().to_str().unwrap(),
-        "--cluster-id",
-        "primary",
-    ])
-    .await;
-    (config, east, kubeconfig, mp)
-}
-
 fn csr_file(dir: &Path) -> std::path::PathBuf {
     let key = rcgen::KeyPair::generate().unwrap();
     let params = rcgen::CertificateParams::new(vec!["ignored.example".to_string()]).unwrap();
@@ -236,7 +204,9 @@ async fn grpcio_create_certificate(
 
 #[tokio::test]
 async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
-    let (config, east, _kubeconfig, mp) = primary_with_remote().await;
+    let primary::Primary {
+        config, east, mp, ..
+    } = primary::primary_with_remote(&[]).await;
     let admin = mp.http_addr;
     wait_for("east synced", BOUND, || async move {
         (cluster_view(admin, "east").await?["state"] == "synced").then_some(())

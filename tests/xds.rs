@@ -75,7 +75,7 @@ async fn envoy_sees_both_clusters(mode: AdsMode) {
     let syncz = get_json(mp.http_addr, "/debug/syncz").await;
     let proxy = &syncz.as_array().expect("syncz array")[0];
     assert_eq!(proxy["proxy"], SIDECAR);
-    assert_eq!(proxy["cluster"], "cluster1");
+    assert_eq!(proxy["cluster_id"], "cluster1");
     for ty in ["cds", "eds", "lds", "rds"] {
         let status = &proxy["types"][ty];
         assert!(status["last_nack"].is_null(), "{ty} NACKed: {status}");

@@ -19,6 +19,7 @@ pub mod gateway_certs;
 pub mod https;
 pub mod jwt;
 pub mod netns;
+pub mod primary;
 pub mod sds;
 #[allow(unused_imports)] // each test binary uses its own subset
 pub use ads::{AdsClient, DeltaClient, Received};

@@ -11,23 +11,9 @@ import sys
 
 import grpc
 
+from wire import field
+
 METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
-
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field(number, body):
-    return bytes([(number << 3) | 2]) + varint(len(body)) + body
 
 
 def struct(values):

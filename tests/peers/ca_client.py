@@ -10,24 +10,14 @@ import sys
 
 import grpc
 
+from wire import field, read_varint, varint
+
 METHOD = "/istio.v1.auth.IstioCertificateService/CreateCertificate"
-
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def encode_request(csr, ttl):
     body = csr.encode()
-    msg = bytes([(1 << 3) | 2]) + varint(len(body)) + body
+    msg = field(1, body)
     if ttl:
         msg += bytes([(3 << 3) | 0]) + varint(ttl)
     return msg
@@ -37,25 +27,14 @@ def decode_chain(data):
     chain, i = [], 0
     while i < len(data):
         key, i = read_varint(data, i)
-        field, wire = key >> 3, key & 7
+        number, wire = key >> 3, key & 7
         if wire != 2:
             raise ValueError(f"unexpected wire type {wire}")
         length, i = read_varint(data, i)
         value, i = data[i : i + length], i + length
-        if field == 1:
+        if number == 1:
             chain.append(value.decode())
     return chain
-
-
-def read_varint(data, i):
-    shift = result = 0
-    while True:
-        b = data[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, i
-        shift += 7
 
 
 def main():
