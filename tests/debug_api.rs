@@ -110,7 +110,7 @@ async fn metrics_carry_istiods_names_after_pushes_rejects_and_csrs() {
     ads.response(BOUND).await;
 
     let certs = tempfile::tempdir().unwrap();
-    let reply = grpcio_certificate(mp, certs.path(), "shop-web").await;
+    let reply = primary::grpcio_create_certificate(mp, certs.path(), "shop-web", "primary").await;
     assert!(reply["chain"].is_array(), "{reply}");
 
     let admin = mp.http_addr;
@@ -215,33 +215,6 @@ async fn metrics_carry_istiods_names_after_pushes_rejects_and_csrs() {
         (!metrics.contains("pilot_xds_eds_reject{")).then_some(())
     })
     .await;
-}
-
-async fn grpcio_certificate(mp: &meshpilot::app::Running, dir: &Path, token: &str) -> Value {
-    let root = dir.join("root.pem");
-    std::fs::write(&root, mp.ca.root_pem()).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let csr = rcgen::CertificateParams::new(vec!["ignored.example".to_string()]).unwrap();
-    let csr_path = dir.join("csr.pem");
-    std::fs::write(
-        &csr_path,
-        csr.serialize_request(&key).unwrap().pem().unwrap(),
-    )
-    .unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/ca_client.py");
-    let output = tokio::process::Command::new(peer_python())
-        .arg(script)
-        .arg(mp.secure_xds_addr.to_string())
-        .args([&root, &csr_path])
-        .args([token, "primary"])
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(BOUND, output)
-        .await
-        .expect("CA call finished")
-        .unwrap();
-    serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)))
 }
 
 #[tokio::test]

@@ -162,46 +162,6 @@ async fn secure_cds(
     ads.next(BOUND).await.expect("an answer")
 }
 
-fn csr_file(dir: &Path) -> std::path::PathBuf {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["ignored.example".to_string()]).unwrap();
-    let path = dir.join("csr.pem");
-    std::fs::write(
-        &path,
-        params.serialize_request(&key).unwrap().pem().unwrap(),
-    )
-    .unwrap();
-    path
-}
-
-async fn grpcio_create_certificate(
-    mp: &meshpilot::app::Running,
-    dir: &Path,
-    token: &str,
-    cluster: &str,
-) -> serde_json::Value {
-    let root = dir.join("root.pem");
-    std::fs::write(&root, mp.ca.root_pem()).unwrap();
-    let csr = csr_file(dir);
-    let output = tokio::process::Command::new(peer_python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/peers/ca_client.py"
-        ))
-        .arg(mp.secure_xds_addr.to_string())
-        .args([&root, &csr])
-        .args([token, cluster])
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(BOUND, output)
-        .await
-        .expect("CA call finished")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr)))
-}
-
 #[tokio::test]
 async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
     let primary::Primary {
@@ -215,7 +175,7 @@ async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
     east.add_token("web-token", User::service_account("shop", "web"));
     let dir = tempfile::tempdir().unwrap();
 
-    let reply = grpcio_create_certificate(&mp, dir.path(), "web-token", "east").await;
+    let reply = primary::grpcio_create_certificate(&mp, dir.path(), "web-token", "east").await;
     let chain: Vec<String> =
         serde_json::from_value(reply["chain"].clone()).unwrap_or_else(|_| panic!("{reply}"));
     assert_eq!(
@@ -235,15 +195,15 @@ async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
     );
 
     // The same token presented as the config cluster's: that cluster does not know it.
-    let refused = grpcio_create_certificate(&mp, dir.path(), "web-token", "primary").await;
+    let refused = primary::grpcio_create_certificate(&mp, dir.path(), "web-token", "primary").await;
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
-    let unknown = grpcio_create_certificate(&mp, dir.path(), "web-token", "nowhere").await;
+    let unknown = primary::grpcio_create_certificate(&mp, dir.path(), "web-token", "nowhere").await;
     assert_eq!(unknown["code"], "UNAUTHENTICATED");
     assert!(
         unknown["details"].as_str().unwrap().contains("nowhere"),
         "{unknown}"
     );
-    let forged = grpcio_create_certificate(&mp, dir.path(), "forged", "east").await;
+    let forged = primary::grpcio_create_certificate(&mp, dir.path(), "forged", "east").await;
     assert_eq!(forged["code"], "UNAUTHENTICATED");
     // A token that is not a service account's.
     east.add_token(
@@ -255,7 +215,7 @@ async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
             audiences: vec![],
         },
     );
-    let human = grpcio_create_certificate(&mp, dir.path(), "human", "east").await;
+    let human = primary::grpcio_create_certificate(&mp, dir.path(), "human", "east").await;
     assert_eq!(human["code"], "UNAUTHENTICATED");
     drop(config);
 }

@@ -1,8 +1,13 @@
 //! A primary with a config cluster (reviewing tokens) and one remote, `east`, onboarded by Secret.
 
+use std::path::Path;
+use std::time::Duration;
+
 use test_apiserver::{TestApiServer, User};
 
-use super::start_meshpilot_with;
+use super::{peer_python, start_meshpilot_with};
+
+const BOUND: Duration = Duration::from_secs(20);
 
 pub struct Primary {
     pub config: TestApiServer,
@@ -38,4 +43,45 @@ pub async fn primary_with_remote(extra: &[&str]) -> Primary {
         _kubeconfig: kubeconfig,
         mp,
     }
+}
+
+pub fn csr_file(dir: &Path) -> std::path::PathBuf {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["ignored.example".to_string()]).unwrap();
+    let path = dir.join("csr.pem");
+    std::fs::write(
+        &path,
+        params.serialize_request(&key).unwrap().pem().unwrap(),
+    )
+    .unwrap();
+    path
+}
+
+/// Istio's CA API called by grpcio (tests/peers/ca_client.py) with a bearer token.
+pub async fn grpcio_create_certificate(
+    mp: &meshpilot::app::Running,
+    dir: &Path,
+    token: &str,
+    cluster: &str,
+) -> serde_json::Value {
+    let root = dir.join("root.pem");
+    std::fs::write(&root, mp.ca.root_pem()).unwrap();
+    let csr = csr_file(dir);
+    let output = tokio::process::Command::new(peer_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/peers/ca_client.py"
+        ))
+        .arg(mp.secure_xds_addr.to_string())
+        .args([&root, &csr])
+        .args([token, cluster])
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(BOUND, output)
+        .await
+        .expect("CA call finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr)))
 }
