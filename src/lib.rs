@@ -6,6 +6,7 @@ pub mod admin;
 pub mod aggregate;
 pub mod app;
 pub mod config;
+pub mod doctor;
 pub mod inject;
 pub mod install;
 pub mod istio;
