@@ -16,7 +16,7 @@ use kube::{Api, Client};
 
 use super::report::Check;
 use crate::istio::ConfigKind;
-use crate::kube_error::Readable;
+use crate::kube_error::WithCauses;
 use crate::text::clip;
 
 const NAME: &str = "access";
@@ -101,7 +101,7 @@ pub async fn review(client: &Client, needed: &[Access], who: &str) -> Vec<Check>
             Ok(Some(reason)) => Some(Check::fail(NAME, format!("{who} cannot {access}{reason}"))),
             Err(e) => Some(Check::fail(
                 NAME,
-                format!("cannot ask whether {who} may {access}: {}", Readable(&e)),
+                format!("cannot ask whether {who} may {access}: {}", WithCauses(&e)),
             )),
         })
         .collect();

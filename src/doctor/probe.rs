@@ -15,7 +15,7 @@ use super::gateways::GatewayService;
 use super::networks::SystemNamespace;
 use super::report::Check;
 use super::roots::Published;
-use crate::kube_error::Readable;
+use crate::kube_error::WithCauses;
 use crate::model::LABEL_NETWORK;
 use crate::security::ca::{CA_CERT, ROOT_CERT};
 use crate::security::keys::{PLUGIN_SECRET, SELF_SIGNED_SECRET};
@@ -62,7 +62,7 @@ where
 {
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what}: {}", Readable(&e))),
+        Ok(Err(e)) => Err(format!("{what}: {}", WithCauses(&e))),
         Err(_) => Err(format!(
             "{what}: no answer within {}",
             humantime::format_duration(timeout)
@@ -80,7 +80,7 @@ pub async fn version(client: &Client, timeout: Duration) -> Result<ServerInfo, S
         let response = client
             .send(request.map(kube::client::Body::from))
             .await
-            .map_err(|e| Readable(&e).to_string())?;
+            .map_err(|e| WithCauses(&e).to_string())?;
         let received = SystemTime::now();
         let status = response.status();
         let date = response

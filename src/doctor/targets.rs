@@ -12,7 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 
 use super::report::Check;
-use crate::kube_error::Readable;
+use crate::kube_error::WithCauses;
 use crate::sources::kubeconfig::{self, InsecureOptions};
 use crate::sources::remote::MULTICLUSTER_LABEL;
 use crate::text::{clip, quote};
@@ -114,7 +114,7 @@ pub async fn remote_entries(
     .await;
     let mut secrets = match listed {
         Ok(Ok(list)) => list.items,
-        Ok(Err(e)) => return Err(Readable(&e).to_string()),
+        Ok(Err(e)) => return Err(WithCauses(&e).to_string()),
         Err(_) => {
             return Err(format!(
                 "no answer within {}",
@@ -142,8 +142,7 @@ pub async fn remote_entries(
 pub fn id_checks(config_id: &str, entries: &[Entry]) -> Vec<Check> {
     entries
         .iter()
-        .enumerate()
-        .map(|(i, entry)| {
+        .map(|entry| {
             let id = quote(&entry.id);
             if entry.id == config_id {
                 return Check::fail(
@@ -151,23 +150,21 @@ pub fn id_checks(config_id: &str, entries: &[Entry]) -> Vec<Check> {
                     format!("{id} in Secret {} is the config cluster's id: the controller ignores this key", entry.secret),
                 );
             }
-            let others: Vec<&str> = entries
+            // In Secret name order, as the controller lists them at start.
+            let holders: Vec<&str> = entries
                 .iter()
-                .enumerate()
-                .filter(|(j, other)| *j != i && other.id == entry.id)
-                .map(|(_, other)| other.secret.as_str())
+                .filter(|other| other.id == entry.id)
+                .map(|other| other.secret.as_str())
                 .collect();
-            if others.is_empty() {
-                Check::ok(CLUSTER_ID, format!("{id} is unique"))
-            } else {
-                Check::fail(
+            match holders.as_slice() {
+                [first, _, ..] => Check::fail(
                     CLUSTER_ID,
                     format!(
-                        "duplicate cluster id {id}: in Secret {} and Secret {}; the controller serves only the first it sees",
-                        entry.secret,
-                        others.join(" and Secret ")
+                        "duplicate cluster id {id}: in Secret {}; the controller serves only one (on a fresh start, Secret {first}'s)",
+                        holders.join(" and Secret ")
                     ),
-                )
+                ),
+                _ => Check::ok(CLUSTER_ID, format!("{id} is unique")),
             }
         })
         .collect()
@@ -180,7 +177,7 @@ pub async fn remote(
     insecure: &InsecureOptions,
     timeout: Duration,
 ) -> Target {
-    let source = "kubeconfig parsed and allowed";
+    let source = "parsed and allowed";
     let connected = match kubeconfig::parse_untrusted(&entry.kubeconfig, insecure) {
         Ok(parsed) => kubeconfig::client_config(parsed)
             .await
