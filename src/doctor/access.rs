@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use futures::future::join_all;
+use futures::{stream, StreamExt};
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -20,6 +20,8 @@ use crate::kube_error::WithCauses;
 use crate::text::clip;
 
 const NAME: &str = "access";
+/// Reviews in flight at once: a few connections to the API server, not one per question.
+const IN_FLIGHT: usize = 8;
 
 /// One permission: a verb on a resource, cluster-wide or in one namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,11 +90,14 @@ pub fn needed(config_cluster: bool, system_namespace: &str) -> Vec<Access> {
     needed
 }
 
-/// Asks the cluster about every permission at once; one failing check per permission refused (or
+/// Asks the cluster about every permission; one failing check per permission refused (or
 /// not answered), one passing check when all are allowed. `who` names the identity in messages.
 pub async fn review(client: &Client, needed: &[Access], who: &str) -> Vec<Check> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let answers = join_all(needed.iter().map(|access| ask(&api, access))).await;
+    let answers: Vec<_> = stream::iter(needed.iter().map(|access| ask(&api, access)))
+        .buffered(IN_FLIGHT)
+        .collect()
+        .await;
     let failures: Vec<Check> = needed
         .iter()
         .zip(answers)
