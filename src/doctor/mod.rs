@@ -66,8 +66,14 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub max_clock_skew: Duration,
 
-    /// Kubeconfig options remote Secrets may use (as `discovery --insecure-kubeconfig-options`).
-    #[arg(long, default_value = "")]
+    /// Kubeconfig options remote Secrets may use (as `discovery --insecure-kubeconfig-options`):
+    /// comma-separated among exec, authProvider, tokenFile, clientCertificate, clientKey,
+    /// certificateAuthority.
+    #[arg(
+        long,
+        env = "MESHPILOT_INSECURE_KUBECONFIG_OPTIONS",
+        default_value = ""
+    )]
     pub insecure_kubeconfig_options: InsecureOptions,
 
     /// Report format.
