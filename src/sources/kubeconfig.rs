@@ -129,6 +129,7 @@ pub async fn client_config(config: Kubeconfig) -> Result<kube::Config, Kubeconfi
         .map_err(|e| KubeconfigError::Config(clip(&e.to_string())))
 }
 
+/// A client for a configuration `client_config` made (and its caller perhaps bounded).
 pub fn client_for(config: kube::Config) -> Result<kube::Client, KubeconfigError> {
     kube::Client::try_from(config).map_err(|e| KubeconfigError::Client(clip(&e.to_string())))
 }
