@@ -7,6 +7,7 @@ pub mod aggregate;
 pub mod app;
 pub mod config;
 pub mod debug;
+pub mod doctor;
 pub mod inject;
 pub mod install;
 pub mod istio;

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use meshpilot::config::DiscoveryArgs;
+use meshpilot::doctor::{DoctorArgs, OutputFormat};
 use meshpilot::inject::offline::InjectCmdArgs;
 use meshpilot::install::ManifestArgs;
 use meshpilot::remote_secret::RemoteSecretArgs;
@@ -37,6 +38,9 @@ enum Command {
     Manifest(ManifestArgs),
     /// Inject sidecars into a manifest's pods and pod templates, as the webhook would.
     Inject(Box<InjectCmdArgs>),
+    /// Check a multicluster set-up: kubeconfigs, API servers, permissions, cluster ids, networks,
+    /// gateways, roots of trust and clocks of the config cluster and every remote Secret.
+    Doctor(Box<DoctorArgs>),
 }
 
 #[tokio::main]
@@ -66,6 +70,21 @@ async fn main() -> anyhow::Result<()> {
         },
         Command::Inject(args) => match meshpilot::inject::offline::run(&args) {
             Ok(yaml) => print!("{yaml}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        },
+        Command::Doctor(args) => match meshpilot::doctor::run(&args).await {
+            Ok(report) => {
+                match args.output {
+                    OutputFormat::Text => print!("{}", report.text()),
+                    OutputFormat::Json => println!("{:#}", report.json()),
+                }
+                if report.failures() > 0 {
+                    std::process::exit(1);
+                }
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 std::process::exit(1);

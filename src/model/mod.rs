@@ -20,7 +20,10 @@ pub use credentials::{
 };
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
 pub use jwks::{JwksEntry, JwksTable};
-pub use networks::{Gateway, Gateways, MeshNetworks, NetworksError, LABEL_NETWORK};
+pub use networks::{
+    Gateway, Gateways, MeshNetworks, NetworksError, DEFAULT_GATEWAY_PORT, LABEL_GATEWAY_PORT,
+    LABEL_NETWORK,
+};
 pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;

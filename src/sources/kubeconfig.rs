@@ -119,9 +119,18 @@ pub fn parse_untrusted(
 
 /// A client for a vetted kubeconfig's current context.
 pub async fn client(config: Kubeconfig) -> Result<kube::Client, KubeconfigError> {
-    let config = kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
+    client_for(client_config(config).await?)
+}
+
+/// The client configuration of a vetted kubeconfig's current context (its server, timeouts).
+pub async fn client_config(config: Kubeconfig) -> Result<kube::Config, KubeconfigError> {
+    kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
         .await
-        .map_err(|e| KubeconfigError::Config(clip(&e.to_string())))?;
+        .map_err(|e| KubeconfigError::Config(clip(&e.to_string())))
+}
+
+/// A client for a configuration `client_config` made (and its caller perhaps bounded).
+pub fn client_for(config: kube::Config) -> Result<kube::Client, KubeconfigError> {
     kube::Client::try_from(config).map_err(|e| KubeconfigError::Client(clip(&e.to_string())))
 }
 

@@ -9,15 +9,19 @@
 //! object is 409 AlreadyExists, an update naming a stale `resourceVersion` is 409 Conflict (what
 //! leader election relies on); `dryRun=All` admits without storing. Admission webhooks configured
 //! in the store are called as the real API server calls them (`admission`); a test says where a
-//! webhook's Service is reachable with [`TestApiServer::route_service`].
+//! webhook's Service is reachable with [`TestApiServer::route_service`]. It answers `/version`,
+//! SelfSubjectAccessReviews (consistent with the denials), and can run its clock (the `Date`
+//! header) ahead or behind ([`TestApiServer::set_clock_offset`]).
 
+mod access;
 mod admission;
+mod clock;
 mod store;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,6 +85,8 @@ struct Shared {
     review_serial: AtomicU64,
     /// Serializes the check-then-store of creates and updates, so they are atomic.
     writes: Mutex<()>,
+    /// Seconds the `Date` header is ahead of the real clock (negative: behind).
+    clock_offset: AtomicI64,
 }
 
 /// One running (or stopped) test API server.
@@ -147,6 +153,7 @@ impl TestApiServer {
             routes: Mutex::default(),
             review_serial: AtomicU64::new(0),
             writes: Mutex::default(),
+            clock_offset: AtomicI64::new(0),
         });
         let server = Self {
             shared,
@@ -189,6 +196,11 @@ impl TestApiServer {
             .denied
             .lock()
             .insert((username.into(), verb.into(), plural.into()));
+    }
+
+    /// From now on the `Date` header of every response is `seconds` ahead of the real clock.
+    pub fn set_clock_offset(&self, seconds: i64) {
+        self.shared.clock_offset.store(seconds, Ordering::SeqCst);
     }
 
     /// Admission webhooks naming Service `namespace/name` on `port` reach `addr`.
@@ -285,7 +297,16 @@ impl TestApiServer {
                     };
                     let service = hyper::service::service_fn(move |req| {
                         let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(handle(shared, req).await) }
+                        async move {
+                            let offset = shared.clock_offset.load(Ordering::SeqCst);
+                            let mut response = handle(shared, req).await;
+                            if offset != 0 {
+                                response
+                                    .headers_mut()
+                                    .insert(http::header::DATE, clock::date_header(offset));
+                            }
+                            Ok::<_, Infallible>(response)
+                        }
                     });
                     let builder = hyper_util::server::conn::auto::Builder::new(
                         hyper_util::rt::TokioExecutor::new(),
@@ -408,6 +429,7 @@ fn parse_path(path: &str) -> Option<Result<Target, &'static str>> {
     };
     Some(match rest {
         ["tokenreviews"] => return Some(Err("tokenreviews")),
+        ["selfsubjectaccessreviews"] => return Some(Err("selfsubjectaccessreviews")),
         ["namespaces", ns, plural] => target(plural, Some(ns), None, None),
         ["namespaces", ns, plural, name] => target(plural, Some(ns), Some(name), None),
         ["namespaces", ns, plural, name, sub] => target(plural, Some(ns), Some(name), Some(sub)),
@@ -445,9 +467,15 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         Ok(b) => b.to_bytes(),
         Err(_) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body"),
     };
+    if path == "/version" && method == Method::GET {
+        return access::version();
+    }
     let target = match parse_path(&path) {
         Some(Ok(t)) => t,
         Some(Err("tokenreviews")) if method == Method::POST => return token_review(&shared, &body),
+        Some(Err("selfsubjectaccessreviews")) if method == Method::POST => {
+            return access::self_subject_access_review(&shared, &user, &body)
+        }
         _ => {
             return status_error(
                 StatusCode::NOT_FOUND,
