@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::{DebugContext, Query, Viewer};
 use crate::xds::protocol::{ResourceType, TypeStatus};
-use crate::xds::proxy::Generator;
+use crate::xds::proxy::{Generator, ProxyType};
 use crate::xds::server::Connection;
 
 /// One row of `/debug/syncz`: istiod's `SyncStatus` fields (nonces sent and acknowledged per
@@ -23,7 +23,7 @@ struct SyncRow {
     #[serde(skip_serializing_if = "String::is_empty")]
     cluster_id: String,
     proxy: String,
-    proxy_type: &'static str,
+    proxy_type: ProxyType,
     #[serde(skip_serializing_if = "String::is_empty")]
     istio_version: String,
     /// `cluster_sent`, `cluster_acked`, `listener_sent`, …
@@ -79,7 +79,7 @@ pub(super) fn syncz(ctx: &DebugContext, query: &Query, viewer: &Viewer) -> Vec<i
             SyncRow {
                 cluster_id: cluster_of(&c),
                 proxy: c.proxy.id.clone(),
-                proxy_type: proxy_type(&c),
+                proxy_type: c.proxy.kind,
                 istio_version: c.proxy.istio_version.clone(),
                 nonces,
                 connection: c.id,
@@ -98,13 +98,6 @@ fn cluster_of(c: &Connection) -> String {
         .as_ref()
         .map(|id| id.to_string())
         .unwrap_or_default()
-}
-
-fn proxy_type(c: &Connection) -> &'static str {
-    match c.proxy.kind {
-        crate::xds::proxy::ProxyType::Sidecar => "sidecar",
-        crate::xds::proxy::ProxyType::Router => "router",
-    }
 }
 
 #[derive(Serialize)]

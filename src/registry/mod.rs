@@ -165,19 +165,14 @@ impl ClusterRegistry {
     /// Slice endpoints left out because the pod their targetRef names is not known yet
     /// (`pilot_k8s_endpoints_pending_pod`).
     pub fn pending_pod_endpoints(&self) -> usize {
+        // The pod index already holds every targetRef: count the references to unknown pods.
         let store = self.store.lock();
         store
-            .slices
-            .values()
-            .flat_map(|slice| slice.endpoints.iter().map(move |ep| (slice, ep)))
-            .filter(|(slice, ep)| {
-                ep.pod.as_ref().is_some_and(|pod| {
-                    !store
-                        .pods
-                        .contains_key(&(slice.namespace.clone(), pod.clone()))
-                })
-            })
-            .count()
+            .slices_by_pod
+            .iter()
+            .filter(|(pod, _)| !store.pods.contains_key(*pod))
+            .map(|(_, slices)| slices.len())
+            .sum()
     }
 
     pub fn endpoint_count(&self) -> usize {
@@ -972,9 +967,11 @@ endpoints:
             1,
             "the targetRef'd endpoint waits for its pod"
         );
+        assert_eq!(reg.pending_pod_endpoints(), 1);
         while rx.try_recv().is_ok() {}
         apply(&reg, POD);
         assert_eq!(endpoints(&reg).len(), 2);
+        assert_eq!(reg.pending_pod_endpoints(), 0);
         let change = rx.try_recv().unwrap();
         assert!(change.services.contains(HOST));
     }

@@ -206,62 +206,60 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn debounce_merges_a_burst_into_one_push() {
+    /// A running debouncer (`after`, `max` in ms): its input, what it emitted, and its task.
+    fn debouncer(
+        after: u64,
+        max: u64,
+    ) -> (
+        tokio::sync::mpsc::UnboundedSender<Change>,
+        Arc<Mutex<Vec<Debounced>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let out = Arc::new(Mutex::new(Vec::new()));
         let sink = out.clone();
         let config = DebounceConfig {
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
+            after: Duration::from_millis(after),
+            max: Duration::from_millis(max),
         };
-        let task = tokio::spawn(debounce(rx, config, move |d: Debounced| {
-            sink.lock().push(d.change)
-        }));
+        let task = tokio::spawn(debounce(rx, config, move |d| sink.lock().push(d)));
+        (tx, out, task)
+    }
+
+    fn changes(out: &Mutex<Vec<Debounced>>) -> Vec<Change> {
+        out.lock().iter().map(|d| d.change.clone()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn debounce_merges_a_burst_into_one_push() {
+        let (tx, out, task) = debouncer(100, 10000);
         tx.send(change(false, &["a"])).unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         tx.send(change(true, &["b"])).unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(out.lock().is_empty(), "still within the quiet period");
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert_eq!(*out.lock(), vec![change(true, &["a", "b"])]);
+        assert_eq!(changes(&out), vec![change(true, &["a", "b"])]);
         drop(tx);
         task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
     async fn debounce_counts_a_burst_by_trigger_reason() {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let sink = out.clone();
-        let config = DebounceConfig {
-            after: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-        };
-        let task = tokio::spawn(debounce(rx, config, move |d: Debounced| {
-            sink.lock().push(d.triggers)
-        }));
+        let (tx, out, task) = debouncer(100, 10000);
         tx.send(change(false, &["a"])).unwrap();
         tx.send(change(false, &["b"])).unwrap();
         tx.send(change(true, &["c"])).unwrap();
         drop(tx);
         task.await.unwrap();
         let expected = BTreeMap::from([("endpoint", 2), ("service", 1)]);
-        assert_eq!(*out.lock(), vec![expected]);
+        let triggers: Vec<_> = out.lock().iter().map(|d| d.triggers.clone()).collect();
+        assert_eq!(triggers, vec![expected]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn debounce_max_delay_bounds_a_steady_stream() {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let sink = out.clone();
-        let config = DebounceConfig {
-            after: Duration::from_millis(100),
-            max: Duration::from_millis(300),
-        };
-        tokio::spawn(debounce(rx, config, move |d: Debounced| {
-            sink.lock().push(d.change)
-        }));
+        let (tx, out, _task) = debouncer(100, 300);
         for _ in 0..5 {
             tx.send(change(false, &["a"])).unwrap();
             tokio::time::sleep(Duration::from_millis(80)).await;
@@ -275,16 +273,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn zero_debounce_pushes_at_once() {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let sink = out.clone();
-        let config = DebounceConfig {
-            after: Duration::ZERO,
-            max: Duration::from_secs(10),
-        };
-        tokio::spawn(debounce(rx, config, move |d: Debounced| {
-            sink.lock().push(d.change)
-        }));
+        let (tx, out, _task) = debouncer(0, 10000);
         tx.send(change(false, &["a"])).unwrap();
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;

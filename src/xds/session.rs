@@ -93,46 +93,52 @@ impl Drop for Common {
 }
 
 impl Common {
-    /// An unknown type's request: answered with an empty response unless it acknowledges ours.
+    /// Types answered per request rather than watched (unserved and debug types): the nonce for a
+    /// new answer, None for an acknowledgement of ours (not a request), or a refusal once a client
+    /// has asked for too many distinct ones (what it makes us remember is bounded).
+    fn answer_once(&mut self, type_url: &str, nonce: &str) -> Result<Option<Arc<str>>, Answer> {
+        match self.unknown.get(type_url) {
+            Some(sent) if **sent == *nonce => return Ok(None),
+            None if self.unknown.len() >= MAX_UNKNOWN_TYPES => {
+                return Err(Answer::Refuse(tonic::Status::invalid_argument(format!(
+                    "more than {MAX_UNKNOWN_TYPES} resource types meshpilot does not serve"
+                ))))
+            }
+            _ => {}
+        }
+        let fresh = self.server.next_nonce();
+        self.unknown.insert(type_url.to_string(), fresh.clone());
+        Ok(Some(fresh))
+    }
+
+    /// An unknown type's request: answered with an empty response.
     fn unknown_type(
         &mut self,
         type_url: String,
         nonce: &str,
         encode: impl FnOnce(&str, &str) -> Bytes,
     ) -> Answer {
-        if self.unknown.get(&type_url).is_some_and(|n| **n == *nonce) {
-            return Answer::Nothing;
+        match self.answer_once(&type_url, nonce) {
+            Ok(Some(nonce)) => {
+                debug!(proxy = %self.conn.proxy.id, type_url = %clip(&type_url), "answering an unserved type with nothing");
+                Answer::Empty(encode(&type_url, &nonce))
+            }
+            Ok(None) => Answer::Nothing,
+            Err(refusal) => refusal,
         }
-        if !self.unknown.contains_key(&type_url) && self.unknown.len() >= MAX_UNKNOWN_TYPES {
-            return Answer::Refuse(tonic::Status::invalid_argument(format!(
-                "more than {MAX_UNKNOWN_TYPES} resource types meshpilot does not serve"
-            )));
-        }
-        debug!(proxy = %self.conn.proxy.id, type_url = %clip(&type_url), "answering an unserved type with nothing");
-        let nonce = self.server.next_nonce();
-        let bytes = encode(&type_url, &nonce);
-        self.unknown.insert(type_url, nonce);
-        Answer::Empty(bytes)
     }
 
-    /// A debug request is answered each time it is made; its acknowledgement (our nonce back) is
-    /// not a request. Remembered like unknown types, so bounded alike.
+    /// A debug request (istioctl): answered each time it is made.
     fn debug(&mut self, type_url: String, names: Vec<String>, nonce: &str) -> Answer {
-        if self.unknown.get(&type_url).is_some_and(|n| **n == *nonce) {
-            return Answer::Nothing;
+        match self.answer_once(&type_url, nonce) {
+            Ok(Some(nonce)) => Answer::Debug(DebugRequest {
+                type_url,
+                names,
+                nonce,
+            }),
+            Ok(None) => Answer::Nothing,
+            Err(refusal) => refusal,
         }
-        if !self.unknown.contains_key(&type_url) && self.unknown.len() >= MAX_UNKNOWN_TYPES {
-            return Answer::Refuse(tonic::Status::invalid_argument(format!(
-                "more than {MAX_UNKNOWN_TYPES} resource types meshpilot does not serve"
-            )));
-        }
-        let nonce = self.server.next_nonce();
-        self.unknown.insert(type_url.clone(), nonce.clone());
-        Answer::Debug(DebugRequest {
-            type_url,
-            names,
-            nonce,
-        })
     }
 
     /// Turns the protocol's decision into an answer; records NACKs and the EDS subscription.
