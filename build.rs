@@ -66,11 +66,23 @@ fn envoy_types_protos() -> Result<PathBuf, Box<dyn std::error::Error>> {
     let cargo = std::env::var("CARGO")?;
     // Only the target's packages: others may not be downloaded.
     let target = std::env::var("TARGET")?;
-    let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
-        .args(["--filter-platform", &target])
-        .current_dir(std::env::var("CARGO_MANIFEST_DIR")?)
-        .output()?;
+    let metadata = |offline: bool| {
+        let mut command = std::process::Command::new(&cargo);
+        command
+            .args(["metadata", "--format-version", "1", "--locked"])
+            .args(["--filter-platform", &target])
+            .current_dir(std::env::var("CARGO_MANIFEST_DIR")?);
+        if offline {
+            command.arg("--offline");
+        }
+        Ok::<_, Box<dyn std::error::Error>>(command.output()?)
+    };
+    // Offline first (no network when everything is here); a build without tests has not
+    // downloaded the dev-dependencies metadata lists, so then let cargo fetch them.
+    let mut output = metadata(true)?;
+    if !output.status.success() {
+        output = metadata(false)?;
+    }
     if !output.status.success() {
         return Err(String::from_utf8_lossy(&output.stderr).into_owned().into());
     }
