@@ -29,11 +29,14 @@ pub struct Target {
     pub client: Option<Client>,
 }
 
-/// Bounds every connection and request the client makes.
+/// Bounds every connection and request the client makes. Each probe is bounded by `timeout`
+/// itself (with one clear message); the client's own limits are a backstop set past it, so the
+/// two never race to report the same hang in different words.
 fn bounded(mut config: kube::Config, timeout: Duration) -> kube::Config {
-    config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
+    let backstop = timeout * 2;
+    config.connect_timeout = Some(backstop);
+    config.read_timeout = Some(backstop);
+    config.write_timeout = Some(backstop);
     config
 }
 
