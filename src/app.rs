@@ -31,11 +31,12 @@ use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
 use crate::sources::kube_config::{self, KubeConfigWatch};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
-use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions};
+use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions, StaleSnapshots};
+use crate::sources::snapshots::SnapshotStore;
 use crate::webhook::{self, ca_bundle, WebhookState};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -432,6 +433,7 @@ async fn start_config_cluster(
         config_cluster: id.clone(),
         sync_timeout: args.remote_cluster_timeout,
         insecure: args.insecure_kubeconfig_options.clone(),
+        snapshots: stale_snapshots(args),
     };
     let remotes =
         RemoteController::start(client.clone(), aggregate.clone(), options, metrics.remote());
@@ -441,6 +443,22 @@ async fn start_config_cluster(
         _watch: watch,
         config,
         remotes,
+    })
+}
+
+/// Where remote clusters' last-known-good snapshots are kept, unless there is no state directory
+/// or `--stale-remote-max-age` is zero.
+fn stale_snapshots(args: &DiscoveryArgs) -> Option<StaleSnapshots> {
+    if args.stale_remote_max_age.is_zero() {
+        return None;
+    }
+    let Some(dir) = args.state_dir() else {
+        warn!("no state directory (give --state-dir or set HOME): remote clusters' last-known-good snapshots are not kept");
+        return None;
+    };
+    Some(StaleSnapshots {
+        store: SnapshotStore::new(dir.join("remotes")),
+        max_age: args.stale_remote_max_age,
     })
 }
 

@@ -56,11 +56,20 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
 
-    /// Without Kubernetes or --ca-dir: where the self-signed root is kept across restarts
-    /// [default: <config-dir>/.meshpilot/ca, else $XDG_STATE_HOME/meshpilot/ca, else
-    /// ~/.local/state/meshpilot/ca].
+    /// Where state is kept across restarts: remote clusters' last-known-good snapshots (`remotes/`)
+    /// and, without Kubernetes or --ca-dir, the self-signed root (`ca/`) [default:
+    /// <config-dir>/.meshpilot, else $XDG_STATE_HOME/meshpilot, else ~/.local/state/meshpilot].
+    #[arg(long, env = "MESHPILOT_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Where the self-signed root is kept, if not `<state-dir>/ca`.
     #[arg(long, env = "MESHPILOT_CA_STATE_DIR")]
     pub ca_state_dir: Option<PathBuf>,
+
+    /// How old a remote cluster's last-known-good snapshot may be and still be served (marked
+    /// stale) after a restart while its API server is unreachable; `0s` keeps no snapshots.
+    #[arg(long, env = "MESHPILOT_STALE_REMOTE_MAX_AGE", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub stale_remote_max_age: Duration,
 
     /// Lifetime of workload certificates when the request names none.
     #[arg(long, env = "MESHPILOT_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
@@ -197,16 +206,21 @@ impl DiscoveryArgs {
         }
     }
 
-    /// Where the self-signed root is kept: `--ca-state-dir`, else a place that does not depend on
-    /// the working directory (so every run of one installation finds the same root).
-    pub fn ca_state_dir(&self) -> Option<PathBuf> {
-        self.ca_state_dir.clone().or_else(|| {
+    /// Where state is kept: `--state-dir`, else a place that does not depend on the working
+    /// directory (so every run of one installation finds the same state).
+    pub fn state_dir(&self) -> Option<PathBuf> {
+        self.state_dir.clone().or_else(|| {
             default_state_dir(
                 self.config_dir.as_deref(),
                 std::env::var_os("XDG_STATE_HOME"),
                 std::env::var_os("HOME"),
             )
         })
+    }
+
+    /// Where the self-signed root is kept: `--ca-state-dir`, else `<state-dir>/ca`.
+    pub fn ca_state_dir(&self) -> Option<PathBuf> {
+        (self.ca_state_dir.clone()).or_else(|| Some(self.state_dir()?.join("ca")))
     }
 
     pub fn naming(&self) -> MeshNaming {
@@ -219,7 +233,7 @@ impl DiscoveryArgs {
     }
 }
 
-/// `<config-dir>/.meshpilot/ca`, else the XDG state directory (`$XDG_STATE_HOME`, by default
+/// `<config-dir>/.meshpilot`, else the XDG state directory (`$XDG_STATE_HOME`, by default
 /// `~/.local/state`); relative values of the variables are ignored, as the XDG spec says.
 fn default_state_dir(
     config_dir: Option<&Path>,
@@ -227,13 +241,13 @@ fn default_state_dir(
     home: Option<OsString>,
 ) -> Option<PathBuf> {
     if let Some(dir) = config_dir {
-        return Some(dir.join(".meshpilot").join("ca"));
+        return Some(dir.join(".meshpilot"));
     }
     let absolute = |v: OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
     xdg_state_home
         .and_then(absolute)
         .or_else(|| Some(absolute(home?)?.join(".local").join("state")))
-        .map(|state| state.join("meshpilot").join("ca"))
+        .map(|state| state.join("meshpilot"))
 }
 
 #[cfg(test)]
@@ -245,15 +259,15 @@ mod tests {
         let home = || Some(OsString::from("/home/u"));
         assert_eq!(
             default_state_dir(Some(Path::new("/etc/mesh")), None, home()),
-            Some(PathBuf::from("/etc/mesh/.meshpilot/ca"))
+            Some(PathBuf::from("/etc/mesh/.meshpilot"))
         );
         assert_eq!(
             default_state_dir(None, Some("/var/state".into()), home()),
-            Some(PathBuf::from("/var/state/meshpilot/ca"))
+            Some(PathBuf::from("/var/state/meshpilot"))
         );
         assert_eq!(
             default_state_dir(None, Some("relative".into()), home()),
-            Some(PathBuf::from("/home/u/.local/state/meshpilot/ca"))
+            Some(PathBuf::from("/home/u/.local/state/meshpilot"))
         );
         assert_eq!(default_state_dir(None, None, None), None);
     }

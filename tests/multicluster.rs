@@ -449,3 +449,188 @@ async fn remote_secret_command_output_onboards_the_remote() {
     )
     .await;
 }
+
+/// A second `web` pod at `ip` in a remote cluster.
+const WEB_2: &str = "
+apiVersion: v1
+kind: Pod
+metadata: {name: web-2, namespace: shop, labels: {app: web}}
+spec: {serviceAccountName: web, containers: []}
+status: {podIP: 10.20.0.2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 80}]
+endpoints:
+- addresses: [10.20.0.2]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, name: web-2, namespace: shop}
+";
+
+/// `web`'s endpoints in the assignment meshpilot sends a sidecar (decoded from a raw ADS stream);
+/// none when it sends no assignment.
+async fn sent_endpoints(mp: &meshpilot::app::Running) -> Vec<String> {
+    use envoy_types::pb::envoy::config::core::v3::address::Address;
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use prost::Message;
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(
+            "sidecar~10.0.9.8~raw.shop~shop.svc.cluster.local",
+            &[],
+        )),
+        type_url: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment".into(),
+        resource_names: vec![WEB_CLUSTER.into()],
+        ..Default::default()
+    });
+    let response = ads.response(BOUND).await;
+    // No assignment at all once the service is gone.
+    let Some(assignment) = response.resources.first() else {
+        return Vec::new();
+    };
+    let cla = ClusterLoadAssignment::decode(&assignment.value[..]).unwrap();
+    let mut out: Vec<String> = (cla.endpoints.iter())
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(
+                envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(
+                    ep,
+                ),
+            ) => match ep.address.as_ref()?.address.as_ref()? {
+                Address::SocketAddress(sa) => Some(sa.address.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_restart_while_a_remote_is_down_serves_its_last_known_good_snapshot_until_it_syncs() {
+    use meshpilot::model::ClusterId;
+    use meshpilot::sources::snapshots::SnapshotStore;
+    let _ports = sidecar_ports().await;
+    let east = remote("10.20.0.1").await;
+    let primary = Primary::new().await;
+    primary.config.apply(remote_secret(&[(
+        "east",
+        &reader_token(&east, "east-reader"),
+    )]));
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap();
+    let flags = primary.flags(&["--state-dir", state_dir, "--stale-remote-max-age", "1h"]);
+    let store = SnapshotStore::new(state.path().join("remotes"));
+    let saved_slices = || {
+        let snapshot = store.load(&ClusterId::new("east")).ok().flatten();
+        snapshot.map_or(0, |s| s.objects.slices.len())
+    };
+
+    // Run 1: east syncs, is saved, changes, and is saved again.
+    let mp = start_meshpilot_with(&flags).await;
+    wait_for("east saved", BOUND, || async {
+        (saved_slices() == 1).then_some(())
+    })
+    .await;
+    east.apply_yaml(WEB_2);
+    wait_for("east's change saved", BOUND, || async {
+        (saved_slices() == 2).then_some(())
+    })
+    .await;
+    drop(mp);
+
+    // Run 2, east's API server down: ready at once, east's endpoints served from the snapshot.
+    east.stop();
+    let mp = start_meshpilot_with(&flags).await;
+    let admin = mp.http_addr;
+    let view = cluster_view(admin, "east").await.unwrap();
+    assert_eq!(view["syncStatus"], "stale", "{view}");
+    assert!(view["snapshot_saved_at"].is_string(), "{view}");
+    assert_eq!(served(admin, "east").await, ["10.20.0.1", "10.20.0.2"]);
+    assert_eq!(sent_endpoints(&mp).await, ["10.20.0.1", "10.20.0.2"]);
+    let envoy = Envoy::start(
+        &mp,
+        "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
+        &[("CLUSTER_ID", "primary")],
+        AdsMode::Sotw,
+    )
+    .await;
+    wait_for("the snapshot's endpoints in Envoy", BOUND, || {
+        let envoy = &envoy;
+        async move {
+            (envoy.endpoints(WEB_CLUSTER).await == ["10.20.0.1:80", "10.20.0.2:80"]).then_some(())
+        }
+    })
+    .await;
+    let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("meshpilot_remote_cluster_stale_seconds{cluster=\"east\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("meshpilot_managed_clusters{state=\"stale\"} 1"));
+    drop(envoy);
+    drop(mp);
+
+    // Run 3: a snapshot older than --stale-remote-max-age stops being served.
+    let saved_at = store
+        .load(&ClusterId::new("east"))
+        .unwrap()
+        .unwrap()
+        .saved_at;
+    let age = saved_at.elapsed().unwrap_or_default() + Duration::from_secs(2);
+    let max_age = format!("{}ms", age.as_millis());
+    let mp = start_meshpilot_with(&primary.flags(&[
+        "--state-dir",
+        state_dir,
+        "--stale-remote-max-age",
+        &max_age,
+    ]))
+    .await;
+    let admin = mp.http_addr;
+    assert_eq!(served(admin, "east").await, ["10.20.0.1", "10.20.0.2"]);
+    wait_for(
+        "the expired snapshot no longer served",
+        BOUND,
+        || async move { served(admin, "east").await.is_empty().then_some(()) },
+    )
+    .await;
+    assert!(sent_endpoints(&mp).await.is_empty());
+    let view = cluster_view(admin, "east").await.unwrap();
+    assert_eq!(view["syncStatus"], "timeout", "{view}");
+    let error = view["last_error"].as_str().unwrap();
+    assert!(error.contains("--stale-remote-max-age"), "{error}");
+    drop(mp);
+
+    // Run 4: east comes back having lost web-2; its first lists replace the snapshot.
+    east.delete("EndpointSlice", "shop", "web-2");
+    east.delete("Pod", "shop", "web-2");
+    east.restart().await;
+    let mp = start_meshpilot_with(&flags).await;
+    let admin = mp.http_addr;
+    wait_for("east synced without web-2", BOUND, || async move {
+        let view = cluster_view(admin, "east").await?;
+        let synced = view["syncStatus"] == "synced" && view["snapshot_saved_at"].is_null();
+        (synced && served(admin, "east").await == ["10.20.0.1"]).then_some(())
+    })
+    .await;
+    assert_eq!(sent_endpoints(&mp).await, ["10.20.0.1"]);
+    wait_for("the snapshot follows", BOUND, || async {
+        (saved_slices() == 1).then_some(())
+    })
+    .await;
+
+    // The remote leaves the mesh: its snapshot goes with it.
+    primary.config.delete("Secret", "istio-system", SECRET);
+    wait_for("snapshot deleted", BOUND, || async {
+        store
+            .load(&ClusterId::new("east"))
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}

@@ -23,13 +23,15 @@ struct ClusterRow {
 }
 
 /// istiod's four values; a cluster whose kubeconfig was refused has stopped trying until its
-/// Secret changes, which istiod calls closed.
+/// Secret changes, which istiod calls closed. `stale` is meshpilot's own: a remote served from its
+/// last-known-good snapshot after a restart, not synced yet.
 fn sync_status(state: SyncState) -> &'static str {
     match state {
         SyncState::Syncing => "syncing",
         SyncState::Synced => "synced",
         SyncState::TimedOut => "timeout",
         SyncState::Failed => "closed",
+        SyncState::Stale => "stale",
     }
 }
 

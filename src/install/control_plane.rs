@@ -8,9 +8,10 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, TopologySpreadConstraint,
+    Capabilities, ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -66,6 +67,10 @@ fn port(name: &str, number: i32) -> ContainerPort {
     }
 }
 
+/// Remote clusters' last-known-good snapshots: an emptyDir outlives a crashed or OOM-killed
+/// container (the kubelet restarts it in the same pod), not the pod.
+const STATE_DIR: &str = "/var/lib/meshpilot";
+
 pub fn deployment(values: &Values) -> Deployment {
     let mut variables = vec![
         env("MESHPILOT_IN_CLUSTER", "true"),
@@ -77,6 +82,7 @@ pub fn deployment(values: &Values) -> Deployment {
         env("MESHPILOT_SECURE_XDS_ADDR", "0.0.0.0:15012"),
         env("MESHPILOT_WEBHOOK_ADDR", "0.0.0.0:15017"),
         env("MESHPILOT_PROXY_IMAGE", &values.proxy_image),
+        env("MESHPILOT_STATE_DIR", STATE_DIR),
         EnvVar {
             name: "MESHPILOT_LEADER_IDENTITY".into(),
             value: None,
@@ -143,6 +149,11 @@ pub fn deployment(values: &Values) -> Deployment {
             }),
             ..Default::default()
         }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "state".into(),
+            mount_path: STATE_DIR.into(),
+            ..Default::default()
+        }]),
         ..Default::default()
     };
     let spread = |key: &str| TopologySpreadConstraint {
@@ -202,6 +213,11 @@ pub fn deployment(values: &Values) -> Deployment {
                         spread("topology.kubernetes.io/zone"),
                     ]),
                     containers: vec![container],
+                    volumes: Some(vec![Volume {
+                        name: "state".into(),
+                        empty_dir: Some(EmptyDirVolumeSource::default()),
+                        ..Default::default()
+                    }]),
                     ..Default::default()
                 }),
             },

@@ -5,6 +5,8 @@
 mod ca;
 mod xds;
 
+use std::time::SystemTime;
+
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
@@ -55,6 +57,7 @@ pub struct Metrics {
     clusters_by_state: IntGaugeVec,
     cluster_endpoints: IntGaugeVec,
     cluster_errors: IntGaugeVec,
+    stale_age: IntGaugeVec,
     xds: XdsMetrics,
     push: PushMetrics,
     ca: CaMetrics,
@@ -140,6 +143,11 @@ impl Metrics {
                 "1 while a cluster has an unresolved configuration error",
                 &["cluster"],
             ),
+            stale_age: gauge_vec(
+                "meshpilot_remote_cluster_stale_seconds",
+                "Age of the last-known-good snapshot a remote cluster is served from until it syncs",
+                &["cluster"],
+            ),
             xds: XdsMetrics::new(&registry),
             push: PushMetrics::new(&registry),
             ca: CaMetrics::new(&registry),
@@ -170,6 +178,7 @@ impl Metrics {
         self.clusters_by_state.reset();
         self.cluster_endpoints.reset();
         self.cluster_errors.reset();
+        self.stale_age.reset();
         self.managed_clusters.reset();
         let mut pending = 0;
         for cluster in aggregate.clusters() {
@@ -189,6 +198,14 @@ impl Metrics {
             self.cluster_errors
                 .with_label_values(&[&id])
                 .set(i64::from(status.last_error.is_some()));
+            if let Some(saved_at) = status.snapshot_saved_at {
+                let age = SystemTime::now()
+                    .duration_since(saved_at)
+                    .unwrap_or_default();
+                self.stale_age
+                    .with_label_values(&[&id])
+                    .set(age.as_secs() as i64);
+            }
             pending += cluster.pending_pod_endpoints();
         }
         self.pending_pods.set(pending as i64);

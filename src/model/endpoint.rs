@@ -4,14 +4,14 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ClusterId;
 
 /// Labels, shared between every endpoint of one pod.
 pub type Labels = Arc<BTreeMap<String, String>>;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Locality {
     pub region: Arc<str>,
     pub zone: Arc<str>,

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ClusterId;
 
@@ -19,7 +19,7 @@ pub struct ServiceKey {
 }
 
 /// Application protocol of a port, chosen as Istio does: `appProtocol` first, then the port-name prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
     Http,
@@ -76,7 +76,7 @@ impl Protocol {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServicePort {
     pub name: String,
     pub port: u16,

@@ -7,12 +7,14 @@
 pub mod auto_registration;
 mod convert;
 pub mod objects;
+mod saved;
 pub mod service_entries;
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -32,6 +34,7 @@ pub use convert::NsName;
 use objects::{
     Kind, NamespaceObj, NodeObj, Object, ObjectChange, ObjectKey, PodObj, ServiceObj, SliceObj,
 };
+pub use saved::SavedObjects;
 
 /// Where a cluster is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -41,6 +44,8 @@ pub enum SyncState {
     Synced,
     TimedOut,
     Failed,
+    /// Serving the last-known-good snapshot saved before a restart; still trying to sync.
+    Stale,
 }
 
 impl SyncState {
@@ -50,6 +55,7 @@ impl SyncState {
             Self::Synced => "synced",
             Self::TimedOut => "timed-out",
             Self::Failed => "failed",
+            Self::Stale => "stale",
         }
     }
 }
@@ -60,6 +66,9 @@ pub struct ClusterStatus {
     pub last_error: Option<String>,
     #[serde(with = "rfc3339")]
     pub last_error_at: Option<SystemTime>,
+    /// While stale: when the snapshot being served was saved.
+    #[serde(with = "rfc3339")]
+    pub snapshot_saved_at: Option<SystemTime>,
 }
 
 mod rfc3339 {
@@ -88,6 +97,8 @@ pub struct ClusterRegistry {
     changes: UnboundedSender<Change>,
     store: Mutex<Store>,
     status: Mutex<ClusterStatus>,
+    /// Counts the batches applied while live: a saver compares it to what it last saved.
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for ClusterRegistry {
@@ -122,7 +133,9 @@ impl ClusterRegistry {
                 state: SyncState::Syncing,
                 last_error: None,
                 last_error_at: None,
+                snapshot_saved_at: None,
             }),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -147,8 +160,13 @@ impl ClusterRegistry {
         self.status.lock().clone()
     }
 
+    /// Moves the cluster to `state`; leaving `Stale` means the snapshot is no longer served.
     pub fn set_state(&self, state: SyncState) {
-        self.status.lock().state = state;
+        let mut status = self.status.lock();
+        status.state = state;
+        if state != SyncState::Stale {
+            status.snapshot_saved_at = None;
+        }
     }
 
     /// Records (or, with None, clears) the cluster's current error.
@@ -181,7 +199,21 @@ impl ClusterRegistry {
 
     /// Applies a batch of object changes and publishes what they mean for the mesh.
     pub fn apply(&self, changes: impl IntoIterator<Item = ObjectChange>) {
+        self.apply_locked(self.store.lock(), changes);
+    }
+
+    /// Applies the cluster's list of one kind: its objects replace any a saved snapshot restored.
+    pub fn apply_list(&self, kind: Kind, changes: impl IntoIterator<Item = ObjectChange>) {
         let mut store = self.store.lock();
+        store.stale_kinds.remove(&kind);
+        self.apply_locked(store, changes);
+    }
+
+    fn apply_locked(
+        &self,
+        mut store: parking_lot::MutexGuard<'_, Store>,
+        changes: impl IntoIterator<Item = ObjectChange>,
+    ) {
         if store.mode == Mode::Retired {
             return;
         }
@@ -192,6 +224,7 @@ impl ClusterRegistry {
         if store.mode == Mode::Staging {
             return;
         }
+        self.generation.fetch_add(1, Ordering::Relaxed);
         let gateways = dirty.definitions || dirty.all;
         let secrets = Secrets::Named(std::mem::take(&mut dirty.secrets));
         let (services, selected): (Vec<NsName>, Selected) = if dirty.all {
@@ -438,6 +471,7 @@ impl ClusterRegistry {
     pub(crate) fn go_live(&self, predecessor_services: Vec<NsName>) {
         let mut store = self.store.lock();
         store.mode = Mode::Live;
+        self.generation.fetch_add(1, Ordering::Relaxed);
         let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
         services.extend(predecessor_services);
         self.publish(store, services, true, Selected::All, Secrets::All);
@@ -586,6 +620,8 @@ struct Store {
     selected: BTreeSet<ServiceKey>,
     /// TLS material of Secrets, for gateway credentials.
     secrets: HashMap<NsName, Arc<SecretMaterial>>,
+    /// Kinds whose objects came from a saved snapshot and not yet from the cluster's own list.
+    stale_kinds: HashSet<Kind>,
 }
 
 impl Store {
@@ -849,7 +885,7 @@ mod tests {
 
     const HOST: &str = "web.shop.svc.cluster.local";
 
-    fn registry() -> (ClusterRegistry, UnboundedReceiver<Change>) {
+    pub(super) fn registry() -> (ClusterRegistry, UnboundedReceiver<Change>) {
         let mesh = Arc::new(Mesh::new(MeshNaming::default()));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let shard = ShardKey {
@@ -862,7 +898,7 @@ mod tests {
         )
     }
 
-    fn apply(reg: &ClusterRegistry, yaml: &str) {
+    pub(super) fn apply(reg: &ClusterRegistry, yaml: &str) {
         reg.apply(
             manifest::parse(yaml)
                 .unwrap()
@@ -871,7 +907,7 @@ mod tests {
         );
     }
 
-    fn endpoints(reg: &ClusterRegistry) -> Vec<Endpoint> {
+    pub(super) fn endpoints(reg: &ClusterRegistry) -> Vec<Endpoint> {
         let key = ServiceKey {
             hostname: HOST.into(),
             namespace: "shop".into(),
@@ -886,27 +922,27 @@ mod tests {
 
     use crate::model::Endpoint;
 
-    const SERVICE: &str = "
+    pub(super) const SERVICE: &str = "
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: shop}
 spec: {clusterIP: 10.0.0.10, ports: [{name: http, port: 80}]}
 ";
-    const NODE: &str = "
+    pub(super) const NODE: &str = "
 apiVersion: v1
 kind: Node
 metadata:
   name: n1
   labels: {topology.kubernetes.io/region: r1, topology.kubernetes.io/zone: z1, topology.istio.io/subzone: s1}
 ";
-    const POD: &str = "
+    pub(super) const POD: &str = "
 apiVersion: v1
 kind: Pod
 metadata: {name: web-1, namespace: shop, labels: {app: web, security.istio.io/tlsMode: istio}}
 spec: {serviceAccountName: web-sa, nodeName: n1, containers: []}
 status: {podIP: 10.1.0.1}
 ";
-    const SLICE: &str = "
+    pub(super) const SLICE: &str = "
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::model::{Labels, Locality, Protocol, SecretMaterial, ServicePort};
@@ -45,7 +46,7 @@ pub enum TrimError {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Kind {
     Namespace,
     Service,
@@ -104,14 +105,14 @@ impl Object {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NamespaceObj {
     pub name: String,
     /// `topology.istio.io/network`: the network of a cluster when set on its system namespace.
     pub network: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceObj {
     pub name: String,
     pub namespace: String,
@@ -126,7 +127,7 @@ pub struct ServiceObj {
     pub export_to: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SliceObj {
     pub name: String,
     pub namespace: String,
@@ -137,7 +138,7 @@ pub struct SliceObj {
     pub endpoints: Vec<SliceEndpoint>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SliceEndpoint {
     pub addresses: Vec<IpAddr>,
     pub ready: Option<bool>,
@@ -147,7 +148,7 @@ pub struct SliceEndpoint {
     pub pod: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PodObj {
     pub name: String,
     pub namespace: String,
@@ -159,7 +160,7 @@ pub struct PodObj {
     pub ready: bool,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeObj {
     pub name: String,
     pub locality: Locality,

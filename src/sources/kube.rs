@@ -193,7 +193,9 @@ where
         let mut events = watcher::watcher(api, config)
             .backoff(WatchBackoff::default())
             .boxed();
-        let mut known: HashSet<ObjectKey> = HashSet::new();
+        // What the registry already holds (a restored snapshot's objects) counts as known, so the
+        // first list removes those gone since.
+        let mut known: HashSet<ObjectKey> = registry.object_keys(kind);
         let mut relist: Option<(Vec<ObjectChange>, HashSet<ObjectKey>)> = None;
         let mut listed_once = false;
         let mut failing = false;
@@ -223,7 +225,7 @@ where
                 Event::InitDone => {
                     let (mut changes, keys) = relist.take().unwrap_or_default();
                     changes.extend(known.difference(&keys).cloned().map(ObjectChange::Delete));
-                    apply_off_worker(&registry, changes).await;
+                    apply_off_worker(&registry, Some(kind), changes).await;
                     known = keys;
                     if !listed_once {
                         listed_once = true;
@@ -233,23 +235,32 @@ where
                 Event::Apply(object) => {
                     let (key, change) = convert(&registry, kind, &object, trim);
                     known.insert(key);
-                    apply_off_worker(&registry, vec![change]).await;
+                    apply_off_worker(&registry, None, vec![change]).await;
                 }
                 Event::Delete(object) => {
                     let key = key_of(kind, &object);
                     known.remove(&key);
-                    apply_off_worker(&registry, vec![ObjectChange::Delete(key)]).await;
+                    apply_off_worker(&registry, None, vec![ObjectChange::Delete(key)]).await;
                 }
             }
         }
     })
 }
 
-/// Applies a batch on the blocking pool: a relist of thousands of objects takes milliseconds that the
-/// async workers serving proxies should not spend. Awaited, so a kind's events stay in order.
-async fn apply_off_worker(registry: &Arc<ClusterRegistry>, changes: Vec<ObjectChange>) {
+/// Applies a batch (`listed`: a whole list of that kind) on the blocking pool: a relist of thousands
+/// of objects takes milliseconds that the async workers serving proxies should not spend. Awaited,
+/// so a kind's events stay in order.
+async fn apply_off_worker(
+    registry: &Arc<ClusterRegistry>,
+    listed: Option<Kind>,
+    changes: Vec<ObjectChange>,
+) {
     let registry = registry.clone();
-    if let Err(e) = tokio::task::spawn_blocking(move || registry.apply(changes)).await {
+    let apply = move || match listed {
+        Some(kind) => registry.apply_list(kind, changes),
+        None => registry.apply(changes),
+    };
+    if let Err(e) = tokio::task::spawn_blocking(apply).await {
         // Only a panic inside apply gets here; surface it rather than lose it silently.
         warn!(error = %e, "registry apply failed");
     }

@@ -1,4 +1,5 @@
-//! Where clusters come from: directories of manifests, (later) Kubernetes API servers.
+//! Where clusters and config come from: directories of manifests, Kubernetes API servers, and the
+//! snapshots that stand in for an unreachable remote after a restart.
 
 pub mod config_files;
 pub mod file;
@@ -11,4 +12,5 @@ pub mod manifest;
 pub mod mesh_config;
 pub mod networks;
 pub mod remote;
+pub mod snapshots;
 pub mod watch;

@@ -4,24 +4,30 @@
 //! It is the one owner of each remote cluster's lifecycle: add, zero-gap rotation, removal. A changed
 //! kubeconfig is synced in a staged registry beside the serving one and swapped in only once synced;
 //! if it never syncs, the old one keeps serving and the error is reported.
+//!
+//! With a state directory it also keeps each synced remote's last-known-good snapshot (saved every
+//! few seconds while it changes): after a restart, a remote whose API server cannot be reached is
+//! served from it, marked stale, until it syncs or the snapshot passes its maximum age.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use kube::config::Kubeconfig;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::RwLock;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::kube::{watch_cluster, KubeWatch, WatchBackoff};
 use super::kubeconfig::{self, InsecureOptions};
+use super::snapshots::{Snapshot, SnapshotStore};
 use crate::aggregate::Aggregate;
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};
@@ -36,7 +42,19 @@ pub struct RemoteOptions {
     /// How long readiness waits for a remote cluster; zero waits forever.
     pub sync_timeout: Duration,
     pub insecure: InsecureOptions,
+    pub snapshots: Option<StaleSnapshots>,
 }
+
+/// Last-known-good snapshots: where they are kept, and how old one may be and still be served.
+#[derive(Clone, Debug)]
+pub struct StaleSnapshots {
+    pub store: SnapshotStore,
+    pub max_age: Duration,
+}
+
+/// How often changed remotes are saved: a crash loses at most this much of their changes, which
+/// come back with the remote's first list.
+const SAVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Kubernetes clients of the remote clusters, for components that must call them (TokenReview).
 #[derive(Clone, Default)]
@@ -124,6 +142,7 @@ enum Note {
         staged: Arc<ClusterRegistry>,
         watch: KubeWatch,
         client: Client,
+        server: String,
     },
     RotationFailed {
         id: ClusterId,
@@ -138,13 +157,21 @@ struct RemoteCluster {
     registry: Arc<ClusterRegistry>,
     /// None when the kubeconfig was refused: nothing to keep serving.
     watch: Option<KubeWatch>,
+    /// The API server the kubeconfig reaches (what a snapshot is saved for).
+    server: String,
     sync_timer: Option<JoinHandle<()>>,
     rotation: Option<(u64, JoinHandle<()>)>,
+    /// Ends serving a restored snapshot once it is too old.
+    stale_timer: Option<JoinHandle<()>>,
+    /// The registry generation last saved, and the write in flight.
+    saved: Option<u64>,
+    saving: Option<JoinHandle<()>>,
 }
 
 impl Drop for RemoteCluster {
     fn drop(&mut self) {
-        if let Some(t) = &self.sync_timer {
+        let timers = [&self.sync_timer, &self.stale_timer];
+        for t in timers.into_iter().flatten() {
             t.abort();
         }
         if let Some((_, t)) = &self.rotation {
@@ -172,6 +199,8 @@ impl Controller {
             .backoff(WatchBackoff::default())
             .boxed();
         let mut listing: Option<Vec<Secret>> = None;
+        let mut save = tokio::time::interval(SAVE_INTERVAL);
+        save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 event = events.next() => match event {
@@ -195,6 +224,7 @@ impl Controller {
                     None => return,
                 },
                 Some(note) = notes.recv() => self.on_note(note),
+                _ = save.tick(), if self.options.snapshots.is_some() => self.save_snapshots(),
             }
         }
     }
@@ -209,7 +239,7 @@ impl Controller {
             .collect();
         let previous = self.secrets.remove(&name).unwrap_or_default();
         for id in previous.iter().filter(|id| !data.contains_key(id.as_str())) {
-            self.remove(id);
+            self.remove(id, Leaving::Mesh);
         }
         let mut owned = Vec::new();
         for (key, kubeconfig) in data {
@@ -230,7 +260,7 @@ impl Controller {
                     if c.hash == hash || c.rotation.as_ref().is_some_and(|(h, _)| *h == hash) => {}
                 Some(c) if c.watch.is_none() => {
                     // Never connected: nothing to keep serving, start over.
-                    self.remove(&id);
+                    self.remove(&id, Leaving::ForNewKubeconfig);
                     self.add(&id, &name, &kubeconfig, hash).await;
                 }
                 Some(_) => self.rotate(&id, &kubeconfig, hash),
@@ -241,7 +271,7 @@ impl Controller {
 
     fn secret_deleted(&mut self, name: &str) {
         for id in self.secrets.remove(name).unwrap_or_default() {
-            self.remove(&id);
+            self.remove(&id, Leaving::Mesh);
         }
     }
 
@@ -266,11 +296,22 @@ impl Controller {
             hash,
             registry: registry.clone(),
             watch: None,
+            server: String::new(),
             sync_timer: None,
             rotation: None,
+            stale_timer: None,
+            saved: None,
+            saving: None,
         };
-        match self.connect(kubeconfig).await {
-            Ok(client) => {
+        let connected = match kubeconfig::parse_untrusted(kubeconfig, &self.options.insecure) {
+            Ok(config) => connect(config).await,
+            Err(e) => Err(e),
+        };
+        match connected {
+            Ok((client, server)) => {
+                // Before the watches start, so their first lists reconcile against it.
+                cluster.stale_timer = self.serve_snapshot(id, &registry, &server);
+                cluster.server = server;
                 let watch = watch_cluster(
                     client.clone(),
                     registry.clone(),
@@ -290,9 +331,84 @@ impl Controller {
         self.clusters.insert(id.clone(), cluster);
     }
 
-    async fn connect(&self, kubeconfig: &[u8]) -> Result<Client, kubeconfig::KubeconfigError> {
-        let config = kubeconfig::parse_untrusted(kubeconfig, &self.options.insecure)?;
-        kubeconfig::client(config).await
+    /// Serves the cluster's last-known-good snapshot until it syncs, if one was saved from the
+    /// same API server within the maximum age; returns the task that ends it when it gets too old.
+    fn serve_snapshot(
+        &self,
+        id: &ClusterId,
+        registry: &Arc<ClusterRegistry>,
+        server: &str,
+    ) -> Option<JoinHandle<()>> {
+        let snapshots = self.options.snapshots.as_ref()?;
+        let snapshot = match snapshots.store.load(id) {
+            Ok(snapshot) => snapshot?,
+            Err(e) => {
+                warn!(cluster = %id, error = %e, "remote cluster snapshot not used");
+                return None;
+            }
+        };
+        if snapshot.server != server {
+            info!(cluster = %id, saved_from = snapshot.server, server, "remote cluster snapshot is of another API server; not used");
+            return None;
+        }
+        let age = SystemTime::now()
+            .duration_since(snapshot.saved_at)
+            .unwrap_or_default();
+        let max_age = snapshots.max_age;
+        let Some(left) = max_age.checked_sub(age) else {
+            info!(cluster = %id, age = %humantime::format_duration(age), "remote cluster snapshot too old; not used");
+            return None;
+        };
+        let objects = snapshot.objects.len();
+        registry.restore(snapshot.objects, snapshot.saved_at);
+        warn!(cluster = %id, objects, age = %humantime::format_duration(age), "serving the remote cluster's last-known-good snapshot until it syncs");
+        let registry = registry.clone();
+        Some(tokio::spawn(async move {
+            tokio::time::sleep(left).await;
+            let reason = format!(
+                "last-known-good snapshot older than --stale-remote-max-age ({}); no longer served, still trying",
+                humantime::format_duration(max_age)
+            );
+            if registry.forget_stale(reason) {
+                warn!(cluster = %registry.id(), "remote cluster snapshot expired before the cluster synced");
+            }
+        }))
+    }
+
+    /// Saves every synced remote that changed since its last save, off the async workers.
+    fn save_snapshots(&mut self) {
+        let Some(snapshots) = &self.options.snapshots else {
+            return;
+        };
+        for (id, cluster) in &mut self.clusters {
+            let generation = cluster.registry.generation();
+            let busy = cluster.saving.as_ref().is_some_and(|t| !t.is_finished());
+            if busy
+                || cluster.saved == Some(generation)
+                || cluster.registry.status().state != SyncState::Synced
+            {
+                continue;
+            }
+            cluster.saved = Some(generation);
+            let (store, registry, server, id) = (
+                snapshots.store.clone(),
+                cluster.registry.clone(),
+                cluster.server.clone(),
+                id.clone(),
+            );
+            cluster.saving = Some(tokio::task::spawn_blocking(move || {
+                let snapshot = Snapshot {
+                    cluster: id.to_string(),
+                    server,
+                    saved_at: SystemTime::now(),
+                    objects: registry.saved_objects(),
+                };
+                match store.save(&snapshot) {
+                    Ok(bytes) => debug!(cluster = %id, bytes, "remote cluster snapshot saved"),
+                    Err(e) => warn!(cluster = %id, error = %e, "remote cluster snapshot not saved"),
+                }
+            }));
+        }
     }
 
     /// Marks the cluster timed out if it has not synced within the timeout (readiness stops
@@ -360,13 +476,13 @@ impl Controller {
             id.clone(),
         );
         let task = tokio::spawn(async move {
-            let note = match kubeconfig::client(config).await {
+            let note = match connect(config).await {
                 Err(e) => Note::RotationFailed {
                     id,
                     hash,
                     error: e.to_string(),
                 },
-                Ok(client) => {
+                Ok((client, server)) => {
                     let watch = watch_cluster(client.clone(), staged.clone(), &namespace);
                     let limit = if timeout.is_zero() {
                         Duration::MAX
@@ -380,6 +496,7 @@ impl Controller {
                             staged,
                             watch,
                             client,
+                            server,
                         },
                         Err(_) => Note::RotationFailed {
                             id,
@@ -406,6 +523,7 @@ impl Controller {
                 staged,
                 watch,
                 client,
+                server,
             } => {
                 let Some(cluster) = self.clusters.get_mut(&id) else {
                     return;
@@ -416,6 +534,8 @@ impl Controller {
                 self.aggregate.promote(staged.clone());
                 cluster.registry = staged;
                 cluster.watch = Some(watch);
+                cluster.server = server;
+                cluster.saved = None;
                 cluster.hash = hash;
                 cluster.rotation = None;
                 self.clients.set(&id, Some(client));
@@ -438,13 +558,32 @@ impl Controller {
         }
     }
 
-    fn remove(&mut self, id: &ClusterId) {
+    fn remove(&mut self, id: &ClusterId, leaving: Leaving) {
         // Dropping the cluster stops its watches before the aggregate clears its shards.
         if self.clusters.remove(id).is_some() {
             self.aggregate.remove_cluster(id);
             self.clients.set(id, None);
         }
+        if let (Leaving::Mesh, Some(snapshots)) = (leaving, &self.options.snapshots) {
+            if let Err(e) = snapshots.store.remove(id) {
+                warn!(cluster = %id, error = %e, "snapshot of a removed remote cluster not deleted");
+            }
+        }
     }
+}
+
+/// Why a remote cluster is removed: only one that leaves the mesh loses its snapshot.
+#[derive(Clone, Copy)]
+enum Leaving {
+    Mesh,
+    ForNewKubeconfig,
+}
+
+/// A client for a vetted kubeconfig, and the API server it reaches.
+async fn connect(config: Kubeconfig) -> Result<(Client, String), kubeconfig::KubeconfigError> {
+    let config = kubeconfig::client_config(config).await?;
+    let server = config.cluster_url.to_string();
+    Ok((kubeconfig::client_for(config)?, server))
 }
 
 fn secret_name(secret: &Secret) -> String {

@@ -619,6 +619,8 @@ pub async fn try_start_meshpilot(
         ("--secure-xds-addr", "127.0.0.1:0"),
         ("--webhook-addr", "127.0.0.1:0"),
         ("--ca-state-dir", state.path().to_str().expect("utf-8 path")),
+        // Snapshots need a state directory that outlives the run: tests that want them say so.
+        ("--stale-remote-max-age", "0s"),
     ];
     let mut argv = vec!["meshpilot"];
     for (flag, value) in defaults {
