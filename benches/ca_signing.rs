@@ -16,7 +16,8 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(3);
-    let root = CaBundle::self_signed_root("cluster.local").expect("root");
+    let root = CaBundle::self_signed_root("cluster.local", meshpilot::security::ca::ROOT_LIFETIME)
+        .expect("root");
     let intermediate = root
         .intermediate("cluster.local", "bench", Duration::from_secs(3600))
         .expect("intermediate");

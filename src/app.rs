@@ -21,6 +21,7 @@ use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::Authenticator;
 use crate::security::ca::{CertificateAuthority, TtlPolicy};
 use crate::security::keys::{self, KeySource};
+use crate::security::rotation::{self, SharedCa};
 use crate::security::service::CaService;
 use crate::security::tls::{self, ServingCert};
 use crate::security::trust;
@@ -87,7 +88,7 @@ pub struct Running {
     pub xds_addr: SocketAddr,
     pub secure_xds_addr: SocketAddr,
     pub webhook_addr: SocketAddr,
-    pub ca: Arc<CertificateAuthority>,
+    pub ca: Arc<SharedCa>,
     pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,
     tasks: Vec<JoinHandle<()>>,
@@ -274,7 +275,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             KeySource::StateDir(dir)
         }
     };
-    let loaded = keys::load(key_source, &args.trust_domain).await?;
+    let loaded = keys::load(key_source, &args.trust_domain, args.self_signed_root_ttl).await?;
     let ttl = TtlPolicy {
         default: args.workload_cert_ttl,
         max: args.max_workload_cert_ttl,
@@ -283,7 +284,16 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         origin: loaded.origin,
         source,
     })?;
-    let ca = Arc::new(ca);
+    let ca = SharedCa::new(ca);
+    if let Some(store) = loaded.self_signed {
+        tasks.push(rotation::keep_rotated(
+            ca.clone(),
+            store,
+            loaded.bundle,
+            args.root_rotation(),
+            metrics.ca(),
+        ));
+    }
     let authn = Arc::new(Authenticator::new(
         &args.trust_domain,
         config_cluster
@@ -292,9 +302,9 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         config_cluster.as_ref().map(|c| c.remotes.clients()),
     ));
     let names = args.serving_names();
-    let serving = ServingCert::issue(&ca, &names, args.serving_cert_ttl)?;
+    let serving = ServingCert::issue(&ca.current(), &names, args.serving_cert_ttl)?;
     tasks.push(serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl));
-    let tls = tls::server_config(serving.clone(), ca.root_pem())?;
+    let tls = tls::server_config(serving.clone(), ca.clone())?;
     let secure = listen::bind("secure-xds", args.secure_xds_addr).await?;
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
@@ -309,21 +319,21 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     if let (Some(c), Some(leader)) = (&config_cluster, &leader) {
         let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
         let namespace = args.system_namespace.clone();
-        let root = ca.root_pem().to_string();
+        let roots = ca.roots();
         tasks.push(leader::run_while_leading(leader.leading(), move || {
             let mut work = trust::publish_root(
                 client.clone(),
                 id.clone(),
                 remotes.clone(),
                 namespace.clone(),
-                root.clone(),
+                roots.clone(),
             );
             work.extend(ca_bundle::keep_current(
                 client.clone(),
                 id.clone(),
                 remotes.clone(),
                 namespace.clone(),
-                root.clone(),
+                roots.clone(),
             ));
             work
         }));

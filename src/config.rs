@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::inject::InjectArgs;
 use crate::model::MeshNaming;
+use crate::security::rotation::RotationPolicy;
 use crate::sources::kubeconfig::InsecureOptions;
 use crate::xds::server::XdsOptions;
 
@@ -70,6 +71,18 @@ pub struct DiscoveryArgs {
     /// stale) after a restart while its API server is unreachable; `0s` keeps no snapshots.
     #[arg(long, env = "MESHPILOT_STALE_REMOTE_MAX_AGE", default_value = "1h", value_parser = humantime::parse_duration)]
     pub stale_remote_max_age: Duration,
+
+    /// Lifetime of a self-signed root, made or renewed (istiod's CITADEL_SELF_SIGNED_CA_CERT_TTL).
+    #[arg(long, env = "MESHPILOT_SELF_SIGNED_ROOT_TTL", default_value = "3650days", value_parser = humantime::parse_duration)]
+    pub self_signed_root_ttl: Duration,
+
+    /// How often the self-signed root's remaining lifetime is checked.
+    #[arg(long, env = "MESHPILOT_SELF_SIGNED_ROOT_CHECK_INTERVAL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub self_signed_root_check_interval: Duration,
+
+    /// The self-signed root is renewed once less than this share (percent) of its lifetime is left.
+    #[arg(long, env = "MESHPILOT_SELF_SIGNED_ROOT_GRACE_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..100))]
+    pub self_signed_root_grace_percent: u32,
 
     /// Lifetime of workload certificates when the request names none.
     #[arg(long, env = "MESHPILOT_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
@@ -221,6 +234,14 @@ impl DiscoveryArgs {
     /// Where the self-signed root is kept: `--ca-state-dir`, else `<state-dir>/ca`.
     pub fn ca_state_dir(&self) -> Option<PathBuf> {
         (self.ca_state_dir.clone()).or_else(|| Some(self.state_dir()?.join("ca")))
+    }
+
+    pub fn root_rotation(&self) -> RotationPolicy {
+        RotationPolicy {
+            check_interval: self.self_signed_root_check_interval,
+            grace_percent: self.self_signed_root_grace_percent,
+            root_ttl: self.self_signed_root_ttl,
+        }
     }
 
     pub fn naming(&self) -> MeshNaming {

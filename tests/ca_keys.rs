@@ -244,7 +244,7 @@ async fn every_key_form_starts_the_ca_and_signs() {
         let ca_dir = dir.path().to_str().unwrap();
         let mp = start_meshpilot(config.path(), &["--ca-dir", ca_dir]).await;
         assert_eq!(
-            der(mp.ca.root_pem()),
+            der(mp.ca.current().root_pem()),
             der(&std::fs::read_to_string(dir.path().join("ca-cert.pem")).unwrap())
         );
         sign_and_verify(
@@ -282,7 +282,7 @@ async fn the_cacerts_secret_takes_every_form_too() {
         ])
         .await;
         assert_eq!(
-            der(mp.ca.root_pem()),
+            der(mp.ca.current().root_pem()),
             der(&file("ca-cert.pem")),
             "{}",
             form.name

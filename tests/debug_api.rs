@@ -512,7 +512,7 @@ async fn xds_debug_types_over_grpcio_on_both_ports() {
     // Secure port: the system namespace sees all; another namespace only its own proxies.
     let certs = tempfile::tempdir().unwrap();
     let root = certs.path().join("root.pem");
-    std::fs::write(&root, mp.ca.root_pem()).unwrap();
+    std::fs::write(&root, mp.ca.current().root_pem()).unwrap();
     let secure = mp.secure_xds_addr;
     let all = grpcio_debug(
         secure,

@@ -659,6 +659,7 @@ async fn a_vm_registers_into_its_workload_group() {
 
     let (chain, key) = mp
         .ca
+        .current()
         .issue_workload(
             &meshpilot::security::identity::Identity::new("cluster.local", "bookinfo", "legacy"),
             Duration::from_secs(600),
@@ -666,7 +667,7 @@ async fn a_vm_registers_into_its_workload_group() {
         .unwrap();
     let channel = tls_channel(
         mp.secure_xds_addr,
-        mp.ca.root_pem(),
+        mp.ca.current().root_pem(),
         Some((&chain.concat(), &key)),
     )
     .await

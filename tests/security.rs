@@ -63,11 +63,12 @@ async fn envoy_with_a_meshpilot_certificate_gets_config_on_the_secure_port() {
 async fn foreign_roots_and_borrowed_identities_are_refused() {
     let dir = copy_tree(Path::new(EXAMPLE));
     let mp = start_meshpilot(dir.path(), &[]).await;
-    let root = mp.ca.root_pem().to_string();
+    let root = mp.ca.current().root_pem().to_string();
 
     // A certificate from another root: the handshake fails.
     let other = CertificateAuthority::new(
-        &CaBundle::self_signed_root("cluster.local").unwrap(),
+        &CaBundle::self_signed_root("cluster.local", meshpilot::security::ca::ROOT_LIFETIME)
+            .unwrap(),
         TtlPolicy {
             default: Duration::from_secs(3600),
             max: Duration::from_secs(3600),
@@ -142,6 +143,7 @@ async fn secure_cds(
     let certs = identity.map(|(ns, sa)| {
         let (chain, key) = mp
             .ca
+            .current()
             .issue_workload(
                 &Identity::new("cluster.local", ns, sa),
                 Duration::from_secs(600),
@@ -150,7 +152,7 @@ async fn secure_cds(
         (chain.concat(), key)
     });
     let client = certs.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
-    let channel = tls_channel(mp.secure_xds_addr, mp.ca.root_pem(), client)
+    let channel = tls_channel(mp.secure_xds_addr, mp.ca.current().root_pem(), client)
         .await
         .unwrap();
     let mut ads = AdsClient::over(channel).await.unwrap();
@@ -180,7 +182,7 @@ async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
         serde_json::from_value(reply["chain"].clone()).unwrap_or_else(|_| panic!("{reply}"));
     assert_eq!(
         chain.last().map(String::as_str),
-        Some(mp.ca.root_pem()),
+        Some(mp.ca.current().root_pem()),
         "root last"
     );
     let ders = chain_ders(&chain);
@@ -188,7 +190,7 @@ async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
         spiffe_identities(&ders[0]),
         vec![Identity::new("cluster.local", "shop", "web")]
     );
-    verify_leaf(&ders, mp.ca.root_pem());
+    verify_leaf(&ders, mp.ca.current().root_pem());
     assert!(
         east.request_count("tokenreview") >= 1,
         "the remote cluster reviewed its own token"
@@ -243,6 +245,7 @@ async fn a_restart_keeps_the_root() {
     let first = start_meshpilot(dir.path(), &flags)
         .await
         .ca
+        .current()
         .root_pem()
         .to_string();
     // The key is the owner's only.
@@ -252,6 +255,7 @@ async fn a_restart_keeps_the_root() {
     let second = start_meshpilot(dir.path(), &flags)
         .await
         .ca
+        .current()
         .root_pem()
         .to_string();
     assert_eq!(first, second);
@@ -267,11 +271,21 @@ async fn a_restart_keeps_the_root() {
         "--cluster-id",
         "primary",
     ];
-    let first = start_meshpilot_with(&flags).await.ca.root_pem().to_string();
+    let first = start_meshpilot_with(&flags)
+        .await
+        .ca
+        .current()
+        .root_pem()
+        .to_string();
     assert!(config
         .get("Secret", "istio-system", "istio-ca-secret")
         .is_some());
-    let second = start_meshpilot_with(&flags).await.ca.root_pem().to_string();
+    let second = start_meshpilot_with(&flags)
+        .await
+        .ca
+        .current()
+        .root_pem()
+        .to_string();
     assert_eq!(first, second);
 }
 
@@ -290,7 +304,7 @@ async fn replicas_starting_together_share_one_root() {
     // Both look for istio-ca-secret, find none, and create one: the loser of the race (409
     // AlreadyExists) takes the winner's.
     let (a, b) = tokio::join!(start_meshpilot_with(&flags), start_meshpilot_with(&flags));
-    assert_eq!(a.ca.root_pem(), b.ca.root_pem());
+    assert_eq!(a.ca.current().root_pem(), b.ca.current().root_pem());
     let secret = config
         .get("Secret", "istio-system", "istio-ca-secret")
         .unwrap();
@@ -301,7 +315,7 @@ async fn replicas_starting_together_share_one_root() {
         .unwrap();
     assert_eq!(
         chain_ders(&[String::from_utf8(stored).unwrap()]),
-        chain_ders(&[a.ca.root_pem().to_string()])
+        chain_ders(&[a.ca.current().root_pem().to_string()])
     );
 }
 
@@ -340,9 +354,10 @@ async fn clusters_with_intermediates_of_one_root_trust_each_other() {
     let dir = copy_tree(Path::new(EXAMPLE));
     let east = start_meshpilot(dir.path(), &["--ca-dir", &path("east")]).await;
     let west = start_meshpilot(dir.path(), &["--ca-dir", &path("west")]).await;
-    assert_eq!(east.ca.root_pem(), west.ca.root_pem());
+    assert_eq!(east.ca.current().root_pem(), west.ca.current().root_pem());
     let (east_chain, east_key) = east
         .ca
+        .current()
         .issue_workload(
             &Identity::new("cluster.local", "shop", "web"),
             Duration::from_secs(600),
@@ -350,6 +365,7 @@ async fn clusters_with_intermediates_of_one_root_trust_each_other() {
         .unwrap();
     let (west_chain, west_key) = west
         .ca
+        .current()
         .issue_workload(
             &Identity::new("cluster.local", "shop", "db"),
             Duration::from_secs(600),
@@ -358,7 +374,7 @@ async fn clusters_with_intermediates_of_one_root_trust_each_other() {
 
     // A real mutual-TLS handshake: east's workload serves, west's is the client, each verifying the
     // other against the shared root.
-    let root = east.ca.root_pem().to_string();
+    let root = east.ca.current().root_pem().to_string();
     let (east_der, west_der) = (chain_ders(&east_chain), chain_ders(&west_chain));
     let key = |pem: &str| PrivateKeyDer::from_pem_slice(pem.as_bytes()).unwrap();
     let mut roots = rustls::RootCertStore::empty();
@@ -477,9 +493,10 @@ async fn serving_certificate_renews_without_dropping_streams() {
         &["--serving-cert-ttl", "2s", "--debounce-after", "0s"],
     )
     .await;
-    let root = mp.ca.root_pem().to_string();
+    let root = mp.ca.current().root_pem().to_string();
     let (chain, key) = mp
         .ca
+        .current()
         .issue_workload(
             &Identity::new("cluster.local", "bookinfo", "x"),
             Duration::from_secs(600),
@@ -588,7 +605,7 @@ async fn root_certificate_is_published_in_every_namespace() {
         "primary",
     ])
     .await;
-    let root = mp.ca.root_pem().to_string();
+    let root = mp.ca.current().root_pem().to_string();
     let published = |api: &TestApiServer, ns: &str| {
         api.get("ConfigMap", ns, "istio-ca-root-cert")
             .and_then(|cm| cm["data"]["root-cert.pem"].as_str().map(str::to_string))
@@ -609,4 +626,77 @@ async fn root_certificate_is_published_in_every_namespace() {
     })
     .await;
     assert!(published(&opted_out, "istio-system").is_none());
+}
+
+/// The data of a Secret or ConfigMap key, as text.
+fn stored_text(object: &serde_json::Value, key: &str) -> Option<String> {
+    use base64::Engine;
+    if let Some(text) = object["data"][key]
+        .as_str()
+        .filter(|_| object["kind"] == "ConfigMap")
+    {
+        return Some(text.to_string());
+    }
+    let encoded = object["data"][key].as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+#[tokio::test]
+async fn the_leader_renews_the_root_and_every_replica_and_namespace_trusts_both() {
+    let config = TestApiServer::start().await;
+    config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n");
+    config.add_token("shop-web", User::service_account("shop", "web"));
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), config.kubeconfig(config.admin_token())).unwrap();
+    // A 10 s root renewed with half its life left: first renewed ~5 s after start.
+    let flags = [
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--cluster-id",
+        "primary",
+        "--self-signed-root-ttl",
+        "10s",
+        "--self-signed-root-grace-percent",
+        "50",
+        "--self-signed-root-check-interval",
+        "200ms",
+    ];
+    let (a, b) = tokio::join!(start_meshpilot_with(&flags), start_meshpilot_with(&flags));
+    let first = a.ca.current().root_pem().to_string();
+    let (config_ref, a_ref, b_ref) = (&config, &a, &b);
+    // The leader writes the renewed root beside the old into istio-ca-secret; the other replica
+    // loads it, and the root ConfigMaps carry both.
+    let bundle = wait_for("the renewed root everywhere", BOUND, || async move {
+        let secret = config_ref.get("Secret", "istio-system", "istio-ca-secret")?;
+        let stored = stored_text(&secret, "root-cert.pem")?;
+        let roots = chain_ders(&[stored.clone()]);
+        let published = stored_text(
+            &config_ref.get("ConfigMap", "shop", "istio-ca-root-cert")?,
+            "root-cert.pem",
+        )?;
+        let everywhere = roots.len() == 2
+            && chain_ders(&[published]) == roots
+            && chain_ders(&[a_ref.ca.current().root_pem().to_string()]) == roots
+            && chain_ders(&[b_ref.ca.current().root_pem().to_string()]) == roots;
+        everywhere.then_some(stored)
+    })
+    .await;
+    let roots = chain_ders(&[bundle.clone()]);
+    assert_eq!(
+        roots[1],
+        chain_ders(&[first])[0],
+        "the old root stays trusted"
+    );
+
+    // A workload's CSR through Istio's CA API (grpcio) is answered with both roots last.
+    let dir = tempfile::tempdir().unwrap();
+    let reply =
+        common::primary::grpcio_create_certificate(&b, dir.path(), "shop-web", "primary").await;
+    let chain: Vec<String> = serde_json::from_value(reply["chain"].clone()).expect("a chain");
+    let last = chain.last().cloned().unwrap_or_default();
+    assert_eq!(chain_ders(&[last]), roots, "{reply}");
+    verify_leaf(&chain_ders(&chain[..1]), &bundle);
 }

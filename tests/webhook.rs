@@ -66,7 +66,7 @@ impl Webhook {
         let (status, body) = https::post(
             self.mp.webhook_addr,
             "istiod.istio-system.svc",
-            self.mp.ca.root_pem(),
+            self.mp.ca.current().root_pem(),
             path,
             &review.to_string(),
         )

@@ -56,6 +56,8 @@ pub struct CaBundle {
     pub ca_key: String,
     /// The CA's certificate followed by its issuers (Istio: ca-cert + intermediates + root).
     pub cert_chain: String,
+    /// The roots workloads trust: the signing chain's root first; after a root rotation, the
+    /// previous root until it expires.
     pub root_cert: String,
 }
 
@@ -64,7 +66,8 @@ pub const CA_KEY: &str = "ca-key.pem";
 pub const CERT_CHAIN: &str = "cert-chain.pem";
 pub const ROOT_CERT: &str = "root-cert.pem";
 
-const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// A self-signed root's lifetime unless configured (istiod's `CITADEL_SELF_SIGNED_CA_CERT_TTL`).
+pub const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 impl CaBundle {
     /// Reads a cacerts directory; every file must be there.
@@ -133,10 +136,10 @@ impl CaBundle {
         })
     }
 
-    /// A new self-signed root (ECDSA P-256, 10 years) that is its own signing CA.
-    pub fn self_signed_root(organization: &str) -> Result<Self, CaError> {
+    /// A new self-signed root (ECDSA P-256) that is its own signing CA.
+    pub fn self_signed_root(organization: &str, lifetime: Duration) -> Result<Self, CaError> {
         let key = KeyPair::generate()?;
-        let params = ca_params(organization, "meshpilot root CA", ROOT_LIFETIME)?;
+        let params = ca_params(organization, "meshpilot root CA", lifetime)?;
         let cert = params.self_signed(&key)?.pem();
         Ok(Self {
             ca_cert: cert.clone(),
@@ -144,6 +147,72 @@ impl CaBundle {
             cert_chain: cert.clone(),
             root_cert: cert,
         })
+    }
+
+    /// Whether the CA is a self-signed root (not a plug-in chain): only such a root is rotated.
+    pub fn is_self_signed_root(&self) -> Result<bool, CaError> {
+        let der = single_cert(&self.ca_cert, CA_CERT)?;
+        let (_, cert) = X509Certificate::from_der(&der).map_err(|e| invalid(CA_CERT, e))?;
+        Ok(cert.subject() == cert.issuer() && cert.verify_signature(None).is_ok())
+    }
+
+    /// Whether the CA's certificate has less than `grace_percent` of its lifetime left at `now`,
+    /// as istiod's root rotator decides (`CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE`).
+    pub fn renewal_due(&self, now: SystemTime, grace_percent: u32) -> Result<bool, CaError> {
+        let der = single_cert(&self.ca_cert, CA_CERT)?;
+        let (_, cert) = X509Certificate::from_der(&der).map_err(|e| invalid(CA_CERT, e))?;
+        let validity = cert.validity();
+        let (from, to) = (
+            validity.not_before.timestamp() as i128,
+            validity.not_after.timestamp() as i128,
+        );
+        let now = unix_seconds(now) as i128;
+        Ok((to - now) * 100 < (to - from) * i128::from(grace_percent))
+    }
+
+    /// A self-signed root renewed as istiod's rotator does: the same key and subject, a new
+    /// validity of `lifetime`, so certificates the old root signed still verify under the new
+    /// one. The old root stays in `root_cert` (trusted beside the new) until it expires.
+    pub fn renewed_root(&self, lifetime: Duration, now: SystemTime) -> Result<Self, CaError> {
+        let key = parse_key(&self.ca_key)?;
+        let der = single_cert(&self.ca_cert, CA_CERT)?;
+        let (_, old) = X509Certificate::from_der(&der).map_err(|e| invalid(CA_CERT, e))?;
+        let mut params = ca_params("", "", lifetime)?;
+        params.distinguished_name = subject_of(&old);
+        let cert = to_pem(params.self_signed(&key)?.der());
+        let now = unix_seconds(now);
+        let mut roots = cert.clone();
+        for der in certs(&self.root_cert, ROOT_CERT)? {
+            let (_, old) = X509Certificate::from_der(&der).map_err(|e| invalid(ROOT_CERT, e))?;
+            if old.validity().not_after.timestamp() > now {
+                roots.push_str(&to_pem(&der));
+            }
+        }
+        Ok(Self {
+            ca_cert: cert.clone(),
+            ca_key: self.ca_key.clone(),
+            cert_chain: cert,
+            root_cert: roots,
+        })
+    }
+
+    /// The bundle without the roots expired at `now`, if it held any (the signing root is kept).
+    pub fn without_expired_roots(&self, now: SystemTime) -> Result<Option<Self>, CaError> {
+        let now = unix_seconds(now);
+        let signing = single_cert(&self.ca_cert, CA_CERT)?;
+        let roots = certs(&self.root_cert, ROOT_CERT)?;
+        let mut kept = String::new();
+        for der in &roots {
+            let (_, root) = X509Certificate::from_der(der).map_err(|e| invalid(ROOT_CERT, e))?;
+            if root.validity().not_after.timestamp() > now || *der == signing {
+                kept.push_str(&to_pem(der));
+            }
+        }
+        let pruned = kept.matches("BEGIN CERTIFICATE").count() < roots.len();
+        Ok(pruned.then(|| Self {
+            root_cert: kept,
+            ..self.clone()
+        }))
     }
 
     /// An intermediate CA for one cluster, signed by this bundle's CA (`meshpilot certs`).
@@ -226,11 +295,30 @@ fn ca_params(
     Ok(params)
 }
 
+/// A certificate's subject as rcgen builds it (its string attributes, in order).
+fn subject_of(cert: &X509Certificate<'_>) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    for attr in cert.subject().iter_attributes() {
+        let (Some(oid), Ok(value)) = (attr.attr_type().iter(), attr.as_str()) else {
+            continue;
+        };
+        dn.push(DnType::from_oid(&oid.collect::<Vec<u64>>()), value);
+    }
+    dn
+}
+
 fn set_validity(params: &mut CertificateParams, lifetime: Duration) {
     let now = OffsetDateTime::now_utc();
-    // Tolerate clock skew between the CA and its clients.
-    params.not_before = now - time::Duration::minutes(5);
+    // Tolerate clock skew between the CA and its clients: five minutes, less for short lifetimes
+    // so that the share of a lifetime left (root renewal) stays close to what was asked for.
+    let skew = (lifetime / 10).min(Duration::from_secs(300));
+    params.not_before = now - skew;
     params.not_after = now + lifetime;
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 fn serial() -> SerialNumber {
@@ -256,8 +344,10 @@ pub struct TtlPolicy {
 
 pub struct CertificateAuthority {
     issuer: Issuer<'static, KeyPair>,
-    /// What follows a leaf in a response: the CA, its issuers, the root last.
+    /// What follows a leaf in a response: the CA, its issuers, and last (as istiod's responses)
+    /// every trusted root in one entry.
     chain_tail: Vec<String>,
+    /// The trust bundle: one root, or after a rotation the new root and the old.
     root_pem: String,
     /// When the root expires (Unix seconds), for `citadel_server_root_cert_expiry_timestamp`.
     root_not_after: i64,
@@ -279,33 +369,46 @@ impl CertificateAuthority {
         if ca.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
             return Err(CaError::KeyMismatch);
         }
-        let root_der = single_cert(&bundle.root_cert, ROOT_CERT)?;
+        let roots = certs(&bundle.root_cert, ROOT_CERT)?;
         let mut chain = certs(&bundle.cert_chain, CERT_CHAIN)?;
         if chain.first() != Some(&ca_der) {
             chain.insert(0, ca_der.clone());
         }
-        if chain.last() != Some(&root_der) {
-            chain.push(root_der.clone());
+        // The chain ends at a trusted root; without one, at the bundle's first.
+        if !chain.last().is_some_and(|top| roots.contains(top)) {
+            chain.push(roots[0].clone());
         }
         verify_chain(&chain)?;
+        let root_der = chain.pop().unwrap_or_else(|| roots[0].clone());
         let (_, root) = X509Certificate::from_der(&root_der).map_err(|e| invalid(ROOT_CERT, e))?;
         let root_not_after = root.validity().not_after.timestamp();
-        let chain_tail = chain.iter().map(|der| to_pem(der)).collect();
+        // The signing root first, then the other trusted roots.
+        let root_pem: String = std::iter::once(&root_der)
+            .chain(roots.iter().filter(|r| **r != root_der))
+            .map(|der| to_pem(der))
+            .collect();
+        let mut chain_tail: Vec<String> = chain.iter().map(|der| to_pem(der)).collect();
+        chain_tail.push(root_pem.clone());
         let issuer = Issuer::from_ca_cert_der(&ca_der, key).map_err(|e| invalid(CA_CERT, e))?;
         Ok(Self {
             issuer,
             chain_tail,
-            root_pem: to_pem(&root_der),
+            root_pem,
             root_not_after,
             ttl,
         })
     }
 
+    /// Every trusted root (PEM), the signing chain's first.
     pub fn root_pem(&self) -> &str {
         &self.root_pem
     }
 
-    /// When the root certificate expires, in Unix seconds.
+    pub fn ttl(&self) -> TtlPolicy {
+        self.ttl
+    }
+
+    /// When the signing chain's root expires, in Unix seconds.
     pub fn root_not_after(&self) -> i64 {
         self.root_not_after
     }
@@ -489,7 +592,7 @@ mod tests {
 
     #[test]
     fn signs_for_the_proven_identity_only() {
-        let root = CaBundle::self_signed_root("cluster.local").unwrap();
+        let root = CaBundle::self_signed_root("cluster.local", ROOT_LIFETIME).unwrap();
         let ca = CertificateAuthority::new(&root, TTL).unwrap();
         let (csr, _) = csr();
         let id = Identity::new("cluster.local", "shop", "web");
@@ -509,8 +612,11 @@ mod tests {
 
     #[test]
     fn lifetime_is_capped() {
-        let ca =
-            CertificateAuthority::new(&CaBundle::self_signed_root("td").unwrap(), TTL).unwrap();
+        let ca = CertificateAuthority::new(
+            &CaBundle::self_signed_root("td", ROOT_LIFETIME).unwrap(),
+            TTL,
+        )
+        .unwrap();
         let (csr, _) = csr();
         let id = Identity::new("td", "a", "b");
         let too_long = Duration::from_secs(91 * 24 * 3600);
@@ -529,7 +635,7 @@ mod tests {
 
     #[test]
     fn intermediates_chain_to_the_shared_root() {
-        let root = CaBundle::self_signed_root("td").unwrap();
+        let root = CaBundle::self_signed_root("td", ROOT_LIFETIME).unwrap();
         let east = root
             .intermediate("td", "east", Duration::from_secs(3600))
             .unwrap();
@@ -546,8 +652,8 @@ mod tests {
 
     #[test]
     fn broken_bundles_are_refused() {
-        let a = CaBundle::self_signed_root("td").unwrap();
-        let b = CaBundle::self_signed_root("td").unwrap();
+        let a = CaBundle::self_signed_root("td", ROOT_LIFETIME).unwrap();
+        let b = CaBundle::self_signed_root("td", ROOT_LIFETIME).unwrap();
         let mismatched = CaBundle {
             ca_key: b.ca_key.clone(),
             ..a.clone()

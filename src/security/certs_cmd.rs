@@ -67,7 +67,7 @@ pub enum CertsCommand {
 pub fn run(args: &CertsArgs) -> Result<String, CaError> {
     match &args.command {
         CertsCommand::Root { out, organization } => {
-            let bundle = CaBundle::self_signed_root(organization)?;
+            let bundle = CaBundle::self_signed_root(organization, super::ca::ROOT_LIFETIME)?;
             write(
                 out,
                 &[(ROOT_CERT, &bundle.root_cert), (ROOT_KEY, &bundle.ca_key)],

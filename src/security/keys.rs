@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use super::ca::{CaBundle, CaError};
+use super::rotation::RootStore;
 use crate::kube_error::Readable;
 
 pub const PLUGIN_SECRET: &str = "cacerts";
@@ -54,15 +55,26 @@ pub enum KeySource {
 pub struct LoadedBundle {
     pub bundle: CaBundle,
     pub origin: String,
+    /// Where a self-signed root is kept, for its rotation; None for plug-in bundles.
+    pub self_signed: Option<RootStore>,
 }
 
-pub async fn load(source: KeySource, organization: &str) -> Result<LoadedBundle, KeysError> {
+/// Loads the CA's keys; a self-signed root made here lives `root_lifetime`.
+pub async fn load(
+    source: KeySource,
+    organization: &str,
+    root_lifetime: Duration,
+) -> Result<LoadedBundle, KeysError> {
     match source {
         KeySource::Dir(dir) => {
             let origin = format!("CA directory {}", dir.display());
             info!(dir = %dir.display(), "plug-in CA from directory");
             let bundle = CaBundle::read_dir(&dir).map_err(in_origin(&origin))?;
-            Ok(LoadedBundle { bundle, origin })
+            Ok(LoadedBundle {
+                bundle,
+                origin,
+                self_signed: None,
+            })
         }
         KeySource::StateDir(dir) => {
             let origin = format!("CA state directory {}", dir.display());
@@ -72,15 +84,19 @@ pub async fn load(source: KeySource, organization: &str) -> Result<LoadedBundle,
                     bundle
                 }
                 Err(CaError::Missing { .. }) if !dir.join(super::ca::CA_KEY).exists() => {
-                    let bundle =
-                        CaBundle::self_signed_root(organization).map_err(in_origin(&origin))?;
+                    let bundle = CaBundle::self_signed_root(organization, root_lifetime)
+                        .map_err(in_origin(&origin))?;
                     bundle.write_dir(&dir).map_err(in_origin(&origin))?;
                     info!(dir = %dir.display(), "new self-signed root CA, kept in the state directory");
                     bundle
                 }
                 Err(e) => return Err(in_origin(&origin)(e)),
             };
-            Ok(LoadedBundle { bundle, origin })
+            Ok(LoadedBundle {
+                bundle,
+                origin,
+                self_signed: Some(RootStore::StateDir(dir)),
+            })
         }
         KeySource::Kubernetes {
             client,
@@ -91,6 +107,7 @@ pub async fn load(source: KeySource, organization: &str) -> Result<LoadedBundle,
                 Api::namespaced(client, &namespace),
                 &namespace,
                 organization,
+                root_lifetime,
                 leading,
             )
             .await
@@ -112,6 +129,7 @@ async fn from_secrets(
     secrets: Api<Secret>,
     namespace: &str,
     organization: &str,
+    root_lifetime: Duration,
     mut leading: Option<watch::Receiver<bool>>,
 ) -> Result<LoadedBundle, KeysError> {
     let secret_error = |name: &'static str, verb: &'static str| {
@@ -123,10 +141,18 @@ async fn from_secrets(
         }
     };
     let origin = |name: &str| format!("Secret {namespace}/{name}");
+    let self_signed = RootStore::Secret {
+        secrets: secrets.clone(),
+        leading: leading.clone(),
+    };
     let loaded = |secret: &Secret, name: &str| -> Result<LoadedBundle, KeysError> {
         let origin = origin(name);
         let bundle = bundle_of(secret).map_err(in_origin(&origin))?;
-        Ok(LoadedBundle { bundle, origin })
+        Ok(LoadedBundle {
+            bundle,
+            origin,
+            self_signed: (name == SELF_SIGNED_SECRET).then(|| self_signed.clone()),
+        })
     };
     let get = |name: &'static str| {
         let secrets = secrets.clone();
@@ -163,8 +189,8 @@ async fn from_secrets(
         // Leadership may come to us meanwhile; then we create it ourselves.
         let _ = tokio::time::timeout(SECRET_POLL, leader.changed()).await;
     }
-    let bundle =
-        CaBundle::self_signed_root(organization).map_err(in_origin(&origin(SELF_SIGNED_SECRET)))?;
+    let bundle = CaBundle::self_signed_root(organization, root_lifetime)
+        .map_err(in_origin(&origin(SELF_SIGNED_SECRET)))?;
     let data: BTreeMap<String, ByteString> = bundle
         .files()
         .iter()
@@ -189,6 +215,7 @@ async fn from_secrets(
             Ok(LoadedBundle {
                 bundle,
                 origin: origin(SELF_SIGNED_SECRET),
+                self_signed: Some(self_signed),
             })
         }
         // Another replica created it between our get and create: every replica must sign with
@@ -207,7 +234,7 @@ async fn from_secrets(
     }
 }
 
-fn bundle_of(secret: &Secret) -> Result<CaBundle, CaError> {
+pub(crate) fn bundle_of(secret: &Secret) -> Result<CaBundle, CaError> {
     let data = secret.data.clone().unwrap_or_default();
     CaBundle::from_files(|file| {
         data.get(file)

@@ -7,26 +7,27 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use super::authn::{Authenticator, Credentials};
-use super::ca::{CaError, CertificateAuthority};
+use super::ca::CaError;
 use super::pb::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
 use super::pb::{IstioCertificateRequest, IstioCertificateResponse};
+use super::rotation::SharedCa;
 use crate::metrics::CaMetrics;
 
 pub struct CaService {
-    ca: Arc<CertificateAuthority>,
+    ca: Arc<SharedCa>,
     authn: Arc<Authenticator>,
     metrics: CaMetrics,
 }
 
 impl CaService {
     pub fn server(
-        ca: Arc<CertificateAuthority>,
+        ca: Arc<SharedCa>,
         authn: Arc<Authenticator>,
         metrics: CaMetrics,
     ) -> IstioCertificateServiceServer<Self> {
-        metrics.set_root_expiry(ca.root_not_after());
+        metrics.set_root_expiry(ca.current().root_not_after());
         IstioCertificateServiceServer::new(Self { ca, authn, metrics })
     }
 }
@@ -53,6 +54,7 @@ impl IstioCertificateService for CaService {
             .map(Duration::from_secs);
         let cert_chain = self
             .ca
+            .current()
             .sign_csr(&request.csr, &identity, requested)
             .inspect_err(|_| self.metrics.sign_failed())
             .map_err(|e| match e {

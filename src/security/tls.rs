@@ -11,20 +11,23 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use rustls::pki_types::CertificateDer;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
 use super::ca::{spiffe_identities, CaError, CertificateAuthority};
 use super::identity::Identity;
+use super::rotation::SharedCa;
 use crate::listen::Acceptor;
 
 #[derive(Debug, Error)]
@@ -67,16 +70,17 @@ impl ServingCert {
         }))
     }
 
-    /// Renews at half the lifetime, until the returned task is aborted. A failed renewal is retried
-    /// with backoff until it succeeds, long before the current certificate expires.
+    /// Renews at half the lifetime and whenever the root rotates, until the returned task is
+    /// aborted. A failed renewal is retried with backoff until it succeeds, long before the
+    /// current certificate expires.
     pub fn keep_renewed(
         self: &Arc<Self>,
-        ca: Arc<CertificateAuthority>,
+        ca: Arc<SharedCa>,
         dns_names: Vec<String>,
         ttl: Duration,
     ) -> tokio::task::JoinHandle<()> {
-        self.renew_with(ttl, move || {
-            let key = certified(&ca, &dns_names, ttl)?;
+        self.renew_with(ttl, Some(ca.roots()), move || {
+            let key = certified(&ca.current(), &dns_names, ttl)?;
             info!(names = ?dns_names, "serving certificate renewed");
             Ok(key)
         })
@@ -85,6 +89,7 @@ impl ServingCert {
     fn renew_with(
         self: &Arc<Self>,
         ttl: Duration,
+        mut roots: Option<watch::Receiver<String>>,
         issue: impl Fn() -> Result<Arc<CertifiedKey>, TlsError> + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
@@ -92,7 +97,19 @@ impl ServingCert {
         let max_delay = (ttl / 20).clamp(Duration::from_millis(10), Duration::from_secs(60));
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(ttl / 2).await;
+                let rotated = async {
+                    let changed = match roots.as_mut() {
+                        Some(roots) => roots.changed().await.is_ok(),
+                        None => false,
+                    };
+                    if !changed {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(ttl / 2) => {}
+                    _ = rotated => {}
+                }
                 let mut delay = Duration::from_secs(1).min(max_delay);
                 loop {
                     match issue() {
@@ -128,11 +145,26 @@ fn certified(
     Ok(Arc::new(CertifiedKey::new(chain, signing)))
 }
 
-/// Server config: our serving certificate; client certificates optional but verified against `root`.
+/// Server config: our serving certificate; client certificates optional but verified against the
+/// CA's current trust bundle.
 pub fn server_config(
     cert: Arc<ServingCert>,
-    root_pem: &str,
+    ca: Arc<SharedCa>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    let current = ca.current();
+    let verifier = verifier_for(current.root_pem())?;
+    let verifier = Arc::new(CurrentRootsVerifier {
+        ca,
+        cached: RwLock::new((current, verifier)),
+    });
+    let mut config = ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(cert);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn verifier_for(root_pem: &str) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = RootCertStore::empty();
     for der in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
@@ -141,15 +173,94 @@ pub fn server_config(
             .add(der)
             .map_err(|e| TlsError::Config(e.to_string()))?;
     }
-    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+    WebPkiClientVerifier::builder(Arc::new(roots))
         .allow_unauthenticated()
         .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
-    let mut config = ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(cert);
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+        .map_err(|e| TlsError::Config(e.to_string()))
+}
+
+/// Verifies client certificates against the roots the CA trusts now: rebuilt when a root rotation
+/// swaps the CA, so connections made after it are checked against the new bundle.
+struct CurrentRootsVerifier {
+    ca: Arc<SharedCa>,
+    cached: RwLock<(Arc<CertificateAuthority>, Arc<dyn ClientCertVerifier>)>,
+}
+
+impl std::fmt::Debug for CurrentRootsVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CurrentRootsVerifier")
+            .finish_non_exhaustive()
+    }
+}
+
+impl CurrentRootsVerifier {
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        let ca = self.ca.current();
+        {
+            let cached = self.cached.read();
+            if Arc::ptr_eq(&cached.0, &ca) {
+                return cached.1.clone();
+            }
+        }
+        match verifier_for(ca.root_pem()) {
+            Ok(verifier) => {
+                *self.cached.write() = (ca, verifier.clone());
+                verifier
+            }
+            // The CA loaded this bundle already; keep the previous roots if rustls cannot.
+            Err(e) => {
+                warn!(error = %e, "rotated roots unusable for client verification");
+                self.cached.read().1.clone()
+            }
+        }
+    }
+}
+
+impl ClientCertVerifier for CurrentRootsVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        // Hints are optional; clients send their certificate without them.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current().supported_verify_schemes()
+    }
 }
 
 /// Accepts TCP connections and yields the ones whose handshake completed in time.
@@ -263,15 +374,18 @@ mod tests {
             default: ttl,
             max: ttl,
         };
-        let ca =
-            CertificateAuthority::new(&CaBundle::self_signed_root("td").unwrap(), policy).unwrap();
+        let ca = CertificateAuthority::new(
+            &CaBundle::self_signed_root("td", crate::security::ca::ROOT_LIFETIME).unwrap(),
+            policy,
+        )
+        .unwrap();
         let names = vec!["istiod.istio-system.svc".to_string()];
         let serving = ServingCert::issue(&ca, &names, ttl).unwrap();
         let first = serving.current.read().clone();
         let attempts = Arc::new(AtomicUsize::new(0));
         let counter = attempts.clone();
         let started = tokio::time::Instant::now();
-        let task = serving.renew_with(ttl, move || {
+        let task = serving.renew_with(ttl, None, move || {
             // The CA is unavailable for the first five attempts.
             if counter.fetch_add(1, Ordering::SeqCst) < 5 {
                 return Err(TlsError::Config("CA unavailable".into()));

@@ -12,6 +12,7 @@ use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -25,35 +26,49 @@ const CONTROL_PLANE_ANNOTATION: &str = "topology.istio.io/controlPlaneClusters";
 /// How often opted-in remote clusters are reconciled.
 const REMOTE_RESYNC: Duration = Duration::from_secs(10);
 
-/// Keeps the root ConfigMap in every namespace of the config cluster (watching namespaces) and of
-/// opted-in remote clusters; stops when the returned tasks are aborted.
+/// Keeps the root ConfigMap (the trust bundle `roots` holds now) in every namespace of the config
+/// cluster (watching namespaces) and of opted-in remote clusters; stops when the returned tasks
+/// are aborted.
 pub fn publish_root(
     config: Client,
     config_cluster: ClusterId,
     remotes: RemoteClients,
     system_namespace: String,
-    root_pem: String,
+    roots: watch::Receiver<String>,
 ) -> Vec<JoinHandle<()>> {
-    let local_root = root_pem.clone();
+    let mut local_roots = roots.clone();
     let local = tokio::spawn(async move {
-        let namespaces: Api<Namespace> = Api::all(config.clone());
-        let mut events = watcher::watcher(namespaces, watcher::Config::default())
-            .backoff(WatchBackoff::default())
-            .boxed();
-        while let Some(event) = events.next().await {
-            let namespace = match event {
-                Ok(Event::Apply(ns) | Event::InitApply(ns)) => ns.name_any(),
-                Ok(_) => continue,
-                Err(e) => {
-                    warn!(error = %e, "namespace watch error (root certificate publishing)");
-                    continue;
-                }
-            };
-            ensure(&config, &namespace, &local_root).await;
+        // A new bundle restarts the watch, whose initial list visits every namespace again.
+        loop {
+            let root_pem = local_roots.borrow_and_update().clone();
+            let namespaces: Api<Namespace> = Api::all(config.clone());
+            let mut events = watcher::watcher(namespaces, watcher::Config::default())
+                .backoff(WatchBackoff::default())
+                .boxed();
+            loop {
+                let event = tokio::select! {
+                    event = events.next() => event,
+                    changed = local_roots.changed() => match changed {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                };
+                let namespace = match event {
+                    Some(Ok(Event::Apply(ns) | Event::InitApply(ns))) => ns.name_any(),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => {
+                        warn!(error = %e, "namespace watch error (root certificate publishing)");
+                        continue;
+                    }
+                    None => return,
+                };
+                ensure(&config, &namespace, &root_pem).await;
+            }
         }
     });
     let remote = tokio::spawn(async move {
         loop {
+            let root_pem = roots.borrow().clone();
             for (id, client) in remotes.all() {
                 if opted_in(&client, &system_namespace, &config_cluster).await {
                     let namespaces: Api<Namespace> = Api::all(client.clone());

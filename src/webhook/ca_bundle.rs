@@ -19,6 +19,7 @@ use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -39,9 +40,9 @@ pub fn keep_current(
     config_cluster: ClusterId,
     remotes: RemoteClients,
     system_namespace: String,
-    root_pem: String,
+    roots: watch::Receiver<String>,
 ) -> Vec<JoinHandle<()>> {
-    let local_root = root_pem.clone();
+    let local_roots = roots.clone();
     let local_namespace = system_namespace.clone();
     let local = tokio::spawn(async move {
         let mut fail_closed = false;
@@ -60,13 +61,16 @@ pub fn keep_current(
         );
         let ticks =
             tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(RESYNC)).map(|_| ());
-        let mut wake = futures::stream::select(changes, ticks);
+        let rotations =
+            tokio_stream::wrappers::WatchStream::from_changes(local_roots.clone()).map(|_| ());
+        let mut wake = futures::stream::select(changes, futures::stream::select(ticks, rotations));
         while wake.next().await.is_some() {
             if !fail_closed {
                 fail_closed = rejects_invalid_config(&client, &local_namespace).await;
             }
             let policy = if fail_closed { "Fail" } else { "Ignore" };
-            reconcile(&client, &local_root, Some(policy), "config cluster").await;
+            let root_pem = local_roots.borrow().clone();
+            reconcile(&client, &root_pem, Some(policy), "config cluster").await;
         }
     });
     let remote = tokio::spawn(async move {
@@ -75,6 +79,7 @@ pub fn keep_current(
                 if crate::security::trust::opted_in(&client, &system_namespace, &config_cluster)
                     .await
                 {
+                    let root_pem = roots.borrow().clone();
                     reconcile(&client, &root_pem, None, id.as_str()).await;
                 }
             }

@@ -339,12 +339,13 @@ pub fn workload_certs(
         meshpilot::security::identity::Identity::new("cluster.local", namespace, account);
     let (chain, key) = mp
         .ca
+        .current()
         .issue_workload(&identity, Duration::from_secs(3600))
         .expect("issue workload cert");
     WorkloadCerts {
         chain: chain.concat(),
         key,
-        root: mp.ca.root_pem().to_string(),
+        root: mp.ca.current().root_pem().to_string(),
     }
 }
 

@@ -65,7 +65,7 @@ pub async fn grpcio_create_certificate(
     cluster: &str,
 ) -> serde_json::Value {
     let root = dir.join("root.pem");
-    std::fs::write(&root, mp.ca.root_pem()).unwrap();
+    std::fs::write(&root, mp.ca.current().root_pem()).unwrap();
     let csr = csr_file(dir);
     let output = tokio::process::Command::new(peer_python())
         .arg(concat!(
