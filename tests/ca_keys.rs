@@ -161,7 +161,7 @@ fn sign_and_verify(mp: &meshpilot::app::Running, dir: &Path, form: &Form, newkey
     openssl(dir, &args);
     let csr = std::fs::read_to_string(dir.join("leaf.csr")).unwrap();
     let identity = Identity::new("cluster.local", "shop", "web");
-    let chain = mp.ca.sign_csr(&csr, &identity, None).unwrap();
+    let chain = mp.ca.current().sign_csr(&csr, &identity, None).unwrap();
     assert_eq!(chain.len(), 2, "{}: leaf and root", form.name);
 
     let (leaf_der, root_der) = (der(&chain[0]), der(&chain[1]));

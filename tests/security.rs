@@ -672,7 +672,7 @@ async fn the_leader_renews_the_root_and_every_replica_and_namespace_trusts_both(
     let bundle = wait_for("the renewed root everywhere", BOUND, || async move {
         let secret = config_ref.get("Secret", "istio-system", "istio-ca-secret")?;
         let stored = stored_text(&secret, "root-cert.pem")?;
-        let roots = chain_ders(&[stored.clone()]);
+        let roots = chain_ders(std::slice::from_ref(&stored));
         let published = stored_text(
             &config_ref.get("ConfigMap", "shop", "istio-ca-root-cert")?,
             "root-cert.pem",
@@ -684,7 +684,7 @@ async fn the_leader_renews_the_root_and_every_replica_and_namespace_trusts_both(
         everywhere.then_some(stored)
     })
     .await;
-    let roots = chain_ders(&[bundle.clone()]);
+    let roots = chain_ders(std::slice::from_ref(&bundle));
     assert_eq!(
         roots[1],
         chain_ders(&[first])[0],

@@ -142,7 +142,7 @@ async fn from_secrets(
     };
     let origin = |name: &str| format!("Secret {namespace}/{name}");
     let self_signed = RootStore::Secret {
-        secrets: secrets.clone(),
+        secrets: Box::new(secrets.clone()),
         leading: leading.clone(),
     };
     let loaded = |secret: &Secret, name: &str| -> Result<LoadedBundle, KeysError> {

@@ -70,7 +70,7 @@ pub enum RootStore {
     /// `istio-ca-secret`; only the leader (or, without election, every replica) renews it, the
     /// others load what it wrote.
     Secret {
-        secrets: Api<Secret>,
+        secrets: Box<Api<Secret>>,
         leading: Option<watch::Receiver<bool>>,
     },
 }
