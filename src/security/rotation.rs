@@ -128,7 +128,8 @@ impl Rotator {
             info!("root certificate renewed by another replica; loading it");
             self.adopt(bundle.clone())?;
         }
-        if !self.may_renew() {
+        // A CA put into the self-signed store that is not a root is its owner's to rotate.
+        if !self.may_renew() || !self.bundle.is_self_signed_root()? {
             return Ok(());
         }
         let renewed = match self.bundle.renewal_due(now, self.policy.grace_percent)? {
