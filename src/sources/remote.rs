@@ -536,6 +536,10 @@ impl Controller {
                 cluster.watch = Some(watch);
                 cluster.server = server;
                 cluster.saved = None;
+                // The retired registry may have been serving a snapshot; the new one is synced.
+                if let Some(timer) = cluster.stale_timer.take() {
+                    timer.abort();
+                }
                 cluster.hash = hash;
                 cluster.rotation = None;
                 self.clients.set(&id, Some(client));
