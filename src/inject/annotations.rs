@@ -189,6 +189,8 @@ fn proxy_config(
         );
     }
     if let Some(text) = annotation {
+        crate::yaml::check_aliases(text)
+            .map_err(|e| invalid(PROXY_CONFIG, text, &e.to_string()))?;
         let overlay: Value = serde_yaml_ng::from_str(text)
             .map_err(|e| invalid(PROXY_CONFIG, text, &format!("not YAML: {e}")))?;
         let Value::Object(overlay) = overlay else {

@@ -105,6 +105,11 @@ pub fn run(args: &InjectCmdArgs) -> Result<String, OfflineError> {
         mesh: Arc::new(mesh),
     };
     let text = read(&args.file)?;
+    crate::yaml::check_aliases(&text).map_err(|e| OfflineError::Document {
+        path: path.clone(),
+        document: e.document,
+        message: e.to_string(),
+    })?;
     let mut out = Vec::new();
     for (index, document) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
         let document_error = |message: String| OfflineError::Document {

@@ -91,8 +91,12 @@ impl MeshConfig {
     pub fn parse(yaml: &str, defaults: &MeshConfig) -> std::result::Result<Self, ValidationError> {
         let value: serde_json::Value = match yaml.trim() {
             "" => serde_json::Value::Object(Default::default()),
-            text => serde_yaml_ng::from_str(text)
-                .map_err(|e| ValidationError::at("mesh", crate::text::clip(&e.to_string())))?,
+            text => {
+                crate::yaml::check_aliases(text)
+                    .map_err(|e| ValidationError::at("mesh", e.to_string()))?;
+                serde_yaml_ng::from_str(text)
+                    .map_err(|e| ValidationError::at("mesh", crate::text::clip(&e.to_string())))?
+            }
         };
         let given = |field: &str| value.get(field).is_some();
         let (root_given, trust_given) = (given("rootNamespace"), given("trustDomain"));

@@ -66,6 +66,7 @@ pub struct GatewaySpec {
 impl MeshNetworks {
     /// Parses and validates a MeshNetworks document.
     pub fn parse(yaml: &str) -> Result<Self, NetworksError> {
+        crate::yaml::check_aliases(yaml).map_err(|e| NetworksError::Parse(e.to_string()))?;
         let parsed: MeshNetworks =
             serde_yaml_ng::from_str(yaml).map_err(|e| NetworksError::Parse(e.to_string()))?;
         for (network, spec) in &parsed.networks {

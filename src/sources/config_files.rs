@@ -212,8 +212,9 @@ fn refusal(key: Option<ConfigKey>, path: &str, document: usize, error: String) -
 }
 
 /// The documents of a YAML stream as JSON values (empty documents skipped); on a syntax error, the
-/// document number and the message.
-fn documents(text: &str) -> Result<Vec<serde_json::Value>, (usize, String)> {
+/// document number and the message. Public for the fuzz tests, which feed it as the watch does.
+pub fn documents(text: &str) -> Result<Vec<serde_json::Value>, (usize, String)> {
+    crate::yaml::check_aliases(text).map_err(|e| (e.document, e.to_string()))?;
     let mut out = Vec::new();
     for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let value = serde_json::Value::deserialize(document).map_err(|e| (i + 1, e.to_string()))?;
