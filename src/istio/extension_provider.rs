@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::Duration;
 use super::validate::{ensure, Result, ValidationError};
+use crate::text::Quoted;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -93,7 +94,7 @@ impl ExtAuthzHttp {
         ensure(
             self.path_prefix.is_empty() || self.path_prefix.starts_with('/'),
             "pathPrefix",
-            format!("must begin with `/`, found: {:?}", self.path_prefix),
+            format!("must begin with `/`, found: {}", Quoted(&self.path_prefix)),
         )?;
         for (field, values) in [
             (

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{non_empty_values, validate_selector, WorkloadSelector};
 use crate::istio::validate::{ensure, Result, ValidationError};
+use crate::text::Quoted;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -388,7 +389,10 @@ fn validate_service_accounts(field: &str, values: &[String]) -> Result {
         ensure(
             parts.len() <= 2 && parts.iter().all(|p| !p.is_empty()),
             &at,
-            format!("expected format 'serviceAccount' or 'namespace/serviceAccount', found {v:?}"),
+            format!(
+                "expected format 'serviceAccount' or 'namespace/serviceAccount', found {}",
+                Quoted(v)
+            ),
         )?;
     }
     Ok(())
