@@ -274,7 +274,7 @@ impl ConfigObject {
             match v {
                 serde_json::Value::Null => Ok(BTreeMap::new()),
                 v => serde_json::from_value(v.clone())
-                    .map_err(|e| invalid(ValidationError::at("metadata", e.to_string()))),
+                    .map_err(|e| invalid(ValidationError::at("metadata", clip(&e.to_string())))),
             }
         };
         let meta = ConfigMeta {
@@ -444,13 +444,19 @@ mod tests {
             serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
                 "metadata": {"name": "r", "namespace": "shop"},
                 "spec": {"host": "r", "trafficPolicy": {"tls": {"mode": long}}}}),
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                "metadata": {"name": "r", "namespace": "shop", "labels": long}, "spec": {}}),
+            serde_json::json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                "metadata": {"name": "r", "namespace": "shop"},
+                "spec": {"rules": [{"from": [{"source": {"ipBlocks": [long]}}]}]}}),
         ];
         for value in objects {
             let error = ConfigObject::from_value(&value, origin())
                 .expect("a kind meshpilot reads")
                 .unwrap_err()
                 .to_string();
-            assert!(error.starts_with("DestinationRule "), "{error}");
+            let kind = value["kind"].as_str().unwrap_or_default();
+            assert!(error.starts_with(kind), "{error}");
             assert!(error.len() < 1000, "{} bytes: {error}", error.len());
         }
     }

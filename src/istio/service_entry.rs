@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::validate::{self, ensure, Result};
-use crate::text::Quoted;
+use crate::text::{clip, Quoted};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -212,7 +212,7 @@ impl ServiceEntry {
 impl WorkloadEntry {
     pub fn validate(&self) -> Result {
         for (name, port) in &self.ports {
-            validate::port(&format!("ports.{name}"), *port)?;
+            validate::port(&format!("ports.{}", clip(name)), *port)?;
         }
         validate::labels("labels", &self.labels)?;
         if !self.address.is_empty() && self.address.parse::<IpAddr>().is_err() {
