@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use super::{inject, InjectArgs, InjectConfig, InjectError, Overrides, Workload};
 use crate::istio::MeshConfig;
+use crate::text::clip;
 
 #[derive(Debug, Clone, Args)]
 pub struct InjectCmdArgs {
@@ -117,7 +118,8 @@ pub fn run(args: &InjectCmdArgs) -> Result<String, OfflineError> {
             document: index + 1,
             message,
         };
-        let mut value = Value::deserialize(document).map_err(|e| document_error(e.to_string()))?;
+        let mut value =
+            Value::deserialize(document).map_err(|e| document_error(clip(&e.to_string())))?;
         if value.is_null() {
             continue;
         }
