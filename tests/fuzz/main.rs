@@ -27,7 +27,7 @@ static ALLOCATOR: alloc::Counting = alloc::Counting;
 const SMOKE_CASES: u32 = 400;
 
 /// Longest acceptable error message: enough to say what and where, too short to echo an input.
-pub const MAX_MESSAGE: usize = 2048;
+const MAX_MESSAGE: usize = 2048;
 
 /// Memory an input may make a parser hold at once: a multiple of its size plus a constant, and
 /// never more than an absolute cap.
