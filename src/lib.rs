@@ -23,3 +23,4 @@ pub mod sources;
 pub mod text;
 pub mod webhook;
 pub mod xds;
+pub mod yaml;

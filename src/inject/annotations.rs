@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Map, Value};
 
 use super::{InjectConfig, InjectError};
+use crate::text::{clip, Quoted};
 
 pub const INJECT: &str = "sidecar.istio.io/inject";
 pub const STATUS: &str = "sidecar.istio.io/status";
@@ -189,8 +190,15 @@ fn proxy_config(
         );
     }
     if let Some(text) = annotation {
-        let overlay: Value = serde_yaml_ng::from_str(text)
-            .map_err(|e| invalid(PROXY_CONFIG, text, &format!("not YAML: {e}")))?;
+        crate::yaml::check_aliases(text)
+            .map_err(|e| invalid(PROXY_CONFIG, text, &e.to_string()))?;
+        let overlay: Value = serde_yaml_ng::from_str(text).map_err(|e| {
+            invalid(
+                PROXY_CONFIG,
+                text,
+                &format!("not YAML: {}", clip(&e.to_string())),
+            )
+        })?;
         let Value::Object(overlay) = overlay else {
             return Err(invalid(PROXY_CONFIG, text, "must be a ProxyConfig object"));
         };
@@ -226,7 +234,7 @@ fn port_list(name: &str, value: &str, wildcard: bool) -> Result<String, InjectEr
             return Err(invalid(
                 name,
                 value,
-                &format!("{port:?} is not a port number (1-65535)"),
+                &format!("{} is not a port number (1-65535)", Quoted(port)),
             ));
         }
     }
@@ -246,7 +254,11 @@ fn cidr_list(name: &str, value: &str) -> Result<String, InjectError> {
         .collect();
     for range in &ranges {
         if range.parse::<ipnet::IpNet>().is_err() {
-            return Err(invalid(name, value, &format!("{range:?} is not a CIDR")));
+            return Err(invalid(
+                name,
+                value,
+                &format!("{} is not a CIDR", Quoted(range)),
+            ));
         }
     }
     Ok(ranges.join(","))

@@ -17,6 +17,7 @@ use clap::Args;
 use thiserror::Error;
 
 use crate::istio::MeshConfig;
+use crate::text::Quoted;
 
 pub use pod::{inject, Outcome};
 pub use policy::injection_required;
@@ -103,7 +104,7 @@ impl Overrides {
 /// Why a pod cannot be injected; names the annotation (or object) and the value.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum InjectError {
-    #[error("annotation {name}={value:?}: {problem}")]
+    #[error("annotation {name}={}: {problem}", Quoted(.value))]
     Annotation {
         name: String,
         value: String,
@@ -133,6 +134,21 @@ mod tests {
                 cluster_id: Some("west".into()),
                 network: None,
             }
+        );
+    }
+
+    #[test]
+    fn an_annotation_error_quotes_a_bounded_excerpt_of_the_value() {
+        let error = InjectError::Annotation {
+            name: "sidecar.istio.io/interceptionMode".into(),
+            value: "x".repeat(10_000),
+            problem: "must be REDIRECT, TPROXY or NONE".into(),
+        };
+        let message = error.to_string();
+        assert!(message.len() < 500, "{} bytes", message.len());
+        assert!(
+            message.ends_with("must be REDIRECT, TPROXY or NONE"),
+            "{message}"
         );
     }
 }

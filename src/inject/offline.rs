@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use super::{inject, InjectArgs, InjectConfig, InjectError, Overrides, Workload};
 use crate::istio::MeshConfig;
+use crate::text::clip;
 
 #[derive(Debug, Clone, Args)]
 pub struct InjectCmdArgs {
@@ -105,6 +106,11 @@ pub fn run(args: &InjectCmdArgs) -> Result<String, OfflineError> {
         mesh: Arc::new(mesh),
     };
     let text = read(&args.file)?;
+    crate::yaml::check_aliases(&text).map_err(|e| OfflineError::Document {
+        path: path.clone(),
+        document: e.document,
+        message: e.to_string(),
+    })?;
     let mut out = Vec::new();
     for (index, document) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
         let document_error = |message: String| OfflineError::Document {
@@ -112,7 +118,8 @@ pub fn run(args: &InjectCmdArgs) -> Result<String, OfflineError> {
             document: index + 1,
             message,
         };
-        let mut value = Value::deserialize(document).map_err(|e| document_error(e.to_string()))?;
+        let mut value =
+            Value::deserialize(document).map_err(|e| document_error(clip(&e.to_string())))?;
         if value.is_null() {
             continue;
         }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::duration::Duration;
 use super::service_entry::WorkloadSelector;
 use super::validate::{self, ensure, Result};
+use crate::text::Quoted;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -233,7 +234,7 @@ impl DestinationRule {
             ensure(
                 !self.subsets[..i].iter().any(|s| s.name == subset.name),
                 &format!("{field}.name"),
-                format!("subset {:?} is defined twice", subset.name),
+                format!("subset {} is defined twice", Quoted(&subset.name)),
             )?;
             validate::labels(&format!("{field}.labels"), &subset.labels)?;
             if let Some(policy) = &subset.traffic_policy {

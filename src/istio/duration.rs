@@ -6,13 +6,20 @@ use std::time::Duration as StdDuration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::text::Quoted;
+
 /// A non-negative duration parsed from Go's notation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Duration(pub StdDuration);
 
 impl Duration {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let invalid = || format!("{text:?} is not a duration (e.g. 30ms, 1.5s, 5m, 1h30m)");
+        let invalid = || {
+            format!(
+                "{} is not a duration (e.g. 30ms, 1.5s, 5m, 1h30m)",
+                Quoted(text)
+            )
+        };
         let mut rest = text.trim();
         if rest == "0" {
             return Ok(Self(StdDuration::ZERO));

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::Duration;
 use super::validate::{ensure, Result, ValidationError};
+use crate::text::{clip, Quoted};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -73,7 +74,7 @@ pub fn validate(providers: &[ExtensionProvider]) -> Result {
         ensure(
             !providers[..i].iter().any(|p| p.name == provider.name),
             &format!("{at}.name"),
-            format!("must be unique, found duplicate: {}", provider.name),
+            format!("must be unique, found duplicate: {}", clip(&provider.name)),
         )?;
         if let Some(http) = &provider.envoy_ext_authz_http {
             http.validate()
@@ -93,7 +94,7 @@ impl ExtAuthzHttp {
         ensure(
             self.path_prefix.is_empty() || self.path_prefix.starts_with('/'),
             "pathPrefix",
-            format!("must begin with `/`, found: {:?}", self.path_prefix),
+            format!("must begin with `/`, found: {}", Quoted(&self.path_prefix)),
         )?;
         for (field, values) in [
             (
@@ -143,7 +144,7 @@ pub fn status_code(text: &str) -> std::result::Result<Option<u16>, String> {
     }
     match text.parse::<u16>() {
         Ok(code) if (100..=599).contains(&code) => Ok(Some(code)),
-        _ => Err(format!("unsupported statusOnError {text}")),
+        _ => Err(format!("unsupported statusOnError {}", clip(text))),
     }
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::validate::{self, ensure, Result};
+use crate::text::Quoted;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -92,7 +93,7 @@ impl Server {
         ensure(
             PROTOCOLS.contains(&protocol.as_str()),
             "port.protocol",
-            format!("unknown protocol {:?}", self.port.protocol),
+            format!("unknown protocol {}", Quoted(&self.port.protocol)),
         )?;
         ensure(
             !self.hosts.is_empty(),

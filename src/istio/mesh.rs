@@ -91,14 +91,21 @@ impl MeshConfig {
     pub fn parse(yaml: &str, defaults: &MeshConfig) -> std::result::Result<Self, ValidationError> {
         let value: serde_json::Value = match yaml.trim() {
             "" => serde_json::Value::Object(Default::default()),
-            text => serde_yaml_ng::from_str(text)
-                .map_err(|e| ValidationError::at("mesh", crate::text::clip(&e.to_string())))?,
+            text => {
+                crate::yaml::check_aliases(text)
+                    .map_err(|e| ValidationError::at("mesh", e.to_string()))?;
+                serde_yaml_ng::from_str(text)
+                    .map_err(|e| ValidationError::at("mesh", crate::text::clip(&e.to_string())))?
+            }
         };
         let given = |field: &str| value.get(field).is_some();
         let (root_given, trust_given) = (given("rootNamespace"), given("trustDomain"));
         let mut mesh: Self = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
-            ValidationError::at(path, crate::text::clip(&e.into_inner().to_string()))
+            ValidationError::at(
+                crate::text::clip(&path),
+                crate::text::clip(&e.into_inner().to_string()),
+            )
         })?;
         if !root_given {
             mesh.root_namespace = defaults.root_namespace.clone();
@@ -148,6 +155,22 @@ mod tests {
             root_namespace: root.into(),
             ..MeshConfig::default()
         }
+    }
+
+    #[test]
+    fn a_refusal_quotes_a_bounded_excerpt_of_the_field() {
+        let long = "k".repeat(10_000);
+        // An explicit key is as long as it likes, and the field path quotes it.
+        let yaml = format!(
+            "localityLbSetting:\n  distribute:\n  - from: a\n    to:\n      ? {long}\n      : many\n"
+        );
+        let error = MeshConfig::parse(&yaml, &defaults("istio-system")).unwrap_err();
+        assert!(error.field.starts_with("localityLbSetting"), "{error}");
+        assert!(
+            error.to_string().len() < 1000,
+            "{} bytes",
+            error.to_string().len()
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::text::clip;
+
 pub use destination_rule::DestinationRule;
 pub use gateway::Gateway;
 pub use mesh::MeshConfig;
@@ -223,7 +225,7 @@ pub struct ConfigObject {
 pub enum ConfigError {
     #[error("{0}")]
     Shape(String),
-    #[error("{key}: {error}")]
+    #[error("{}: {error}", clip(&.key.to_string()))]
     Invalid {
         key: ConfigKey,
         error: ValidationError,
@@ -255,7 +257,8 @@ impl ConfigObject {
         let namespace = metadata["namespace"].as_str().unwrap_or_default();
         if namespace.is_empty() {
             return Err(ConfigError::Shape(format!(
-                "{kind} {name}: no metadata.namespace"
+                "{kind} {}: no metadata.namespace",
+                clip(name)
             )));
         }
         let key = ConfigKey {
@@ -271,7 +274,7 @@ impl ConfigObject {
             match v {
                 serde_json::Value::Null => Ok(BTreeMap::new()),
                 v => serde_json::from_value(v.clone())
-                    .map_err(|e| invalid(ValidationError::at("metadata", e.to_string()))),
+                    .map_err(|e| invalid(ValidationError::at("metadata", clip(&e.to_string())))),
             }
         };
         let meta = ConfigMeta {
@@ -357,8 +360,12 @@ fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ValidationE
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         ValidationError::at(
-            if path == "." { "spec" } else { &path },
-            e.into_inner().to_string(),
+            if path == "." {
+                "spec".into()
+            } else {
+                clip(&path)
+            },
+            clip(&e.into_inner().to_string()),
         )
     })
 }
@@ -422,5 +429,35 @@ mod tests {
         assert_eq!(object.key.kind, ConfigKind::DestinationRule);
         let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap"});
         assert!(ConfigObject::from_value(&other, origin()).is_none());
+    }
+
+    #[test]
+    fn refusals_quote_a_bounded_excerpt_of_the_object() {
+        let long = "x".repeat(10_000);
+        let objects = [
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                "metadata": {"name": "r", "namespace": "shop"}, "spec": {"host": long}}),
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                "metadata": {"name": long, "namespace": "shop"}, "spec": {}}),
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                "metadata": {"name": long}, "spec": {}}),
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                "metadata": {"name": "r", "namespace": "shop"},
+                "spec": {"host": "r", "trafficPolicy": {"tls": {"mode": long}}}}),
+            serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                "metadata": {"name": "r", "namespace": "shop", "labels": long}, "spec": {}}),
+            serde_json::json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                "metadata": {"name": "r", "namespace": "shop"},
+                "spec": {"rules": [{"from": [{"source": {"ipBlocks": [long]}}]}]}}),
+        ];
+        for value in objects {
+            let error = ConfigObject::from_value(&value, origin())
+                .expect("a kind meshpilot reads")
+                .unwrap_err()
+                .to_string();
+            let kind = value["kind"].as_str().unwrap_or_default();
+            assert!(error.starts_with(kind), "{error}");
+            assert!(error.len() < 1000, "{} bytes: {error}", error.len());
+        }
     }
 }

@@ -7,6 +7,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::validate::{self, ensure, Result};
+use crate::text::{clip, Quoted};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -121,7 +122,7 @@ impl ServiceEntry {
             ensure(
                 ok,
                 &format!("addresses[{i}]"),
-                format!("{address:?} is not an IP address or CIDR"),
+                format!("{} is not an IP address or CIDR", Quoted(address)),
             )?;
         }
         self.validate_ports()?;
@@ -147,7 +148,10 @@ impl ServiceEntry {
                     ensure(
                         ep.address.parse::<IpAddr>().is_ok() || ep.address.starts_with("unix://"),
                         &format!("{field}.address"),
-                        format!("{:?} is not an IP address (resolution STATIC)", ep.address),
+                        format!(
+                            "{} is not an IP address (resolution STATIC)",
+                            Quoted(&ep.address)
+                        ),
                     )?;
                 }
             }
@@ -187,7 +191,7 @@ impl ServiceEntry {
                         .iter()
                         .any(|p| p.eq_ignore_ascii_case(&port.protocol)),
                 &format!("{field}.protocol"),
-                format!("unknown protocol {:?}", port.protocol),
+                format!("unknown protocol {}", Quoted(&port.protocol)),
             )?;
             let earlier = &self.ports[..i];
             ensure(
@@ -198,7 +202,7 @@ impl ServiceEntry {
             ensure(
                 !earlier.iter().any(|p| p.name == port.name),
                 &format!("{field}.name"),
-                format!("port name {:?} is listed twice", port.name),
+                format!("port name {} is listed twice", Quoted(&port.name)),
             )?;
         }
         Ok(())
@@ -208,7 +212,7 @@ impl ServiceEntry {
 impl WorkloadEntry {
     pub fn validate(&self) -> Result {
         for (name, port) in &self.ports {
-            validate::port(&format!("ports.{name}"), *port)?;
+            validate::port(&format!("ports.{}", clip(name)), *port)?;
         }
         validate::labels("labels", &self.labels)?;
         if !self.address.is_empty() && self.address.parse::<IpAddr>().is_err() {
@@ -221,7 +225,7 @@ impl WorkloadEntry {
         ensure(
             self.locality.split('/').count() <= 3,
             "locality",
-            format!("{:?} is not region/zone/subzone", self.locality),
+            format!("{} is not region/zone/subzone", Quoted(&self.locality)),
         )
     }
 

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::text::Quoted;
+
 /// A refused field: where (a path such as `trafficPolicy.tls.mode`) and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ValidationError {
@@ -66,7 +68,7 @@ pub fn host(field: &str, host: &str) -> Result {
     ensure(
         host.len() <= 255,
         field,
-        format!("host {host:?} is longer than 255 characters"),
+        format!("host {} is longer than 255 characters", Quoted(host)),
     )?;
     if host == "*" {
         return Ok(());
@@ -79,7 +81,10 @@ pub fn host(field: &str, host: &str) -> Result {
     ensure(
         ok,
         field,
-        format!("{host:?} is not a valid host: DNS labels, optionally starting with '*.'"),
+        format!(
+            "{} is not a valid host: DNS labels, optionally starting with '*.'",
+            Quoted(host)
+        ),
     )
 }
 
@@ -98,7 +103,7 @@ pub fn labels(field: &str, labels: &BTreeMap<String, String>) -> Result {
         ensure(
             name_ok && prefix_ok,
             field,
-            format!("invalid label key {key:?}"),
+            format!("invalid label key {}", Quoted(key)),
         )?;
         let value_ok = value.is_empty()
             || (value.len() <= 63
@@ -110,7 +115,7 @@ pub fn labels(field: &str, labels: &BTreeMap<String, String>) -> Result {
         ensure(
             value_ok,
             field,
-            format!("invalid value {value:?} of label {key:?}"),
+            format!("invalid value {} of label {}", Quoted(value), Quoted(key)),
         )?;
     }
     Ok(())
@@ -133,12 +138,12 @@ pub fn export_to(field: &str, export_to: &[String]) -> Result {
         ensure(
             ok,
             &at,
-            format!("{entry:?} is not '.', '*', '~' or a namespace"),
+            format!("{} is not '.', '*', '~' or a namespace", Quoted(entry)),
         )?;
         ensure(
             !export_to[..i].contains(entry),
             &at,
-            format!("{entry:?} is listed twice"),
+            format!("{} is listed twice", Quoted(entry)),
         )?;
     }
     ensure(

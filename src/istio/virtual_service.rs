@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::Duration;
 use super::validate::{self, ensure, Result};
+use crate::text::Quoted;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -267,7 +268,10 @@ impl VirtualService {
             ensure(
                 !gateway.is_empty() && gateway.matches('/').count() <= 1,
                 &format!("gateways[{i}]"),
-                format!("{gateway:?} is not `mesh`, `<name>` or `<namespace>/<name>`"),
+                format!(
+                    "{} is not `mesh`, `<name>` or `<namespace>/<name>`",
+                    Quoted(gateway)
+                ),
             )?;
         }
         ensure(
@@ -378,7 +382,7 @@ impl HttpRoute {
                     ensure(
                         regex_ok(re),
                         &format!("match[{i}].{field}.regex"),
-                        format!("{re:?} is not a valid regular expression"),
+                        format!("{} is not a valid regular expression", Quoted(re)),
                     )?;
                 }
             }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{ClusterId, Locality, Service};
+use crate::text::{clip, Quoted};
 
 pub const LABEL_GATEWAY_PORT: &str = "networking.istio.io/gatewayPort";
 pub const LABEL_NETWORK: &str = "topology.istio.io/network";
@@ -23,7 +24,7 @@ pub enum NetworksError {
     Endpoint { network: String, index: usize },
     #[error("network {network}: gateway {index} must have exactly one of address and registryServiceName")]
     Gateway { network: String, index: usize },
-    #[error("network {network}: gateway {index} address {address:?} is not an IP address")]
+    #[error("network {network}: gateway {index} address {} is not an IP address", Quoted(.address))]
     GatewayAddress {
         network: String,
         index: usize,
@@ -66,13 +67,14 @@ pub struct GatewaySpec {
 impl MeshNetworks {
     /// Parses and validates a MeshNetworks document.
     pub fn parse(yaml: &str) -> Result<Self, NetworksError> {
-        let parsed: MeshNetworks =
-            serde_yaml_ng::from_str(yaml).map_err(|e| NetworksError::Parse(e.to_string()))?;
+        crate::yaml::check_aliases(yaml).map_err(|e| NetworksError::Parse(e.to_string()))?;
+        let parsed: MeshNetworks = serde_yaml_ng::from_str(yaml)
+            .map_err(|e| NetworksError::Parse(clip(&e.to_string())))?;
         for (network, spec) in &parsed.networks {
             for (index, ep) in spec.endpoints.iter().enumerate() {
                 if ep.from_cidr.is_some() == ep.from_registry.is_some() {
                     return Err(NetworksError::Endpoint {
-                        network: network.clone(),
+                        network: clip(network),
                         index,
                     });
                 }
@@ -80,14 +82,14 @@ impl MeshNetworks {
             for (index, gw) in spec.gateways.iter().enumerate() {
                 if gw.address.is_some() == gw.registry_service_name.is_some() {
                     return Err(NetworksError::Gateway {
-                        network: network.clone(),
+                        network: clip(network),
                         index,
                     });
                 }
                 if let Some(address) = gw.address.as_ref().filter(|a| a.parse::<IpAddr>().is_err())
                 {
                     return Err(NetworksError::GatewayAddress {
-                        network: network.clone(),
+                        network: clip(network),
                         index,
                         address: address.clone(),
                     });
@@ -258,5 +260,19 @@ networks:
             .unwrap_err()
             .to_string()
             .contains("not an IP"));
+    }
+
+    #[test]
+    fn errors_quote_a_bounded_excerpt_of_the_input() {
+        let long = "x".repeat(10_000);
+        let cases = [
+            format!("networks: {{n: {{endpoints: [{long}]}}}}"),
+            format!("networks: {{{long}: {{endpoints: [{{}}]}}}}"),
+            format!("networks: {{n: {{gateways: [{{address: {long}, port: 1}}]}}}}"),
+        ];
+        for yaml in cases {
+            let err = MeshNetworks::parse(&yaml).unwrap_err().to_string();
+            assert!(err.len() < 1000, "{} bytes: {err}", err.len());
+        }
     }
 }

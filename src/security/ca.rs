@@ -264,10 +264,11 @@ fn parse_key(pem: &str) -> Result<KeyPair, CaError> {
     })
 }
 
+/// `e` may quote the file (a PEM parser's error lists the bytes it stopped at): bounded.
 fn invalid(file: &'static str, e: impl std::fmt::Display) -> CaError {
     CaError::Invalid {
         file,
-        problem: e.to_string(),
+        problem: clip(&e.to_string()),
     }
 }
 
@@ -673,11 +674,21 @@ mod tests {
         ));
         let garbage = CaBundle {
             ca_cert: "nope".into(),
-            ..a
+            ..a.clone()
         };
         assert!(matches!(
             CertificateAuthority::new(&garbage, TTL),
             Err(CaError::Invalid { .. })
         ));
+        let unterminated = CaBundle {
+            cert_chain: format!("-----BEGIN CERTIFICATE-----\n{}", "d".repeat(10_000)),
+            ..a
+        };
+        let error = CertificateAuthority::new(&unterminated, TTL)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.starts_with("CA bundle: cert-chain.pem: "), "{error}");
+        assert!(error.len() < 1000, "{} bytes", error.len());
     }
 }

@@ -161,7 +161,7 @@ impl ConfigFiles {
         let documents = match documents(&text) {
             Ok(docs) => docs,
             Err((document, message)) => {
-                let error = format!("{unit}: document {document}: {}", clip(&message));
+                let error = format!("{unit}: document {document}: {message}");
                 error!(%error, "config file refused; keeping its last good objects");
                 refusals.push((unit.clone(), vec![refusal(None, &unit, document, error)]));
                 return None;
@@ -212,11 +212,13 @@ fn refusal(key: Option<ConfigKey>, path: &str, document: usize, error: String) -
 }
 
 /// The documents of a YAML stream as JSON values (empty documents skipped); on a syntax error, the
-/// document number and the message.
-fn documents(text: &str) -> Result<Vec<serde_json::Value>, (usize, String)> {
+/// document number and the message (which quotes a bounded excerpt of the text). Public for the fuzz tests, which feed it as the watch does.
+pub fn documents(text: &str) -> Result<Vec<serde_json::Value>, (usize, String)> {
+    crate::yaml::check_aliases(text).map_err(|e| (e.document, e.to_string()))?;
     let mut out = Vec::new();
     for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value = serde_json::Value::deserialize(document).map_err(|e| (i + 1, e.to_string()))?;
+        let value =
+            serde_json::Value::deserialize(document).map_err(|e| (i + 1, clip(&e.to_string())))?;
         if !value.is_null() {
             out.push(value);
         }
@@ -251,5 +253,10 @@ mod tests {
         let (document, message) = documents("a: 1\n---\nb: [unclosed\n").unwrap_err();
         assert_eq!(document, 2);
         assert!(!message.is_empty());
+        // An explicit key is as long as it likes, and the error's path quotes it.
+        let long_keys = format!("a: 1\n? {}\n: {{? [a] : 1}}\n", "k ".repeat(5_000));
+        let (document, message) = documents(&long_keys).unwrap_err();
+        assert_eq!(document, 1);
+        assert!(message.len() < 1000, "{} bytes", message.len());
     }
 }

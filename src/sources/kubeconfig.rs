@@ -72,6 +72,7 @@ pub fn parse_untrusted(
     allowed: &InsecureOptions,
 ) -> Result<Kubeconfig, KubeconfigError> {
     let text = std::str::from_utf8(bytes).map_err(|_| KubeconfigError::NotUtf8)?;
+    crate::yaml::check_aliases(text).map_err(|e| KubeconfigError::Parse(e.to_string()))?;
     let config =
         Kubeconfig::from_yaml(text).map_err(|e| KubeconfigError::Parse(clip(&e.to_string())))?;
     for named in &config.auth_infos {
@@ -146,8 +147,12 @@ current-context: c
 users: [{name: u, user: USER}]
 ";
 
+    fn with_user_text(user: &str) -> String {
+        BASE.replace("USER", user)
+    }
+
     fn with_user(user: &str) -> Vec<u8> {
-        BASE.replace("USER", user).into_bytes()
+        with_user_text(user).into_bytes()
     }
 
     #[test]
@@ -184,6 +189,18 @@ users: [{name: u, user: USER}]
             parse_untrusted(ca_file.as_bytes(), &InsecureOptions::default()),
             Err(KubeconfigError::CaFile { .. })
         ));
+    }
+
+    #[test]
+    fn a_kubeconfig_whose_aliases_multiply_is_refused() {
+        let mut bomb = format!("{}l0: &l0 [x, x, x, x]\n", with_user_text("{token: a}"));
+        for level in 1..12 {
+            let aliases = vec![format!("*l{}", level - 1); 4].join(", ");
+            bomb.push_str(&format!("l{level}: &l{level} [{aliases}]\n"));
+        }
+        let err = parse_untrusted(bomb.as_bytes(), &InsecureOptions::default()).unwrap_err();
+        assert!(matches!(err, KubeconfigError::Parse(_)), "{err}");
+        assert!(err.to_string().contains("aliases"), "{err}");
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub enum ManifestError {
 /// (discovery.k8s.io/v1), Pod, Node and Secret are skipped; `kind: List` is unpacked.
 /// Any malformed document fails the whole manifest, so a half-read file is never applied.
 pub fn parse(text: &str) -> Result<Vec<Object>, ManifestError> {
+    crate::yaml::check_aliases(text).map_err(|e| ManifestError::Document {
+        doc: e.document,
+        message: e.to_string(),
+    })?;
     let mut out = Vec::new();
     for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let doc = i + 1;
@@ -175,6 +179,22 @@ items:
         let text = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {huge}}}\n");
         let err = parse(&text).unwrap_err().to_string();
         assert!(err.len() < 1000, "{} bytes", err.len());
+    }
+
+    #[test]
+    fn aliases_that_multiply_are_refused_before_anything_is_built() {
+        let mut text =
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\nl0: &l0 [x, x, x, x]\n"
+                .to_string();
+        for level in 1..12 {
+            let aliases = vec![format!("*l{}", level - 1); 4].join(", ");
+            text.push_str(&format!("l{level}: &l{level} [{aliases}]\n"));
+        }
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("document 1: its aliases expand it"),
+            "{err}"
+        );
     }
 
     #[test]

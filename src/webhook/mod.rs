@@ -35,6 +35,10 @@ pub struct WebhookState {
     pub cluster_id: String,
 }
 
+/// What the routes answer to a request body, without the HTTP server (for the fuzz tests).
+pub use inject::respond as answer_inject;
+pub use validate::respond as answer_validate;
+
 pub fn router(state: Arc<WebhookState>) -> Router {
     Router::new()
         .route("/inject", post(inject::handle))

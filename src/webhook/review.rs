@@ -8,6 +8,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use kube::core::DynamicObject;
 use serde_json::{json, Value};
 
+use crate::text::{clip, Quoted};
+
 /// A request as read, with the version to answer in.
 pub struct Review {
     pub api_version: String,
@@ -24,15 +26,16 @@ pub enum Verdict {
 /// Reads an AdmissionReview body; an error is the 400 answer naming what is wrong.
 pub fn parse(body: &[u8]) -> Result<Review, Box<Response>> {
     let bad = |message: String| Box::new((StatusCode::BAD_REQUEST, message).into_response());
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(|e| bad(format!("not an AdmissionReview: {e}")))?;
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("not an AdmissionReview: {}", clip(&e.to_string()))))?;
     let api_version = review.types.api_version.clone();
     if !matches!(
         api_version.as_str(),
         "admission.k8s.io/v1" | "admission.k8s.io/v1beta1"
     ) {
         return Err(bad(format!(
-            "unsupported AdmissionReview version {api_version:?}"
+            "unsupported AdmissionReview version {}",
+            Quoted(&api_version)
         )));
     }
     let request = review
@@ -70,5 +73,32 @@ impl Review {
             body.to_string(),
         )
             .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(body: &str) -> String {
+        let answer = parse(body.as_bytes()).err().expect("refused");
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
+        let bytes = futures::executor::block_on(axum::body::to_bytes(answer.into_body(), 1 << 20));
+        String::from_utf8(bytes.expect("body").to_vec()).expect("UTF-8")
+    }
+
+    #[test]
+    fn refusals_quote_a_bounded_excerpt_of_the_body() {
+        let long = "x".repeat(10_000);
+        let version = format!(r#"{{"apiVersion": "{long}", "kind": "AdmissionReview"}}"#);
+        let message = refusal(&version);
+        assert!(message.starts_with("unsupported AdmissionReview version"));
+        assert!(message.len() < 1000, "{} bytes", message.len());
+        let operation = format!(
+            r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{"operation": "{long}"}}}}"#
+        );
+        let message = refusal(&operation);
+        assert!(message.starts_with("not an AdmissionReview"));
+        assert!(message.len() < 1000, "{} bytes", message.len());
     }
 }

@@ -12,9 +12,15 @@ use tracing::info;
 use super::review::{self, Verdict};
 use super::WebhookState;
 use crate::istio::{ConfigObject, Origin};
+use crate::text::clip;
 
 pub async fn handle(State(state): State<Arc<WebhookState>>, body: Bytes) -> Response {
-    let review = match review::parse(&body) {
+    respond(&state, &body)
+}
+
+/// The answer to a `/validate` request body.
+pub fn respond(state: &WebhookState, body: &[u8]) -> Response {
+    let review = match review::parse(body) {
         Ok(review) => review,
         Err(refused) => return *refused,
     };
@@ -22,8 +28,8 @@ pub async fn handle(State(state): State<Arc<WebhookState>>, body: Bytes) -> Resp
         // A delete carries no object: nothing to validate.
         None => Verdict::Allow,
         Some(object) => match serde_json::to_value(object) {
-            Ok(value) => verdict(&state, value, review.request.namespace.as_deref()),
-            Err(e) => Verdict::Deny(format!("unreadable object: {e}")),
+            Ok(value) => verdict(state, value, review.request.namespace.as_deref()),
+            Err(e) => Verdict::Deny(format!("unreadable object: {}", clip(&e.to_string()))),
         },
     };
     review.answer(verdict)

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{non_empty_values, validate_selector, WorkloadSelector};
 use crate::istio::validate::{ensure, Result, ValidationError};
+use crate::text::{clip, Quoted};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -215,7 +216,10 @@ impl Rule {
             ensure(
                 !identity,
                 &format!("when[{i}].key"),
-                format!("{} is currently not supported with CUSTOM action", when.key),
+                format!(
+                    "{} is currently not supported with CUSTOM action",
+                    clip(&when.key)
+                ),
             )?;
         }
         Ok(())
@@ -304,7 +308,7 @@ impl Condition {
             "values",
             format!(
                 "at least one of `values` or `notValues` must be set for key {}",
-                self.key
+                clip(&self.key)
             ),
         )?;
         for (field, values) in [("values", &self.values), ("notValues", &self.not_values)] {
@@ -320,7 +324,11 @@ fn validate_attribute(key: &str, values: &[String]) -> Result {
     let map_key = |prefix: &str| -> Result {
         let rest = &key[prefix.len()..];
         let ok = rest.len() > 2 && rest.starts_with('[') && rest.ends_with(']');
-        ensure(ok, "", format!("bad key ({key}): should have format a[b]"))
+        ensure(
+            ok,
+            "",
+            format!("bad key ({}): should have format a[b]", clip(key)),
+        )
     };
     match key {
         "source.ip" | "remote.ip" | "destination.ip" => validate_ips("", values),
@@ -341,9 +349,15 @@ fn validate_attribute(key: &str, values: &[String]) -> Result {
         )),
         k if k.starts_with("destination.labels") => Err(ValidationError::at(
             "",
-            format!("attribute {key} is replaced by the workload selector"),
+            format!(
+                "attribute {} is replaced by the workload selector",
+                clip(key)
+            ),
         )),
-        _ => Err(ValidationError::at("", format!("unknown attribute: {key}"))),
+        _ => Err(ValidationError::at(
+            "",
+            format!("unknown attribute: {}", clip(key)),
+        )),
     }
 }
 
@@ -356,7 +370,7 @@ fn validate_ips(field: &str, values: &[String]) -> Result {
         ensure(
             ok,
             &format!("{field}[{i}]"),
-            format!("bad IP address or CIDR range ({v})"),
+            format!("bad IP address or CIDR range ({})", clip(v)),
         )?;
     }
     Ok(())
@@ -367,7 +381,7 @@ fn validate_ports(field: &str, values: &[String]) -> Result {
         ensure(
             v.parse::<u16>().is_ok(),
             &format!("{field}[{i}]"),
-            format!("bad port ({v})"),
+            format!("bad port ({})", clip(v)),
         )?;
     }
     Ok(())
@@ -388,7 +402,10 @@ fn validate_service_accounts(field: &str, values: &[String]) -> Result {
         ensure(
             parts.len() <= 2 && parts.iter().all(|p| !p.is_empty()),
             &at,
-            format!("expected format 'serviceAccount' or 'namespace/serviceAccount', found {v:?}"),
+            format!(
+                "expected format 'serviceAccount' or 'namespace/serviceAccount', found {}",
+                Quoted(v)
+            ),
         )?;
     }
     Ok(())
@@ -404,7 +421,7 @@ fn validate_path_templates(field: &str, paths: &[String]) -> Result {
             let bad = |why: &str| {
                 Err(ValidationError::at(
                     format!("{field}[{i}]"),
-                    format!("invalid or unsupported path {path}: {why}"),
+                    format!("invalid or unsupported path {}: {why}", clip(path)),
                 ))
             };
             if segment == MATCH_ONE || segment == MATCH_ANY {
@@ -423,7 +440,8 @@ fn validate_path_templates(field: &str, paths: &[String]) -> Result {
                     .all(|c| c.is_ascii_alphanumeric() || "-._~%!$&'()+,;:@=".contains(c));
             if template && !literal {
                 return bad(&format!(
-                    "contains segment {segment} with invalid string literal"
+                    "contains segment {} with invalid string literal",
+                    clip(segment)
                 ));
             }
         }

@@ -1,10 +1,12 @@
 //! JSON Web Key Sets (RFC 7517) as Envoy's jwt_authn filter reads them: a structural check, used for
 //! inline `jwks` and for the documents meshpilot fetches from `jwksUri`.
 
+use crate::text::{clip, Quoted};
+
 /// Why a document is not a usable key set.
 pub fn check(text: &str) -> Result<(), String> {
     let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {}", clip(&e.to_string())))?;
     // A single key is accepted as well, as Istio's parser does.
     let keys: Vec<&serde_json::Value> = match value.get("keys") {
         Some(serde_json::Value::Array(keys)) => keys.iter().collect(),
@@ -22,7 +24,7 @@ pub fn check(text: &str) -> Result<(), String> {
             Some("EC") => &["crv", "x", "y"],
             Some("oct") => &["k"],
             Some("OKP") => &["crv", "x"],
-            Some(other) => return Err(format!("key {i}: unsupported kty {other:?}")),
+            Some(other) => return Err(format!("key {i}: unsupported kty {}", Quoted(other))),
             None => return Err(format!("key {i}: no kty")),
         };
         if let Some(missing) = required.iter().find(|f| !has(f)) {

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::validate::{self, ensure, Result};
+use crate::text::clip;
 
 /// `selector`: the workloads (by pod labels) a policy applies to; none or no labels means every
 /// workload of the policy's namespace (of the mesh, in the root namespace).
@@ -65,7 +66,11 @@ fn validate_selector(
         ensure(
             !key.contains('*') && !value.contains('*'),
             "selector.matchLabels",
-            format!("wildcard is not supported in selector: \"{key}={value}\""),
+            format!(
+                "wildcard is not supported in selector: \"{}={}\"",
+                clip(key),
+                clip(value)
+            ),
         )?;
     }
     validate::labels("selector.matchLabels", &selector.match_labels)

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{selects_workloads, validate_selector, WorkloadSelector};
 use crate::istio::validate::{ensure, Result, ValidationError};
+use crate::text::clip;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -58,7 +59,7 @@ impl PeerAuthentication {
                 Ok(p) if (1..=65535).contains(&p) => {}
                 _ => {
                     return Err(ValidationError::at(
-                        format!("portLevelMtls[{port}]"),
+                        format!("portLevelMtls[{}]", clip(port)),
                         "port must be in range 1..65535",
                     ))
                 }

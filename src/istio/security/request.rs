@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{jwks, non_empty_values, validate_selector, WorkloadSelector};
 use crate::istio::duration::Duration;
 use crate::istio::validate::{ensure, Result, ValidationError};
+use crate::text::Quoted;
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -97,7 +98,7 @@ impl JwtRule {
             ensure(
                 is_header_name(&pair.header),
                 &format!("{at}.header"),
-                format!("{:?} is not a valid header name", pair.header),
+                format!("{} is not a valid header name", Quoted(&pair.header)),
             )?;
         }
         if !self.output_payload_to_header.is_empty() {
@@ -120,19 +121,19 @@ impl JwtRule {
 
 /// `http://` or `https://` with a host (and, optionally, a numeric port).
 fn check_uri(uri: &str) -> std::result::Result<(), String> {
-    let parsed: http::Uri = uri.parse().map_err(|e| format!("{uri:?}: {e}"))?;
+    let parsed: http::Uri = uri.parse().map_err(|e| format!("{}: {e}", Quoted(uri)))?;
     match parsed.scheme_str() {
         Some("http" | "https") => {}
         other => {
             return Err(format!(
-                "URI scheme {:?} is not supported",
-                other.unwrap_or_default()
+                "URI scheme {} is not supported",
+                Quoted(other.unwrap_or_default())
             ))
         }
     }
     match parsed.host() {
         Some(host) if !host.is_empty() => Ok(()),
-        _ => Err(format!("{uri:?} has no host")),
+        _ => Err(format!("{} has no host", Quoted(uri))),
     }
 }
 
