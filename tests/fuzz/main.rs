@@ -1,5 +1,6 @@
 //! Fuzzing every input meshpilot reads from outside: Kubernetes manifests, Istio config, mesh
-//! config, meshNetworks, kubeconfigs, Envoy nodes, CSRs, CA bundles and keys, AdmissionReviews.
+//! config, meshNetworks, kubeconfigs, Envoy nodes, CSRs, CA bundles and keys, AdmissionReviews,
+//! remote-cluster snapshots.
 //! Each target feeds its parser mutated realistic inputs and generated ones, and checks that it
 //! never panics, never holds more memory than a bound proportional to the input, and refuses with
 //! a clear error: non-empty, bounded in length, saying where.
@@ -11,6 +12,7 @@ mod alloc;
 mod envoy_node;
 mod mutate;
 mod pki;
+mod snapshot;
 mod yaml;
 
 use std::cell::Cell;

@@ -28,7 +28,8 @@ const EC_P384_SEC1: &str = include_str!("corpus/ec-p384.pem");
 
 /// Self-signed roots, an intermediate below one, and a plug-in RSA root.
 static BUNDLES: LazyLock<Vec<CaBundle>> = LazyLock::new(|| {
-    let root = CaBundle::self_signed_root("fuzz", meshpilot::security::ca::ROOT_LIFETIME).expect("self-signed root");
+    let root = CaBundle::self_signed_root("fuzz", meshpilot::security::ca::ROOT_LIFETIME)
+        .expect("self-signed root");
     let intermediate = root
         .intermediate("fuzz", "cluster1", Duration::from_secs(3600))
         .expect("intermediate");
