@@ -15,6 +15,8 @@
 #[path = "../tests/common/mod.rs"]
 #[allow(unused_imports)]
 mod common;
+#[allow(dead_code)] // each harness uses its own subset
+mod harness;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,18 +24,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{wait_for, MeshpilotProcess};
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use common::wait_for;
+use harness::ads::{self, contains, Raw, Subscription, CDS, EDS, LDS};
+use harness::plane::{proc_stats, remote_secret, Plane, NS};
 use parking_lot::Mutex;
-use prost::Message;
 use serde_json::json;
-use test_apiserver::{TestApiServer, User};
-use tokio::sync::mpsc;
-
-const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
-const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-const NS: &str = "load";
+use test_apiserver::TestApiServer;
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -132,46 +128,6 @@ fn populate(
     }
 }
 
-fn remote_secret(api: &TestApiServer, id: &str) -> serde_json::Value {
-    api.add_token(
-        &format!("{id}-reader"),
-        User::service_account("istio-system", "istio-reader-service-account"),
-    );
-    json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": format!("istio-remote-secret-{id}"), "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
-        "stringData": {id: api.kubeconfig(&format!("{id}-reader"))}})
-}
-
-/// /proc figures of a process: CPU seconds (user + system) and resident memory in bytes.
-fn proc_stats(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    (ticks / 100.0, rss_kb * 1024)
-}
-
-/// A running meshpilot with its config cluster (and remotes) served by test API servers, or its
-/// clusters in a config directory (`files/clusters/c0`).
-struct Plane {
-    servers: Vec<TestApiServer>,
-    process: MeshpilotProcess,
-    xds: SocketAddr,
-    admin: SocketAddr,
-    files: tempfile::TempDir,
-}
-
 async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usize) -> Plane {
     let mut servers = Vec::new();
     for c in 0..clusters {
@@ -184,24 +140,7 @@ async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usiz
         let secret = remote_secret(&servers[c], &format!("c{c}"));
         servers[0].apply(secret);
     }
-    let files = tempfile::tempdir().unwrap();
-    let kubeconfig = files.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, servers[0].kubeconfig(servers[0].admin_token())).unwrap();
-    let source = [
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--cluster-id",
-        "c0",
-    ];
-    let process = spawn_meshpilot(a, &files, &source);
-    let (xds, admin) = ready(&process).await;
-    Plane {
-        servers,
-        process,
-        xds,
-        admin,
-        files,
-    }
+    Plane::kube(servers, &["--debounce-after", &a.debounce]).await
 }
 
 /// A service of cluster `c` as a file cluster's manifest: the Service and its one endpoint.
@@ -236,51 +175,7 @@ async fn start_file_plane(a: &Args, services: usize) -> Plane {
         )
         .unwrap();
     }
-    let config = files.path().join("config");
-    let process = spawn_meshpilot(a, &files, &["--config-dir", config.to_str().unwrap()]);
-    let (xds, admin) = ready(&process).await;
-    Plane {
-        servers: Vec::new(),
-        process,
-        xds,
-        admin,
-        files,
-    }
-}
-
-fn spawn_meshpilot(a: &Args, files: &tempfile::TempDir, source: &[&str]) -> MeshpilotProcess {
-    let state = files.path().join("ca");
-    let mut args = vec![
-        "--log",
-        "warn,meshpilot::app=info,meshpilot::listen=info",
-        "discovery",
-    ];
-    args.extend_from_slice(source);
-    args.extend([
-        "--http-addr",
-        "127.0.0.1:0",
-        "--xds-addr",
-        "127.0.0.1:0",
-        "--secure-xds-addr",
-        "127.0.0.1:0",
-        "--ca-state-dir",
-        state.to_str().unwrap(),
-        "--debounce-after",
-        &a.debounce,
-    ]);
-    MeshpilotProcess::spawn(&args)
-}
-
-/// The xDS and admin addresses, once meshpilot is ready.
-async fn ready(process: &MeshpilotProcess) -> (SocketAddr, SocketAddr) {
-    let admin = process.bound_addr("admin").await;
-    let xds = process.bound_addr("xds").await;
-    wait_for("meshpilot ready", Duration::from_secs(300), || async move {
-        let (status, _) = common::http_get(admin, "/ready").await.ok()?;
-        (status == 200).then_some(())
-    })
-    .await;
-    (xds, admin)
+    Plane::files(files, &["--debounce-after", &a.debounce]).await
 }
 
 /// What the simulated proxies report back.
@@ -310,96 +205,6 @@ struct ProxySpec {
     names: Vec<String>,
 }
 
-/// A response as the harness keeps it: the few header fields, and the raw bytes to search for marks.
-/// The harness shares the server's two cores, so it never decodes what it does not need.
-struct Raw {
-    type_url: String,
-    version: String,
-    nonce: String,
-    body: bytes::Bytes,
-}
-
-/// Requests encoded by prost; responses kept raw (DiscoveryResponse and DeltaDiscoveryResponse share
-/// the field numbers read here: 1 version, 4 type_url, 5 nonce).
-struct RawCodec<Req>(std::marker::PhantomData<Req>);
-
-impl<Req: Message + Send + 'static> tonic::codec::Codec for RawCodec<Req> {
-    type Encode = Req;
-    type Decode = Raw;
-    type Encoder = RawCodec<Req>;
-    type Decoder = RawCodec<Req>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec(std::marker::PhantomData)
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec(std::marker::PhantomData)
-    }
-}
-
-impl<Req: Message> tonic::codec::Encoder for RawCodec<Req> {
-    type Item = Req;
-    type Error = tonic::Status;
-
-    fn encode(
-        &mut self,
-        item: Req,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        item.encode(dst)
-            .map_err(|e| tonic::Status::internal(e.to_string()))
-    }
-}
-
-impl<Req> tonic::codec::Decoder for RawCodec<Req> {
-    type Item = Raw;
-    type Error = tonic::Status;
-
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Raw>, tonic::Status> {
-        use bytes::Buf;
-        use prost::encoding::{decode_key, decode_varint, WireType};
-        let malformed = |e: prost::DecodeError| tonic::Status::internal(e.to_string());
-        let body = src.copy_to_bytes(src.remaining());
-        let (mut version, mut type_url, mut nonce) = (String::new(), String::new(), String::new());
-        let mut cursor = &body[..];
-        while cursor.has_remaining() {
-            let (tag, wire) = decode_key(&mut cursor).map_err(malformed)?;
-            let len = match wire {
-                WireType::LengthDelimited => {
-                    decode_varint(&mut cursor).map_err(malformed)? as usize
-                }
-                WireType::Varint => {
-                    decode_varint(&mut cursor).map_err(malformed)?;
-                    continue;
-                }
-                _ => return Err(tonic::Status::internal("unexpected wire type")),
-            };
-            let field = || String::from_utf8_lossy(&cursor[..len]).to_string();
-            match tag {
-                1 => version = field(),
-                4 => type_url = field(),
-                5 => nonce = field(),
-                _ => {}
-            }
-            cursor.advance(len);
-        }
-        Ok(Some(Raw {
-            type_url,
-            version,
-            nonce,
-            body,
-        }))
-    }
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 /// One simulated proxy: subscribes, ACKs every response, records when marks arrive.
 async fn proxy(
     xds: SocketAddr,
@@ -421,16 +226,11 @@ async fn session(
     round: &Arc<Mutex<Option<Round>>>,
 ) -> bool {
     let channel = loop {
-        match tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
-            .unwrap()
-            .connect()
-            .await
-        {
+        match ads::connect(xds).await {
             Ok(c) => break c,
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
     let id = format!(
         "sidecar~10.250.{}.{}~load-{}.{NS}~{NS}.svc.cluster.local",
         spec.index / 250,
@@ -441,7 +241,6 @@ async fn session(
     if spec.grpc {
         metadata.push(("GENERATOR", "grpc"));
     }
-    let node = common::node(&id, &metadata);
     // Sidecars watch every cluster (wildcard CDS); proxyless clients only their listeners' names.
     let types: Vec<(&str, Vec<String>)> = if spec.grpc {
         let listeners = spec
@@ -454,6 +253,11 @@ async fn session(
         vec![(CDS, vec![]), (EDS, spec.names.clone())]
     } else {
         vec![(EDS, spec.names.clone())]
+    };
+    let subscription = Subscription {
+        node: common::node(&id, &metadata),
+        delta: spec.delta,
+        types,
     };
     let record = |raw: &Raw| {
         observed.messages.fetch_add(1, Ordering::Relaxed);
@@ -476,80 +280,17 @@ async fn session(
             observed.full.lock().entry(r.id).or_default().push(latency);
         }
     };
-    let path = if spec.delta {
-        "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
-    } else {
-        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
-    };
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
-    if grpc.ready().await.is_err() {
-        return false;
-    }
+    let wanted = subscription.types.len();
     let mut ready_types = 0;
-    let mut arrived = |raw: &Raw| {
+    let arrived = |raw: &Raw| {
         record(raw);
         ready_types += 1;
-        if ready_types == types.len() {
+        if ready_types == wanted {
             observed.ready.fetch_add(1, Ordering::Relaxed);
         }
     };
-    if spec.delta {
-        let (tx, rx) = mpsc::unbounded_channel();
-        for (i, (type_url, names)) in types.iter().enumerate() {
-            let _ = tx.send(DeltaDiscoveryRequest {
-                node: (i == 0).then(|| node.clone()),
-                type_url: type_url.to_string(),
-                resource_names_subscribe: names.clone(),
-                ..Default::default()
-            });
-        }
-        let request = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-        let codec = RawCodec::<DeltaDiscoveryRequest>(Default::default());
-        let Ok(response) = grpc.streaming(request, path, codec).await else {
-            return false;
-        };
-        let mut stream = response.into_inner();
-        while let Ok(Some(raw)) = stream.message().await {
-            let _ = tx.send(DeltaDiscoveryRequest {
-                type_url: raw.type_url.clone(),
-                response_nonce: raw.nonce.clone(),
-                ..Default::default()
-            });
-            arrived(&raw);
-        }
-        return ready_types >= types.len();
-    } else {
-        let (tx, rx) = mpsc::unbounded_channel();
-        for (i, (type_url, names)) in types.iter().enumerate() {
-            let _ = tx.send(DiscoveryRequest {
-                node: (i == 0).then(|| node.clone()),
-                type_url: type_url.to_string(),
-                resource_names: names.clone(),
-                ..Default::default()
-            });
-        }
-        let request = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-        let codec = RawCodec::<DiscoveryRequest>(Default::default());
-        let Ok(response) = grpc.streaming(request, path, codec).await else {
-            return false;
-        };
-        let mut stream = response.into_inner();
-        let names: HashMap<&str, &Vec<String>> = types.iter().map(|(t, n)| (*t, n)).collect();
-        while let Ok(Some(raw)) = stream.message().await {
-            let _ = tx.send(DiscoveryRequest {
-                type_url: raw.type_url.clone(),
-                resource_names: names
-                    .get(raw.type_url.as_str())
-                    .map(|n| (*n).clone())
-                    .unwrap_or_default(),
-                version_info: raw.version.clone(),
-                response_nonce: raw.nonce.clone(),
-                ..Default::default()
-            });
-            arrived(&raw);
-        }
-    }
-    ready_types >= types.len()
+    let _ = ads::stream(channel, &subscription, arrived, std::future::pending()).await;
+    ready_types >= wanted
 }
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64, f64) {

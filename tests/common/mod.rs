@@ -228,6 +228,12 @@ impl MeshpilotProcess {
         self.child.id()
     }
 
+    /// A crash: SIGKILL (std's kill on Unix), then reaped, so its ports are free again.
+    pub fn kill_9(&mut self) {
+        self.child.kill().expect("kill -9 meshpilot");
+        let _ = self.child.wait();
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
