@@ -52,9 +52,10 @@ pub struct StaleSnapshots {
     pub max_age: Duration,
 }
 
-/// How often changed remotes are saved: a crash loses at most this much of their changes, which
-/// come back with the remote's first list.
+/// How often a changed remote is saved at most: a crash loses at most this much of its changes,
+/// which come back with the remote's first list. A remote's first sync is saved within a second.
 const SAVE_INTERVAL: Duration = Duration::from_secs(5);
+const SAVE_CHECK: Duration = Duration::from_secs(1);
 
 /// Kubernetes clients of the remote clusters, for components that must call them (TokenReview).
 #[derive(Clone, Default)]
@@ -134,8 +135,10 @@ impl RemoteController {
     }
 }
 
-/// What a rotation task reports back to the controller.
+/// What a rotation or sync-timing task reports back to the controller.
 enum Note {
+    /// A remote's first sync completed: its snapshot is saved at once.
+    Synced { id: ClusterId },
     Rotated {
         id: ClusterId,
         hash: u64,
@@ -163,8 +166,8 @@ struct RemoteCluster {
     rotation: Option<(u64, JoinHandle<()>)>,
     /// Ends serving a restored snapshot once it is too old.
     stale_timer: Option<JoinHandle<()>>,
-    /// The registry generation last saved, and the write in flight.
-    saved: Option<u64>,
+    /// The registry generation last saved and when, and the write in flight.
+    saved: Option<(u64, Instant)>,
     saving: Option<JoinHandle<()>>,
 }
 
@@ -199,7 +202,7 @@ impl Controller {
             .backoff(WatchBackoff::default())
             .boxed();
         let mut listing: Option<Vec<Secret>> = None;
-        let mut save = tokio::time::interval(SAVE_INTERVAL);
+        let mut save = tokio::time::interval(SAVE_CHECK);
         save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -377,38 +380,47 @@ impl Controller {
 
     /// Saves every synced remote that changed since its last save, off the async workers.
     fn save_snapshots(&mut self) {
-        let Some(snapshots) = &self.options.snapshots else {
+        let ids: Vec<ClusterId> = self.clusters.keys().cloned().collect();
+        for id in ids {
+            self.save_snapshot(&id, false);
+        }
+    }
+
+    /// Saves a synced remote if it changed since its last save, at most every [`SAVE_INTERVAL`]
+    /// unless `now`.
+    fn save_snapshot(&mut self, id: &ClusterId, now: bool) {
+        let (Some(snapshots), Some(cluster)) = (&self.options.snapshots, self.clusters.get_mut(id))
+        else {
             return;
         };
-        for (id, cluster) in &mut self.clusters {
-            let generation = cluster.registry.generation();
-            let busy = cluster.saving.as_ref().is_some_and(|t| !t.is_finished());
-            if busy
-                || cluster.saved == Some(generation)
-                || cluster.registry.status().state != SyncState::Synced
-            {
-                continue;
-            }
-            cluster.saved = Some(generation);
-            let (store, registry, server, id) = (
-                snapshots.store.clone(),
-                cluster.registry.clone(),
-                cluster.server.clone(),
-                id.clone(),
-            );
-            cluster.saving = Some(tokio::task::spawn_blocking(move || {
-                let snapshot = Snapshot {
-                    cluster: id.to_string(),
-                    server,
-                    saved_at: SystemTime::now(),
-                    objects: registry.saved_objects(),
-                };
-                match store.save(&snapshot) {
-                    Ok(bytes) => debug!(cluster = %id, bytes, "remote cluster snapshot saved"),
-                    Err(e) => warn!(cluster = %id, error = %e, "remote cluster snapshot not saved"),
-                }
-            }));
+        let generation = cluster.registry.generation();
+        let busy = cluster.saving.as_ref().is_some_and(|t| !t.is_finished());
+        let due = match cluster.saved {
+            None => true,
+            Some((saved, at)) => saved != generation && (now || at.elapsed() >= SAVE_INTERVAL),
+        };
+        if busy || !due || cluster.registry.status().state != SyncState::Synced {
+            return;
         }
+        cluster.saved = Some((generation, Instant::now()));
+        let (store, registry, server, id) = (
+            snapshots.store.clone(),
+            cluster.registry.clone(),
+            cluster.server.clone(),
+            id.clone(),
+        );
+        cluster.saving = Some(tokio::task::spawn_blocking(move || {
+            let snapshot = Snapshot {
+                cluster: id.to_string(),
+                server,
+                saved_at: SystemTime::now(),
+                objects: registry.saved_objects(),
+            };
+            match store.save(&snapshot) {
+                Ok(bytes) => debug!(cluster = %id, bytes, "remote cluster snapshot saved"),
+                Err(e) => warn!(cluster = %id, error = %e, "remote cluster snapshot not saved"),
+            }
+        }));
     }
 
     /// Marks the cluster timed out if it has not synced within the timeout (readiness stops
@@ -416,6 +428,7 @@ impl Controller {
     fn time_sync(&self, registry: Arc<ClusterRegistry>, watch: &KubeWatch) -> JoinHandle<()> {
         let mut synced = watch.synced_signal();
         let (timeout, metrics) = (self.options.sync_timeout, self.metrics.clone());
+        let (notes, id) = (self.notes.clone(), registry.id().clone());
         tokio::spawn(async move {
             let started = Instant::now();
             let wait = synced.wait_for(|s| *s);
@@ -425,9 +438,13 @@ impl Controller {
                 tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok())
             };
             match outcome {
-                Ok(true) => metrics
-                    .sync_duration
-                    .observe(started.elapsed().as_secs_f64()),
+                Ok(true) => {
+                    metrics
+                        .sync_duration
+                        .observe(started.elapsed().as_secs_f64());
+                    // The controller is gone only at shutdown.
+                    let _ = notes.send(Note::Synced { id });
+                }
                 Ok(false) => {}
                 Err(_) => {
                     if registry.status().state == SyncState::Syncing {
@@ -517,6 +534,7 @@ impl Controller {
 
     fn on_note(&mut self, note: Note) {
         match note {
+            Note::Synced { id } => self.save_snapshot(&id, true),
             Note::Rotated {
                 id,
                 hash,
