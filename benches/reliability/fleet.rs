@@ -65,6 +65,20 @@ impl Stats {
             })
     }
 
+    /// Fails the run if any proxy saw a stream error (outside a crash), a lost stable endpoint or
+    /// a partial first response, listing the failures kept.
+    pub fn assert_clean(&self) {
+        let failures = self.failures();
+        for (counter, what) in [
+            (&self.stream_errors, "stream errors"),
+            (&self.lost, "assignments that lost stable endpoints"),
+            (&self.partial, "partial first responses"),
+        ] {
+            let count = counter.load(Ordering::Relaxed);
+            assert_eq!(count, 0, "{count} {what}:\n{failures}");
+        }
+    }
+
     pub fn summary(&self) -> String {
         format!(
             "{} responses over {} sessions; stream errors {}, lost-endpoint assignments {}, partial first responses {}",
