@@ -9,8 +9,13 @@
 //! Scenarios: `convergence` (EDS convergence, full push, memory per proxy, CPU per message),
 //! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory),
 //! `single` (one change among S services reaching one subscribed proxy: file clusters, where each
-//! round renames one file into a directory of S, and the same through the Kubernetes path), `all`.
+//! round renames one file into a directory of S, and the same through the Kubernetes path),
+//! `remotes` (C remote clusters of S services × E endpoints onboarded at once), `all`.
 //! Without arguments it is a small smoke run of every scenario (what CI runs).
+//!
+//! Every convergence and memory scenario runs twice in the same run: against meshpilot, then
+//! against the naive fan-out (`harness::naive`) serving the resources meshpilot served, and prints
+//! meshpilot/naive ratios.
 
 #[path = "../tests/common/mod.rs"]
 #[allow(unused_imports)]
@@ -25,7 +30,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::wait_for;
+use envoy_types::pb::google::protobuf::Any;
 use harness::ads::{self, contains, Raw, Subscription, CDS, EDS, LDS};
+use harness::naive::{self, NaiveServer};
 use harness::plane::{proc_stats, remote_secret, Plane, NS};
 use parking_lot::Mutex;
 use serde_json::json;
@@ -308,7 +315,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 async fn connect_proxies(
-    plane: &Plane,
+    xds: SocketAddr,
     a: &Args,
     count: usize,
     observed: &Arc<Observed>,
@@ -331,7 +338,7 @@ async fn connect_proxies(
                 cds: index % a.cds_every == 0 || a.cds_every == 1,
                 names,
             };
-            tokio::spawn(proxy(plane.xds, spec, observed.clone(), round.clone()));
+            tokio::spawn(proxy(xds, spec, observed.clone(), round.clone()));
         }
         let target = start + wave.last().map_or(0, |i| i + 1);
         let observed = observed.clone();
@@ -343,35 +350,156 @@ async fn connect_proxies(
     }
 }
 
+/// What the proxies converge on: meshpilot, or the naive anchor serving what meshpilot served.
+enum Server {
+    Meshpilot(Plane),
+    Naive(NaiveServer),
+}
+
+impl Server {
+    fn xds(&self) -> SocketAddr {
+        match self {
+            Server::Meshpilot(plane) => plane.xds,
+            Server::Naive(naive) => naive.xds,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        match self {
+            Server::Meshpilot(plane) => plane.process.pid(),
+            Server::Naive(naive) => naive.pid(),
+        }
+    }
+
+    /// The hot service's endpoint moves to round `r`'s mark.
+    fn move_endpoint(&self, r: usize) {
+        match self {
+            Server::Meshpilot(plane) => {
+                plane.servers[0].apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": "svc-0-c0", "namespace": NS, "labels": {"kubernetes.io/service-name": "svc-0"}},
+                    "addressType": "IPv4", "ports": [{"name": "http", "port": 80}],
+                    "endpoints": [{"addresses": [mark(r)], "conditions": {"ready": true}}]}));
+            }
+            Server::Naive(naive) => naive.move_endpoint(&cluster_name(0), &mark(r)),
+        }
+    }
+
+    /// A service `round-<r>` is added.
+    fn add_service(&self, r: usize) {
+        match self {
+            Server::Meshpilot(plane) => {
+                plane.servers[0].apply(json!({"apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": format!("round-{r}"), "namespace": NS},
+                    "spec": {"clusterIP": format!("10.97.{}.{}", r / 250, r % 250 + 1), "ports": [{"name": "http", "port": 80}]}}));
+            }
+            Server::Naive(naive) => {
+                naive.add_cluster(&format!("outbound|80||round-{r}.{NS}.svc.cluster.local"))
+            }
+        }
+    }
+}
+
+/// Everything meshpilot serves the harness's proxies for `services` services: every cluster and
+/// assignment, and the listeners proxyless clients ask for.
+async fn served(xds: SocketAddr, services: usize) -> Vec<Any> {
+    let names: Vec<String> = (0..services).map(cluster_name).collect();
+    let listeners = (0..services).map(|i| format!("{}:80", host(i))).collect();
+    let sidecar = || {
+        common::node(
+            &format!("sidecar~10.250.255.1~capture.{NS}~{NS}.svc.cluster.local"),
+            &[("CLUSTER_ID", "c0")],
+        )
+    };
+    let grpc = common::node(
+        &format!("sidecar~10.250.255.2~capture-grpc.{NS}~{NS}.svc.cluster.local"),
+        &[("CLUSTER_ID", "c0"), ("GENERATOR", "grpc")],
+    );
+    naive::capture(
+        xds,
+        vec![
+            naive::subscription(sidecar(), CDS, vec![]),
+            naive::subscription(sidecar(), EDS, names),
+            naive::subscription(grpc, LDS, listeners),
+        ],
+    )
+    .await
+}
+
+/// The figures of one convergence run.
+#[derive(Default)]
+struct Figures {
+    initial_sync_s: f64,
+    kib_per_proxy: f64,
+    eds_p50: f64,
+    eds_p99: f64,
+    eds_max: f64,
+    us_per_message: f64,
+    full_push_ms: f64,
+    full_push_cpu_s: f64,
+}
+
+impl Figures {
+    /// (figure, value, unit), in the order they are printed.
+    fn rows(&self) -> [(&'static str, f64, &'static str); 8] {
+        [
+            ("initial sync of every proxy", self.initial_sync_s, "s"),
+            ("memory per proxy (slope)", self.kib_per_proxy, "KiB"),
+            ("EDS convergence p50", self.eds_p50, "ms"),
+            ("EDS convergence p99", self.eds_p99, "ms"),
+            ("EDS convergence max", self.eds_max, "ms"),
+            ("server CPU per proxy message", self.us_per_message, "µs"),
+            ("full push, all converged", self.full_push_ms, "ms"),
+            ("full push, server CPU", self.full_push_cpu_s, "s"),
+        ]
+    }
+}
+
 async fn convergence(a: &Args) {
     println!(
         "## convergence: {} proxies, {} services × {} endpoints over {} clusters, debounce {}",
         a.proxies, a.services, a.endpoints, a.clusters, a.debounce
     );
     let plane = start_plane(a, a.services, a.endpoints, a.clusters).await;
-    let pid = plane.process.pid();
+    let resources = served(plane.xds, a.services).await;
+    println!("### meshpilot");
+    let meshpilot = converge(&Server::Meshpilot(plane), a).await;
+    println!("### naive fan-out, the same {} resources", resources.len());
+    let naive = converge(&Server::Naive(NaiveServer::start(resources)), a).await;
+    println!("| figure | meshpilot | naive | meshpilot/naive |\n|---|---|---|---|");
+    for ((what, m, unit), (_, n, _)) in meshpilot.rows().into_iter().zip(naive.rows()) {
+        println!("| {what} | {m:.2} {unit} | {n:.2} {unit} | {:.2} |", m / n);
+    }
+}
+
+/// Connects the proxies to `server`, then measures EDS convergence and full pushes.
+async fn converge(server: &Server, a: &Args) -> Figures {
+    let mut figures = Figures::default();
+    let pid = server.pid();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, rss_idle) = proc_stats(pid);
     let observed = Arc::new(Observed::default());
     let round: Arc<Mutex<Option<Round>>> = Arc::default();
     let connect = Instant::now();
     let half = a.proxies / 2;
-    connect_proxies(&plane, a, half, &observed, &round).await;
+    connect_proxies(server.xds(), a, half, &observed, &round).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, rss_half) = proc_stats(pid);
-    connect_proxies(&plane, a, a.proxies - half, &observed, &round).await;
+    connect_proxies(server.xds(), a, a.proxies - half, &observed, &round).await;
+    figures.initial_sync_s = connect.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, rss_full) = proc_stats(pid);
+    figures.kib_per_proxy =
+        (rss_full as f64 - rss_half as f64) / (a.proxies - half).max(1) as f64 / 1024.0;
     println!(
         "initial sync of {} proxies: {:.1}s; RSS idle {:.1} MiB, +{} proxies {:.1} MiB, +{} {:.1} MiB → {:.1} KiB per proxy (slope)",
         a.proxies,
-        connect.elapsed().as_secs_f64(),
+        figures.initial_sync_s,
         rss_idle as f64 / 1048576.0,
         half,
         rss_half as f64 / 1048576.0,
         a.proxies,
         rss_full as f64 / 1048576.0,
-        (rss_full as f64 - rss_half as f64) / (a.proxies - half).max(1) as f64 / 1024.0
+        figures.kib_per_proxy
     );
 
     // EDS convergence: one endpoint of the hot service (every proxy watches it) changes.
@@ -379,15 +507,11 @@ async fn convergence(a: &Args) {
     for r in 1..=a.rounds {
         let (cpu0, _) = proc_stats(pid);
         let messages0 = observed.messages.load(Ordering::Relaxed);
-        let mark = mark(r);
         *round.lock() = Some(Round {
             started: Instant::now(),
             id: r,
         });
-        plane.servers[0].apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "svc-0-c0", "namespace": NS, "labels": {"kubernetes.io/service-name": "svc-0"}},
-            "addressType": "IPv4", "ports": [{"name": "http", "port": 80}],
-            "endpoints": [{"addresses": [mark], "conditions": {"ready": true}}]}));
+        server.move_endpoint(r);
         let obs = observed.clone();
         let expected = a.proxies;
         wait_for("EDS convergence", Duration::from_secs(120), || {
@@ -406,13 +530,12 @@ async fn convergence(a: &Args) {
         p99s.push(p99);
         maxs.push(max);
     }
+    (figures.eds_p50, figures.eds_p99, figures.eds_max) =
+        (median(p50s), median(p99s), median(maxs));
+    figures.us_per_message = median(cpu_per_msg);
     println!(
         "EDS convergence (median of {} rounds): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; server CPU {:.1} µs per proxy message",
-        a.rounds,
-        median(p50s),
-        median(p99s),
-        median(maxs),
-        median(cpu_per_msg)
+        a.rounds, figures.eds_p50, figures.eds_p99, figures.eds_max, figures.us_per_message
     );
 
     // Full push: a service is added; every sidecar must see the new cluster.
@@ -426,9 +549,7 @@ async fn convergence(a: &Args) {
             started: Instant::now(),
             id: r,
         });
-        plane.servers[0].apply(json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": format!("round-{r}"), "namespace": NS},
-            "spec": {"clusterIP": format!("10.97.0.{r}"), "ports": [{"name": "http", "port": 80}]}}));
+        server.add_service(r);
         let obs = observed.clone();
         wait_for("full-push convergence", Duration::from_secs(300), || {
             let obs = obs.clone();
@@ -442,26 +563,42 @@ async fn convergence(a: &Args) {
         fulls.push(max);
         cpus.push(cpu1 - cpu0);
     }
-    println!("full push after a service add (median): {:.1} ms to converge {sidecars} sidecars, {:.2} CPU-seconds", median(fulls), median(cpus));
-    drop(plane);
+    (figures.full_push_ms, figures.full_push_cpu_s) = (median(fulls), median(cpus));
+    println!(
+        "full push after a service add (median): {:.1} ms to converge {sidecars} sidecars, {:.2} CPU-seconds",
+        figures.full_push_ms, figures.full_push_cpu_s
+    );
+    figures
 }
 
 async fn endpoints_memory(a: &Args) {
-    println!("## memory per endpoint (no proxies)");
+    println!("## memory per endpoint (no proxies); the naive anchor holds what meshpilot serves");
     let sizes = [(a.services, a.endpoints), (a.services * 2, a.endpoints * 5)];
-    let mut points = Vec::new();
+    let (mut meshpilot, mut naive) = (Vec::new(), Vec::new());
     for (services, endpoints) in sizes {
         let plane = start_plane(a, services, endpoints, 1).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (_, rss) = proc_stats(plane.process.pid());
+        let resources = served(plane.xds, services).await;
+        drop(plane);
+        let anchor = NaiveServer::start(resources);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, anchor_rss) = proc_stats(anchor.pid());
         println!(
-            "  {services} services × {endpoints} endpoints: RSS {:.1} MiB",
-            rss as f64 / 1048576.0
+            "  {services} services × {endpoints} endpoints: RSS meshpilot {:.1} MiB, naive {:.1} MiB",
+            rss as f64 / 1048576.0,
+            anchor_rss as f64 / 1048576.0
         );
-        points.push(((services * endpoints) as f64, rss as f64));
+        let count = (services * endpoints) as f64;
+        meshpilot.push((count, rss as f64));
+        naive.push((count, anchor_rss as f64));
     }
-    let slope = (points[1].1 - points[0].1) / (points[1].0 - points[0].0);
-    println!("memory per endpoint (slope): {:.0} bytes", slope);
+    let slope = |p: &[(f64, f64)]| (p[1].1 - p[0].1) / (p[1].0 - p[0].0);
+    let (m, n) = (slope(&meshpilot), slope(&naive));
+    println!(
+        "memory per endpoint (slope): meshpilot {m:.0} bytes, naive {n:.0} bytes, meshpilot/naive {:.2}",
+        m / n
+    );
 }
 
 async fn onboarding(a: &Args) {
@@ -508,6 +645,67 @@ async fn onboarding(a: &Args) {
     }
 }
 
+/// Many remotes at once: `a.clusters` remote API servers, each holding the same `a.services`
+/// services with `a.endpoints` endpoints apiece, onboarded by Secrets applied together.
+async fn remotes(a: &Args) {
+    let per_remote = a.services * a.endpoints;
+    println!(
+        "## onboarding {} remotes × {per_remote} endpoints ({} services each)",
+        a.clusters, a.services
+    );
+    let plane = start_plane(a, 1, 1, 1).await;
+    let mut servers = Vec::new();
+    for c in 1..=a.clusters {
+        let api = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
+        // Cluster `c`'s endpoints get their own addresses (10.<100+c>.…); with one cluster in
+        // `populate`'s split, every endpoint of the range lands in it.
+        populate(&api, c, 1, 0..a.services, a.endpoints);
+        servers.push(api);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (cpu0, rss0) = proc_stats(plane.process.pid());
+    let started = Instant::now();
+    for (c, api) in servers.iter().enumerate() {
+        plane.servers[0].apply(remote_secret(api, &format!("r{}", c + 1)));
+    }
+    let admin = plane.admin;
+    let remotes = a.clusters;
+    wait_for(
+        "every remote onboarded",
+        Duration::from_secs(600),
+        || async move {
+            let clusters = common::get_json(admin, "/debug/clusterz").await;
+            let synced = clusters
+                .as_array()?
+                .iter()
+                .filter(|c| c["id"].as_str().is_some_and(|id| id.starts_with('r')))
+                .filter(|c| {
+                    c["state"] == "synced" && c["endpoints"].as_u64() == Some(per_remote as u64)
+                })
+                .count();
+            (synced == remotes).then_some(())
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (cpu1, rss1) = proc_stats(plane.process.pid());
+    let grown = rss1 as f64 - rss0 as f64;
+    let resources = served(plane.xds, a.services).await;
+    drop(plane);
+    let anchor = NaiveServer::start(resources);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, anchor_rss) = proc_stats(anchor.pid());
+    println!(
+        "{remotes} remotes × {per_remote} endpoints: {:.0} ms from Secrets to every remote served, {:.2} CPU-s; +{:.1} MiB RSS ({:.0} bytes per endpoint); the naive anchor holding what meshpilot then served: {:.1} MiB",
+        took.as_secs_f64() * 1e3,
+        cpu1 - cpu0,
+        grown / 1048576.0,
+        grown / (remotes * per_remote) as f64,
+        anchor_rss as f64 / 1048576.0
+    );
+}
+
 /// What one round of the `single` scenario changes.
 #[derive(Clone, Copy)]
 enum Change {
@@ -528,7 +726,7 @@ async fn single_change(a: &Args) {
     let dir = files.files.path().join("config/clusters/c0");
     single_rounds(
         "file clusters (one file renamed in per round)",
-        &files,
+        files.xds,
         a,
         |r, change| {
             let (file, text) = match change {
@@ -547,7 +745,7 @@ async fn single_change(a: &Args) {
     drop(files);
 
     let kube = start_plane(a, a.services, 1, 1).await;
-    single_rounds("Kubernetes (one object applied per round)", &kube, a, |r, change| {
+    single_rounds("Kubernetes (one object applied per round)", kube.xds, a, |r, change| {
         let object = match change {
             Change::Endpoint => json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"name": "svc-0-c0", "namespace": NS, "labels": {"kubernetes.io/service-name": "svc-0"}},
@@ -560,16 +758,29 @@ async fn single_change(a: &Args) {
         kube.servers[0].apply(object);
     })
     .await;
+    let resources = served(kube.xds, a.services).await;
+    drop(kube);
+    let naive = Server::Naive(NaiveServer::start(resources));
+    single_rounds(
+        "naive fan-out (the same resources, changed in memory)",
+        naive.xds(),
+        a,
+        |r, change| match change {
+            Change::Endpoint => naive.move_endpoint(r),
+            Change::Service => naive.add_service(r),
+        },
+    )
+    .await;
 }
 
-async fn single_rounds(what: &str, plane: &Plane, a: &Args, change: impl Fn(usize, Change)) {
+async fn single_rounds(what: &str, xds: SocketAddr, a: &Args, change: impl Fn(usize, Change)) {
     let observed = Arc::new(Observed::default());
     let round: Arc<Mutex<Option<Round>>> = Arc::default();
     let one = Args {
         cds_every: 1,
         ..a.clone()
     };
-    connect_proxies(plane, &one, 1, &observed, &round).await;
+    connect_proxies(xds, &one, 1, &observed, &round).await;
     let (mut eds, mut cds) = (Vec::new(), Vec::new());
     for r in 1..=a.rounds {
         for kind in [Change::Endpoint, Change::Service] {
@@ -608,6 +819,10 @@ async fn single_rounds(what: &str, plane: &Plane, a: &Args, change: impl Fn(usiz
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some(naive::SUBCOMMAND) {
+        let path = std::env::args().nth(2).expect("resources file");
+        return naive::serve(&path);
+    }
     let a = args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -624,11 +839,13 @@ fn main() {
             "endpoints" => endpoints_memory(&a).await,
             "onboarding" => onboarding(&a).await,
             "single" => single_change(&a).await,
+            "remotes" => remotes(&a).await,
             "all" | "smoke" => {
                 convergence(&a).await;
                 endpoints_memory(&a).await;
                 onboarding(&a).await;
                 single_change(&a).await;
+                remotes(&a).await;
             }
             other => panic!("unknown scenario {other}"),
         }

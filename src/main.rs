@@ -11,6 +11,11 @@ use meshpilot::install::ManifestArgs;
 use meshpilot::remote_secret::RemoteSecretArgs;
 use meshpilot::security::certs_cmd::CertsArgs;
 
+/// jemalloc returns freed pages to the system as it goes; under churn glibc's heap kept growing
+/// (docs/reliability.md, "Memory under churn").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "meshpilot",

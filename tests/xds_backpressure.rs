@@ -61,8 +61,8 @@ async fn a_proxy_that_stops_reading_costs_little_and_holds_up_no_one() {
     let all: Vec<String> = (0..SERVICES).map(service).collect();
     std::fs::write(cluster.join("services.yaml"), all.join("---")).unwrap();
     let state = tempfile::tempdir().unwrap();
-    // Large buffers straight from mmap and back on free, so RSS follows what is live rather than
-    // what the allocator keeps around.
+    // Freed pages go back at once (jemalloc otherwise keeps them for seconds), so RSS follows
+    // what is live rather than what the allocator keeps around.
     let mp = MeshpilotProcess::spawn_with_env(
         &[
             "discovery",
@@ -81,7 +81,7 @@ async fn a_proxy_that_stops_reading_costs_little_and_holds_up_no_one() {
             "--xds-send-timeout",
             "300s",
         ],
-        &[("MALLOC_MMAP_THRESHOLD_", "131072")],
+        &[("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")],
     );
     let xds = mp.bound_addr("xds").await;
     let admin = mp.bound_addr("admin").await;

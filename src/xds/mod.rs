@@ -2,6 +2,7 @@
 
 mod debug;
 pub mod generate;
+mod grpc;
 pub mod protocol;
 pub mod proxy;
 pub mod push;

@@ -3,7 +3,9 @@
 //! No gRPC here: versions, nonces, ACK/NACK and subscriptions for SotW and Delta are tested
 //! without a server. The server only moves messages.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -234,13 +236,53 @@ pub struct DeltaWatch {
     pub subscribed: BTreeSet<String>,
     /// Bumped whenever `subscribed` changes.
     pub generation: u64,
-    /// What the client holds: name → version.
-    /// Names are the cached resources' own `Arc`s: remembering a resource costs no allocation.
-    pub known: HashMap<Arc<str>, Arc<str>>,
+    /// What the client holds: the cached resources themselves, looked up by name. One pointer
+    /// per resource (a wildcard CDS client holds thousands); unchanged is a pointer match.
+    pub known: HashSet<Held>,
     /// Responses not yet acknowledged: nonce → the names they carried, oldest first. A NACK makes
     /// their versions unknown again, so the next push of the type sends them anew.
     unacked: VecDeque<(Arc<str>, Vec<Arc<str>>)>,
     pub status: TypeStatus,
+}
+
+/// A resource a Delta client holds, keyed by its name.
+#[derive(Debug, Clone)]
+pub struct Held(pub Arc<Resource>);
+
+impl Held {
+    /// A resource the client says it holds (`initial_resource_versions`), known only by version.
+    fn announced(name: String, version: String) -> Self {
+        Held(Arc::new(Resource {
+            name: name.into(),
+            any: Default::default(),
+            version: version.into(),
+        }))
+    }
+
+    fn is(&self, current: &Arc<Resource>) -> bool {
+        Arc::ptr_eq(&self.0, current) || self.0.version == current.version
+    }
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Held {}
+
+impl Hash for Held {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes, so lookups by `&str` find it.
+        (*self.0.name).hash(state);
+    }
+}
+
+impl Borrow<str> for Held {
+    fn borrow(&self) -> &str {
+        &self.0.name
+    }
 }
 
 /// Unacknowledged responses remembered per type: a client answers each in order, so a handful
@@ -261,7 +303,7 @@ impl DeltaWatch {
         if rejected {
             if let Some((_, names)) = answered.last() {
                 for name in names {
-                    self.known.remove(name);
+                    self.known.remove(&**name);
                 }
             }
         }
@@ -283,9 +325,9 @@ impl DeltaWatch {
         let mut changed: Vec<Arc<Resource>> = Vec::new();
         for r in current.iter() {
             match self.known.get(&*r.name) {
-                Some(v) => {
+                Some(held) => {
                     still_known += 1;
-                    if !Arc::ptr_eq(v, &r.version) && **v != *r.version {
+                    if !held.is(r) {
                         changed.push(r.clone());
                     }
                 }
@@ -298,9 +340,10 @@ impl DeltaWatch {
             let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
             removed = self
                 .known
-                .keys()
-                .filter(|n| scope.contains(n) && !present.contains(&***n))
-                .map(|n| n.to_string())
+                .iter()
+                .map(|held| &*held.0.name)
+                .filter(|n| scope.contains(n) && !present.contains(n))
+                .map(str::to_string)
                 .collect();
             removed.sort();
             for name in &removed {
@@ -308,7 +351,7 @@ impl DeltaWatch {
             }
         }
         for r in &changed {
-            self.known.insert(r.name.clone(), r.version.clone());
+            self.known.replace(Held(r.clone()));
         }
         if let (true, Scope::Names(names)) = (announce_absent, scope) {
             let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
@@ -352,7 +395,7 @@ impl DeltaStream {
             watch.known = req
                 .initial_versions
                 .into_iter()
-                .map(|(name, version)| (Arc::from(name), Arc::from(version)))
+                .map(|(name, version)| Held::announced(name, version))
                 .collect();
         }
         let mut requested = BTreeSet::new();
@@ -618,7 +661,7 @@ mod tests {
             Action::Ignore
         );
         let w = &s.watches[&Endpoint];
-        assert!(!w.wants("a") && w.wants("b") && !w.known.contains_key("a"));
+        assert!(!w.wants("a") && w.wants("b") && !w.known.contains("a"));
     }
 
     #[test]

@@ -12,24 +12,22 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use tokio::sync::{mpsc, AcquireError, Semaphore, SemaphorePermit};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
-use tonic::server::{Grpc, NamedService, StreamingService};
+use tonic::server::NamedService;
 use tonic::{Status, Streaming};
 use tracing::{debug, info};
 
 use super::generate::{cluster_host, ResourceCache};
+use super::grpc;
 use super::protocol::{ResourceType, TypeStatus};
 use super::proxy::Proxy;
 use super::push::{PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
-use super::wire::AdsCodec;
 use crate::debug::DebugContext;
 use crate::metrics::XdsMetrics;
 use crate::model::{Audience, Change, Hostname, Mesh};
@@ -429,8 +427,8 @@ impl NodeOf for DeltaDiscoveryRequest {
     }
 }
 
-/// `envoy.service.discovery.v3.AggregatedDiscoveryService`, hand-mounted so responses use the
-/// pre-encoded codec.
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService`, hand-mounted so responses are framed
+/// by `xds/grpc` from pre-encoded segments.
 #[derive(Clone)]
 pub struct AdsService {
     server: Arc<XdsServer>,
@@ -441,19 +439,14 @@ impl NamedService for AdsService {
     const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 }
 
-struct Method<Req> {
-    server: Arc<XdsServer>,
-    authn: Option<Arc<Authenticator>>,
-    delta: bool,
-    new_session: NewSession<Req>,
-}
-
-impl<Req: NodeOf + prost::Message + Default> StreamingService<Req> for Method<Req> {
-    type Response = Bytes;
-    type ResponseStream = ReceiverStream<Result<Bytes, Status>>;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: tonic::Request<Streaming<Req>>) -> Self::Future {
+impl AdsService {
+    /// Starts the stream's task; the response carries what it sends.
+    fn open<Req: NodeOf + prost::Message + Default>(
+        &self,
+        request: tonic::Request<Streaming<Req>>,
+        delta: bool,
+        new_session: NewSession<Req>,
+    ) -> http::Response<tonic::body::Body> {
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let server = self.server.clone();
         let auth = self
@@ -466,14 +459,14 @@ impl<Req: NodeOf + prost::Message + Default> StreamingService<Req> for Method<Re
             request.into_inner(),
             tx.clone(),
             stream::Peer {
-                delta: self.delta,
+                delta,
                 address: peer,
                 auth,
             },
-            self.new_session,
+            new_session,
         );
         tokio::spawn(stream::run_guarded(server, tx, stream));
-        Box::pin(async move { Ok(tonic::Response::new(ReceiverStream::new(rx))) })
+        grpc::response(rx)
     }
 }
 
@@ -505,31 +498,11 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let (server, authn) = (self.server.clone(), self.authn.clone());
-        match request.uri().path() {
-            SOTW_PATH => Box::pin(async move {
-                let method = Method::<DiscoveryRequest> {
-                    server,
-                    authn,
-                    delta: false,
-                    new_session: sotw_session,
-                };
-                Ok(Grpc::new(AdsCodec::<DiscoveryRequest>::default())
-                    .streaming(method, request)
-                    .await)
-            }),
-            DELTA_PATH => Box::pin(async move {
-                let method = Method::<DeltaDiscoveryRequest> {
-                    server,
-                    authn,
-                    delta: true,
-                    new_session: delta_session,
-                };
-                Ok(Grpc::new(AdsCodec::<DeltaDiscoveryRequest>::default())
-                    .streaming(method, request)
-                    .await)
-            }),
-            _ => Box::pin(async move { Ok(Status::unimplemented("no such method").into_http()) }),
-        }
+        let response = match request.uri().path() {
+            SOTW_PATH => self.open(grpc::request(request), false, sotw_session),
+            DELTA_PATH => self.open(grpc::request(request), true, delta_session),
+            _ => Status::unimplemented("no such method").into_http(),
+        };
+        Box::pin(async move { Ok(response) })
     }
 }

@@ -14,7 +14,7 @@ use super::generate::Generation;
 use super::protocol::{Action, DeltaRequest, DeltaStream, ResourceType, Scope, SotwStream};
 use super::push::{plan, PushRequest};
 use super::server::{Connection, XdsServer};
-use super::wire;
+use super::wire::{self, Encoded, Listing};
 use crate::text::clip;
 
 /// Unknown types a stream may ask for before it is refused: bounds what a client makes us remember.
@@ -60,14 +60,14 @@ pub trait Session<Req>: Send + Sync {
         ty: ResourceType,
         scope: &Scope,
         requested: bool,
-        out: &mut Vec<Bytes>,
+        out: &mut Vec<Encoded>,
     );
     fn watched(&self) -> Vec<ResourceType>;
     /// The EDS resources the proxy subscribes to.
     fn eds_names(&self) -> Vec<String>;
 
     /// Appends what a push request means for this stream.
-    fn push(&mut self, reply: &Reply<'_>, request: &PushRequest, out: &mut Vec<Bytes>) {
+    fn push(&mut self, reply: &Reply<'_>, request: &PushRequest, out: &mut Vec<Encoded>) {
         let (watched, eds) = (self.watched(), self.eds_names());
         for (ty, scope) in plan(request, &watched, eds.into_iter()) {
             self.respond(reply, ty, &scope, false, out);
@@ -216,7 +216,7 @@ impl Session<DiscoveryRequest> for SotwSession {
             return self.common.unknown_type(
                 request.type_url,
                 &request.response_nonce,
-                |url, nonce| wire::sotw_response(url, "", nonce, &[]),
+                |url, nonce| wire::sotw_response(url, "", nonce, &Listing::default()).to_bytes(),
             );
         };
         let code = request.error_detail.as_ref().map_or(0, |e| e.code);
@@ -247,7 +247,7 @@ impl Session<DiscoveryRequest> for SotwSession {
         ty: ResourceType,
         scope: &Scope,
         _requested: bool,
-        out: &mut Vec<Bytes>,
+        out: &mut Vec<Encoded>,
     ) {
         let Some(watch) = self.stream.watches.get(&ty) else {
             return;
@@ -257,7 +257,7 @@ impl Session<DiscoveryRequest> for SotwSession {
         let resources = if watch.wildcard {
             g.all(ty)
         } else {
-            g.named(ty, watch.names.iter().filter(|n| scope.contains(n)))
+            Listing::own(g.named(ty, watch.names.iter().filter(|n| scope.contains(n))))
         };
         let nonce = self.common.server.next_nonce();
         out.push(wire::sotw_response(
@@ -344,7 +344,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         ty: ResourceType,
         scope: &Scope,
         requested: bool,
-        out: &mut Vec<Bytes>,
+        out: &mut Vec<Encoded>,
     ) {
         let started = Instant::now();
         let g = reply.generation;
@@ -353,7 +353,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         };
         let first = watch.status.sent_nonce.is_none();
         let (current, considered) = if watch.wildcard && *scope == Scope::All {
-            (g.all(ty), Scope::All)
+            (g.all(ty).iter().cloned().collect(), Scope::All)
         } else {
             let names: BTreeSet<String> = watch
                 .subscribed
@@ -368,13 +368,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             return;
         }
         let nonce = self.common.server.next_nonce();
-        out.push(wire::delta_response(
-            ty.url(),
-            reply.version,
-            &nonce,
-            &changed,
-            &removed,
-        ));
+        out.push(wire::delta_response(ty.url(), reply.version, &nonce, &changed, &removed).into());
         let names = changed.iter().map(|r| r.name.clone()).collect();
         self.stream.sent(ty, reply.version, &nonce, names);
         self.publish_status(ty);

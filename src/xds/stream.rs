@@ -11,7 +11,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::FutureExt;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
@@ -22,6 +21,7 @@ use super::proxy::Proxy;
 use super::push::PushRequest;
 use super::server::{Connection, NodeOf, Registered, XdsServer};
 use super::session::{Answer, Reply, Session};
+use super::wire::Encoded;
 use crate::istio::ConfigKey;
 use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::{Authenticator, Credentials};
@@ -29,7 +29,7 @@ use crate::security::authn::{Authenticator, Credentials};
 /// Encoded responses a stream may have queued for transmission.
 pub const OUTPUT_QUEUE: usize = 1;
 
-pub type ResponseTx = mpsc::Sender<Result<Bytes, Status>>;
+pub type ResponseTx = mpsc::Sender<Result<Encoded, Status>>;
 
 /// Creates a session for a connected proxy.
 pub type NewSession<Req> = fn(Arc<XdsServer>, Arc<Connection>) -> Box<dyn Session<Req>>;
@@ -208,7 +208,7 @@ impl<Req: NodeOf> Stream<Req> {
     async fn answer(&mut self, request: Req) -> bool {
         match self.session.on_request(request) {
             Answer::Nothing => true,
-            Answer::Empty(bytes) => self.send(vec![bytes]).await,
+            Answer::Empty(bytes) => self.send(vec![bytes.into()]).await,
             Answer::Refuse(status) => {
                 let _ = self.tx.send(Err(status)).await;
                 false
@@ -216,7 +216,7 @@ impl<Req: NodeOf> Stream<Req> {
             Answer::Debug(request) => {
                 let conn = self.registered.conn().clone();
                 match super::debug::respond(&self.server, &conn, request) {
-                    Ok(bytes) => self.send(vec![bytes]).await,
+                    Ok(bytes) => self.send(vec![bytes.into()]).await,
                     Err(status) => {
                         let _ = self.tx.send(Err(status)).await;
                         false
@@ -256,8 +256,8 @@ impl<Req: NodeOf> Stream<Req> {
     /// Assembles responses from one snapshot of the mesh.
     fn build(
         &mut self,
-        assemble: impl FnOnce(&mut dyn Session<Req>, &Reply<'_>, &mut Vec<Bytes>),
-    ) -> Vec<Bytes> {
+        assemble: impl FnOnce(&mut dyn Session<Req>, &Reply<'_>, &mut Vec<Encoded>),
+    ) -> Vec<Encoded> {
         let snapshot = self.server.mesh().snapshot();
         let conn = self.registered.conn();
         let generation = Generation::new(&snapshot, self.server.cache(), &conn.proxy);
@@ -272,11 +272,11 @@ impl<Req: NodeOf> Stream<Req> {
 
     /// Queues responses in order, waiting for room; a proxy that does not read for the send timeout
     /// loses its stream (it reconnects and gets everything afresh).
-    async fn send(&self, out: Vec<Bytes>) -> bool {
+    async fn send(&self, out: Vec<Encoded>) -> bool {
         let timeout: Duration = self.server.options().send_timeout;
         let started = tokio::time::Instant::now();
-        for bytes in out {
-            match tokio::time::timeout(timeout, self.tx.send(Ok(bytes))).await {
+        for response in out {
+            match tokio::time::timeout(timeout, self.tx.send(Ok(response))).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return false,
                 Err(_) => {

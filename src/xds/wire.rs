@@ -1,17 +1,18 @@
 //! Encode once, send many: resources are encoded a single time and responses are assembled from
-//! their bytes, so a push to K proxies costs K memory copies, not K protobuf encodings.
+//! their bytes, so a push to K proxies costs K memory copies, not K protobuf encodings. A list many
+//! proxies share (a wildcard CDS or LDS) is encoded once as a block that every SotW response
+//! carrying it references: such a response is sent as segments, and the block is never copied.
 //!
-//! The tonic codec here writes such pre-assembled responses as they are and decodes requests with
-//! prost.
+//! The decoder here reads requests with prost.
 
 use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::{Message, Name};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{DecodeBuf, Decoder};
 use tonic::Status;
 
 /// One resource, encoded as a `google.protobuf.Any`.
@@ -53,30 +54,126 @@ fn field_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
 }
 
-/// An encoded `DiscoveryResponse`.
-pub fn sotw_response(
-    type_url: &str,
-    version: &str,
-    nonce: &str,
-    resources: &[Arc<Resource>],
-) -> Bytes {
-    let size: usize = resources
-        .iter()
-        .map(|r| field_len(2, r.any.len()))
-        .sum::<usize>()
-        + field_len(1, version.len())
-        + field_len(4, type_url.len())
-        + field_len(5, nonce.len());
-    let mut buf = BytesMut::with_capacity(size);
-    put_bytes(&mut buf, 1, version.as_bytes());
+/// Resources many proxies receive together, with their SotW encoding (the `resources` fields of a
+/// `DiscoveryResponse`) built on first use and then shared by every response that carries them.
+#[derive(Debug, Default)]
+pub struct SharedList {
+    pub resources: Vec<Arc<Resource>>,
+    sotw: OnceLock<Bytes>,
+}
+
+impl SharedList {
+    pub fn new(resources: Vec<Arc<Resource>>) -> Self {
+        Self {
+            resources,
+            sotw: OnceLock::new(),
+        }
+    }
+
+    fn sotw_block(&self) -> &Bytes {
+        self.sotw.get_or_init(|| {
+            let mut buf = BytesMut::with_capacity(resource_fields_len(&self.resources));
+            put_resource_fields(&mut buf, &self.resources);
+            buf.freeze()
+        })
+    }
+}
+
+/// The resources of one response: a shared list, whole, then resources built for this proxy.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub shared: Option<Arc<SharedList>>,
+    pub own: Vec<Arc<Resource>>,
+}
+
+impl Listing {
+    pub fn own(own: Vec<Arc<Resource>>) -> Self {
+        Self { shared: None, own }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        let shared = self.shared.as_deref().map_or(&[][..], |s| &s.resources);
+        shared.iter().chain(&self.own)
+    }
+
+    pub fn len(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| s.resources.len()) + self.own.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An encoded response as the segments it is written in: a shared block is referenced, not copied.
+#[derive(Debug, Clone, Default)]
+pub struct Encoded(Vec<Bytes>);
+
+impl Encoded {
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn segments(self) -> Vec<Bytes> {
+        self.0
+    }
+
+    /// The message in one piece (tests and debugging).
+    pub fn to_bytes(&self) -> Bytes {
+        match &self.0[..] {
+            [one] => one.clone(),
+            parts => parts.concat().into(),
+        }
+    }
+}
+
+impl From<Vec<Bytes>> for Encoded {
+    fn from(segments: Vec<Bytes>) -> Self {
+        Self(segments)
+    }
+}
+
+impl From<Bytes> for Encoded {
+    fn from(bytes: Bytes) -> Self {
+        Self(vec![bytes])
+    }
+}
+
+fn resource_fields_len(resources: &[Arc<Resource>]) -> usize {
+    resources.iter().map(|r| field_len(2, r.any.len())).sum()
+}
+
+fn put_resource_fields(buf: &mut BytesMut, resources: &[Arc<Resource>]) {
     for r in resources {
-        encode_key(2, WireType::LengthDelimited, &mut buf);
-        encode_varint(r.any.len() as u64, &mut buf);
+        encode_key(2, WireType::LengthDelimited, buf);
+        encode_varint(r.any.len() as u64, buf);
         buf.put_slice(&r.any);
     }
-    put_bytes(&mut buf, 4, type_url.as_bytes());
-    put_bytes(&mut buf, 5, nonce.as_bytes());
-    buf.freeze()
+}
+
+/// An encoded `DiscoveryResponse`: the version, the shared block by reference, then the proxy's own
+/// resources, the type and the nonce (fields may come in any order; resources keep theirs).
+pub fn sotw_response(type_url: &str, version: &str, nonce: &str, listing: &Listing) -> Encoded {
+    let mut head = BytesMut::with_capacity(field_len(1, version.len()));
+    put_bytes(&mut head, 1, version.as_bytes());
+    let mut segments = vec![head.freeze()];
+    if let Some(shared) = listing.shared.as_ref().filter(|s| !s.resources.is_empty()) {
+        segments.push(shared.sotw_block().clone());
+    }
+    let mut tail = BytesMut::with_capacity(
+        resource_fields_len(&listing.own)
+            + field_len(4, type_url.len())
+            + field_len(5, nonce.len()),
+    );
+    put_resource_fields(&mut tail, &listing.own);
+    put_bytes(&mut tail, 4, type_url.as_bytes());
+    put_bytes(&mut tail, 5, nonce.as_bytes());
+    segments.push(tail.freeze());
+    Encoded(segments)
 }
 
 /// An encoded `DeltaDiscoveryResponse`.
@@ -118,43 +215,14 @@ pub fn delta_response(
     buf.freeze()
 }
 
-/// Codec for ADS: requests decoded by prost, responses written as pre-encoded bytes.
-pub struct AdsCodec<Req>(PhantomData<Req>);
+/// Decodes ADS requests with prost.
+pub struct ProstDecoder<T>(PhantomData<T>);
 
-impl<Req> Default for AdsCodec<Req> {
+impl<T> Default for ProstDecoder<T> {
     fn default() -> Self {
         Self(PhantomData)
     }
 }
-
-impl<Req: Message + Default + Send + 'static> Codec for AdsCodec<Req> {
-    type Encode = Bytes;
-    type Decode = Req;
-    type Encoder = BytesEncoder;
-    type Decoder = ProstDecoder<Req>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        BytesEncoder
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder(PhantomData)
-    }
-}
-
-pub struct BytesEncoder;
-
-impl Encoder for BytesEncoder {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-pub struct ProstDecoder<T>(PhantomData<T>);
 
 impl<T: Message + Default> Decoder for ProstDecoder<T> {
     type Item = T;
@@ -186,8 +254,12 @@ mod tests {
     #[test]
     fn sotw_bytes_decode_as_a_discovery_response() {
         let type_url = ClusterLoadAssignment::type_url();
-        let bytes = sotw_response(&type_url, "v1", "n1", &[cla("a"), cla("b")]);
-        let decoded = DiscoveryResponse::decode(bytes).unwrap();
+        let listing = Listing {
+            shared: Some(Arc::new(SharedList::new(vec![cla("a")]))),
+            own: vec![cla("b")],
+        };
+        let encoded = sotw_response(&type_url, "v1", "n1", &listing);
+        let decoded = DiscoveryResponse::decode(encoded.to_bytes()).unwrap();
         assert_eq!(
             (decoded.version_info.as_str(), decoded.nonce.as_str()),
             ("v1", "n1")
@@ -197,6 +269,28 @@ mod tests {
         let first = ClusterLoadAssignment::decode(&decoded.resources[0].value[..]).unwrap();
         assert_eq!(first.cluster_name, "a");
         assert_eq!(decoded.resources[0].type_url, type_url);
+        let second = ClusterLoadAssignment::decode(&decoded.resources[1].value[..]).unwrap();
+        assert_eq!(
+            second.cluster_name, "b",
+            "shared resources first, then the proxy's own"
+        );
+    }
+
+    #[test]
+    fn responses_reference_the_shared_block_instead_of_copying_it() {
+        let type_url = ClusterLoadAssignment::type_url();
+        let shared = Arc::new(SharedList::new(vec![cla("a"), cla("b")]));
+        let listing = |shared: &Arc<SharedList>| Listing {
+            shared: Some(shared.clone()),
+            own: Vec::new(),
+        };
+        let one = sotw_response(&type_url, "v1", "n1", &listing(&shared)).segments();
+        let two = sotw_response(&type_url, "v1", "n2", &listing(&shared)).segments();
+        assert_eq!(
+            one[1].as_ptr(),
+            two[1].as_ptr(),
+            "one block, referenced twice"
+        );
     }
 
     #[test]

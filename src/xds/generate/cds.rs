@@ -26,7 +26,7 @@ use crate::istio::destination_rule::TlsMode as ClientTlsMode;
 use crate::model::{Locality, Protocol, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
-use crate::xds::wire::Resource;
+use crate::xds::wire::{Resource, SharedList};
 
 pub const BLACKHOLE: &str = "BlackHoleCluster";
 pub const PASSTHROUGH: &str = "PassthroughCluster";
@@ -38,7 +38,7 @@ const CONNECT_TIMEOUT_SECS: i64 = 10;
 /// one per visible service port and subset (for a gateway passing mesh mTLS through, one per SNI
 /// as well or instead), plus Istio's fixed clusters for sidecars. Assembled once per snapshot
 /// version.
-pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
+pub fn shared(g: &Generation<'_>) -> Arc<SharedList> {
     let needs = gateway::cluster_needs(g);
     let stamp = [
         g.services_version(),

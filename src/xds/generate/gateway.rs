@@ -237,7 +237,7 @@ fn listener_name(port: u16) -> String {
 }
 
 /// Every listener of a router.
-pub fn listeners(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
+pub fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
     let bound = bound(g);
     let by_port = servers(g, &bound);
     let ports: Vec<u16> = match bound.is_empty() {

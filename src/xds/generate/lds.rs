@@ -31,16 +31,17 @@ use super::{ads, grpc_target, outbound_cluster, socket, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
-use crate::xds::wire::Resource;
+use crate::xds::wire::{Resource, SharedList};
 
 pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
 pub const VIRTUAL_INBOUND: &str = "virtualInbound";
 const OUTBOUND_PORT: u16 = 15001;
 
 /// The listeners every proxy of this kind (and cluster) shares, assembled once per model version.
-pub fn shared(g: &Generation<'_>) -> Arc<[Arc<Resource>]> {
+pub fn shared(g: &Generation<'_>) -> Arc<SharedList> {
     if gateway::is_router(g) {
-        return gateway::listeners(g);
+        // A router's listeners are its own (built through the per-resource cache).
+        return Arc::new(SharedList::new(gateway::listeners(g)));
     }
     let cluster = g
         .proxy

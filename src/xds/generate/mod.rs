@@ -35,7 +35,7 @@ use parking_lot::RwLock;
 
 use super::protocol::ResourceType;
 use super::proxy::{Generator, Proxy, ProxyType};
-use super::wire::Resource;
+use super::wire::{Listing, Resource, SharedList};
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::MeshConfig;
@@ -79,18 +79,20 @@ impl Generation<'_> {
             .clone()
     }
 
-    /// Every resource of a wildcard subscription.
-    pub fn all(&self, ty: ResourceType) -> Vec<Arc<Resource>> {
+    /// Every resource of a wildcard subscription: the list shared by proxies with the same traits,
+    /// then the proxy's own.
+    pub fn all(&self, ty: ResourceType) -> Listing {
         let (shared, own) = match ty {
             ResourceType::Cluster => (cds::shared(self), cds::own_names(self)),
             ResourceType::Listener => (lds::shared(self), lds::own_names(self)),
             ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => {
-                return Vec::new()
+                return Listing::default()
             }
         };
-        let mut all = shared.to_vec();
-        all.extend(own.iter().filter_map(|n| self.build(ty, n)));
-        all
+        Listing {
+            shared: Some(shared),
+            own: self.build_all(ty, own),
+        }
     }
 
     /// Builds (through the per-resource cache) every resource of `names`.
@@ -347,7 +349,7 @@ fn off_worker<R>(work: impl FnOnce() -> R) -> R {
 #[derive(Default)]
 pub struct ResourceCache {
     entries: Sharded<Option<Arc<Resource>>>,
-    lists: Sharded<Arc<[Arc<Resource>]>>,
+    lists: Sharded<Arc<SharedList>>,
     builds: AtomicU64,
 }
 
@@ -373,9 +375,10 @@ impl ResourceCache {
         variant: u64,
         stamp: Stamp,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
-    ) -> Arc<[Arc<Resource>]> {
-        self.lists
-            .get_or_build(ty, "", variant, stamp, || build().into())
+    ) -> Arc<SharedList> {
+        self.lists.get_or_build(ty, "", variant, stamp, || {
+            Arc::new(SharedList::new(build()))
+        })
     }
 
     /// Drops entries built from an older service table (after a full push).

@@ -1,0 +1,418 @@
+//! The anchor every xDS figure is set beside: the simplest server that could serve the harness's
+//! proxies. Plain tonic and prost, a fixed set of resources (captured from meshpilot, so both send
+//! the same bytes), and when one resource changes every stream watching it is sent that type again:
+//! SotW the whole subscribed list, encoded per stream; Delta the changed resource. No registry, no
+//! model, no shared encodings: the cost a control plane's own work sits on.
+//!
+//! It runs as a child process (the bench binary started again as `naive-serve <file>`), so its CPU
+//! and memory are read from /proc like meshpilot's. Changes arrive as lines on its stdin.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::{address, socket_address, Node};
+use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint, ClusterLoadAssignment};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    Resource as DeltaResource,
+};
+use envoy_types::pb::google::protobuf::Any;
+use parking_lot::{Mutex, RwLock};
+use prost::Message;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::ads::{self, Subscription, CDS, EDS};
+
+/// The subcommand the bench binary runs the anchor under.
+pub const SUBCOMMAND: &str = "naive-serve";
+
+/// The anchor as a child process.
+pub struct NaiveServer {
+    child: Child,
+    stdin: Mutex<ChildStdin>,
+    pub xds: SocketAddr,
+    _resources: tempfile::NamedTempFile,
+}
+
+impl NaiveServer {
+    /// Starts the anchor serving `resources`; returns once it listens.
+    pub fn start(resources: Vec<Any>) -> NaiveServer {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        let all = DiscoveryResponse {
+            resources,
+            ..Default::default()
+        };
+        file.write_all(&all.encode_to_vec())
+            .expect("write resources");
+        let mut child = Command::new(std::env::current_exe().expect("bench binary"))
+            .arg(SUBCOMMAND)
+            .arg(file.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the naive server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("naive server address");
+        let xds = line
+            .trim()
+            .strip_prefix("xds ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("naive server did not start: {line:?}"));
+        let stdin = Mutex::new(child.stdin.take().expect("stdin"));
+        NaiveServer {
+            child,
+            stdin,
+            xds,
+            _resources: file,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The first endpoint of `cluster`'s assignment moves to `address`.
+    pub fn move_endpoint(&self, cluster: &str, address: &str) {
+        self.command(&format!("endpoint {cluster} {address}"));
+    }
+
+    /// A cluster `name` is added, a copy of the first one.
+    pub fn add_cluster(&self, name: &str) {
+        self.command(&format!("cluster {name}"));
+    }
+
+    fn command(&self, line: &str) {
+        let mut stdin = self.stdin.lock();
+        writeln!(stdin, "{line}").expect("naive server alive");
+        stdin.flush().expect("naive server alive");
+    }
+}
+
+impl Drop for NaiveServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What `server` sends for each subscription, as the anchor's fixed resources.
+pub async fn capture(server: SocketAddr, subscriptions: Vec<Subscription>) -> Vec<Any> {
+    let mut all = Vec::new();
+    for sub in subscriptions {
+        let channel = ads::connect(server).await.expect("connect to capture");
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let mut done = Some(done);
+        let mut pending: BTreeSet<&str> = sub.types.iter().map(|(t, _)| *t).collect();
+        let mut got = Vec::new();
+        let cancel = async {
+            let _ = finished.await;
+        };
+        ads::stream(
+            channel,
+            &sub,
+            |raw| {
+                let response = DiscoveryResponse::decode(raw.body.clone()).expect("a response");
+                got.extend(response.resources);
+                pending.remove(raw.type_url.as_str());
+                if pending.is_empty() {
+                    done.take().map(|d| d.send(()));
+                }
+            },
+            cancel,
+        )
+        .await
+        .expect("capture stream");
+        all.append(&mut got);
+    }
+    all
+}
+
+/// A SotW subscription of `node` to one type.
+pub fn subscription(node: Node, type_url: &'static str, names: Vec<String>) -> Subscription {
+    Subscription {
+        node,
+        delta: false,
+        types: vec![(type_url, names)],
+    }
+}
+
+/// The child process: serves the resources in `path` on 127.0.0.1:0, prints `xds <addr>`, and
+/// applies the changes read from stdin until it closes.
+pub fn serve(path: &str) {
+    let bytes = std::fs::read(path).expect("resources file");
+    let state = Arc::new(State::new(
+        DiscoveryResponse::decode(&bytes[..])
+            .expect("resources")
+            .resources,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        // The same accept backlog as meshpilot's, for thousands of proxies connecting at once.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("address"))
+            .expect("bind");
+        let listener = socket.listen(4096).expect("listen");
+        println!("xds {}", listener.local_addr().expect("address"));
+        let commands = state.clone();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                commands.apply(&line);
+            }
+            std::process::exit(0);
+        });
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(Naive(state)))
+            .serve_with_incoming(incoming)
+            .await
+            .expect("serve");
+    });
+}
+
+/// Type URL → name → (version, resource).
+type ByType = HashMap<String, BTreeMap<String, (u64, Any)>>;
+
+/// The resources by type and name, each with a version, and the changes as they happen.
+struct State {
+    resources: RwLock<ByType>,
+    changes: broadcast::Sender<(String, String)>,
+}
+
+impl State {
+    fn new(resources: Vec<Any>) -> State {
+        let mut by_type = ByType::new();
+        for any in resources {
+            let name = resource_name(&any);
+            by_type
+                .entry(any.type_url.clone())
+                .or_default()
+                .insert(name, (1, any));
+        }
+        State {
+            resources: RwLock::new(by_type),
+            // The harness changes one resource at a time; a stream this far behind is ended.
+            changes: broadcast::channel(4096).0,
+        }
+    }
+
+    /// One stdin command: `endpoint <cluster> <address>` or `cluster <name>`.
+    fn apply(&self, line: &str) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let changed = match words[..] {
+            ["endpoint", cluster, address] => self.update(EDS, cluster, |any| {
+                let mut cla = ClusterLoadAssignment::decode(&any.value[..]).expect("assignment");
+                let first = cla
+                    .endpoints
+                    .iter_mut()
+                    .flat_map(|l| l.lb_endpoints.iter_mut())
+                    .next()
+                    .expect("an endpoint");
+                if let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &mut first.host_identifier {
+                    if let Some(address::Address::SocketAddress(s)) =
+                        e.address.as_mut().and_then(|a| a.address.as_mut())
+                    {
+                        s.address = address.to_string();
+                        s.port_specifier = Some(socket_address::PortSpecifier::PortValue(80));
+                    }
+                }
+                any.value = cla.encode_to_vec();
+            }),
+            ["cluster", name] => {
+                let mut resources = self.resources.write();
+                let clusters = resources.get_mut(CDS).expect("clusters");
+                let (_, first) = clusters.values().next().expect("a cluster").clone();
+                let mut cluster = Cluster::decode(&first.value[..]).expect("cluster");
+                cluster.name = name.to_string();
+                if let Some(eds) = cluster.eds_cluster_config.as_mut() {
+                    eds.service_name = name.to_string();
+                }
+                let any = Any {
+                    type_url: CDS.to_string(),
+                    value: cluster.encode_to_vec(),
+                };
+                clusters.insert(name.to_string(), (1, any));
+                Some((CDS, name))
+            }
+            _ => panic!("unknown command {line:?}"),
+        };
+        if let Some((type_url, name)) = changed {
+            let _ = self.changes.send((type_url.to_string(), name.to_string()));
+        }
+    }
+
+    fn update<'a>(
+        &self,
+        type_url: &'static str,
+        name: &'a str,
+        change: impl FnOnce(&mut Any),
+    ) -> Option<(&'static str, &'a str)> {
+        let mut resources = self.resources.write();
+        let (version, any) = resources.get_mut(type_url)?.get_mut(name)?;
+        change(any);
+        *version += 1;
+        Some((type_url, name))
+    }
+
+    /// The resources of `type_url` named in `names` (all of them for none), with their versions.
+    fn select(&self, type_url: &str, names: &BTreeSet<String>) -> Vec<(String, u64, Any)> {
+        let resources = self.resources.read();
+        let Some(of_type) = resources.get(type_url) else {
+            return Vec::new();
+        };
+        of_type
+            .iter()
+            .filter(|(name, _)| names.is_empty() || names.contains(*name))
+            .map(|(name, (version, any))| (name.clone(), *version, any.clone()))
+            .collect()
+    }
+}
+
+fn resource_name(any: &Any) -> String {
+    use envoy_types::pb::envoy::config::listener::v3::Listener;
+    match any.type_url.as_str() {
+        CDS => Cluster::decode(&any.value[..]).map(|c| c.name),
+        EDS => ClusterLoadAssignment::decode(&any.value[..]).map(|c| c.cluster_name),
+        _ => Listener::decode(&any.value[..]).map(|l| l.name),
+    }
+    .expect("a resource the harness knows")
+}
+
+struct Naive(Arc<State>);
+
+/// Type URL → the names a stream watches (none: all of them).
+type Watched = HashMap<String, BTreeSet<String>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Naive {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let state = self.0.clone();
+        let mut changes = state.changes.subscribe();
+        tokio::spawn(async move {
+            let mut watched = Watched::new();
+            let mut nonce = 0u64;
+            let respond = |type_url: &str, names: &BTreeSet<String>, nonce: &mut u64| {
+                *nonce += 1;
+                let resources = state.select(type_url, names);
+                DiscoveryResponse {
+                    version_info: resources.iter().map(|(_, v, _)| v).sum::<u64>().to_string(),
+                    resources: resources.into_iter().map(|(_, _, any)| any).collect(),
+                    type_url: type_url.to_string(),
+                    nonce: nonce.to_string(),
+                    ..Default::default()
+                }
+            };
+            loop {
+                let response = tokio::select! {
+                    request = requests.message() => {
+                        let Ok(Some(request)) = request else { break };
+                        let names: BTreeSet<String> = request.resource_names.into_iter().collect();
+                        // An ACK of what the stream already watches needs no answer.
+                        if !request.response_nonce.is_empty() && watched.get(&request.type_url) == Some(&names) {
+                            continue;
+                        }
+                        let response = respond(&request.type_url, &names, &mut nonce);
+                        watched.insert(request.type_url, names);
+                        response
+                    }
+                    change = changes.recv() => {
+                        let Ok((type_url, name)) = change else { break };
+                        match watched.get(&type_url) {
+                            Some(names) if names.is_empty() || names.contains(&name) => {
+                                respond(&type_url, names, &mut nonce)
+                            }
+                            _ => continue,
+                        }
+                    }
+                };
+                if tx.send(Ok(response)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let mut requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let state = self.0.clone();
+        let mut changes = state.changes.subscribe();
+        tokio::spawn(async move {
+            let mut watched = Watched::new();
+            let mut nonce = 0u64;
+            let respond = |type_url: &str, names: &BTreeSet<String>, nonce: &mut u64| {
+                *nonce += 1;
+                DeltaDiscoveryResponse {
+                    resources: state
+                        .select(type_url, names)
+                        .into_iter()
+                        .map(|(name, version, any)| DeltaResource {
+                            name,
+                            version: version.to_string(),
+                            resource: Some(any),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    type_url: type_url.to_string(),
+                    nonce: nonce.to_string(),
+                    ..Default::default()
+                }
+            };
+            loop {
+                let response = tokio::select! {
+                    request = requests.message() => {
+                        let Ok(Some(request)) = request else { break };
+                        if request.resource_names_subscribe.is_empty() && !request.response_nonce.is_empty() {
+                            continue;
+                        }
+                        let new: BTreeSet<String> = request.resource_names_subscribe.into_iter().collect();
+                        let response = respond(&request.type_url, &new, &mut nonce);
+                        watched.entry(request.type_url).or_default().extend(new);
+                        response
+                    }
+                    change = changes.recv() => {
+                        let Ok((type_url, name)) = change else { break };
+                        match watched.get(&type_url) {
+                            Some(names) if names.is_empty() || names.contains(&name) => {
+                                respond(&type_url, &BTreeSet::from([name]), &mut nonce)
+                            }
+                            _ => continue,
+                        }
+                    }
+                };
+                if tx.send(Ok(response)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
