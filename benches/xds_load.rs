@@ -104,7 +104,8 @@ fn ip(cluster: usize, n: usize) -> String {
     format!("10.{}.{}.{}", 100 + cluster, n / 250, n % 250 + 1)
 }
 
-/// Services `range` with their pods and slices, as cluster `c` (of `clusters`) holds them.
+/// Services `range` with their pods and slices, as cluster `c` holds them: the endpoints `j` with
+/// `j % clusters == c % clusters`, at addresses of their own per `c`.
 fn populate(
     api: &TestApiServer,
     c: usize,
@@ -117,7 +118,7 @@ fn populate(
             "metadata": {"name": format!("svc-{i}"), "namespace": NS},
             "spec": {"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "ports": [{"name": "http", "port": 80}]}}));
         let mut eps = Vec::new();
-        for j in (0..endpoints).filter(|j| j % clusters == c) {
+        for j in (0..endpoints).filter(|j| j % clusters == c % clusters) {
             let n = i * endpoints + j;
             let (pod, address) = (format!("p-{i}-{j}"), ip(c, n));
             api.apply(json!({"apiVersion": "v1", "kind": "Pod",
@@ -657,8 +658,7 @@ async fn remotes(a: &Args) {
     let mut servers = Vec::new();
     for c in 1..=a.clusters {
         let api = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
-        // Cluster `c`'s endpoints get their own addresses (10.<100+c>.…); with one cluster in
-        // `populate`'s split, every endpoint of the range lands in it.
+        // Every endpoint of the range lands in cluster `c`, at addresses of its own (10.<100+c>.…).
         populate(&api, c, 1, 0..a.services, a.endpoints);
         servers.push(api);
     }

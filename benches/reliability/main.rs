@@ -2,7 +2,7 @@
 //! servers (the config cluster c0 and remotes onboarded by Secret):
 //!
 //!   cargo bench --bench reliability -- [soak|crash] [--proxies K] [--services S] [--clusters C]
-//!       [--eds-per-proxy N] [--seconds T | --minutes T] [--crashes N] [--debounce 10ms]
+//!       [--eds-per-proxy N] [--seconds T | --minutes T] [--warm-up D] [--crashes N] [--debounce 10ms]
 //!       [--flap-every D] [--service-every D] [--rotate-every D] [--reconnect-every D] [--config-every D]
 //!
 //! `soak`: churn of every kind while K proxies stay connected (see soak.rs); `crash`: kill -9 and
@@ -49,6 +49,8 @@ pub struct Args {
     pub eds_per_proxy: usize,
     /// How long the soak churns.
     pub duration: Duration,
+    /// The soak's RSS is held flat after this much of it (default: a fifth).
+    pub warm_up: Option<Duration>,
     pub crashes: usize,
     /// meshpilot's quiet period before a push: short, so that churn every few tens of
     /// milliseconds is pushed rather than held until the longest wait (10 s).
@@ -64,6 +66,7 @@ fn args() -> Args {
         clusters: 3,
         eds_per_proxy: 5,
         duration: Duration::from_secs(6),
+        warm_up: None,
         crashes: 2,
         debounce: "10ms".into(),
         every: Every {
@@ -88,6 +91,7 @@ fn args() -> Args {
             "--minutes" => {
                 a.duration = Duration::from_secs(60 * value().parse::<u64>().expect("--minutes"))
             }
+            "--warm-up" => a.warm_up = Some(duration(value())),
             "--crashes" => a.crashes = value().parse().expect("--crashes"),
             "--debounce" => a.debounce = value(),
             "--flap-every" => a.every.flap = duration(value()),

@@ -90,10 +90,11 @@ pub async fn run(a: &Args) {
 
     let stats = &fleet.stats;
     println!("{}", stats.summary());
-    let flat = rss_flatness(&samples, a.duration);
+    let warm_up = a.warm_up.unwrap_or(a.duration / 5);
+    let flat = rss_flatness(&samples, a.duration, warm_up);
     if let Some((baseline, worst, last)) = flat {
         println!(
-            "RSS after warm-up: baseline {baseline:.1} MiB; windows within {worst:+.1} % of it at worst; last window {last:+.1} %"
+            "RSS after a warm-up of {warm_up:?}: baseline {baseline:.1} MiB; windows within {worst:+.1} % of it at worst; last window {last:+.1} %"
         );
     }
     stats.assert_clean();
@@ -117,11 +118,11 @@ async fn eventually(bound: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
-/// After a warm-up of a fifth of the run, the mean RSS of each tenth of the run against the first
-/// such window: (baseline MiB, largest deviation %, last window's deviation %).
-fn rss_flatness(samples: &[f64], duration: Duration) -> Option<(f64, f64, f64)> {
+/// After the warm-up, the mean RSS of each tenth of the run against the first such window:
+/// (baseline MiB, largest deviation %, last window's deviation %).
+fn rss_flatness(samples: &[f64], duration: Duration, warm_up: Duration) -> Option<(f64, f64, f64)> {
     let per_window = ((duration.as_secs_f64() / 10.0 / SAMPLE.as_secs_f64()) as usize).max(1);
-    let warm = samples.len() / 5;
+    let warm = (warm_up.as_secs_f64() / SAMPLE.as_secs_f64()) as usize;
     let windows: Vec<f64> = samples
         .get(warm..)?
         .chunks(per_window)
