@@ -10,7 +10,8 @@
 //! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory),
 //! `single` (one change among S services reaching one subscribed proxy: file clusters, where each
 //! round renames one file into a directory of S, and the same through the Kubernetes path),
-//! `remotes` (C remote clusters of S services × E endpoints onboarded at once), `all`.
+//! `remotes` (C remote clusters of S services × E endpoints onboarded at once), `config` (S
+//! DestinationRules and VirtualServices, one rule changed per round), `all`.
 //! Without arguments it is a small smoke run of every scenario (what CI runs).
 //!
 //! Every convergence and memory scenario runs twice in the same run: against meshpilot, then
@@ -193,8 +194,14 @@ struct Observed {
     eds: Mutex<HashMap<usize, Vec<Duration>>>,
     /// Round → latency of each proxy's first CDS response naming that round's new service.
     full: Mutex<HashMap<usize, Vec<Duration>>>,
+    /// Round → latency of each proxy's first CDS response with that round's subset (a
+    /// DestinationRule change).
+    subset: Mutex<HashMap<usize, Vec<Duration>>>,
     ready: AtomicUsize,
     messages: AtomicUsize,
+    /// Responses to proxies without a CDS watch: a DestinationRule change concerns them only if
+    /// they watch its service.
+    unconcerned: AtomicUsize,
 }
 
 /// The marks a round's change carries: the hot service's endpoint address, or a new service's name.
@@ -269,6 +276,9 @@ async fn session(
     };
     let record = |raw: &Raw| {
         observed.messages.fetch_add(1, Ordering::Relaxed);
+        if !spec.cds || spec.grpc {
+            observed.unconcerned.fetch_add(1, Ordering::Relaxed);
+        }
         let guard = round.lock();
         let Some(r) = guard.as_ref() else { return };
         let latency = r.started.elapsed();
@@ -282,10 +292,18 @@ async fn session(
             if contains(&raw.body, &needle) {
                 observed.eds.lock().entry(r.id).or_default().push(latency);
             }
-        } else if raw.type_url == CDS
-            && contains(&raw.body, format!("||round-{}.", r.id).as_bytes())
-        {
-            observed.full.lock().entry(r.id).or_default().push(latency);
+        } else if raw.type_url == CDS {
+            if contains(&raw.body, format!("||round-{}.", r.id).as_bytes()) {
+                observed.full.lock().entry(r.id).or_default().push(latency);
+            }
+            if contains(&raw.body, format!("|round-{}|svc-", r.id).as_bytes()) {
+                observed
+                    .subset
+                    .lock()
+                    .entry(r.id)
+                    .or_default()
+                    .push(latency);
+            }
         }
     };
     let wanted = subscription.types.len();
@@ -315,6 +333,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The services proxy `index` watches the EDS of: the hot one and a spread of others.
+fn watched_services(a: &Args, index: usize) -> impl Iterator<Item = usize> + '_ {
+    std::iter::once(0).chain(
+        (1..a.eds_per_proxy).map(move |k| 1 + (index * 7 + k * 13) % (a.services - 1).max(1)),
+    )
+}
+
+/// Whether proxy `index` is a sidecar on wildcard CDS.
+fn watches_cds(a: &Args, index: usize) -> bool {
+    index % 4 != 3 && index.is_multiple_of(a.cds_every)
+}
+
 async fn connect_proxies(
     xds: SocketAddr,
     a: &Args,
@@ -325,19 +355,12 @@ async fn connect_proxies(
     let start = observed.ready.load(Ordering::Relaxed);
     for wave in (0..count).collect::<Vec<_>>().chunks(500) {
         for &index in wave {
-            let names = std::iter::once(0)
-                .chain(
-                    (1..a.eds_per_proxy)
-                        .map(|k| 1 + (index * 7 + k * 13) % (a.services - 1).max(1)),
-                )
-                .map(cluster_name)
-                .collect();
             let spec = ProxySpec {
                 index: start + index,
                 delta: index % 2 == 1,
                 grpc: index % 4 == 3,
-                cds: index % a.cds_every == 0 || a.cds_every == 1,
-                names,
+                cds: watches_cds(a, index),
+                names: watched_services(a, index).map(cluster_name).collect(),
             };
             tokio::spawn(proxy(xds, spec, observed.clone(), round.clone()));
         }
@@ -540,9 +563,7 @@ async fn converge(server: &Server, a: &Args) -> Figures {
     );
 
     // Full push: a service is added; every sidecar must see the new cluster.
-    let sidecars = (0..a.proxies)
-        .filter(|i| i % 4 != 3 && (i % a.cds_every == 0 || a.cds_every == 1))
-        .count();
+    let sidecars = (0..a.proxies).filter(|&i| watches_cds(a, i)).count();
     let (mut fulls, mut cpus) = (vec![], vec![]);
     for r in 1..=a.rounds.min(3) {
         let (cpu0, _) = proc_stats(pid);
@@ -706,6 +727,91 @@ async fn remotes(a: &Args) {
     );
 }
 
+/// Config at scale: every service has a DestinationRule (a subset) and a VirtualService (routing
+/// to it); each round the DestinationRule of a service no proxy watches the EDS of gains a subset
+/// `round-<r>`, and every sidecar on wildcard CDS must see its cluster. The other proxies are not
+/// concerned and should receive nothing.
+async fn config_at_scale(a: &Args) {
+    println!(
+        "## config at scale: {} DestinationRules + {} VirtualServices, {} proxies (1 sidecar in {} on wildcard CDS)",
+        a.services, a.services, a.proxies, a.cds_every
+    );
+    // One service more than the proxies pick EDS names from: only wildcard-CDS sidecars see it.
+    let plane = start_plane(a, a.services + 1, a.endpoints, a.clusters).await;
+    for i in 0..=a.services {
+        plane.servers[0].apply(destination_rule(i, &["v1"]));
+        plane.servers[0].apply(
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": format!("svc-{i}"), "namespace": NS},
+            "spec": {"hosts": [host(i)], "http": [{"timeout": "5s",
+                "route": [{"destination": {"host": host(i), "subset": "v1"}}]}]}}),
+        );
+    }
+    // Config is in once the last rule's subset is served.
+    let last = format!("outbound|80|v1|{}", host(a.services));
+    let xds = plane.xds;
+    wait_for("every rule served", Duration::from_secs(120), || {
+        let last = last.clone();
+        async move {
+            let clusters = served(xds, 1).await;
+            clusters
+                .iter()
+                .any(|c| contains(&c.value, last.as_bytes()))
+                .then_some(())
+        }
+    })
+    .await;
+    let observed = Arc::new(Observed::default());
+    let round: Arc<Mutex<Option<Round>>> = Arc::default();
+    connect_proxies(plane.xds, a, a.proxies, &observed, &round).await;
+    let sidecars = (0..a.proxies).filter(|&i| watches_cds(a, i)).count();
+    let changed = a.services;
+    let (mut p50s, mut p99s, mut maxs, mut unconcerned) = (vec![], vec![], vec![], vec![]);
+    for r in 1..=a.rounds {
+        let before = observed.unconcerned.load(Ordering::Relaxed);
+        *round.lock() = Some(Round {
+            started: Instant::now(),
+            id: r,
+        });
+        plane.servers[0].apply(destination_rule(changed, &["v1", &format!("round-{r}")]));
+        let obs = observed.clone();
+        wait_for("DestinationRule change at every sidecar", Duration::from_secs(120), || {
+            let obs = obs.clone();
+            async move { (obs.subset.lock().get(&r).map_or(0, Vec::len) >= sidecars).then_some(()) }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (p50, p99, max) = percentiles(observed.subset.lock().remove(&r).unwrap_or_default());
+        let others = observed.unconcerned.load(Ordering::Relaxed) - before;
+        println!("  round {r}: {sidecars} sidecars p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; {others} responses to unconcerned proxies");
+        p50s.push(p50);
+        p99s.push(p99);
+        maxs.push(max);
+        unconcerned.push(others as f64);
+    }
+    println!(
+        "the DestinationRule of svc-{changed} changed among {} (median of {} rounds): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms at {sidecars} sidecars; {:.0} responses to the {} unconcerned proxies",
+        a.services,
+        a.rounds,
+        median(p50s),
+        median(p99s),
+        median(maxs),
+        median(unconcerned),
+        a.proxies - sidecars
+    );
+}
+
+/// Service `i`'s rule with `subsets` (each selecting `version: <name>`).
+fn destination_rule(i: usize, subsets: &[&str]) -> serde_json::Value {
+    let subsets: Vec<_> = subsets
+        .iter()
+        .map(|s| json!({"name": s, "labels": {"version": s}}))
+        .collect();
+    json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+        "metadata": {"name": format!("svc-{i}"), "namespace": NS},
+        "spec": {"host": host(i), "subsets": subsets}})
+}
+
 /// What one round of the `single` scenario changes.
 #[derive(Clone, Copy)]
 enum Change {
@@ -840,12 +946,14 @@ fn main() {
             "onboarding" => onboarding(&a).await,
             "single" => single_change(&a).await,
             "remotes" => remotes(&a).await,
+            "config" => config_at_scale(&a).await,
             "all" | "smoke" => {
                 convergence(&a).await;
                 endpoints_memory(&a).await;
                 onboarding(&a).await;
                 single_change(&a).await;
                 remotes(&a).await;
+                config_at_scale(&a).await;
             }
             other => panic!("unknown scenario {other}"),
         }

@@ -5,7 +5,7 @@
 //! did not validate, files that did not parse) are kept beside, for /debug/configz. Derived indexes
 //! (DestinationRules by namespace) are computed at most once per published version.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
@@ -67,8 +67,8 @@ pub struct ConfigStore {
 /// Indexes derived from the accepted objects.
 #[derive(Debug, Default)]
 pub(super) struct Derived {
-    /// DestinationRules by namespace, oldest first (istiod's order for merging).
-    destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// DestinationRules by namespace, indexed by host.
+    destination_rules: BTreeMap<Arc<str>, NamespaceRules>,
     /// VirtualServices and Gateways, oldest first.
     pub(super) virtual_services: Vec<Arc<ConfigObject>>,
     pub(super) gateways: Vec<Arc<ConfigObject>>,
@@ -76,6 +76,15 @@ pub(super) struct Derived {
     pub(super) source_labels_used: bool,
     /// Security policies, indexed when first asked for.
     security: OnceLock<SecurityPolicies>,
+}
+
+/// One namespace's DestinationRules by fully qualified host, each list oldest first (istiod's
+/// order for merging): a lookup per cluster must not scan every rule of the mesh.
+#[derive(Debug, Default)]
+pub(super) struct NamespaceRules {
+    exact: HashMap<String, Vec<Arc<ConfigObject>>>,
+    /// Rules for `*` or `*.suffix`, with that host.
+    wildcard: Vec<(String, Arc<ConfigObject>)>,
 }
 
 /// What applying changes did.
@@ -298,15 +307,22 @@ impl ConfigStore {
 
     pub(super) fn derived(&self) -> &Derived {
         self.derived.get_or_init(|| {
-            let mut destination_rules: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
-            for dr in self.of_kind(ConfigKind::DestinationRule) {
-                destination_rules
-                    .entry(dr.key.namespace.clone())
-                    .or_default()
-                    .push(dr.clone());
-            }
-            for rules in destination_rules.values_mut() {
-                rules.sort_by(oldest_first);
+            let mut rules: Vec<Arc<ConfigObject>> =
+                self.of_kind(ConfigKind::DestinationRule).cloned().collect();
+            rules.sort_by(oldest_first);
+            let mut destination_rules: BTreeMap<Arc<str>, NamespaceRules> = BTreeMap::new();
+            for object in rules {
+                let Spec::DestinationRule(dr) = &object.spec else {
+                    continue;
+                };
+                let host = self.qualify(&dr.host, &object.key.namespace);
+                let indexed = destination_rules
+                    .entry(object.key.namespace.clone())
+                    .or_default();
+                match host.starts_with('*') {
+                    true => indexed.wildcard.push((host, object.clone())),
+                    false => indexed.exact.entry(host).or_default().push(object.clone()),
+                }
             }
             let sorted = |kind| {
                 let mut all: Vec<Arc<ConfigObject>> = self.of_kind(kind).cloned().collect();
@@ -378,29 +394,40 @@ impl ConfigStore {
         host: &str,
     ) -> Option<Arc<AppliedRule>> {
         let rules = derived.destination_rules.get(ns)?;
-        let visible: Vec<(&Arc<ConfigObject>, &DestinationRule)> = rules
-            .iter()
-            .filter_map(|o| match &o.spec {
-                Spec::DestinationRule(dr) => Some((o, &**dr)),
-                _ => None,
-            })
-            .filter(|(o, _)| self.exported_to(o, proxy_ns))
+        let visible = |o: &&Arc<ConfigObject>| self.exported_to(o, proxy_ns);
+        // An exact host beats every wildcard; among wildcards the longest suffix wins.
+        let exact: Vec<&Arc<ConfigObject>> = rules
+            .exact
+            .get(host)
+            .into_iter()
+            .flatten()
+            .filter(visible)
             .collect();
-        let qualified = |dr: &DestinationRule| self.qualify(&dr.host, ns);
-        let best = visible
-            .iter()
-            .filter_map(|(_, dr)| host_match(&qualified(dr), host))
-            .max()?;
-        let matching: Vec<_> = visible
-            .iter()
-            .filter(|(_, dr)| host_match(&qualified(dr), host) == Some(best))
-            .collect();
+        let matching = match exact.is_empty() {
+            false => exact,
+            true => {
+                let wildcards: Vec<(usize, &Arc<ConfigObject>)> = rules
+                    .wildcard
+                    .iter()
+                    .filter(|(_, o)| visible(&o))
+                    .filter_map(|(rule_host, o)| Some((host_match(rule_host, host)?, o)))
+                    .collect();
+                let best = wildcards.iter().map(|(m, _)| *m).max()?;
+                wildcards
+                    .into_iter()
+                    .filter(|(m, _)| *m == best)
+                    .map(|(_, o)| o)
+                    .collect()
+            }
+        };
         let mut merged = AppliedRule {
             keys: Vec::new(),
             rule: DestinationRule::default(),
         };
-        for (object, dr) in matching {
-            merged.merge(&object.key, dr);
+        for object in matching {
+            if let Spec::DestinationRule(dr) = &object.spec {
+                merged.merge(&object.key, dr);
+            }
         }
         Some(Arc::new(merged))
     }

@@ -274,13 +274,14 @@ impl<T: Clone> Sharded<T> {
     }
 
     /// The entry's value for `stamp`, built at most once however many proxies ask at the same time.
+    /// The build is handed the value it replaces, when its thread is the one that found it stale.
     fn get_or_build(
         &self,
         ty: ResourceType,
         name: &str,
         variant: u64,
         stamp: Stamp,
-        build: impl FnOnce() -> T,
+        build: impl FnOnce(Option<T>) -> T,
     ) -> T {
         let shard = self.shard(ty, variant, name);
         let hit = shard
@@ -289,8 +290,8 @@ impl<T: Clone> Sharded<T> {
             .and_then(|m| m.get(name))
             .filter(|e| e.stamp == stamp)
             .map(|e| e.cell.clone());
-        let cell = match hit {
-            Some(cell) => cell,
+        let (cell, previous) = match hit {
+            Some(cell) => (cell, None),
             None => {
                 let mut entries = shard.write();
                 let by_name = entries.entry((ty, variant)).or_default();
@@ -300,20 +301,25 @@ impl<T: Clone> Sharded<T> {
                         stamp,
                         cell: Arc::default(),
                     });
+                let mut previous = None;
                 if entry.stamp != stamp {
-                    *entry = CacheEntry {
-                        stamp,
-                        cell: Arc::default(),
-                    };
+                    let stale = std::mem::replace(
+                        entry,
+                        CacheEntry {
+                            stamp,
+                            cell: Arc::default(),
+                        },
+                    );
+                    previous = stale.cell.get().cloned();
                 }
-                entry.cell.clone()
+                (entry.cell.clone(), previous)
             }
         };
         if let Some(value) = cell.get() {
             return value.clone();
         }
         // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
-        off_worker(|| cell.get_or_init(build).clone())
+        off_worker(|| cell.get_or_init(|| build(previous)).clone())
     }
 
     fn retain(&self, keep: impl Fn(&Stamp) -> bool) {
@@ -345,6 +351,41 @@ fn off_worker<R>(work: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Whether two encodings carry the same resource. Equal resources built twice may differ in bytes:
+/// prost writes map fields (metadata, `Struct`s) in hash-map order. Reordering keeps the length,
+/// so only same-length encodings are decoded and compared.
+fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use envoy_types::pb::envoy::config::listener::v3::Listener;
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
+    use envoy_types::pb::google::protobuf::Any;
+    use prost::Message;
+
+    fn equal<M: Message + Default + PartialEq>(a: &[u8], b: &[u8]) -> bool {
+        let value = |any: &[u8]| {
+            Any::decode(any)
+                .ok()
+                .and_then(|any| M::decode(&any.value[..]).ok())
+        };
+        matches!((value(a), value(b)), (Some(x), Some(y)) if x == y)
+    }
+    if a.any == b.any {
+        return true;
+    }
+    if a.any.len() != b.any.len() || a.name != b.name {
+        return false;
+    }
+    match ty {
+        ResourceType::Cluster => equal::<Cluster>(&a.any, &b.any),
+        ResourceType::Endpoint => equal::<ClusterLoadAssignment>(&a.any, &b.any),
+        ResourceType::Listener => equal::<Listener>(&a.any, &b.any),
+        ResourceType::Route => equal::<RouteConfiguration>(&a.any, &b.any),
+        ResourceType::Secret => equal::<Secret>(&a.any, &b.any),
+    }
+}
+
 /// Encoded resources shared by every proxy that receives them, and the wildcard lists made of them.
 #[derive(Default)]
 pub struct ResourceCache {
@@ -362,10 +403,17 @@ impl ResourceCache {
         stamp: Stamp,
         build: impl FnOnce() -> Option<Resource>,
     ) -> Option<Arc<Resource>> {
-        self.entries.get_or_build(ty, name, variant, stamp, || {
-            self.builds.fetch_add(1, Ordering::Relaxed);
-            build().map(Arc::new)
-        })
+        self.entries
+            .get_or_build(ty, name, variant, stamp, |previous| {
+                self.builds.fetch_add(1, Ordering::Relaxed);
+                let built = build()?;
+                // An unchanged resource keeps its `Arc` (and version): Delta clients holding it
+                // are sent nothing, however often the inputs' versions moved.
+                match previous.flatten() {
+                    Some(old) if same_resource(ty, &old, &built) => Some(old),
+                    _ => Some(Arc::new(built)),
+                }
+            })
     }
 
     /// The part of a wildcard subscription every proxy with these traits shares, assembled once.
@@ -376,7 +424,7 @@ impl ResourceCache {
         stamp: Stamp,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
     ) -> Arc<SharedList> {
-        self.lists.get_or_build(ty, "", variant, stamp, || {
+        self.lists.get_or_build(ty, "", variant, stamp, |_| {
             Arc::new(SharedList::new(build()))
         })
     }
@@ -533,6 +581,61 @@ pub fn eds_names_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The same cluster encoded with its two metadata entries in either order.
+    fn cluster_both_ways() -> (Resource, Resource) {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        use envoy_types::pb::envoy::config::core::v3::Metadata;
+        use envoy_types::pb::google::protobuf::{Any, Struct};
+        use prost::{Message, Name};
+        let part = |name: &str, key: &str| Cluster {
+            name: name.into(),
+            metadata: Some(Metadata {
+                filter_metadata: [(key.to_string(), Struct::default())].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (a, b) = (
+            part("c", "a").encode_to_vec(),
+            part("", "b").encode_to_vec(),
+        );
+        let resource = |value: Vec<u8>| Resource {
+            name: "c".into(),
+            any: Any {
+                type_url: Cluster::type_url(),
+                value,
+            }
+            .encode_to_vec()
+            .into(),
+            version: "".into(),
+        };
+        (
+            resource([&a[..], &b].concat()),
+            resource([&b[..], &a].concat()),
+        )
+    }
+
+    #[test]
+    fn map_order_does_not_make_a_resource_new() {
+        let (ab, ba) = cluster_both_ways();
+        assert_ne!(ab.any, ba.any);
+        assert!(same_resource(ResourceType::Cluster, &ab, &ba));
+        let other = Resource::encode(
+            "c",
+            &envoy_types::pb::envoy::config::cluster::v3::Cluster::default(),
+        );
+        assert!(!same_resource(ResourceType::Cluster, &ab, &other));
+    }
+
+    #[test]
+    fn a_rebuilt_resource_equal_to_the_old_one_keeps_its_arc() {
+        let cache = ResourceCache::default();
+        let (ab, ba) = cluster_both_ways();
+        let first = cache.get_or_build(ResourceType::Cluster, "c", 0, [1, 0, 0, 0], || Some(ab));
+        let again = cache.get_or_build(ResourceType::Cluster, "c", 0, [2, 0, 0, 0], || Some(ba));
+        assert!(Arc::ptr_eq(&first.unwrap(), &again.unwrap()));
+    }
 
     #[test]
     fn cluster_names_round_trip() {
