@@ -644,16 +644,7 @@ async fn onboarding(a: &Args) {
         wait_for(
             "remote onboarded",
             Duration::from_secs(600),
-            || async move {
-                let clusters = common::get_json(admin, "/debug/clusterz").await;
-                let remote = clusters
-                    .as_array()?
-                    .iter()
-                    .find(|c| c["id"] == "remote")?
-                    .clone();
-                (remote["state"] == "synced" && remote["endpoints"].as_u64()? as usize >= expected)
-                    .then_some(())
-            },
+            || async move { (onboarded(admin, |id| id == "remote", expected).await == 1).then_some(()) },
         )
         .await;
         let took = started.elapsed();
@@ -665,6 +656,21 @@ async fn onboarding(a: &Args) {
             (rss1 as f64 - rss0 as f64) / 1048576.0
         );
     }
+}
+
+/// How many clusters whose id passes `id` are synced with at least `endpoints` endpoints.
+async fn onboarded(admin: SocketAddr, id: impl Fn(&str) -> bool, endpoints: usize) -> usize {
+    let clusters = common::get_json(admin, "/debug/clusterz").await;
+    let rows = clusters.as_array().cloned().unwrap_or_default();
+    rows.iter()
+        .filter(|c| c["id"].as_str().is_some_and(&id))
+        .filter(|c| c["state"] == "synced")
+        .filter(|c| {
+            c["endpoints"]
+                .as_u64()
+                .is_some_and(|n| n as usize >= endpoints)
+        })
+        .count()
 }
 
 /// Many remotes at once: `a.clusters` remote API servers, each holding the same `a.services`
@@ -695,15 +701,7 @@ async fn remotes(a: &Args) {
         "every remote onboarded",
         Duration::from_secs(600),
         || async move {
-            let clusters = common::get_json(admin, "/debug/clusterz").await;
-            let synced = clusters
-                .as_array()?
-                .iter()
-                .filter(|c| c["id"].as_str().is_some_and(|id| id.starts_with('r')))
-                .filter(|c| {
-                    c["state"] == "synced" && c["endpoints"].as_u64() == Some(per_remote as u64)
-                })
-                .count();
+            let synced = onboarded(admin, |id| id.starts_with('r'), per_remote).await;
             (synced == remotes).then_some(())
         },
     )

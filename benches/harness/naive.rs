@@ -299,6 +299,133 @@ struct Naive(Arc<State>);
 /// Type URL → the names a stream watches (none: all of them).
 type Watched = HashMap<String, BTreeSet<String>>;
 
+/// What a type and names to answer with: (type URL, names; none for all).
+type Answer = (String, BTreeSet<String>);
+
+/// What SotW and Delta streams differ in.
+trait Variant: Send + 'static {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+    /// Updates what the stream watches; what to answer, if anything.
+    fn on_request(watched: &mut Watched, request: Self::Request) -> Option<Answer>;
+    /// What to send the stream when `name` of `type_url` changed, if it watches it.
+    fn on_change(watched: &Watched, type_url: String, name: String) -> Option<Answer>;
+    fn response(state: &State, answer: &Answer, nonce: u64) -> Self::Response;
+}
+
+struct Sotw;
+
+impl Variant for Sotw {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+
+    fn on_request(watched: &mut Watched, request: DiscoveryRequest) -> Option<Answer> {
+        let names: BTreeSet<String> = request.resource_names.into_iter().collect();
+        // An ACK of what the stream already watches needs no answer.
+        if !request.response_nonce.is_empty() && watched.get(&request.type_url) == Some(&names) {
+            return None;
+        }
+        watched.insert(request.type_url.clone(), names.clone());
+        Some((request.type_url, names))
+    }
+
+    fn on_change(watched: &Watched, type_url: String, name: String) -> Option<Answer> {
+        let names = watched.get(&type_url)?;
+        (names.is_empty() || names.contains(&name)).then(|| (type_url, names.clone()))
+    }
+
+    fn response(state: &State, (type_url, names): &Answer, nonce: u64) -> DiscoveryResponse {
+        let resources = state.select(type_url, names);
+        DiscoveryResponse {
+            version_info: resources.iter().map(|(_, v, _)| v).sum::<u64>().to_string(),
+            resources: resources.into_iter().map(|(_, _, any)| any).collect(),
+            type_url: type_url.clone(),
+            nonce: nonce.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+struct Delta;
+
+impl Variant for Delta {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+
+    fn on_request(watched: &mut Watched, request: DeltaDiscoveryRequest) -> Option<Answer> {
+        if request.resource_names_subscribe.is_empty() && !request.response_nonce.is_empty() {
+            return None;
+        }
+        let new: BTreeSet<String> = request.resource_names_subscribe.into_iter().collect();
+        watched
+            .entry(request.type_url.clone())
+            .or_default()
+            .extend(new.iter().cloned());
+        Some((request.type_url, new))
+    }
+
+    fn on_change(watched: &Watched, type_url: String, name: String) -> Option<Answer> {
+        let names = watched.get(&type_url)?;
+        (names.is_empty() || names.contains(&name)).then(|| (type_url, BTreeSet::from([name])))
+    }
+
+    fn response(state: &State, (type_url, names): &Answer, nonce: u64) -> DeltaDiscoveryResponse {
+        DeltaDiscoveryResponse {
+            resources: state
+                .select(type_url, names)
+                .into_iter()
+                .map(|(name, version, any)| DeltaResource {
+                    name,
+                    version: version.to_string(),
+                    resource: Some(any),
+                    ..Default::default()
+                })
+                .collect(),
+            type_url: type_url.clone(),
+            nonce: nonce.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+/// One stream's task: answers requests and changes until either side ends.
+fn open<V: Variant>(
+    state: Arc<State>,
+    mut requests: Streaming<V::Request>,
+) -> ReceiverStream<Result<V::Response, Status>>
+where
+    V::Request: prost::Message + Default,
+{
+    let (tx, rx) = mpsc::channel(16);
+    let mut changes = state.changes.subscribe();
+    tokio::spawn(async move {
+        let mut watched = Watched::new();
+        let mut nonce = 0u64;
+        loop {
+            let answer = tokio::select! {
+                request = requests.message() => match request {
+                    Ok(Some(request)) => V::on_request(&mut watched, request),
+                    _ => break,
+                },
+                change = changes.recv() => match change {
+                    Ok((type_url, name)) => V::on_change(&watched, type_url, name),
+                    Err(_) => break,
+                },
+            };
+            let Some(answer) = answer else { continue };
+            nonce += 1;
+            if tx
+                .send(Ok(V::response(&state, &answer, nonce)))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Naive {
     type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
@@ -308,111 +435,19 @@ impl AggregatedDiscoveryService for Naive {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let mut requests = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let state = self.0.clone();
-        let mut changes = state.changes.subscribe();
-        tokio::spawn(async move {
-            let mut watched = Watched::new();
-            let mut nonce = 0u64;
-            let respond = |type_url: &str, names: &BTreeSet<String>, nonce: &mut u64| {
-                *nonce += 1;
-                let resources = state.select(type_url, names);
-                DiscoveryResponse {
-                    version_info: resources.iter().map(|(_, v, _)| v).sum::<u64>().to_string(),
-                    resources: resources.into_iter().map(|(_, _, any)| any).collect(),
-                    type_url: type_url.to_string(),
-                    nonce: nonce.to_string(),
-                    ..Default::default()
-                }
-            };
-            loop {
-                let response = tokio::select! {
-                    request = requests.message() => {
-                        let Ok(Some(request)) = request else { break };
-                        let names: BTreeSet<String> = request.resource_names.into_iter().collect();
-                        // An ACK of what the stream already watches needs no answer.
-                        if !request.response_nonce.is_empty() && watched.get(&request.type_url) == Some(&names) {
-                            continue;
-                        }
-                        let response = respond(&request.type_url, &names, &mut nonce);
-                        watched.insert(request.type_url, names);
-                        response
-                    }
-                    change = changes.recv() => {
-                        let Ok((type_url, name)) = change else { break };
-                        match watched.get(&type_url) {
-                            Some(names) if names.is_empty() || names.contains(&name) => {
-                                respond(&type_url, names, &mut nonce)
-                            }
-                            _ => continue,
-                        }
-                    }
-                };
-                if tx.send(Ok(response)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(open::<Sotw>(
+            self.0.clone(),
+            request.into_inner(),
+        )))
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let mut requests = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let state = self.0.clone();
-        let mut changes = state.changes.subscribe();
-        tokio::spawn(async move {
-            let mut watched = Watched::new();
-            let mut nonce = 0u64;
-            let respond = |type_url: &str, names: &BTreeSet<String>, nonce: &mut u64| {
-                *nonce += 1;
-                DeltaDiscoveryResponse {
-                    resources: state
-                        .select(type_url, names)
-                        .into_iter()
-                        .map(|(name, version, any)| DeltaResource {
-                            name,
-                            version: version.to_string(),
-                            resource: Some(any),
-                            ..Default::default()
-                        })
-                        .collect(),
-                    type_url: type_url.to_string(),
-                    nonce: nonce.to_string(),
-                    ..Default::default()
-                }
-            };
-            loop {
-                let response = tokio::select! {
-                    request = requests.message() => {
-                        let Ok(Some(request)) = request else { break };
-                        if request.resource_names_subscribe.is_empty() && !request.response_nonce.is_empty() {
-                            continue;
-                        }
-                        let new: BTreeSet<String> = request.resource_names_subscribe.into_iter().collect();
-                        let response = respond(&request.type_url, &new, &mut nonce);
-                        watched.entry(request.type_url).or_default().extend(new);
-                        response
-                    }
-                    change = changes.recv() => {
-                        let Ok((type_url, name)) = change else { break };
-                        match watched.get(&type_url) {
-                            Some(names) if names.is_empty() || names.contains(&name) => {
-                                respond(&type_url, &BTreeSet::from([name]), &mut nonce)
-                            }
-                            _ => continue,
-                        }
-                    }
-                };
-                if tx.send(Ok(response)).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(open::<Delta>(
+            self.0.clone(),
+            request.into_inner(),
+        )))
     }
 }
