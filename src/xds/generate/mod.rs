@@ -31,7 +31,7 @@ use envoy_types::pb::envoy::config::core::v3::{
     ConfigSource, SocketAddress,
 };
 use envoy_types::pb::google::protobuf::Duration;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use super::protocol::ResourceType;
 use super::proxy::{Generator, Proxy, ProxyType};
@@ -245,7 +245,23 @@ type Stamp = [u64; 4];
 
 struct CacheEntry<T> {
     stamp: Stamp,
-    cell: Arc<OnceLock<T>>,
+    cell: Arc<Cell<T>>,
+}
+
+/// An entry's value, built once, and the value it replaces until then (for whichever thread
+/// builds it).
+struct Cell<T> {
+    value: OnceLock<T>,
+    replaced: Mutex<Option<T>>,
+}
+
+impl<T> Cell<T> {
+    fn replacing(replaced: Option<T>) -> Arc<Self> {
+        Arc::new(Self {
+            value: OnceLock::new(),
+            replaced: Mutex::new(replaced),
+        })
+    }
 }
 
 /// Entries by (type, proxy traits) then name, so a lookup by `&str` allocates nothing.
@@ -274,7 +290,7 @@ impl<T: Clone> Sharded<T> {
     }
 
     /// The entry's value for `stamp`, built at most once however many proxies ask at the same time.
-    /// The build is handed the value it replaces, when its thread is the one that found it stale.
+    /// The build is handed the value it replaces, if any.
     fn get_or_build(
         &self,
         ty: ResourceType,
@@ -290,8 +306,8 @@ impl<T: Clone> Sharded<T> {
             .and_then(|m| m.get(name))
             .filter(|e| e.stamp == stamp)
             .map(|e| e.cell.clone());
-        let (cell, previous) = match hit {
-            Some(cell) => (cell, None),
+        let cell = match hit {
+            Some(cell) => cell,
             None => {
                 let mut entries = shard.write();
                 let by_name = entries.entry((ty, variant)).or_default();
@@ -299,27 +315,32 @@ impl<T: Clone> Sharded<T> {
                     .entry(Arc::from(name))
                     .or_insert_with(|| CacheEntry {
                         stamp,
-                        cell: Arc::default(),
+                        cell: Cell::replacing(None),
                     });
-                let mut previous = None;
                 if entry.stamp != stamp {
-                    let stale = std::mem::replace(
-                        entry,
-                        CacheEntry {
-                            stamp,
-                            cell: Arc::default(),
-                        },
-                    );
-                    previous = stale.cell.get().cloned();
+                    let cell = &entry.cell;
+                    let replaced = cell
+                        .value
+                        .get()
+                        .cloned()
+                        .or_else(|| cell.replaced.lock().take());
+                    *entry = CacheEntry {
+                        stamp,
+                        cell: Cell::replacing(replaced),
+                    };
                 }
-                (entry.cell.clone(), previous)
+                entry.cell.clone()
             }
         };
-        if let Some(value) = cell.get() {
+        if let Some(value) = cell.value.get() {
             return value.clone();
         }
         // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
-        off_worker(|| cell.get_or_init(|| build(previous)).clone())
+        off_worker(|| {
+            cell.value
+                .get_or_init(|| build(cell.replaced.lock().take()))
+                .clone()
+        })
     }
 
     fn retain(&self, keep: impl Fn(&Stamp) -> bool) {
