@@ -928,16 +928,7 @@ fn main() {
         return naive::serve(&path);
     }
     let a = args();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    println!(
-        "machine: {} cores",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    );
-    runtime.block_on(async {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+    harness::run(async {
         match a.scenario.as_str() {
             "convergence" => convergence(&a).await,
             "endpoints" => endpoints_memory(&a).await,

@@ -125,16 +125,7 @@ pub async fn start(a: &Args) -> (Plane, Arc<Mesh>) {
 
 fn main() {
     let a = args();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    println!(
-        "machine: {} cores",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    );
-    runtime.block_on(async {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+    harness::run(async {
         match a.scenario.as_str() {
             "soak" => soak::run(&a).await,
             "crash" => crash::run(&a).await,

@@ -64,18 +64,15 @@ impl ResponseBody {
     /// segment; the other segments are queued as they are.
     fn start(&mut self, message: Encoded) -> Bytes {
         let length = message.len();
-        let mut segments = message.segments().into_iter();
-        let mut first = BytesMut::with_capacity(5 + JOINED_WITH_PREFIX);
+        let mut segments = message.segments().into_iter().peekable();
+        let joined = segments
+            .next_if(|s| s.len() <= JOINED_WITH_PREFIX)
+            .unwrap_or_default();
+        let mut first = BytesMut::with_capacity(5 + joined.len());
         first.put_u8(0);
         // A response is far below 4 GiB: resources are bounded in size and number.
         first.put_u32(u32::try_from(length).unwrap_or(u32::MAX));
-        if let Some(segment) = segments.next() {
-            if segment.len() <= JOINED_WITH_PREFIX {
-                first.put_slice(&segment);
-            } else {
-                self.pending.push_back(segment);
-            }
-        }
+        first.put_slice(&joined);
         self.pending.extend(segments.filter(|s| !s.is_empty()));
         first.freeze()
     }
