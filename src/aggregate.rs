@@ -16,13 +16,15 @@ use crate::model::{
 };
 use crate::registry::{service_entries, ClusterRegistry, SyncState};
 
-/// Config kinds whose changes proxies hear about (the others are stored for features to come).
+/// Config kinds whose changes proxies hear about (a WorkloadGroup reaches them through the
+/// WorkloadEntries registered into it).
 const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::ServiceEntry,
     ConfigKind::WorkloadEntry,
     ConfigKind::DestinationRule,
     ConfigKind::VirtualService,
     ConfigKind::Gateway,
+    ConfigKind::Sidecar,
     ConfigKind::PeerAuthentication,
     ConfigKind::AuthorizationPolicy,
     ConfigKind::RequestAuthentication,

@@ -163,7 +163,7 @@ async fn clusters(
         ..Default::default()
     });
     let r = ads.response(BOUND).await;
-    ack(ads, &r, vec![]);
+    ads.ack(&r, vec![]);
     let decoded = decode_clusters(&r);
     (r, decoded)
 }
@@ -175,16 +175,6 @@ fn decode_clusters(r: &DiscoveryResponse) -> BTreeMap<String, Cluster> {
         .map(|a| Cluster::decode(&a.value[..]).expect("a Cluster"))
         .map(|c| (c.name.clone(), c))
         .collect()
-}
-
-fn ack(ads: &AdsClient, r: &DiscoveryResponse, names: Vec<String>) {
-    ads.request(DiscoveryRequest {
-        type_url: r.type_url.clone(),
-        version_info: r.version_info.clone(),
-        response_nonce: r.nonce.clone(),
-        resource_names: names,
-        ..Default::default()
-    });
 }
 
 /// Reads (and ACKs) pushes until `check` finds what it looks for, within the bound.
@@ -210,7 +200,7 @@ async fn next_push<T>(
                 .collect(),
             false => vec![],
         };
-        ack(ads, &r, names);
+        ads.ack(&r, names);
         if let Some(found) = check(&r) {
             return found;
         }
@@ -226,7 +216,7 @@ async fn assignments(ads: &mut AdsClient, names: &[&str]) -> BTreeMap<String, Ve
         ..Default::default()
     });
     let r = ads.response(BOUND).await;
-    ack(ads, &r, names);
+    ads.ack(&r, names);
     r.resources
         .iter()
         .map(|a| ClusterLoadAssignment::decode(&a.value[..]).expect("an assignment"))

@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::google::protobuf::{value::Kind, Any, Struct, Value};
+use envoy_types::pb::google::protobuf::Any;
 use prost::Message;
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -83,35 +83,7 @@ spec:
 
 /// A sidecar's node: its cluster and its workload's labels.
 fn sidecar(id: &str, labels: &[(&str, &str)]) -> envoy_types::pb::envoy::config::core::v3::Node {
-    let mut node = node(id, &[("CLUSTER_ID", "cluster1")]);
-    let string = |s: &str| Value {
-        kind: Some(Kind::StringValue(s.to_string())),
-    };
-    let labels = Struct {
-        fields: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), string(v)))
-            .collect(),
-    };
-    if let Some(meta) = node.metadata.as_mut() {
-        meta.fields.insert(
-            "LABELS".into(),
-            Value {
-                kind: Some(Kind::StructValue(labels)),
-            },
-        );
-    }
-    node
-}
-
-fn ack(ads: &AdsClient, r: &DiscoveryResponse, names: Vec<String>) {
-    ads.request(DiscoveryRequest {
-        type_url: r.type_url.clone(),
-        version_info: r.version_info.clone(),
-        response_nonce: r.nonce.clone(),
-        resource_names: names,
-        ..Default::default()
-    });
+    labelled_node(id, &[("CLUSTER_ID", "cluster1")], labels)
 }
 
 /// Connects a sidecar and returns its (ACKed) wildcard LDS.
@@ -127,11 +99,11 @@ async fn connect(
         ..Default::default()
     });
     let r = ads.response(BOUND).await;
-    ack(&ads, &r, vec![]);
+    ads.ack(&r, vec![]);
     let mut listeners = decode_listeners(&r);
     // Pushes of the start (debounced) may still come: the last one is what the proxy holds.
     while let Some(Ok(r)) = ads.next(SETTLE).await {
-        ack(&ads, &r, vec![]);
+        ads.ack(&r, vec![]);
         listeners = decode_listeners(&r);
     }
     (ads, listeners)
@@ -157,7 +129,7 @@ async fn next_listeners<T>(
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         assert!(!left.is_zero(), "timed out waiting for {what}");
         let r = ads.response(left).await;
-        ack(ads, &r, vec![]);
+        ads.ack(&r, vec![]);
         if r.type_url != LDS {
             continue;
         }
@@ -344,7 +316,7 @@ async fn policies_shape_the_inbound_listener_and_client_endpoints(source: Source
         ..Default::default()
     });
     let r = client.response(BOUND).await;
-    ack(&client, &r, vec![REVIEWS_EDS.into()]);
+    client.ack(&r, vec![REVIEWS_EDS.into()]);
     let cla = ClusterLoadAssignment::decode(&r.resources[0].value[..]).unwrap();
     assert!(
         tls_endpoints(&cla) >= 2,
@@ -367,7 +339,7 @@ async fn policies_shape_the_inbound_listener_and_client_endpoints(source: Source
             true => vec![REVIEWS_EDS.to_string()],
             false => vec![],
         };
-        ack(&client, &r, names);
+        client.ack(&r, names);
         if r.type_url == EDS && !r.resources.is_empty() {
             let cla = ClusterLoadAssignment::decode(&r.resources[0].value[..]).unwrap();
             if tls_endpoints(&cla) == 0 {

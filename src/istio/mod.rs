@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod mesh;
 pub mod security;
 pub mod service_entry;
+pub mod sidecar;
 mod validate;
 pub mod virtual_service;
 
@@ -30,6 +31,7 @@ pub use security::authorization::AuthorizationPolicy;
 pub use security::peer::PeerAuthentication;
 pub use security::request::RequestAuthentication;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
+pub use sidecar::Sidecar;
 pub use validate::ValidationError;
 pub use virtual_service::VirtualService;
 
@@ -205,11 +207,10 @@ pub enum Spec {
     DestinationRule(Box<DestinationRule>),
     VirtualService(Box<VirtualService>),
     Gateway(Box<Gateway>),
+    Sidecar(Box<Sidecar>),
     PeerAuthentication(PeerAuthentication),
     AuthorizationPolicy(AuthorizationPolicy),
     RequestAuthentication(RequestAuthentication),
-    /// Kinds stored and listed now, read by later features: validated as an object only.
-    Untyped(serde_json::Value),
 }
 
 /// One validated config object.
@@ -299,6 +300,7 @@ impl ConfigObject {
                 Spec::VirtualService(Box::new(typed(spec_value).map_err(invalid)?))
             }
             ConfigKind::Gateway => Spec::Gateway(Box::new(typed(spec_value).map_err(invalid)?)),
+            ConfigKind::Sidecar => Spec::Sidecar(Box::new(typed(spec_value).map_err(invalid)?)),
             ConfigKind::PeerAuthentication => {
                 Spec::PeerAuthentication(typed(spec_value).map_err(invalid)?)
             }
@@ -308,7 +310,6 @@ impl ConfigObject {
             ConfigKind::RequestAuthentication => {
                 Spec::RequestAuthentication(typed(spec_value).map_err(invalid)?)
             }
-            _ => Spec::Untyped(spec_value),
         };
         let object = Self {
             key: key.clone(),
@@ -327,10 +328,10 @@ impl ConfigObject {
             Spec::DestinationRule(dr) => dr.validate(),
             Spec::VirtualService(vs) => vs.validate(),
             Spec::Gateway(gw) => gw.validate(),
+            Spec::Sidecar(sc) => sc.validate(),
             Spec::PeerAuthentication(pa) => pa.validate(),
             Spec::AuthorizationPolicy(ap) => ap.validate(),
             Spec::RequestAuthentication(ra) => ra.validate(),
-            Spec::Untyped(_) => Ok(()),
         }
     }
 

@@ -89,7 +89,7 @@ pub struct GroupMetadata {
 }
 
 /// Application protocols Istio accepts on a port (case-insensitive).
-const PROTOCOLS: &[&str] = &[
+pub const PORT_PROTOCOLS: &[&str] = &[
     "HTTP", "HTTPS", "GRPC", "GRPC-WEB", "HTTP2", "MONGO", "REDIS", "MYSQL", "TCP", "TLS", "UDP",
 ];
 
@@ -187,7 +187,7 @@ impl ServiceEntry {
             )?;
             ensure(
                 port.protocol.is_empty()
-                    || PROTOCOLS
+                    || PORT_PROTOCOLS
                         .iter()
                         .any(|p| p.eq_ignore_ascii_case(&port.protocol)),
                 &format!("{field}.protocol"),

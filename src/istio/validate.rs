@@ -51,7 +51,7 @@ pub fn ensure(cond: bool, field: &str, message: impl Into<String>) -> Result {
 }
 
 /// A DNS-1123 label: lowercase letters, digits and '-', at most 63, not starting or ending with '-'.
-fn is_dns1123_label(label: &str) -> bool {
+pub fn is_dns1123_label(label: &str) -> bool {
     !label.is_empty()
         && label.len() <= 63
         && label

@@ -10,9 +10,12 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
+use parking_lot::Mutex;
+
 use super::policies::{self, SecurityPolicies};
+use super::sidecar_scope::SidecarScope;
 use crate::istio::{
-    ConfigKey, ConfigKind, ConfigObject, DestinationRule, MeshConfig, Origin, Spec,
+    ConfigKey, ConfigKind, ConfigObject, DestinationRule, MeshConfig, Origin, Sidecar, Spec,
 };
 
 /// Where accepted config came from, in rising precedence.
@@ -76,7 +79,14 @@ pub(super) struct Derived {
     pub(super) source_labels_used: bool,
     /// Security policies, indexed when first asked for.
     security: OnceLock<SecurityPolicies>,
+    /// Sidecars by namespace: those with a workload selector first, each group oldest first.
+    pub(super) sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>>,
+    /// Scopes compiled so far, by (Sidecar, proxy namespace).
+    pub(super) sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
+
+/// A Sidecar and the namespace of the proxies it is compiled for.
+pub(super) type ScopeKey = (ConfigKey, Arc<str>);
 
 /// One namespace's DestinationRules by fully qualified host, each list oldest first (istiod's
 /// order for merging): a lookup per cluster must not scan every rule of the mesh.
@@ -264,7 +274,7 @@ impl ConfigStore {
     }
 
     /// Moves whenever a DestinationRule, VirtualService, Gateway, PeerAuthentication (auto mTLS
-    /// follows DISABLE) or the mesh config changes: what clusters, routes, listeners and
+    /// follows DISABLE), Sidecar or the mesh config changes: what clusters, routes, listeners and
     /// assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
         let kinds = [
@@ -272,6 +282,7 @@ impl ConfigStore {
             ConfigKind::VirtualService,
             ConfigKind::Gateway,
             ConfigKind::PeerAuthentication,
+            ConfigKind::Sidecar,
         ];
         kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
     }
@@ -347,12 +358,28 @@ impl ConfigStore {
                 }
                 _ => false,
             });
+            let mut sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>> = BTreeMap::new();
+            let mut by_age = sorted(ConfigKind::Sidecar);
+            by_age.sort_by_key(|o| match &o.spec {
+                Spec::Sidecar(s) => s.workload_selector.is_none(),
+                _ => true,
+            });
+            for object in by_age {
+                if let Spec::Sidecar(sidecar) = &object.spec {
+                    sidecars
+                        .entry(object.key.namespace.clone())
+                        .or_default()
+                        .push((object.key.clone(), Arc::new((**sidecar).clone())));
+                }
+            }
             Derived {
                 destination_rules,
                 virtual_services,
                 gateways: sorted(ConfigKind::Gateway),
                 source_labels_used,
                 security: OnceLock::new(),
+                sidecars,
+                sidecar_scopes: Mutex::default(),
             }
         })
     }

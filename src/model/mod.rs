@@ -13,6 +13,7 @@ mod routing;
 mod service;
 mod services;
 mod shards;
+mod sidecar_scope;
 
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use credentials::{
@@ -28,6 +29,7 @@ pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
+pub use sidecar_scope::{hosts_overlap, EgressScope, SidecarScope};
 
 use std::collections::BTreeSet;
 use std::fmt;

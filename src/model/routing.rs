@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::config::ConfigStore;
+use super::sidecar_scope::EgressScope;
 use crate::istio::virtual_service::{Destination, HttpMatch, HttpRoute, TcpRoute, TlsRoute};
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Gateway, Spec, VirtualService};
 
@@ -30,7 +31,9 @@ pub struct BoundGateway {
 }
 
 impl ConfigStore {
-    fn virtual_services(&self) -> impl Iterator<Item = (&Arc<ConfigObject>, &VirtualService)> {
+    pub(super) fn virtual_services(
+        &self,
+    ) -> impl Iterator<Item = (&Arc<ConfigObject>, &VirtualService)> {
         self.derived()
             .virtual_services
             .iter()
@@ -45,19 +48,33 @@ impl ConfigStore {
         self.derived().source_labels_used
     }
 
-    /// The VirtualService routes sidecars in `proxy_ns` apply to `host`.
-    pub fn mesh_routes(&self, proxy_ns: &str, host: &str) -> Option<HostRoutes> {
+    /// The VirtualService routes sidecars in `proxy_ns` apply to `host`; with a Sidecar, only
+    /// those its egress listener for the port imports.
+    pub fn mesh_routes(
+        &self,
+        proxy_ns: &str,
+        host: &str,
+        scope: Option<&EgressScope>,
+    ) -> Option<HostRoutes> {
         let candidates: Vec<(&Arc<ConfigObject>, &VirtualService, usize)> = self
             .virtual_services()
             .filter(|(o, vs)| {
                 vs.for_mesh() && !vs.hosts.is_empty() && self.exported_to(o, proxy_ns)
             })
             .filter_map(|(o, vs)| {
-                let best = vs
+                let hosts: Vec<String> = vs
                     .hosts
                     .iter()
-                    .filter_map(|h| host_match(&self.qualify(h, &o.key.namespace), host))
-                    .max()?;
+                    .map(|h| self.qualify(h, &o.key.namespace))
+                    .collect();
+                if let Some(scope) = scope {
+                    let imported =
+                        scope.imports_config(&o.key.namespace, hosts.iter().map(String::as_str));
+                    if !imported {
+                        return None;
+                    }
+                }
+                let best = hosts.iter().filter_map(|h| host_match(h, host)).max()?;
                 Some((o, vs, best))
             })
             .collect();
@@ -70,7 +87,12 @@ impl ConfigStore {
     }
 
     /// Appends a VirtualService's routes (delegates expanded, hosts qualified).
-    fn add_routes(&self, routes: &mut HostRoutes, object: &ConfigObject, vs: &VirtualService) {
+    pub(super) fn add_routes(
+        &self,
+        routes: &mut HostRoutes,
+        object: &ConfigObject,
+        vs: &VirtualService,
+    ) {
         let ns = &object.key.namespace;
         routes.keys.push(object.key.clone());
         for route in &vs.http {
@@ -274,7 +296,7 @@ mod tests {
             object("VirtualService", "shop", "a", a, "1"),
             object("VirtualService", "shop", "wild", wild, "0"),
         ]);
-        let routes = s.mesh_routes("shop", HOST).unwrap();
+        let routes = s.mesh_routes("shop", HOST, None).unwrap();
         let dests: Vec<&str> = routes
             .http
             .iter()
@@ -282,7 +304,7 @@ mod tests {
             .collect();
         assert_eq!(dests, [HOST, "reviews-b.shop.svc.cluster.local"]);
         assert!(
-            s.mesh_routes("shop", "x.svc.cluster.local").is_some(),
+            s.mesh_routes("shop", "x.svc.cluster.local", None).is_some(),
             "the wildcard"
         );
     }
@@ -300,7 +322,7 @@ mod tests {
             object("VirtualService", "shop", "root", root, "1"),
             object("VirtualService", "shop", "child", child, "1"),
         ]);
-        let routes = s.mesh_routes("shop", HOST).unwrap();
+        let routes = s.mesh_routes("shop", HOST, None).unwrap();
         assert_eq!(routes.keys.len(), 2);
         let m = &routes.http[0].matches[0];
         assert!(m.uri.is_some() && m.headers.contains_key("x"));

@@ -60,6 +60,17 @@ impl AdsClient {
             responses,
         })
     }
+
+    /// ACKs a response, subscribing to `names` (empty: the wildcard).
+    pub fn ack(&self, r: &DiscoveryResponse, names: Vec<String>) {
+        self.request(DiscoveryRequest {
+            type_url: r.type_url.clone(),
+            version_info: r.version_info.clone(),
+            response_nonce: r.nonce.clone(),
+            resource_names: names,
+            ..Default::default()
+        });
+    }
 }
 
 impl DeltaClient {

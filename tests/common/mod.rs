@@ -657,6 +657,34 @@ pub fn node(id: &str, metadata: &[(&str, &str)]) -> envoy_types::pb::envoy::conf
     }
 }
 
+/// A node with string metadata and the workload's `LABELS`.
+pub fn labelled_node(
+    id: &str,
+    metadata: &[(&str, &str)],
+    labels: &[(&str, &str)],
+) -> envoy_types::pb::envoy::config::core::v3::Node {
+    use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as PbValue};
+    let string = |s: &str| PbValue {
+        kind: Some(Kind::StringValue(s.to_string())),
+    };
+    let labels = Struct {
+        fields: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), string(v)))
+            .collect(),
+    };
+    let mut node = node(id, metadata);
+    if let Some(meta) = node.metadata.as_mut() {
+        meta.fields.insert(
+            "LABELS".into(),
+            PbValue {
+                kind: Some(Kind::StructValue(labels)),
+            },
+        );
+    }
+    node
+}
+
 /// A TLS channel to meshpilot's secure port (server name istiod.istio-system.svc), with an optional
 /// client certificate (chain, key).
 pub async fn tls_channel(

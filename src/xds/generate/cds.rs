@@ -79,6 +79,7 @@ pub fn cluster_names(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<St
     service
         .ports
         .iter()
+        .filter(|p| g.sees(service, p.port))
         .flat_map(|p| {
             std::iter::once("")
                 .chain(subsets.iter().map(String::as_str))

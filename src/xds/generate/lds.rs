@@ -58,14 +58,19 @@ pub fn shared(g: &Generation<'_>) -> Arc<SharedList> {
             let names: Vec<String> = if g.proxy.generator == Generator::Grpc {
                 g.routable_services()
                     .iter()
-                    .flat_map(|s| s.ports.iter().map(|p| grpc_route_name(&s.hostname, p.port)))
+                    .flat_map(|s| {
+                        s.ports
+                            .iter()
+                            .filter(|p| g.sees(s, p.port))
+                            .map(|p| grpc_route_name(&s.hostname, p.port))
+                    })
                     .collect()
             } else if g.is_sidecar() {
                 let ports: BTreeSet<u16> = g
                     .routable_services()
                     .iter()
                     .filter(|s| s.resolution != Resolution::Passthrough)
-                    .flat_map(|s| s.ports.iter().map(|p| p.port))
+                    .flat_map(|s| s.ports.iter().map(|p| p.port).filter(|p| g.sees(s, *p)))
                     .collect();
                 std::iter::once(VIRTUAL_OUTBOUND.to_string())
                     .chain(ports.iter().map(|p| port_listener_name(*p)))
@@ -108,7 +113,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_OUTBOUND => g.cache.get_or_build(
             ResourceType::Listener,
             name,
-            0,
+            g.variant_of(&g.outbound_fallback()),
             [0, 0, 0, g.config_version()],
             || {
                 Some(Resource::encode(
@@ -129,7 +134,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 .as_ref()
                 .map(|c| c.as_str())
                 .unwrap_or_default();
-            let variant = g.variant(&[cluster, g.list_scope()]);
+            let variant = g.variant_of(&(cluster, g.list_scope()));
             g.cache.get_or_build(
                 ResourceType::Listener,
                 name,
@@ -164,6 +169,7 @@ fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> 
         .routable_services()
         .into_iter()
         .filter(|s| s.resolution != Resolution::Passthrough && s.port(port).is_some())
+        .filter(|s| g.sees(s, port))
         .collect();
     if services.is_empty() {
         return None;
@@ -232,10 +238,10 @@ fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> 
 /// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its
 /// destinations weighted), else the service's own cluster.
 fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) -> Filter {
-    let routes = g
-        .mesh
-        .config
-        .mesh_routes(&g.proxy.namespace, &service.hostname);
+    let routes =
+        g.mesh
+            .config
+            .mesh_routes(&g.proxy.namespace, &service.hostname, g.egress_scope(port));
     let route = routes.as_ref().and_then(|r| {
         r.tcp.iter().find(|route| {
             route.matches.is_empty()

@@ -38,8 +38,11 @@ use super::proxy::{Generator, Proxy, ProxyType};
 use super::wire::{Listing, Resource, SharedList};
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
-use crate::istio::MeshConfig;
-use crate::model::{AppliedRule, Hostname, Locality, MeshSnapshot, Protocol, Service, ServiceKey};
+use crate::istio::{ConfigKey, MeshConfig};
+use crate::model::{
+    AppliedRule, EgressScope, Hostname, Locality, MeshSnapshot, Protocol, Service, ServiceKey,
+    SidecarScope,
+};
 
 /// Builds resources for one proxy from one mesh snapshot.
 pub struct Generation<'a> {
@@ -47,6 +50,7 @@ pub struct Generation<'a> {
     cache: &'a ResourceCache,
     proxy: &'a Proxy,
     locality: OnceLock<Option<Locality>>,
+    scope: OnceLock<Option<Arc<SidecarScope>>>,
 }
 
 impl<'a> Generation<'a> {
@@ -56,6 +60,7 @@ impl<'a> Generation<'a> {
             cache,
             proxy,
             locality: OnceLock::new(),
+            scope: OnceLock::new(),
         }
     }
 }
@@ -126,17 +131,42 @@ impl Generation<'_> {
         self.mesh.services.version()
     }
 
-    /// Every service the proxy sees (exportTo), sorted by hostname.
+    /// Every service the proxy sees (exportTo, and its Sidecar on some port), sorted by hostname.
     fn routable_services(&self) -> Vec<Arc<Service>> {
         let ns = &*self.proxy.namespace;
         let default = &self.mesh_config().default_service_export_to;
+        let scope = self.sidecar_scope();
         self.mesh
             .services
             .all()
             .iter()
             .filter(|s| s.visible_to(ns, default))
+            .filter(|s| scope.is_none_or(|scope| scope.sees_service(s)))
             .cloned()
             .collect()
+    }
+
+    /// The Sidecar resource that applies to a sidecar proxy (Envoy or proxyless), if any.
+    fn sidecar_scope(&self) -> Option<&Arc<SidecarScope>> {
+        self.scope
+            .get_or_init(|| match self.proxy.kind {
+                ProxyType::Sidecar => self
+                    .mesh
+                    .config
+                    .sidecar_scope(&self.proxy.namespace, &self.proxy.labels),
+                _ => None,
+            })
+            .as_ref()
+    }
+
+    /// Whether the proxy hears of `service` on `port` (its Sidecar's egress listener for the port).
+    fn sees(&self, service: &Service, port: u16) -> bool {
+        self.sidecar_scope().is_none_or(|s| s.sees(service, port))
+    }
+
+    /// The egress listener of the proxy's Sidecar for `port`: the VirtualServices it imports apply.
+    fn egress_scope(&self, port: u16) -> Option<&EgressScope> {
+        self.sidecar_scope().and_then(|s| s.listener(port))
     }
 
     /// A service by hostname, if the proxy sees it.
@@ -152,9 +182,16 @@ impl Generation<'_> {
         self.mesh.config.mesh()
     }
 
-    /// Where outbound traffic to unknown destinations goes (mesh `outboundTrafficPolicy`).
+    /// The proxy's `outboundTrafficPolicy`: its Sidecar's, else the mesh's.
+    fn outbound_mode(&self) -> OutboundMode {
+        self.sidecar_scope()
+            .and_then(|s| s.outbound_mode())
+            .unwrap_or(self.mesh_config().outbound_traffic_policy.mode)
+    }
+
+    /// Where outbound traffic to unknown destinations goes.
     fn outbound_fallback(&self) -> &'static str {
-        match self.mesh_config().outbound_traffic_policy.mode {
+        match self.outbound_mode() {
             OutboundMode::AllowAny => cds::PASSTHROUGH,
             OutboundMode::RegistryOnly => cds::BLACKHOLE,
         }
@@ -174,18 +211,24 @@ impl Generation<'_> {
         self.mesh.config.rules_version()
     }
 
-    /// Traits of a wildcard list: the proxy's namespace matters once rules or export limits do.
-    fn list_scope(&self) -> &str {
+    /// Traits of a wildcard list: the proxy's namespace matters once rules, export limits or a
+    /// Sidecar do, and the Sidecar that applies.
+    fn list_scope(&self) -> ListScope<'_> {
         let config = &self.mesh.config;
+        let sidecar = self.sidecar_scope().map(|s| &s.key);
         let exports_limited = self.mesh.services.explicit_exports() > 0
             || !config
                 .mesh()
                 .default_service_export_to
                 .iter()
                 .any(|e| e == "*");
-        match config.has_destination_rules() || exports_limited {
-            true => &self.proxy.namespace,
-            false => "",
+        let by_namespace = config.has_destination_rules() || exports_limited || sidecar.is_some();
+        ListScope {
+            namespace: match by_namespace {
+                true => &self.proxy.namespace,
+                false => "",
+            },
+            sidecar,
         }
     }
 
@@ -236,6 +279,13 @@ impl Generation<'_> {
         self.proxy.generator.hash(&mut h);
         h.finish()
     }
+}
+
+/// What a shared list (and a per-port listener) depends on beyond the proxy's kind.
+#[derive(Hash)]
+struct ListScope<'a> {
+    namespace: &'a str,
+    sidecar: Option<&'a ConfigKey>,
 }
 
 /// Snapshot versions an entry was built from, read from the same snapshot the entry is built from,

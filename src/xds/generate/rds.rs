@@ -54,7 +54,8 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         true => Some(&g.proxy.labels),
         false => None,
     };
-    let variant = g.variant_of(&(&*g.proxy.namespace, cluster, labels));
+    let sidecar = g.sidecar_scope().map(|s| &s.key);
+    let variant = g.variant_of(&(&*g.proxy.namespace, cluster, labels, sidecar));
     g.cache.get_or_build(
         ResourceType::Route,
         name,
@@ -70,7 +71,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
         .routable_services()
         .iter()
         .filter(|s| s.resolution != Resolution::Passthrough)
-        .filter(|s| s.port(port).is_some_and(|p| p.protocol.is_http()))
+        .filter(|s| s.port(port).is_some_and(|p| p.protocol.is_http()) && g.sees(s, port))
         .filter_map(|s| {
             // Envoy rejects a domain listed twice; the first service keeps it.
             let domains: Vec<String> = domains(g, s, port)
@@ -89,7 +90,12 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                     port,
                     gateway: None,
                 };
-                if let Some(routes) = g.mesh.config.mesh_routes(&g.proxy.namespace, &s.hostname) {
+                let scope = g.egress_scope(port);
+                if let Some(routes) =
+                    g.mesh
+                        .config
+                        .mesh_routes(&g.proxy.namespace, &s.hostname, scope)
+                {
                     let routes = http_routes(&ctx, &routes.http);
                     if !routes.is_empty() {
                         vhost.routes = routes;
@@ -100,7 +106,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
             })
         })
         .collect();
-    virtual_hosts.push(catch_all(g.mesh_config().outbound_traffic_policy.mode));
+    virtual_hosts.push(catch_all(g.outbound_mode()));
     RouteConfiguration {
         name: name.to_string(),
         virtual_hosts,

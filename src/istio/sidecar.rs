@@ -1,0 +1,272 @@
+//! Sidecar (networking.istio.io): which services and config a namespace's (or selected workloads')
+//! sidecars hear about, through egress listeners naming `<namespace>/<dnsName>` hosts.
+
+use serde::{Deserialize, Serialize};
+
+use super::mesh::OutboundMode;
+use super::service_entry::{WorkloadSelector, PORT_PROTOCOLS};
+use super::validate::{self, ensure, Result};
+use crate::text::Quoted;
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Sidecar {
+    pub workload_selector: Option<WorkloadSelector>,
+    /// Accepted and validated; inbound listeners still follow the workload's ports.
+    pub ingress: Vec<IngressListener>,
+    pub egress: Vec<EgressListener>,
+    pub outbound_traffic_policy: Option<SidecarOutboundPolicy>,
+    /// Accepted as given; not applied.
+    pub inbound_connection_pool: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EgressListener {
+    /// Absent: the catch-all listener, for every port no other listener names.
+    pub port: Option<SidecarPort>,
+    pub bind: String,
+    pub capture_mode: String,
+    pub hosts: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct IngressListener {
+    pub port: Option<SidecarPort>,
+    pub bind: String,
+    pub default_endpoint: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SidecarPort {
+    pub number: u32,
+    pub protocol: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SidecarOutboundPolicy {
+    pub mode: OutboundMode,
+    pub egress_proxy: Option<serde_json::Value>,
+}
+
+/// The namespace part of an egress host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HostNamespace {
+    /// `*`: any namespace.
+    Any,
+    /// `.`: the namespace of the proxy the Sidecar applies to.
+    Own,
+    /// `~`: no namespace (imports nothing; with `~/*` a listener hears of no service).
+    None,
+    Named(String),
+}
+
+/// One `<namespace>/<dnsName>` egress host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EgressHost {
+    pub namespace: HostNamespace,
+    /// A FQDN, `*`, or `*.` followed by a domain.
+    pub host: String,
+}
+
+impl EgressHost {
+    /// Parses `<namespace>/<dnsName>`; the error says what is wrong with it.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let Some((ns, host)) = text.split_once('/') else {
+            return Err(format!(
+                "host {} must be of the form namespace/dnsName",
+                Quoted(text)
+            ));
+        };
+        if host.contains('/') {
+            return Err(format!("host {} has more than one '/'", Quoted(text)));
+        }
+        validate::host("", host).map_err(|e| e.message)?;
+        let namespace = match ns {
+            "*" => HostNamespace::Any,
+            "." => HostNamespace::Own,
+            "~" => HostNamespace::None,
+            "" => return Err(format!("host {} has no namespace", Quoted(text))),
+            name if validate::is_dns1123_label(name) => HostNamespace::Named(name.to_string()),
+            _ => {
+                return Err(format!(
+                    "namespace of {} is not '*', '.', '~' or a namespace name",
+                    Quoted(text)
+                ))
+            }
+        };
+        Ok(Self {
+            namespace,
+            host: host.to_string(),
+        })
+    }
+}
+
+impl Sidecar {
+    pub fn validate(&self) -> Result {
+        ensure(
+            !self.egress.is_empty()
+                || !self.ingress.is_empty()
+                || self.outbound_traffic_policy.is_some()
+                || self.inbound_connection_pool.is_some(),
+            "spec",
+            "empty configuration: no egress, ingress, outboundTrafficPolicy or inboundConnectionPool",
+        )?;
+        if let Some(selector) = &self.workload_selector {
+            validate::labels("workloadSelector.labels", &selector.labels)?;
+        }
+        let mut ingress_ports = Vec::new();
+        for (i, listener) in self.ingress.iter().enumerate() {
+            let field = format!("ingress[{i}]");
+            let port = listener
+                .port
+                .as_ref()
+                .ok_or_else(|| validate::ValidationError::at(&field, "a port is required"))?;
+            port.validate()
+                .map_err(|e| e.under(&format!("{field}.port")))?;
+            ensure(
+                !ingress_ports.contains(&port.number),
+                &format!("{field}.port.number"),
+                format!("port {} is listed twice", port.number),
+            )?;
+            ingress_ports.push(port.number);
+        }
+        let mut egress_ports = Vec::new();
+        for (i, listener) in self.egress.iter().enumerate() {
+            let field = format!("egress[{i}]");
+            match &listener.port {
+                None => ensure(
+                    i + 1 == self.egress.len(),
+                    &field,
+                    "the listener without a port must be the last (and only one may have none)",
+                )?,
+                Some(port) => {
+                    port.validate()
+                        .map_err(|e| e.under(&format!("{field}.port")))?;
+                    ensure(
+                        !egress_ports.contains(&port.number),
+                        &format!("{field}.port.number"),
+                        format!("port {} is listed twice", port.number),
+                    )?;
+                    egress_ports.push(port.number);
+                }
+            }
+            ensure(
+                !listener.hosts.is_empty(),
+                &format!("{field}.hosts"),
+                "at least one host is required",
+            )?;
+            for (j, host) in listener.hosts.iter().enumerate() {
+                EgressHost::parse(host)
+                    .map_err(|m| validate::ValidationError::at(format!("{field}.hosts[{j}]"), m))?;
+            }
+        }
+        if let Some(policy) = &self.outbound_traffic_policy {
+            ensure(
+                policy.egress_proxy.is_none() || policy.mode == OutboundMode::AllowAny,
+                "outboundTrafficPolicy.egressProxy",
+                "is allowed only with mode ALLOW_ANY",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The egress listeners, a catch-all `*/*` one when none is given (as istiod reads them).
+    pub fn egress_listeners(&self) -> Vec<EgressListener> {
+        match self.egress.is_empty() {
+            false => self.egress.clone(),
+            true => vec![EgressListener {
+                hosts: vec!["*/*".into()],
+                ..Default::default()
+            }],
+        }
+    }
+}
+
+impl SidecarPort {
+    fn validate(&self) -> Result {
+        // Port 0 is a Unix domain socket bind, which meshpilot's captured layout has no use for.
+        validate::port("number", self.number)?;
+        ensure(
+            PORT_PROTOCOLS
+                .iter()
+                .any(|p| p.eq_ignore_ascii_case(&self.protocol)),
+            "protocol",
+            format!("unknown protocol {}", Quoted(&self.protocol)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sidecar(spec: serde_json::Value) -> Sidecar {
+        serde_json::from_value(spec).unwrap()
+    }
+
+    fn error(spec: serde_json::Value) -> String {
+        sidecar(spec).validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn istio_docs_forms_validate() {
+        let s = sidecar(serde_json::json!({
+            "egress": [
+                {"port": {"number": 9080, "protocol": "HTTP", "name": "egresshttp"},
+                 "hosts": ["prod-us1/*"]},
+                {"hosts": ["./*", "istio-system/*", "*/*.example.com", "~/*"]}
+            ],
+            "outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"},
+            "workloadSelector": {"labels": {"app": "ratings"}}
+        }));
+        s.validate().unwrap();
+        assert_eq!(
+            EgressHost::parse("./*").unwrap(),
+            EgressHost {
+                namespace: HostNamespace::Own,
+                host: "*".into()
+            }
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        assert!(error(serde_json::json!({})).contains("empty configuration"));
+        let e = error(serde_json::json!({"egress": [{"hosts": ["reviews"]}]}));
+        assert!(e.starts_with("egress[0].hosts[0]: "), "{e}");
+        assert!(e.contains("namespace/dnsName"), "{e}");
+        let e = error(serde_json::json!({"egress": [{"hosts": ["Bad_NS/*"]}]}));
+        assert!(e.contains("not '*', '.', '~'"), "{e}");
+        let e = error(serde_json::json!({"egress": [{"hosts": []}]}));
+        assert_eq!(e, "egress[0].hosts: at least one host is required");
+        let e = error(serde_json::json!({"egress": [{"hosts": ["./*"]}, {"hosts": ["*/*"]}]}));
+        assert!(
+            e.starts_with("egress[0]: the listener without a port"),
+            "{e}"
+        );
+        let e = error(serde_json::json!({"egress": [
+            {"port": {"number": 80, "protocol": "HTTP"}, "hosts": ["./*"]},
+            {"port": {"number": 80, "protocol": "TCP"}, "hosts": ["./*"]}]}));
+        assert!(e.starts_with("egress[1].port.number: "), "{e}");
+        let e = error(serde_json::json!({"egress": [
+            {"port": {"number": 80, "protocol": "SMTP"}, "hosts": ["./*"]}]}));
+        assert!(e.starts_with("egress[0].port.protocol: "), "{e}");
+        let e = error(serde_json::json!({"ingress": [{"bind": "0.0.0.0"}]}));
+        assert_eq!(e, "ingress[0]: a port is required");
+        let e = error(serde_json::json!({"outboundTrafficPolicy": {
+            "mode": "REGISTRY_ONLY", "egressProxy": {"host": "proxy"}}}));
+        assert!(e.starts_with("outboundTrafficPolicy.egressProxy"), "{e}");
+    }
+
+    #[test]
+    fn no_egress_means_everything() {
+        let s = sidecar(serde_json::json!({"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}}));
+        s.validate().unwrap();
+        assert_eq!(s.egress_listeners()[0].hosts, ["*/*"]);
+    }
+}
