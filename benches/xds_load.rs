@@ -51,6 +51,8 @@ struct Args {
     eds_per_proxy: usize,
     /// One sidecar in this many watches every cluster (wildcard CDS); the rest EDS only.
     cds_every: usize,
+    /// `config`: a Sidecar scopes the proxies' namespace to this many services (0: none).
+    sidecar_hosts: usize,
 }
 
 fn args() -> Args {
@@ -68,6 +70,7 @@ fn args() -> Args {
         debounce: "0s".into(),
         eds_per_proxy: 5,
         cds_every: 1,
+        sidecar_hosts: 0,
     };
     let mut it = raw.into_iter();
     while let Some(arg) = it.next() {
@@ -81,6 +84,7 @@ fn args() -> Args {
             "--debounce" => a.debounce = value(),
             "--eds-per-proxy" => a.eds_per_proxy = value().parse().expect("--eds-per-proxy"),
             "--cds-every" => a.cds_every = value().parse::<usize>().expect("--cds-every").max(1),
+            "--sidecar-hosts" => a.sidecar_hosts = value().parse().expect("--sidecar-hosts"),
             s if !s.starts_with('-') => a.scenario = s.to_string(),
             other => panic!("unknown argument {other}"),
         }
@@ -728,10 +732,15 @@ async fn remotes(a: &Args) {
 /// Config at scale: every service has a DestinationRule (a subset) and a VirtualService (routing
 /// to it); each round the DestinationRule of a service no proxy watches the EDS of gains a subset
 /// `round-<r>`, and every sidecar on wildcard CDS must see its cluster. The other proxies are not
-/// concerned and should receive nothing.
+/// concerned and should receive nothing. With `--sidecar-hosts K`, a Sidecar scopes the proxies'
+/// namespace to K services and the changed one.
 async fn config_at_scale(a: &Args) {
+    let scope = match a.sidecar_hosts {
+        0 => "no Sidecar".to_string(),
+        k => format!("a Sidecar scoping them to {} services", k + 1),
+    };
     println!(
-        "## config at scale: {} DestinationRules + {} VirtualServices, {} proxies (1 sidecar in {} on wildcard CDS)",
+        "## config at scale: {} DestinationRules + {} VirtualServices, {} proxies (1 sidecar in {} on wildcard CDS), {scope}",
         a.services, a.services, a.proxies, a.cds_every
     );
     // One service more than the proxies pick EDS names from: only wildcard-CDS sidecars see it.
@@ -743,6 +752,18 @@ async fn config_at_scale(a: &Args) {
             "metadata": {"name": format!("svc-{i}"), "namespace": NS},
             "spec": {"hosts": [host(i)], "http": [{"timeout": "5s",
                 "route": [{"destination": {"host": host(i), "subset": "v1"}}]}]}}),
+        );
+    }
+    let changed = a.services;
+    if a.sidecar_hosts > 0 {
+        let hosts: Vec<String> = (0..a.sidecar_hosts)
+            .chain([changed])
+            .map(|i| format!("./{}", host(i)))
+            .collect();
+        plane.servers[0].apply(
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+            "metadata": {"name": "default", "namespace": NS},
+            "spec": {"egress": [{"hosts": hosts}]}}),
         );
     }
     // Config is in once the last rule's subset is served.
@@ -759,11 +780,24 @@ async fn config_at_scale(a: &Args) {
         }
     })
     .await;
+    let capture = common::node(
+        &format!("sidecar~10.250.255.1~capture.{NS}~{NS}.svc.cluster.local"),
+        &[("CLUSTER_ID", "c0")],
+    );
+    let clusters = naive::capture(xds, vec![naive::subscription(capture, CDS, vec![])]).await;
+    let cds_bytes: usize = clusters.iter().map(|c| c.value.len()).sum();
+    let (_, rss0) = proc_stats(plane.process.pid());
     let observed = Arc::new(Observed::default());
     let round: Arc<Mutex<Option<Round>>> = Arc::default();
     connect_proxies(plane.xds, a, a.proxies, &observed, &round).await;
+    let (_, rss1) = proc_stats(plane.process.pid());
     let sidecars = (0..a.proxies).filter(|&i| watches_cds(a, i)).count();
-    let changed = a.services;
+    println!(
+        "a sidecar's wildcard CDS: {} clusters, {:.1} KiB; {:.1} KiB RSS per proxy connected",
+        clusters.len(),
+        cds_bytes as f64 / 1024.0,
+        (rss1 as f64 - rss0 as f64) / a.proxies as f64 / 1024.0
+    );
     let (mut p50s, mut p99s, mut maxs, mut unconcerned) = (vec![], vec![], vec![], vec![]);
     for r in 1..=a.rounds {
         let before = observed.unconcerned.load(Ordering::Relaxed);
@@ -943,6 +977,11 @@ fn main() {
                 single_change(&a).await;
                 remotes(&a).await;
                 config_at_scale(&a).await;
+                let scoped = Args {
+                    sidecar_hosts: 3,
+                    ..a.clone()
+                };
+                config_at_scale(&scoped).await;
             }
             other => panic!("unknown scenario {other}"),
         }
