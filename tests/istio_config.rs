@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use common::config_source::{ConfigFixture, Source};
 use common::*;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::LbPolicy;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -75,82 +76,8 @@ spec:
   locality: us-east/zone-1
 ";
 
-/// meshpilot on the bundled two clusters, its Istio config from files or from the API server.
-struct Fixture {
-    mp: meshpilot::app::Running,
-    dir: tempfile::TempDir,
-    api: Option<test_apiserver::TestApiServer>,
-    _kubeconfig: Option<tempfile::NamedTempFile>,
-}
-
-#[derive(Clone, Copy)]
-enum Source {
-    Files,
-    /// cluster1 is the config cluster (a test API server); cluster2 stays a file cluster.
-    ConfigCluster,
-}
-
-impl Fixture {
-    async fn start(source: Source, config: &[(&str, &str)]) -> Self {
-        let dir = copy_tree(Path::new(EXAMPLE));
-        let flags = ["--debounce-after", "0s"];
-        match source {
-            Source::Files => {
-                let root = dir.path().join("config");
-                std::fs::create_dir_all(root.join("nested")).unwrap();
-                for (name, text) in config {
-                    std::fs::write(root.join(name), text).unwrap();
-                }
-                let mp = start_meshpilot(dir.path(), &flags).await;
-                Self {
-                    mp,
-                    dir,
-                    api: None,
-                    _kubeconfig: None,
-                }
-            }
-            Source::ConfigCluster => {
-                let api = test_apiserver::TestApiServer::start().await;
-                let cluster1 = dir.path().join("clusters/cluster1");
-                for entry in std::fs::read_dir(&cluster1).unwrap() {
-                    api.apply_yaml(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
-                }
-                std::fs::remove_dir_all(&cluster1).unwrap();
-                for (_, text) in config {
-                    api.apply_yaml(text);
-                }
-                let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-                std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
-                let path = kubeconfig.path().to_str().unwrap().to_string();
-                let dir_arg = dir.path().to_str().unwrap().to_string();
-                let mut args = vec![
-                    "--kubeconfig",
-                    &path,
-                    "--cluster-id",
-                    "cluster1",
-                    "--config-dir",
-                    &dir_arg,
-                ];
-                args.extend(flags);
-                let mp = start_meshpilot_with(&args).await;
-                Self {
-                    mp,
-                    dir,
-                    api: Some(api),
-                    _kubeconfig: Some(kubeconfig),
-                }
-            }
-        }
-    }
-
-    /// Adds or replaces config: a file under config/, or objects in the API server.
-    fn apply(&self, file: &str, yaml: &str) {
-        match &self.api {
-            None => write_atomic(&self.dir.path().join("config").join(file), yaml),
-            Some(api) => api.apply_yaml(yaml),
-        }
-    }
-}
+/// meshpilot's flags in every scenario here.
+const FLAGS: &[&str] = &["--debounce-after", "0s"];
 
 /// A SotW client's wildcard CDS, decoded by name (ACKed).
 async fn clusters(
@@ -249,21 +176,6 @@ fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
     out
 }
 
-/// Each scenario runs against both sources.
-macro_rules! from_both_sources {
-    ($scenario:ident, $files:ident, $cluster:ident) => {
-        #[tokio::test]
-        async fn $files() {
-            $scenario(Source::Files).await;
-        }
-
-        #[tokio::test]
-        async fn $cluster() {
-            $scenario(Source::ConfigCluster).await;
-        }
-    };
-}
-
 from_both_sources!(
     destination_rule_subsets_and_policy_reach_the_proxy,
     rule_from_files,
@@ -286,7 +198,12 @@ from_both_sources!(
 );
 
 async fn destination_rule_subsets_and_policy_reach_the_proxy(source: Source) {
-    let f = Fixture::start(source, &[("nested/reviews-dr.yaml", DESTINATION_RULE)]).await;
+    let f = ConfigFixture::start(
+        source,
+        &[("nested/reviews-dr.yaml", DESTINATION_RULE)],
+        FLAGS,
+    )
+    .await;
     let mp = &f.mp;
     let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     let (_, clusters) = clusters(&mut ads, SIDECAR).await;
@@ -350,7 +267,7 @@ status:
 ";
 
 async fn service_entries_and_selected_workload_entries(source: Source) {
-    let f = Fixture::start(source, &[("entries.yaml", SERVICE_ENTRIES)]).await;
+    let f = ConfigFixture::start(source, &[("entries.yaml", SERVICE_ENTRIES)], FLAGS).await;
     std::fs::write(
         f.dir.path().join("clusters/cluster2/legacy-pod.yaml"),
         LEGACY_POD,
@@ -404,7 +321,7 @@ async fn service_entries_and_selected_workload_entries(source: Source) {
 }
 
 async fn an_invalid_rule_is_refused_and_the_last_good_one_stays(source: Source) {
-    let f = Fixture::start(source, &[("dr.yaml", DESTINATION_RULE)]).await;
+    let f = ConfigFixture::start(source, &[("dr.yaml", DESTINATION_RULE)], FLAGS).await;
     let mp = &f.mp;
     let broken = DESTINATION_RULE.replace("maxConnections: 100", "maxConnections: lots");
     f.apply("dr.yaml", &broken);
@@ -461,7 +378,7 @@ async fn an_invalid_rule_is_refused_and_the_last_good_one_stays(source: Source) 
 }
 
 async fn a_rule_change_pushes_only_to_proxies_that_see_it(source: Source) {
-    let f = Fixture::start(source, &[("dr.yaml", DESTINATION_RULE)]).await;
+    let f = ConfigFixture::start(source, &[("dr.yaml", DESTINATION_RULE)], FLAGS).await;
     let mp = &f.mp;
     let mut inside = AdsClient::connect(mp.xds_addr).await.unwrap();
     let mut outside = AdsClient::connect(mp.xds_addr).await.unwrap();
@@ -503,12 +420,13 @@ async fn a_rule_change_pushes_only_to_proxies_that_see_it(source: Source) {
 #[tokio::test]
 async fn envoy_takes_rules_and_entries() {
     let _ports = sidecar_ports().await;
-    let f = Fixture::start(
+    let f = ConfigFixture::start(
         Source::Files,
         &[
             ("dr.yaml", DESTINATION_RULE),
             ("entries.yaml", SERVICE_ENTRIES),
         ],
+        FLAGS,
     )
     .await;
     let envoy = Envoy::start(
@@ -582,7 +500,7 @@ spec:
   trafficPolicy:
     loadBalancer: {consistentHash: {httpHeaderName: x-user, maglev: {tableSize: 65537}}}
 ";
-    let f = Fixture::start(Source::Files, &[("hash.yaml", rule)]).await;
+    let f = ConfigFixture::start(Source::Files, &[("hash.yaml", rule)], FLAGS).await;
     let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
     let (_, clusters) = clusters(&mut ads, SIDECAR).await;
     let cluster = &clusters["outbound|9080||productpage.bookinfo.svc.cluster.local"];
@@ -719,10 +637,15 @@ async fn mesh_config_from_the_istio_configmap() {
     let configmap = |mesh: &str| {
         format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: istio, namespace: istio-system}}\ndata:\n  mesh: |\n    {mesh}\n")
     };
-    let f = Fixture::start(Source::ConfigCluster, &[]).await;
-    let api = f.api.as_ref().unwrap();
-    api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
-    api.apply_yaml(&configmap("outboundTrafficPolicy: {mode: REGISTRY_ONLY}"));
+    let f = ConfigFixture::start(Source::ConfigCluster, &[], FLAGS).await;
+    f.apply(
+        "",
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n",
+    );
+    f.apply(
+        "",
+        &configmap("outboundTrafficPolicy: {mode: REGISTRY_ONLY}"),
+    );
     let admin = f.mp.http_addr;
     wait_for("REGISTRY_ONLY from the ConfigMap", BOUND, || async move {
         let mesh = get_json(admin, "/debug/mesh").await;
@@ -743,7 +666,7 @@ async fn mesh_config_from_the_istio_configmap() {
     .unwrap();
     assert_eq!(routes.virtual_hosts.last().unwrap().name, "block_all");
 
-    api.apply_yaml(&configmap("connectTimeout: never"));
+    f.apply("", &configmap("connectTimeout: never"));
     let error = wait_for("the broken mesh config refused", BOUND, || async move {
         let mesh = get_json(admin, "/debug/mesh").await;
         mesh["last_error"].as_str().map(str::to_string)
@@ -772,7 +695,7 @@ spec:
     - {destination: {host: db, subset: a}, weight: 70}
     - {destination: {host: db, subset: b}, weight: 30}
 ";
-    let f = Fixture::start(Source::Files, &[("db.yaml", routes)]).await;
+    let f = ConfigFixture::start(Source::Files, &[("db.yaml", routes)], FLAGS).await;
     std::fs::write(
         f.dir.path().join("clusters/cluster1/db.yaml"),
         "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: bookinfo}\nspec: {clusterIP: 10.96.30.30, ports: [{name: tcp-db, port: 5432}]}\n",

@@ -179,21 +179,6 @@ fn rbac_of(
     (rules.action, rules.policies.into_keys().collect())
 }
 
-/// Each scenario runs against both sources.
-macro_rules! from_both_sources {
-    ($scenario:ident, $files:ident, $cluster:ident) => {
-        #[tokio::test]
-        async fn $files() {
-            $scenario(Source::Files).await;
-        }
-
-        #[tokio::test]
-        async fn $cluster() {
-            $scenario(Source::ConfigCluster).await;
-        }
-    };
-}
-
 from_both_sources!(
     policies_shape_the_inbound_listener_and_client_endpoints,
     inbound_from_files,

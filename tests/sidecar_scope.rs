@@ -127,20 +127,6 @@ async fn virtual_hosts(f: &ConfigFixture, labels: &[(&str, &str)]) -> BTreeSet<S
     routes.virtual_hosts.into_iter().map(|v| v.name).collect()
 }
 
-macro_rules! from_both_sources {
-    ($scenario:ident, $files:ident, $cluster:ident) => {
-        #[tokio::test]
-        async fn $files() {
-            $scenario(Source::Files).await;
-        }
-
-        #[tokio::test]
-        async fn $cluster() {
-            $scenario(Source::ConfigCluster).await;
-        }
-    };
-}
-
 from_both_sources!(
     a_sidecar_narrows_what_its_namespace_hears,
     scoping_from_files,

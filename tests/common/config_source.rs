@@ -29,7 +29,11 @@ impl ConfigFixture {
         match source {
             Source::Files => {
                 for (name, text) in config {
-                    std::fs::write(root.join(name), text).expect("write config");
+                    let path = root.join(name);
+                    if let Some(parent) = path.parent() {
+                        std::fs::create_dir_all(parent).expect("config subdirectory");
+                    }
+                    std::fs::write(path, text).expect("write config");
                 }
                 let mp = start_meshpilot(dir.path(), flags).await;
                 Self {
@@ -93,4 +97,20 @@ impl ConfigFixture {
             }
         }
     }
+}
+
+/// Declares a scenario's two tests, `$files` and `$cluster`: the same scenario against each source.
+#[macro_export]
+macro_rules! from_both_sources {
+    ($scenario:ident, $files:ident, $cluster:ident) => {
+        #[tokio::test]
+        async fn $files() {
+            $scenario($crate::common::config_source::Source::Files).await;
+        }
+
+        #[tokio::test]
+        async fn $cluster() {
+            $scenario($crate::common::config_source::Source::ConfigCluster).await;
+        }
+    };
 }
