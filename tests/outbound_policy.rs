@@ -38,7 +38,8 @@ fn curl(client: &Netns, url: &str) -> u16 {
 }
 
 /// The client's and the outside world's namespaces (`10.<net>.…`), the application's traffic
-/// captured; meshpilot on `cluster` (a file cluster `c1`) with `flags`; the client's Envoy.
+/// captured; meshpilot on `cluster` (a file cluster `c1`), with `mesh.yaml` in its directory as
+/// `--mesh-config` when a mesh config is given; the client's Envoy.
 struct Setup {
     client: Netns,
     outside: Netns,
@@ -48,7 +49,7 @@ struct Setup {
 }
 
 impl Setup {
-    async fn start(prefix: &str, net: u8, cluster: &str, flags: &[&str]) -> Self {
+    async fn start(prefix: &str, net: u8, cluster: &str, mesh: Option<&str>) -> Self {
         let tag = std::process::id() % 100_000;
         let client = Netns::create(&format!("{prefix}c{tag}"));
         let mut outside = Netns::create(&format!("{prefix}o{tag}"));
@@ -79,8 +80,12 @@ impl Setup {
         std::fs::create_dir_all(&cluster_dir).unwrap();
         std::fs::create_dir_all(dir.path().join("config")).unwrap();
         std::fs::write(cluster_dir.join("mesh.yaml"), cluster).unwrap();
+        let mesh_config = dir.path().join("mesh.yaml");
         let mut args = vec!["--xds-addr", "0.0.0.0:0", "--debounce-after", "0s"];
-        args.extend_from_slice(flags);
+        if let Some(mesh) = mesh {
+            std::fs::write(&mesh_config, mesh).unwrap();
+            args.extend(["--mesh-config", mesh_config.to_str().unwrap()]);
+        }
         let mp = start_meshpilot(dir.path(), &args).await;
         let node_id = format!("sidecar~10.{net}.3.1~client.default~default.svc.cluster.local");
         let envoy = Envoy::start_with(EnvoyOptions {
@@ -111,17 +116,10 @@ impl Setup {
 #[tokio::test]
 async fn unknown_destinations_follow_the_outbound_traffic_policy() {
     let _ports = sidecar_ports().await;
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "outboundTrafficPolicy: {mode: ALLOW_ANY}\n").unwrap();
-    let mesh_config = config.path();
-    let setup = Setup::start(
-        "mpo",
-        216,
-        MESH,
-        &["--mesh-config", mesh_config.to_str().unwrap()],
-    )
-    .await;
+    let allow_any = "outboundTrafficPolicy: {mode: ALLOW_ANY}\n";
+    let setup = Setup::start("mpo", 216, MESH, Some(allow_any)).await;
     let (client, mp, envoy) = (&setup.client, &setup.mp, &setup.envoy);
+    let mesh_config = setup.dir.path().join("mesh.yaml");
 
     let http_port = format!("http://{OUTSIDE}:8080/");
     let other_port = format!("http://{OUTSIDE}:9999/");
@@ -139,7 +137,7 @@ async fn unknown_destinations_follow_the_outbound_traffic_policy() {
     );
 
     write_atomic(
-        mesh_config,
+        &mesh_config,
         "outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n",
     );
     wait_for("REGISTRY_ONLY: 502 on the mesh's HTTP port", BOUND, || {
@@ -229,7 +227,7 @@ spec:
 #[tokio::test]
 async fn a_sidecar_resource_scopes_what_the_namespace_reaches() {
     let _ports = sidecar_ports().await;
-    let setup = Setup::start("mps", 218, SERVICES, &[]).await;
+    let setup = Setup::start("mps", 218, SERVICES, None).await;
     let (client, envoy) = (&setup.client, &setup.envoy);
     setup
         .outside

@@ -81,12 +81,12 @@ pub(super) struct Derived {
     security: OnceLock<SecurityPolicies>,
     /// Sidecars by namespace: those with a workload selector first, each group oldest first.
     pub(super) sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>>,
-    /// Scopes compiled so far, by (Sidecar, proxy namespace).
-    pub(super) sidecar_scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
+    /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
+    pub(super) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
 }
 
-/// A Sidecar and the namespace of the proxies it is compiled for.
-pub(super) type ScopeKey = (ConfigKey, Arc<str>);
+/// One Sidecar's scopes, compiled per proxy namespace.
+pub(super) type ScopesByNamespace = HashMap<Arc<str>, Arc<SidecarScope>>;
 
 /// One namespace's DestinationRules by fully qualified host, each list oldest first (istiod's
 /// order for merging): a lookup per cluster must not scan every rule of the mesh.

@@ -208,20 +208,19 @@ impl ConfigStore {
                 let defaults = derived.sidecars.get(root)?;
                 defaults.iter().find(|(_, s)| s.workload_selector.is_none())
             })?;
-        let cache_key = (key.clone(), Arc::<str>::from(proxy_ns));
-        if let Some(scope) = derived.sidecar_scopes.lock().get(&cache_key) {
-            return Some(scope.clone());
+        let cached = derived
+            .sidecar_scopes
+            .lock()
+            .get(key)
+            .and_then(|by_ns| by_ns.get(proxy_ns).cloned());
+        if cached.is_some() {
+            return cached;
         }
         // Compiled outside the lock: two proxies racing compile the same value.
         let scope = Arc::new(SidecarScope::compile(self, key, sidecar, proxy_ns));
-        Some(
-            derived
-                .sidecar_scopes
-                .lock()
-                .entry(cache_key)
-                .or_insert(scope)
-                .clone(),
-        )
+        let mut scopes = derived.sidecar_scopes.lock();
+        let by_ns = scopes.entry(key.clone()).or_default();
+        Some(by_ns.entry(proxy_ns.into()).or_insert(scope).clone())
     }
 }
 
