@@ -287,6 +287,14 @@ impl ConfigStore {
         kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
     }
 
+    /// Moves whenever what decides an endpoint's TLS mode for clients changes: PeerAuthentications
+    /// (DISABLE) and the mesh config (its root namespace). Endpoint assignments depend on nothing
+    /// else of the config beyond what their cache variant already carries (subset labels, locality
+    /// settings), so a DestinationRule or VirtualService change leaves them cached.
+    pub fn endpoint_tls_version(&self) -> u64 {
+        self.versions[ConfigKind::PeerAuthentication.index()] + self.mesh_version
+    }
+
     /// Bumped whenever an object of `kind` changes.
     pub fn version(&self, kind: ConfigKind) -> u64 {
         self.versions[kind.index()]
@@ -523,9 +531,27 @@ mod tests {
     use super::*;
 
     fn dr(ns: &str, name: &str, spec: serde_json::Value, created: &str) -> Arc<ConfigObject> {
+        object(
+            "networking.istio.io/v1",
+            "DestinationRule",
+            ns,
+            name,
+            spec,
+            created,
+        )
+    }
+
+    fn object(
+        api_version: &str,
+        kind: &str,
+        ns: &str,
+        name: &str,
+        spec: serde_json::Value,
+        created: &str,
+    ) -> Arc<ConfigObject> {
         let value = serde_json::json!({
-            "apiVersion": "networking.istio.io/v1",
-            "kind": "DestinationRule",
+            "apiVersion": api_version,
+            "kind": kind,
             "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
             "spec": spec,
         });
@@ -537,6 +563,36 @@ mod tests {
     }
 
     const HOST: &str = "reviews.shop.svc.cluster.local";
+
+    #[test]
+    fn endpoint_tls_moves_with_peer_authentication_and_mesh_only() {
+        let mut store = ConfigStore::default();
+        let tls = store.endpoint_tls_version();
+        let rule = dr("shop", "r", serde_json::json!({"host": HOST}), "1");
+        store.apply(ConfigSource::Files, vec![ConfigChange::Upsert(rule)]);
+        assert_eq!(
+            store.endpoint_tls_version(),
+            tls,
+            "rules leave assignments cached"
+        );
+        let peer = object(
+            "security.istio.io/v1",
+            "PeerAuthentication",
+            "shop",
+            "default",
+            serde_json::json!({"mtls": {"mode": "DISABLE"}}),
+            "1",
+        );
+        store.apply(ConfigSource::Files, vec![ConfigChange::Upsert(peer)]);
+        let tls = store.endpoint_tls_version();
+        assert_ne!(tls, 0);
+        let mesh = MeshConfig {
+            root_namespace: "mesh-root".into(),
+            ..MeshConfig::default()
+        };
+        assert!(store.set_mesh(mesh));
+        assert_ne!(store.endpoint_tls_version(), tls);
+    }
 
     #[test]
     fn lookup_order_proxy_then_service_then_root_namespace() {

@@ -95,7 +95,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         g.services_version(),
         shards.as_ref().map_or(0, |s| s.version),
         g.mesh.gateways_version,
-        g.config_version(),
+        g.mesh.config.endpoint_tls_version(),
     ];
     let gateways = g.mesh.gateways.clone();
     let port = target.port;
