@@ -7,7 +7,7 @@
 //!       [--clusters C] [--rounds R] [--debounce 0s] [--eds-per-proxy N] [--cds-every M]
 //!
 //! Scenarios: `convergence` (EDS convergence, full push, memory per proxy, CPU per message),
-//! `endpoints` (memory per endpoint), `onboarding` (remote-cluster sync time and memory),
+//! `endpoints` (memory per endpoint and per service), `onboarding` (remote-cluster sync time and memory),
 //! `single` (one change among S services reaching one subscribed proxy: file clusters, where each
 //! round renames one file into a directory of S, and the same through the Kubernetes path),
 //! `remotes` (C remote clusters of S services × E endpoints onboarded at once), `config` (S
@@ -34,7 +34,7 @@ use common::wait_for;
 use envoy_types::pb::google::protobuf::Any;
 use harness::ads::{self, contains, Raw, Subscription, CDS, EDS, LDS};
 use harness::naive::{self, NaiveServer};
-use harness::plane::{proc_stats, remote_secret, Plane, NS};
+use harness::plane::{proc_stats, remote_secret, settled_rss, Plane, NS};
 use parking_lot::Mutex;
 use serde_json::json;
 use test_apiserver::TestApiServer;
@@ -597,14 +597,17 @@ async fn converge(server: &Server, a: &Args) -> Figures {
     figures
 }
 
+/// Memory per endpoint and per service, each a slope from a base mesh (S services × E endpoints):
+/// ten times the endpoints per service (S × 10E), and ten times the services (10S × E). Growing only
+/// one of the two keeps the other's cost out of the figure.
 async fn endpoints_memory(a: &Args) {
-    println!("## memory per endpoint (no proxies); the naive anchor holds what meshpilot serves");
-    let sizes = [(a.services, a.endpoints), (a.services * 2, a.endpoints * 5)];
+    println!("## memory per endpoint and per service (no proxies); the naive anchor holds what meshpilot serves");
+    let (s, e) = (a.services, a.endpoints);
+    let sizes = [(s, e), (s, e * 10), (s * 10, e)];
     let (mut meshpilot, mut naive) = (Vec::new(), Vec::new());
     for (services, endpoints) in sizes {
         let plane = start_plane(a, services, endpoints, 1).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (_, rss) = proc_stats(plane.process.pid());
+        let rss = settled_rss(plane.process.pid()).await;
         let resources = served(plane.xds, services).await;
         drop(plane);
         let anchor = NaiveServer::start(resources);
@@ -615,14 +618,27 @@ async fn endpoints_memory(a: &Args) {
             rss as f64 / 1048576.0,
             anchor_rss as f64 / 1048576.0
         );
-        let count = (services * endpoints) as f64;
-        meshpilot.push((count, rss as f64));
-        naive.push((count, anchor_rss as f64));
+        meshpilot.push(rss as f64);
+        naive.push(anchor_rss as f64);
     }
-    let slope = |p: &[(f64, f64)]| (p[1].1 - p[0].1) / (p[1].0 - p[0].0);
-    let (m, n) = (slope(&meshpilot), slope(&naive));
+    let added_endpoints = (s * e * 9) as f64;
+    let (m, n) = (
+        (meshpilot[1] - meshpilot[0]) / added_endpoints,
+        (naive[1] - naive[0]) / added_endpoints,
+    );
     println!(
-        "memory per endpoint (slope): meshpilot {m:.0} bytes, naive {n:.0} bytes, meshpilot/naive {:.2}",
+        "memory per endpoint (slope, {s} services): meshpilot {m:.0} bytes, naive {n:.0} bytes, meshpilot/naive {:.2}",
+        m / n
+    );
+    let added_services = (s * 9) as f64;
+    let (m, n) = (
+        (meshpilot[2] - meshpilot[0]) / added_services,
+        (naive[2] - naive[0]) / added_services,
+    );
+    println!(
+        "memory per service with its {e} endpoints (slope): meshpilot {:.1} KiB, naive {:.1} KiB, meshpilot/naive {:.2}",
+        m / 1024.0,
+        n / 1024.0,
         m / n
     );
 }
@@ -639,8 +655,7 @@ async fn onboarding(a: &Args) {
         let remote = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
         let per_service = endpoints / services;
         populate(&remote, 0, 1, 0..services, per_service);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (_, rss0) = proc_stats(plane.process.pid());
+        let rss0 = settled_rss(plane.process.pid()).await;
         let started = Instant::now();
         plane.servers[0].apply(remote_secret(&remote, "remote"));
         let admin = plane.admin;
@@ -652,8 +667,7 @@ async fn onboarding(a: &Args) {
         )
         .await;
         let took = started.elapsed();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (_, rss1) = proc_stats(plane.process.pid());
+        let rss1 = settled_rss(plane.process.pid()).await;
         println!(
             "onboarding {services} services / {expected} endpoints: {:.0} ms from Secret to served; +{:.1} MiB RSS",
             took.as_secs_f64() * 1e3,
@@ -693,8 +707,8 @@ async fn remotes(a: &Args) {
         populate(&api, c, 1, 0..a.services, a.endpoints);
         servers.push(api);
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (cpu0, rss0) = proc_stats(plane.process.pid());
+    let rss0 = settled_rss(plane.process.pid()).await;
+    let (cpu0, _) = proc_stats(plane.process.pid());
     let started = Instant::now();
     for (c, api) in servers.iter().enumerate() {
         plane.servers[0].apply(remote_secret(api, &format!("r{}", c + 1)));
@@ -711,8 +725,8 @@ async fn remotes(a: &Args) {
     )
     .await;
     let took = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (cpu1, rss1) = proc_stats(plane.process.pid());
+    let (cpu1, _) = proc_stats(plane.process.pid());
+    let rss1 = settled_rss(plane.process.pid()).await;
     let grown = rss1 as f64 - rss0 as f64;
     let resources = served(plane.xds, a.services).await;
     drop(plane);

@@ -16,6 +16,12 @@ use meshpilot::security::certs_cmd::CertsArgs;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options (read once at start; `_RJEM_MALLOC_CONF` still overrides them). A background
+/// thread returns freed pages after the decay time even while the process is idle: without it, the
+/// pages a cluster's initial list was decoded in stay resident until the next burst of allocations.
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: &[u8; 23] = b"background_thread:true\0";
+
 #[derive(Parser)]
 #[command(
     name = "meshpilot",

@@ -48,6 +48,26 @@ pub fn proc_stats(pid: u32) -> (f64, u64) {
     (ticks / 100.0, rss_kb * 1024)
 }
 
+/// Resident memory once it stops falling: the allocator returns the pages freed after a burst (an
+/// initial list decoded, tables grown) over its decay time, so a figure read at once would count
+/// garbage. Settled when no sample within `QUIET` is lower than the one before it; at most `BOUND`.
+pub async fn settled_rss(pid: u32) -> u64 {
+    const QUIET: Duration = Duration::from_secs(2);
+    const BOUND: Duration = Duration::from_secs(30);
+    let started = Instant::now();
+    let (mut lowest, mut since) = (proc_stats(pid).1, Instant::now());
+    while since.elapsed() < QUIET && started.elapsed() < BOUND {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rss = proc_stats(pid).1;
+        // A fall under 0.5 % is noise, not pages being returned.
+        if rss < lowest - lowest / 200 {
+            since = Instant::now();
+        }
+        lowest = lowest.min(rss);
+    }
+    lowest
+}
+
 /// A running meshpilot with its config cluster (and remotes) served by test API servers, or its
 /// clusters in a config directory (`files/config`).
 pub struct Plane {

@@ -1,5 +1,6 @@
 //! Trimmed Kubernetes objects → model Services and Endpoints, with Istio's rules.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use super::objects::{
     NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
 };
+use super::PodSlot;
 use crate::model::{
     ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Resolution,
     Service, TlsMode,
@@ -53,19 +55,73 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
 pub struct EndpointContext<'a> {
     pub cluster: &'a ClusterId,
     pub naming: &'a MeshNaming,
-    pub pods: &'a HashMap<NsName, PodObj>,
+    pub pods: &'a HashMap<NsName, PodSlot>,
     pub pods_by_ip: &'a HashMap<(String, IpAddr), String>,
     pub nodes: &'a HashMap<String, NodeObj>,
     /// The cluster's network: its system namespace's label, else MeshNetworks `fromRegistry`.
     pub cluster_network: Option<&'a str>,
     /// MeshNetworks, for `fromCidr` when nothing else names an endpoint's network.
     pub networks: &'a MeshNetworks,
+    pub shared: SharedParts<'a>,
 }
 
-impl EndpointContext<'_> {
+/// What the endpoints of one conversion hold once between them instead of once per pod: the pods of
+/// a workload share an identity, and most share a network and a locality (often none).
+#[derive(Default)]
+pub struct SharedParts<'a> {
+    /// Identities by (namespace, service account).
+    identities: RefCell<HashMap<(&'a str, &'a str), Arc<str>>>,
+    /// Networks (and the empty string) by name.
+    names: RefCell<HashMap<&'a str, Arc<str>>>,
+    /// Localities by their label's text (`""`: none).
+    localities: RefCell<HashMap<&'a str, Locality>>,
+}
+
+impl<'a> SharedParts<'a> {
+    fn identity(&self, naming: &MeshNaming, pod: &'a PodObj) -> Arc<str> {
+        let key = (pod.namespace.as_str(), pod.service_account.as_str());
+        self.identities
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| Arc::from(naming.spiffe_id(key.0, key.1)))
+            .clone()
+    }
+
+    fn name(&self, name: &'a str) -> Arc<str> {
+        self.names
+            .borrow_mut()
+            .entry(name)
+            .or_insert_with(|| Arc::from(name))
+            .clone()
+    }
+
+    /// The locality an `istio-locality` label (`region.zone.subzone`) names.
+    fn locality(&self, label: &'a str) -> Locality {
+        if let Some(known) = self.localities.borrow().get(label) {
+            return known.clone();
+        }
+        let locality = match label {
+            "" => Locality {
+                region: self.name(""),
+                zone: self.name(""),
+                subzone: self.name(""),
+            },
+            _ => Locality::parse(&label.replace('.', "/")),
+        };
+        self.localities.borrow_mut().insert(label, locality.clone());
+        locality
+    }
+}
+
+impl<'a> EndpointContext<'a> {
+    fn pod(&self, namespace: &str, name: &str) -> Option<&'a PodObj> {
+        let slot = self.pods.get(&(namespace.to_string(), name.to_string()))?;
+        slot.pod.as_ref()
+    }
+
     /// Appends the endpoints of one slice. An endpoint whose `targetRef` pod is not known yet is
     /// left out: it is added when the pod arrives (Istio's pending-pod rule).
-    pub fn slice_endpoints(&self, slice: &SliceObj, out: &mut Vec<Endpoint>) {
+    pub fn slice_endpoints(&self, slice: &'a SliceObj, out: &mut Vec<Endpoint>) {
         // One allocation per port name, shared by every endpoint of the slice.
         let port_names: Vec<Arc<str>> = slice
             .ports
@@ -74,13 +130,13 @@ impl EndpointContext<'_> {
             .collect();
         for ep in &slice.endpoints {
             let pod = match &ep.pod {
-                Some(name) => match self.pods.get(&(slice.namespace.clone(), name.clone())) {
+                Some(name) => match self.pod(&slice.namespace, name) {
                     Some(pod) => Some(pod),
                     None => continue,
                 },
                 None => ep.addresses.first().and_then(|ip| {
                     let name = self.pods_by_ip.get(&(slice.namespace.clone(), *ip))?;
-                    self.pods.get(&(slice.namespace.clone(), name.clone()))
+                    self.pod(&slice.namespace, name)
                 }),
             };
             let template = self.template(
@@ -107,7 +163,12 @@ impl EndpointContext<'_> {
 
     /// The endpoints of a pod a ServiceEntry selects: each of its addresses on each port of the entry
     /// (`(port name, the workload's port)`), healthy while the pod is ready.
-    pub fn pod_endpoints(&self, pod: &PodObj, ports: &[(Arc<str>, u16)], out: &mut Vec<Endpoint>) {
+    pub fn pod_endpoints(
+        &self,
+        pod: &'a PodObj,
+        ports: &[(Arc<str>, u16)],
+        out: &mut Vec<Endpoint>,
+    ) {
         let health = match pod.ready {
             true => Health::Healthy,
             false => Health::Unhealthy,
@@ -131,28 +192,30 @@ impl EndpointContext<'_> {
     }
 
     /// The per-workload part of an endpoint, shared by each of its addresses and ports.
-    fn template(&self, pod: Option<&PodObj>, health: Health) -> Endpoint {
+    fn template(&self, pod: Option<&'a PodObj>, health: Health) -> Endpoint {
         let label = |key: &str| pod.and_then(|p| p.labels.get(key)).map(String::as_str);
         let network = label(LABEL_NETWORK)
             .or(self.cluster_network)
             .unwrap_or_default();
+        let shared = &self.shared;
         let locality = match label(LABEL_LOCALITY) {
-            Some(l) => Locality::parse(&l.replace('.', "/")),
+            Some(l) => shared.locality(l),
             None => pod
                 .and_then(|p| p.node.as_ref())
                 .and_then(|n| self.nodes.get(n))
                 .map(|n| n.locality.clone())
-                .unwrap_or_default(),
+                .unwrap_or_else(|| shared.locality("")),
         };
         Endpoint {
             address: IpAddr::from([0, 0, 0, 0]),
             port: 0,
-            service_port_name: Arc::from(""),
+            service_port_name: shared.name(""),
             labels: pod.map(|p| p.labels.clone()).unwrap_or_default(),
-            service_account: pod
-                .map(|p| Arc::from(self.naming.spiffe_id(&p.namespace, &p.service_account)))
-                .unwrap_or_else(|| Arc::from("")),
-            network: Arc::from(network),
+            service_account: match pod {
+                Some(p) => shared.identity(self.naming, p),
+                None => shared.name(""),
+            },
+            network: shared.name(network),
             locality,
             cluster_id: self.cluster.clone(),
             tls_mode: if label(LABEL_TLS_MODE) == Some("istio") {

@@ -6,6 +6,7 @@
 
 pub mod auto_registration;
 mod convert;
+mod intern;
 pub mod objects;
 mod saved;
 pub mod service_entries;
@@ -23,6 +24,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
+use self::intern::Interner;
 use crate::istio::service_entry::Resolution as EntryResolution;
 use crate::istio::{ConfigKind, Spec};
 use crate::model::{
@@ -186,10 +188,10 @@ impl ClusterRegistry {
         // The pod index already holds every targetRef: count the references to unknown pods.
         let store = self.store.lock();
         store
-            .slices_by_pod
-            .iter()
-            .filter(|(pod, _)| !store.pods.contains_key(*pod))
-            .map(|(_, slices)| slices.len())
+            .pods
+            .values()
+            .filter(|slot| slot.pod.is_none())
+            .map(|slot| slot.slices.len())
             .sum()
     }
 
@@ -202,11 +204,17 @@ impl ClusterRegistry {
         self.apply_locked(self.store.lock(), changes);
     }
 
-    /// Applies the cluster's list of one kind: its objects replace any a saved snapshot restored.
-    pub fn apply_list(&self, kind: Kind, changes: impl IntoIterator<Item = ObjectChange>) {
+    /// Applies the cluster's whole list of one kind, a change per listed object: the objects of
+    /// that kind held and not listed (gone meanwhile, or restored from a saved snapshot) go.
+    pub fn apply_list(&self, kind: Kind, listed: Vec<ObjectChange>) {
         let mut store = self.store.lock();
         store.stale_kinds.remove(&kind);
-        self.apply_locked(store, changes);
+        let mut gone = saved::keys_of(&store, kind);
+        for change in &listed {
+            gone.remove(&change.key());
+        }
+        let deletes = gone.into_iter().map(ObjectChange::Delete);
+        self.apply_locked(store, listed.into_iter().chain(deletes));
     }
 
     fn apply_locked(
@@ -377,7 +385,7 @@ impl ClusterRegistry {
                         .iter()
                         .all(|(k, v)| pod.labels.get(k) == Some(v))
             };
-            for pod in store.pods.values().filter(selects) {
+            for pod in store.known_pods().filter(selects) {
                 ctx.pod_endpoints(pod, &ports, &mut endpoints);
             }
             for host in &entry.hosts {
@@ -609,13 +617,15 @@ struct Store {
     services: HashMap<NsName, ServiceObj>,
     slices: HashMap<NsName, SliceObj>,
     slices_by_service: HashMap<NsName, BTreeSet<String>>,
-    pods: HashMap<NsName, PodObj>,
+    pods: HashMap<NsName, PodSlot>,
     pods_by_ip: HashMap<(String, IpAddr), String>,
     pods_by_node: HashMap<String, HashSet<NsName>>,
     nodes: HashMap<String, NodeObj>,
-    /// Slices naming a pod in a targetRef, or (without targetRef) holding one of its addresses.
-    slices_by_pod: HashMap<NsName, HashSet<String>>,
-    slices_by_ip: HashMap<(String, IpAddr), HashSet<String>>,
+    /// Slices holding an address without a targetRef (a pod's slices by targetRef are in its
+    /// slot): nearly always one, so a small list rather than a set.
+    slices_by_ip: HashMap<(String, IpAddr), Vec<String>>,
+    /// The pods' label sets, each held once.
+    labels: Interner<BTreeMap<String, String>>,
     /// Services whose ServiceEntry selects pods here, with a shard written for them.
     selected: BTreeSet<ServiceKey>,
     /// TLS material of Secrets, for gateway credentials.
@@ -624,7 +634,24 @@ struct Store {
     stale_kinds: HashSet<Kind>,
 }
 
+/// A pod name's slot: the pod once it is known, and the slices whose targetRef names it, which may
+/// come first (Istio's pending pods). One map for both, as nearly every pod is in both.
+#[derive(Debug, Default)]
+pub(super) struct PodSlot {
+    pub pod: Option<PodObj>,
+    /// Nearly always one, so a small list rather than a set.
+    pub slices: Vec<String>,
+}
+
 impl Store {
+    fn pod(&self, key: &NsName) -> Option<&PodObj> {
+        self.pods.get(key).and_then(|slot| slot.pod.as_ref())
+    }
+
+    fn known_pods(&self) -> impl Iterator<Item = &PodObj> {
+        self.pods.values().filter_map(|slot| slot.pod.as_ref())
+    }
+
     fn apply(&mut self, change: ObjectChange, system_namespace: &str, dirty: &mut Dirty) {
         match change {
             ObjectChange::Upsert(object) => self.upsert(object, system_namespace, dirty),
@@ -665,11 +692,12 @@ impl Store {
                     .insert(slice.name.clone());
                 self.slices.insert(key, slice);
             }
-            Object::Pod(pod) => {
+            Object::Pod(mut pod) => {
                 let key = (pod.namespace.clone(), pod.name.clone());
-                if self.pods.get(&key) == Some(&pod) {
+                if self.pod(&key) == Some(&pod) {
                     return;
                 }
+                pod.labels = self.labels.intern(pod.labels);
                 self.remove_pod(&key, dirty);
                 for ip in &pod.ips {
                     self.pods_by_ip
@@ -682,7 +710,7 @@ impl Store {
                         .insert(key.clone());
                 }
                 dirty.pod_namespaces.insert(pod.namespace.clone());
-                self.pods.insert(key.clone(), pod);
+                self.pods.entry(key.clone()).or_default().pod = Some(pod);
                 self.mark_pod(&key, dirty);
             }
             Object::Node(node) => {
@@ -755,12 +783,7 @@ impl Store {
         let ns = &slice.namespace;
         for ep in &slice.endpoints {
             match &ep.pod {
-                Some(pod) => toggle(
-                    &mut self.slices_by_pod,
-                    (ns.clone(), pod.clone()),
-                    &slice.name,
-                    add,
-                ),
+                Some(pod) => self.link_pod(ns, pod, &slice.name, add),
                 None => {
                     for ip in &ep.addresses {
                         toggle(&mut self.slices_by_ip, (ns.clone(), *ip), &slice.name, add);
@@ -770,10 +793,41 @@ impl Store {
         }
     }
 
+    /// Notes (or forgets) that a slice names a pod in a targetRef.
+    fn link_pod(&mut self, namespace: &str, pod: &str, slice: &str, add: bool) {
+        match self.pods.entry((namespace.to_string(), pod.to_string())) {
+            Entry::Occupied(mut entry) => {
+                let slot = entry.get_mut();
+                if !add {
+                    slot.slices.retain(|s| s != slice);
+                } else if !slot.slices.iter().any(|s| s == slice) {
+                    slot.slices.reserve_exact(1);
+                    slot.slices.push(slice.to_string());
+                }
+                if slot.pod.is_none() && slot.slices.is_empty() {
+                    entry.remove();
+                }
+            }
+            Entry::Vacant(entry) if add => {
+                entry.insert(PodSlot {
+                    pod: None,
+                    slices: vec![slice.to_string()],
+                });
+            }
+            Entry::Vacant(_) => {}
+        }
+    }
+
     fn remove_pod(&mut self, key: &NsName, dirty: &mut Dirty) {
-        let Some(old) = self.pods.remove(key) else {
+        let Entry::Occupied(mut slot) = self.pods.entry(key.clone()) else {
             return;
         };
+        let Some(old) = slot.get_mut().pod.take() else {
+            return;
+        };
+        if slot.get().slices.is_empty() {
+            slot.remove();
+        }
         dirty.pod_namespaces.insert(old.namespace.clone());
         for ip in &old.ips {
             let ip_key = (old.namespace.clone(), *ip);
@@ -795,10 +849,13 @@ impl Store {
 
     /// Marks the services whose slices reference a pod.
     fn mark_pod(&self, key: &NsName, dirty: &mut Dirty) {
-        if let Some(pod) = self.pods.get(key) {
+        let Some(slot) = self.pods.get(key) else {
+            return;
+        };
+        if let Some(pod) = &slot.pod {
             self.mark_pod_ips(&pod.namespace, &pod.ips, dirty);
         }
-        for slice in self.slices_by_pod.get(key).into_iter().flatten() {
+        for slice in &slot.slices {
             self.mark_slice(&key.0, slice, dirty);
         }
     }
@@ -860,18 +917,24 @@ impl Store {
             nodes: &self.nodes,
             cluster_network: labelled.or_else(|| networks.network_of_registry(cluster.as_str())),
             networks,
+            shared: Default::default(),
         }
     }
 }
 
 /// Adds `name` to, or removes it from, the set under `key`; empty sets are dropped.
-fn toggle<K: Hash + Eq>(map: &mut HashMap<K, HashSet<String>>, key: K, name: &str, add: bool) {
+fn toggle<K: Hash + Eq>(map: &mut HashMap<K, Vec<String>>, key: K, name: &str, add: bool) {
     if add {
-        map.entry(key).or_default().insert(name.to_string());
-    } else if let Entry::Occupied(mut set) = map.entry(key) {
-        set.get_mut().remove(name);
-        if set.get().is_empty() {
-            set.remove();
+        let names = map.entry(key).or_default();
+        if !names.iter().any(|n| n == name) {
+            // Sized for the one name nearly every key has (a first push would reserve four).
+            names.reserve_exact(1);
+            names.push(name.to_string());
+        }
+    } else if let Entry::Occupied(mut names) = map.entry(key) {
+        names.get_mut().retain(|n| n != name);
+        if names.get().is_empty() {
+            names.remove();
         }
     }
 }
@@ -1010,6 +1073,33 @@ endpoints:
         assert_eq!(reg.pending_pod_endpoints(), 0);
         let change = rx.try_recv().unwrap();
         assert!(change.services.contains(HOST));
+
+        // The pod leaves before its slice: the endpoint waits again, and goes with the slice.
+        let pod = manifest::parse(POD).unwrap().remove(0).key();
+        reg.apply([ObjectChange::Delete(pod)]);
+        assert_eq!(endpoints(&reg).len(), 1);
+        assert_eq!(reg.pending_pod_endpoints(), 1);
+        let slice = manifest::parse(SLICE).unwrap().remove(0).key();
+        reg.apply([ObjectChange::Delete(slice)]);
+        assert_eq!(reg.pending_pod_endpoints(), 0);
+        assert!(
+            reg.store.lock().pods.is_empty(),
+            "no slot outlives pod and slice"
+        );
+    }
+
+    #[test]
+    fn a_list_removes_what_it_no_longer_holds() {
+        let (reg, _rx) = registry();
+        apply(&reg, &[SERVICE, NODE, POD, SLICE].join("---"));
+        assert_eq!(endpoints(&reg).len(), 2);
+        // The slice is listed again, without the pod: the pod is gone, its endpoint waits for it.
+        let listed = manifest::parse(SLICE).unwrap().remove(0);
+        reg.apply_list(Kind::EndpointSlice, vec![ObjectChange::Upsert(listed)]);
+        assert_eq!(endpoints(&reg).len(), 2, "other kinds are not the list's");
+        reg.apply_list(Kind::Pod, Vec::new());
+        assert_eq!(endpoints(&reg).len(), 1);
+        assert_eq!(reg.pending_pod_endpoints(), 1);
     }
 
     #[test]

@@ -87,6 +87,16 @@ pub enum ObjectChange {
     Delete(ObjectKey),
 }
 
+impl ObjectChange {
+    /// The object changed.
+    pub fn key(&self) -> ObjectKey {
+        match self {
+            ObjectChange::Upsert(object) => object.key(),
+            ObjectChange::Delete(key) => key.clone(),
+        }
+    }
+}
+
 impl Object {
     pub fn key(&self) -> ObjectKey {
         let (kind, namespace, name) = match self {

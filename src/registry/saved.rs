@@ -69,7 +69,7 @@ impl ClusterRegistry {
             namespaces: store.namespaces.values().cloned().collect(),
             services: store.services.values().cloned().collect(),
             slices: store.slices.values().cloned().collect(),
-            pods: store.pods.values().cloned().collect(),
+            pods: store.known_pods().cloned().collect(),
             nodes: store.nodes.values().cloned().collect(),
         }
     }
@@ -82,12 +82,6 @@ impl ClusterRegistry {
         let mut status = self.status.lock();
         status.state = SyncState::Stale;
         status.snapshot_saved_at = Some(saved_at);
-    }
-
-    /// The keys of one kind's objects held now; a watch starting over a restored snapshot
-    /// reconciles its first list against them, so objects gone meanwhile are removed.
-    pub fn object_keys(&self, kind: Kind) -> HashSet<ObjectKey> {
-        keys_of(&self.store.lock(), kind)
     }
 
     /// Stops serving a stale snapshot (it expired): the objects of every kind not yet listed from
@@ -111,7 +105,7 @@ impl ClusterRegistry {
     }
 }
 
-fn keys_of(store: &Store, kind: Kind) -> HashSet<ObjectKey> {
+pub(super) fn keys_of(store: &Store, kind: Kind) -> HashSet<ObjectKey> {
     let namespaced = |(ns, name): &(String, String)| ObjectKey {
         kind,
         namespace: ns.clone(),
@@ -127,7 +121,12 @@ fn keys_of(store: &Store, kind: Kind) -> HashSet<ObjectKey> {
         Kind::Node => store.nodes.keys().map(global).collect(),
         Kind::Service => store.services.keys().map(namespaced).collect(),
         Kind::EndpointSlice => store.slices.keys().map(namespaced).collect(),
-        Kind::Pod => store.pods.keys().map(namespaced).collect(),
+        Kind::Pod => store
+            .pods
+            .iter()
+            .filter(|(_, slot)| slot.pod.is_some())
+            .map(|(key, _)| namespaced(key))
+            .collect(),
         Kind::Secret => store.secrets.keys().map(namespaced).collect(),
     }
 }
@@ -169,11 +168,11 @@ mod tests {
         let (restarted, _rx) = registry();
         restarted.restore(live.saved_objects(), SystemTime::now());
         let pod = live.saved_objects().pods.remove(0);
-        restarted.apply_list(Kind::Pod, [ObjectChange::Upsert(Object::Pod(pod))]);
+        restarted.apply_list(Kind::Pod, vec![ObjectChange::Upsert(Object::Pod(pod))]);
         assert!(restarted.forget_stale("snapshot expired".into()));
         assert!(endpoints(&restarted).is_empty());
-        assert_eq!(restarted.object_keys(Kind::Pod).len(), 1);
-        assert!(restarted.object_keys(Kind::Service).is_empty());
+        assert_eq!(keys_of(&restarted.store.lock(), Kind::Pod).len(), 1);
+        assert!(keys_of(&restarted.store.lock(), Kind::Service).is_empty());
         let status = restarted.status();
         assert_eq!(status.state, SyncState::TimedOut);
         assert_eq!(status.last_error.as_deref(), Some("snapshot expired"));

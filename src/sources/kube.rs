@@ -3,7 +3,6 @@
 //! cluster's registry. A relist (after a 410 Gone or a restart) is reconciled against what the
 //! registry holds, so nothing is ever served empty in between and an unchanged relist pushes nothing.
 
-use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -193,10 +192,7 @@ where
         let mut events = watcher::watcher(api, config)
             .backoff(WatchBackoff::default())
             .boxed();
-        // What the registry already holds (a restored snapshot's objects) counts as known, so the
-        // first list removes those gone since.
-        let mut known: HashSet<ObjectKey> = registry.object_keys(kind);
-        let mut relist: Option<(Vec<ObjectChange>, HashSet<ObjectKey>)> = None;
+        let mut relist: Option<Vec<ObjectChange>> = None;
         let mut listed_once = false;
         let mut failing = false;
         while let Some(event) = events.next().await {
@@ -216,30 +212,25 @@ where
             match event {
                 Event::Init => relist = Some(Default::default()),
                 Event::InitApply(object) => {
-                    if let Some((changes, keys)) = relist.as_mut() {
-                        let (key, change) = convert(&registry, kind, &object, trim);
-                        keys.insert(key);
-                        changes.push(change);
+                    if let Some(changes) = relist.as_mut() {
+                        changes.push(convert(&registry, kind, &object, trim));
                     }
                 }
                 Event::InitDone => {
-                    let (mut changes, keys) = relist.take().unwrap_or_default();
-                    changes.extend(known.difference(&keys).cloned().map(ObjectChange::Delete));
+                    // The registry removes what it holds and the list lacks.
+                    let changes = relist.take().unwrap_or_default();
                     apply_off_worker(&registry, Some(kind), changes).await;
-                    known = keys;
                     if !listed_once {
                         listed_once = true;
                         gate.kind_listed();
                     }
                 }
                 Event::Apply(object) => {
-                    let (key, change) = convert(&registry, kind, &object, trim);
-                    known.insert(key);
+                    let change = convert(&registry, kind, &object, trim);
                     apply_off_worker(&registry, None, vec![change]).await;
                 }
                 Event::Delete(object) => {
                     let key = key_of(kind, &object);
-                    known.remove(&key);
                     apply_off_worker(&registry, None, vec![ObjectChange::Delete(key)]).await;
                 }
             }
@@ -312,15 +303,13 @@ fn convert<K: Resource>(
     kind: Kind,
     object: &K,
     trim: Trim<K>,
-) -> (ObjectKey, ObjectChange) {
-    let key = key_of(kind, object);
-    let change = match trim(object) {
+) -> ObjectChange {
+    match trim(object) {
         Ok(Some(trimmed)) => ObjectChange::Upsert(trimmed),
-        Ok(None) => ObjectChange::Delete(key.clone()),
+        Ok(None) => ObjectChange::Delete(key_of(kind, object)),
         Err(e) => {
             warn!(cluster = %registry.id(), error = %e, "object skipped");
-            ObjectChange::Delete(key.clone())
+            ObjectChange::Delete(key_of(kind, object))
         }
-    };
-    (key, change)
+    }
 }
