@@ -49,14 +49,14 @@ pub fn proc_stats(pid: u32) -> (f64, u64) {
 }
 
 /// Resident memory once it stops falling: the allocator returns the pages freed after a burst (an
-/// initial list decoded, tables grown) over its decay time, so a figure read at once would count
-/// garbage. Settled when no sample within `QUIET` is lower than the one before it; at most `BOUND`.
-pub async fn settled_rss(pid: u32) -> u64 {
-    const QUIET: Duration = Duration::from_secs(2);
-    const BOUND: Duration = Duration::from_secs(30);
+/// initial list decoded, tables grown) over its decay time (jemalloc: 10 s, starting slowly), so a
+/// figure read at once would count garbage. Settled when no sample within `quiet` fell; at most 60 s.
+/// A measuring run passes [`DECAY_QUIET`].
+pub async fn settled_rss(pid: u32, quiet: Duration) -> u64 {
+    const BOUND: Duration = Duration::from_secs(60);
     let started = Instant::now();
     let (mut lowest, mut since) = (proc_stats(pid).1, Instant::now());
-    while since.elapsed() < QUIET && started.elapsed() < BOUND {
+    while since.elapsed() < quiet && started.elapsed() < BOUND {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let rss = proc_stats(pid).1;
         // A fall under 0.5 % is noise, not pages being returned.
@@ -67,6 +67,9 @@ pub async fn settled_rss(pid: u32) -> u64 {
     }
     lowest
 }
+
+/// Longer than jemalloc's decay time: pages freed before the window are returned within it.
+pub const DECAY_QUIET: Duration = Duration::from_secs(11);
 
 /// A running meshpilot with its config cluster (and remotes) served by test API servers, or its
 /// clusters in a config directory (`files/config`).
