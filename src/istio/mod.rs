@@ -371,6 +371,33 @@ fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ValidationE
     })
 }
 
+/// A valid object of the kind named `kind` (at its first served version) for unit tests.
+#[cfg(test)]
+pub(crate) fn test_object(
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    created: &str,
+    spec: serde_json::Value,
+) -> Arc<ConfigObject> {
+    let known = ConfigKind::ALL.into_iter().find(|k| k.name() == kind);
+    let known = known.unwrap_or_else(|| panic!("{kind} is not a kind meshpilot reads"));
+    let value = serde_json::json!({
+        "apiVersion": format!("{}/{}", known.group(), known.versions()[0]),
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": spec,
+    });
+    let origin = Origin::File {
+        path: "test.yaml".into(),
+        document: 1,
+    };
+    match ConfigObject::from_value(&value, origin) {
+        Some(Ok(object)) => Arc::new(object),
+        other => panic!("{kind} {namespace}/{name} is not valid: {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -529,37 +529,10 @@ fn host_match(rule_host: &str, host: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::istio::test_object;
 
     fn dr(ns: &str, name: &str, spec: serde_json::Value, created: &str) -> Arc<ConfigObject> {
-        object(
-            "networking.istio.io/v1",
-            "DestinationRule",
-            ns,
-            name,
-            spec,
-            created,
-        )
-    }
-
-    fn object(
-        api_version: &str,
-        kind: &str,
-        ns: &str,
-        name: &str,
-        spec: serde_json::Value,
-        created: &str,
-    ) -> Arc<ConfigObject> {
-        let value = serde_json::json!({
-            "apiVersion": api_version,
-            "kind": kind,
-            "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
-            "spec": spec,
-        });
-        let origin = Origin::File {
-            path: "t.yaml".into(),
-            document: 1,
-        };
-        Arc::new(ConfigObject::from_value(&value, origin).unwrap().unwrap())
+        test_object("DestinationRule", ns, name, created, spec)
     }
 
     const HOST: &str = "reviews.shop.svc.cluster.local";
@@ -575,13 +548,12 @@ mod tests {
             tls,
             "rules leave assignments cached"
         );
-        let peer = object(
-            "security.istio.io/v1",
+        let peer = test_object(
             "PeerAuthentication",
             "shop",
             "default",
-            serde_json::json!({"mtls": {"mode": "DISABLE"}}),
             "1",
+            serde_json::json!({"mtls": {"mode": "DISABLE"}}),
         );
         store.apply(ConfigSource::Files, vec![ConfigChange::Upsert(peer)]);
         let tls = store.endpoint_tls_version();

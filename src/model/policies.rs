@@ -281,7 +281,7 @@ pub fn reaches_clients(store: &ConfigStore, object: &ConfigObject) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::Origin;
+    use crate::istio::test_object;
     use crate::model::ConfigChange;
     use crate::model::ConfigSource;
 
@@ -292,19 +292,7 @@ mod tests {
         created: &str,
         spec: serde_json::Value,
     ) -> ConfigChange {
-        let value = serde_json::json!({
-            "apiVersion": "security.istio.io/v1",
-            "kind": kind,
-            "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
-            "spec": spec,
-        });
-        let origin = Origin::File {
-            path: "p.yaml".into(),
-            document: 1,
-        };
-        ConfigChange::Upsert(Arc::new(
-            ConfigObject::from_value(&value, origin).unwrap().unwrap(),
-        ))
+        ConfigChange::Upsert(test_object(kind, ns, name, created, spec))
     }
 
     fn labels(app: &str) -> Labels {

@@ -248,7 +248,7 @@ pub fn host_match(route_host: &str, host: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::Origin;
+    use crate::istio::test_object;
     use crate::model::{ConfigChange, ConfigSource};
 
     fn object(
@@ -258,17 +258,7 @@ mod tests {
         spec: serde_json::Value,
         created: &str,
     ) -> Arc<ConfigObject> {
-        let value = serde_json::json!({
-            "apiVersion": "networking.istio.io/v1",
-            "kind": kind,
-            "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
-            "spec": spec,
-        });
-        let origin = Origin::File {
-            path: "t.yaml".into(),
-            document: 1,
-        };
-        Arc::new(ConfigObject::from_value(&value, origin).unwrap().unwrap())
+        test_object(kind, ns, name, created, spec)
     }
 
     fn store(objects: Vec<Arc<ConfigObject>>) -> ConfigStore {

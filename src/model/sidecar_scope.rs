@@ -240,23 +240,13 @@ pub fn hosts_overlap(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::{ConfigObject, Origin};
+    use crate::istio::test_object;
     use crate::model::{ConfigChange, ConfigSource, Protocol, Resolution, ServicePort};
 
     fn object(kind: &str, ns: &str, name: &str, spec: serde_json::Value) -> ConfigChange {
-        let value = serde_json::json!({
-            "apiVersion": "networking.istio.io/v1",
-            "kind": kind,
-            "metadata": {"name": name, "namespace": ns, "creationTimestamp": format!("2026-01-01T00:00:{:02}Z", name.len())},
-            "spec": spec,
-        });
-        let origin = Origin::File {
-            path: "x.yaml".into(),
-            document: 1,
-        };
-        ConfigChange::Upsert(Arc::new(
-            ConfigObject::from_value(&value, origin).unwrap().unwrap(),
-        ))
+        // Creation order follows the name's length.
+        let created = format!("2026-01-01T00:00:{:02}Z", name.len());
+        ConfigChange::Upsert(test_object(kind, ns, name, &created, spec))
     }
 
     fn service(name: &str, ns: &str, ports: &[u16]) -> Service {

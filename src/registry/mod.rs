@@ -798,12 +798,7 @@ impl Store {
         match self.pods.entry((namespace.to_string(), pod.to_string())) {
             Entry::Occupied(mut entry) => {
                 let slot = entry.get_mut();
-                if !add {
-                    slot.slices.retain(|s| s != slice);
-                } else if !slot.slices.iter().any(|s| s == slice) {
-                    slot.slices.reserve_exact(1);
-                    slot.slices.push(slice.to_string());
-                }
+                set_member(&mut slot.slices, slice, add);
                 if slot.pod.is_none() && slot.slices.is_empty() {
                     entry.remove();
                 }
@@ -925,17 +920,23 @@ impl Store {
 /// Adds `name` to, or removes it from, the set under `key`; empty sets are dropped.
 fn toggle<K: Hash + Eq>(map: &mut HashMap<K, Vec<String>>, key: K, name: &str, add: bool) {
     if add {
-        let names = map.entry(key).or_default();
-        if !names.iter().any(|n| n == name) {
-            // Sized for the one name nearly every key has (a first push would reserve four).
-            names.reserve_exact(1);
-            names.push(name.to_string());
-        }
+        set_member(map.entry(key).or_default(), name, true);
     } else if let Entry::Occupied(mut names) = map.entry(key) {
-        names.get_mut().retain(|n| n != name);
+        set_member(names.get_mut(), name, false);
         if names.get().is_empty() {
             names.remove();
         }
+    }
+}
+
+/// Adds `name` to, or removes it from, a small list used as a set.
+fn set_member(names: &mut Vec<String>, name: &str, add: bool) {
+    if !add {
+        names.retain(|n| n != name);
+    } else if !names.iter().any(|n| n == name) {
+        // Sized for the one name nearly every list has (a first push would reserve four).
+        names.reserve_exact(1);
+        names.push(name.to_string());
     }
 }
 
