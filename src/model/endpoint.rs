@@ -80,7 +80,8 @@ pub struct Endpoint {
     /// SPIFFE identity, `spiffe://<trust-domain>/ns/<ns>/sa/<sa>`; empty when the pod is unknown.
     pub service_account: Arc<str>,
     pub network: Arc<str>,
-    pub locality: Locality,
+    /// Shared by the endpoints of a node (or of a locality label).
+    pub locality: Arc<Locality>,
     pub cluster_id: ClusterId,
     pub tls_mode: TlsMode,
     pub health: Health,

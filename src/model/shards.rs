@@ -284,16 +284,20 @@ impl EndpointIndex {
                 };
             }
         }
+        // Nearly every address holds only this entry: those share one list.
+        let alone: Arc<[(ServiceKey, ShardKey)]> = Arc::from([entry.clone()]);
         for ip in new.difference(&old) {
-            let mut held: Vec<_> = self
-                .by_address
-                .get(ip)
-                .map(|h| h.to_vec())
-                .unwrap_or_default();
-            if let Err(at) = held.binary_search(&entry) {
-                held.insert(at, entry.clone());
-            }
-            self.by_address.insert(*ip, held.into());
+            let held = match self.by_address.get(ip) {
+                None => alone.clone(),
+                Some(held) => {
+                    let mut held = held.to_vec();
+                    if let Err(at) = held.binary_search(&entry) {
+                        held.insert(at, entry.clone());
+                    }
+                    held.into()
+                }
+            };
+            self.by_address.insert(*ip, held);
         }
     }
 }
@@ -328,7 +332,7 @@ mod tests {
             labels: Default::default(),
             service_account: sa.into(),
             network: "".into(),
-            locality: Locality::default(),
+            locality: Locality::default().into(),
             cluster_id: ClusterId::new(cluster),
             tls_mode: TlsMode::Istio,
             health: Health::Healthy,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::objects::{
     NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
 };
-use super::PodSlot;
+use super::pods::PodIndex;
 use crate::model::{
     ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Resolution,
     Service, TlsMode,
@@ -55,8 +55,7 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
 pub struct EndpointContext<'a> {
     pub cluster: &'a ClusterId,
     pub naming: &'a MeshNaming,
-    pub pods: &'a HashMap<NsName, PodSlot>,
-    pub pods_by_ip: &'a HashMap<(String, IpAddr), String>,
+    pub pods: &'a PodIndex,
     pub nodes: &'a HashMap<String, NodeObj>,
     /// The cluster's network: its system namespace's label, else MeshNetworks `fromRegistry`.
     pub cluster_network: Option<&'a str>,
@@ -74,12 +73,12 @@ pub struct SharedParts<'a> {
     /// Networks (and the empty string) by name.
     names: RefCell<HashMap<&'a str, Arc<str>>>,
     /// Localities by their label's text (`""`: none).
-    localities: RefCell<HashMap<&'a str, Locality>>,
+    localities: RefCell<HashMap<&'a str, Arc<Locality>>>,
 }
 
 impl<'a> SharedParts<'a> {
     fn identity(&self, naming: &MeshNaming, pod: &'a PodObj) -> Arc<str> {
-        let key = (pod.namespace.as_str(), pod.service_account.as_str());
+        let key = (&*pod.namespace, &*pod.service_account);
         self.identities
             .borrow_mut()
             .entry(key)
@@ -96,29 +95,24 @@ impl<'a> SharedParts<'a> {
     }
 
     /// The locality an `istio-locality` label (`region.zone.subzone`) names.
-    fn locality(&self, label: &'a str) -> Locality {
+    fn locality(&self, label: &'a str) -> Arc<Locality> {
         if let Some(known) = self.localities.borrow().get(label) {
             return known.clone();
         }
-        let locality = match label {
+        let locality = Arc::new(match label {
             "" => Locality {
                 region: self.name(""),
                 zone: self.name(""),
                 subzone: self.name(""),
             },
             _ => Locality::parse(&label.replace('.', "/")),
-        };
+        });
         self.localities.borrow_mut().insert(label, locality.clone());
         locality
     }
 }
 
 impl<'a> EndpointContext<'a> {
-    fn pod(&self, namespace: &str, name: &str) -> Option<&'a PodObj> {
-        let slot = self.pods.get(&(namespace.to_string(), name.to_string()))?;
-        slot.pod.as_ref()
-    }
-
     /// Appends the endpoints of one slice. An endpoint whose `targetRef` pod is not known yet is
     /// left out: it is added when the pod arrives (Istio's pending-pod rule).
     pub fn slice_endpoints(&self, slice: &'a SliceObj, out: &mut Vec<Endpoint>) {
@@ -130,14 +124,11 @@ impl<'a> EndpointContext<'a> {
             .collect();
         for ep in &slice.endpoints {
             let pod = match &ep.pod {
-                Some(name) => match self.pod(&slice.namespace, name) {
+                Some(name) => match self.pods.get(&slice.namespace, name) {
                     Some(pod) => Some(pod),
                     None => continue,
                 },
-                None => ep.addresses.first().and_then(|ip| {
-                    let name = self.pods_by_ip.get(&(slice.namespace.clone(), *ip))?;
-                    self.pod(&slice.namespace, name)
-                }),
+                None => (ep.addresses.first()).and_then(|ip| self.pods.at(&slice.namespace, *ip)),
             };
             let template = self.template(
                 pod,
@@ -202,7 +193,7 @@ impl<'a> EndpointContext<'a> {
             Some(l) => shared.locality(l),
             None => pod
                 .and_then(|p| p.node.as_ref())
-                .and_then(|n| self.nodes.get(n))
+                .and_then(|n| self.nodes.get(&**n))
                 .map(|n| n.locality.clone())
                 .unwrap_or_else(|| shared.locality("")),
         };
@@ -224,9 +215,7 @@ impl<'a> EndpointContext<'a> {
                 TlsMode::Disabled
             },
             health,
-            workload: pod
-                .map(|p| Arc::from(p.name.as_str()))
-                .unwrap_or_else(|| Arc::from("")),
+            workload: pod.map_or_else(|| shared.name(""), |p| p.name.clone()),
             weight: 1,
         }
     }

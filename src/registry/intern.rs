@@ -9,13 +9,13 @@ use std::sync::Arc;
 const MIN_SWEEP: usize = 1024;
 
 #[derive(Debug)]
-pub struct Interner<T: Eq + Hash> {
+pub struct Interner<T: Eq + Hash + ?Sized> {
     pool: HashSet<Arc<T>>,
     /// The pool's size after its last sweep: it is swept again once it has doubled.
     swept_at: usize,
 }
 
-impl<T: Eq + Hash> Default for Interner<T> {
+impl<T: Eq + Hash + ?Sized> Default for Interner<T> {
     fn default() -> Self {
         Self {
             pool: HashSet::new(),
@@ -24,7 +24,7 @@ impl<T: Eq + Hash> Default for Interner<T> {
     }
 }
 
-impl<T: Eq + Hash> Interner<T> {
+impl<T: Eq + Hash + ?Sized> Interner<T> {
     /// The pooled value equal to `value`, which joins the pool when there is none.
     pub fn intern(&mut self, value: Arc<T>) -> Arc<T> {
         if let Some(pooled) = self.pool.get(&*value) {

@@ -8,6 +8,7 @@ pub mod auto_registration;
 mod convert;
 mod intern;
 pub mod objects;
+mod pods;
 mod saved;
 pub mod service_entries;
 
@@ -24,7 +25,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
-use self::intern::Interner;
+use self::pods::PodIndex;
 use crate::istio::service_entry::Resolution as EntryResolution;
 use crate::istio::{ConfigKind, Spec};
 use crate::model::{
@@ -185,14 +186,7 @@ impl ClusterRegistry {
     /// Slice endpoints left out because the pod their targetRef names is not known yet
     /// (`pilot_k8s_endpoints_pending_pod`).
     pub fn pending_pod_endpoints(&self) -> usize {
-        // The pod index already holds every targetRef: count the references to unknown pods.
-        let store = self.store.lock();
-        store
-            .pods
-            .values()
-            .filter(|slot| slot.pod.is_none())
-            .map(|slot| slot.slices.len())
-            .sum()
+        self.store.lock().pods.pending()
     }
 
     pub fn endpoint_count(&self) -> usize {
@@ -385,7 +379,7 @@ impl ClusterRegistry {
                         .iter()
                         .all(|(k, v)| pod.labels.get(k) == Some(v))
             };
-            for pod in store.known_pods().filter(selects) {
+            for pod in store.pods.iter().filter(selects) {
                 ctx.pod_endpoints(pod, &ports, &mut endpoints);
             }
             for host in &entry.hosts {
@@ -617,15 +611,11 @@ struct Store {
     services: HashMap<NsName, ServiceObj>,
     slices: HashMap<NsName, SliceObj>,
     slices_by_service: HashMap<NsName, BTreeSet<String>>,
-    pods: HashMap<NsName, PodSlot>,
-    pods_by_ip: HashMap<(String, IpAddr), String>,
-    pods_by_node: HashMap<String, HashSet<NsName>>,
+    pods: PodIndex,
     nodes: HashMap<String, NodeObj>,
-    /// Slices holding an address without a targetRef (a pod's slices by targetRef are in its
-    /// slot): nearly always one, so a small list rather than a set.
-    slices_by_ip: HashMap<(String, IpAddr), Vec<String>>,
-    /// The pods' label sets, each held once.
-    labels: Interner<BTreeMap<String, String>>,
+    /// Slices holding an address without a targetRef (the pods' index holds those naming a pod):
+    /// nearly always one, so a small list rather than a set.
+    slices_by_ip: HashMap<(String, IpAddr), Vec<Arc<str>>>,
     /// Services whose ServiceEntry selects pods here, with a shard written for them.
     selected: BTreeSet<ServiceKey>,
     /// TLS material of Secrets, for gateway credentials.
@@ -634,24 +624,7 @@ struct Store {
     stale_kinds: HashSet<Kind>,
 }
 
-/// A pod name's slot: the pod once it is known, and the slices whose targetRef names it, which may
-/// come first (Istio's pending pods). One map for both, as nearly every pod is in both.
-#[derive(Debug, Default)]
-pub(super) struct PodSlot {
-    pub pod: Option<PodObj>,
-    /// Nearly always one, so a small list rather than a set.
-    pub slices: Vec<String>,
-}
-
 impl Store {
-    fn pod(&self, key: &NsName) -> Option<&PodObj> {
-        self.pods.get(key).and_then(|slot| slot.pod.as_ref())
-    }
-
-    fn known_pods(&self) -> impl Iterator<Item = &PodObj> {
-        self.pods.values().filter_map(|slot| slot.pod.as_ref())
-    }
-
     fn apply(&mut self, change: ObjectChange, system_namespace: &str, dirty: &mut Dirty) {
         match change {
             ObjectChange::Upsert(object) => self.upsert(object, system_namespace, dirty),
@@ -676,13 +649,13 @@ impl Store {
                     dirty.definitions = true;
                 }
             }
-            Object::EndpointSlice(slice) => {
+            Object::EndpointSlice(mut slice) => {
                 let key = (slice.namespace.clone(), slice.name.clone());
                 if self.slices.get(&key) == Some(&slice) {
                     return;
                 }
                 self.remove_slice(&key, dirty);
-                self.index_slice(&slice, true);
+                self.index_slice(&mut slice, true);
                 dirty
                     .services
                     .insert((slice.namespace.clone(), slice.service.clone()));
@@ -692,26 +665,14 @@ impl Store {
                     .insert(slice.name.clone());
                 self.slices.insert(key, slice);
             }
-            Object::Pod(mut pod) => {
-                let key = (pod.namespace.clone(), pod.name.clone());
-                if self.pod(&key) == Some(&pod) {
+            Object::Pod(pod) => {
+                if self.pods.get(&pod.namespace, &pod.name) == Some(&pod) {
                     return;
                 }
-                pod.labels = self.labels.intern(pod.labels);
-                self.remove_pod(&key, dirty);
-                for ip in &pod.ips {
-                    self.pods_by_ip
-                        .insert((pod.namespace.clone(), *ip), pod.name.clone());
-                }
-                if let Some(node) = &pod.node {
-                    self.pods_by_node
-                        .entry(node.clone())
-                        .or_default()
-                        .insert(key.clone());
-                }
-                dirty.pod_namespaces.insert(pod.namespace.clone());
-                self.pods.entry(key.clone()).or_default().pod = Some(pod);
-                self.mark_pod(&key, dirty);
+                self.remove_pod(&pod.namespace, &pod.name, dirty);
+                let (namespace, name) = self.pods.insert(pod);
+                dirty.pod_namespaces.insert(namespace.to_string());
+                self.mark_pod(&namespace, &name, dirty);
             }
             Object::Node(node) => {
                 let name = node.name.clone();
@@ -749,7 +710,7 @@ impl Store {
                 }
             }
             Kind::EndpointSlice => self.remove_slice(&ns_name, dirty),
-            Kind::Pod => self.remove_pod(&ns_name, dirty),
+            Kind::Pod => self.remove_pod(&ns_name.0, &ns_name.1, dirty),
             Kind::Node => {
                 if self.nodes.remove(&ns_name.1).is_some() {
                     self.mark_node(&ns_name.1, dirty);
@@ -764,10 +725,10 @@ impl Store {
     }
 
     fn remove_slice(&mut self, key: &NsName, dirty: &mut Dirty) {
-        let Some(old) = self.slices.remove(key) else {
+        let Some(mut old) = self.slices.remove(key) else {
             return;
         };
-        self.index_slice(&old, false);
+        self.index_slice(&mut old, false);
         let service = (old.namespace.clone(), old.service.clone());
         if let Some(names) = self.slices_by_service.get_mut(&service) {
             names.remove(&old.name);
@@ -778,80 +739,39 @@ impl Store {
         dirty.services.insert(service);
     }
 
-    /// Adds (or removes) a slice's references to pods, by targetRef or by address.
-    fn index_slice(&mut self, slice: &SliceObj, add: bool) {
+    /// Adds (or removes) a slice's references to pods, by targetRef or by address. Added
+    /// references share the pod's name.
+    fn index_slice(&mut self, slice: &mut SliceObj, add: bool) {
         let ns = &slice.namespace;
-        for ep in &slice.endpoints {
-            match &ep.pod {
-                Some(pod) => self.link_pod(ns, pod, &slice.name, add),
+        let name: Arc<str> = Arc::from(slice.name.as_str());
+        for ep in &mut slice.endpoints {
+            match &mut ep.pod {
+                Some(pod) => *pod = self.pods.link(ns, pod, &name, add),
                 None => {
                     for ip in &ep.addresses {
-                        toggle(&mut self.slices_by_ip, (ns.clone(), *ip), &slice.name, add);
+                        toggle(&mut self.slices_by_ip, (ns.clone(), *ip), &name, add);
                     }
                 }
             }
         }
     }
 
-    /// Notes (or forgets) that a slice names a pod in a targetRef.
-    fn link_pod(&mut self, namespace: &str, pod: &str, slice: &str, add: bool) {
-        match self.pods.entry((namespace.to_string(), pod.to_string())) {
-            Entry::Occupied(mut entry) => {
-                let slot = entry.get_mut();
-                set_member(&mut slot.slices, slice, add);
-                if slot.pod.is_none() && slot.slices.is_empty() {
-                    entry.remove();
-                }
-            }
-            Entry::Vacant(entry) if add => {
-                entry.insert(PodSlot {
-                    pod: None,
-                    slices: vec![slice.to_string()],
-                });
-            }
-            Entry::Vacant(_) => {}
-        }
-    }
-
-    fn remove_pod(&mut self, key: &NsName, dirty: &mut Dirty) {
-        let Entry::Occupied(mut slot) = self.pods.entry(key.clone()) else {
+    fn remove_pod(&mut self, namespace: &str, name: &str, dirty: &mut Dirty) {
+        let Some(old) = self.pods.remove(namespace, name) else {
             return;
         };
-        let Some(old) = slot.get_mut().pod.take() else {
-            return;
-        };
-        if slot.get().slices.is_empty() {
-            slot.remove();
-        }
-        dirty.pod_namespaces.insert(old.namespace.clone());
-        for ip in &old.ips {
-            let ip_key = (old.namespace.clone(), *ip);
-            if self.pods_by_ip.get(&ip_key) == Some(&old.name) {
-                self.pods_by_ip.remove(&ip_key);
-            }
-        }
-        if let Some(node) = &old.node {
-            if let Entry::Occupied(mut pods) = self.pods_by_node.entry(node.clone()) {
-                pods.get_mut().remove(key);
-                if pods.get().is_empty() {
-                    pods.remove();
-                }
-            }
-        }
+        dirty.pod_namespaces.insert(old.namespace.to_string());
         self.mark_pod_ips(&old.namespace, &old.ips, dirty);
-        self.mark_pod(key, dirty);
+        self.mark_pod(namespace, name, dirty);
     }
 
     /// Marks the services whose slices reference a pod.
-    fn mark_pod(&self, key: &NsName, dirty: &mut Dirty) {
-        let Some(slot) = self.pods.get(key) else {
-            return;
-        };
-        if let Some(pod) = &slot.pod {
-            self.mark_pod_ips(&pod.namespace, &pod.ips, dirty);
+    fn mark_pod(&self, namespace: &str, name: &str, dirty: &mut Dirty) {
+        if let Some(pod) = self.pods.get(namespace, name) {
+            self.mark_pod_ips(namespace, &pod.ips, dirty);
         }
-        for slice in &slot.slices {
-            self.mark_slice(&key.0, slice, dirty);
+        for slice in self.pods.slices_naming(namespace, name) {
+            self.mark_slice(namespace, slice, dirty);
         }
     }
 
@@ -877,9 +797,9 @@ impl Store {
     }
 
     fn mark_node(&self, node: &str, dirty: &mut Dirty) {
-        for pod in self.pods_by_node.get(node).into_iter().flatten() {
-            dirty.pod_namespaces.insert(pod.0.clone());
-            self.mark_pod(pod, dirty);
+        for (namespace, name) in self.pods.on_node(node) {
+            dirty.pod_namespaces.insert(namespace.to_string());
+            self.mark_pod(namespace, name, dirty);
         }
     }
 
@@ -908,7 +828,6 @@ impl Store {
             cluster,
             naming,
             pods: &self.pods,
-            pods_by_ip: &self.pods_by_ip,
             nodes: &self.nodes,
             cluster_network: labelled.or_else(|| networks.network_of_registry(cluster.as_str())),
             networks,
@@ -918,7 +837,7 @@ impl Store {
 }
 
 /// Adds `name` to, or removes it from, the set under `key`; empty sets are dropped.
-fn toggle<K: Hash + Eq>(map: &mut HashMap<K, Vec<String>>, key: K, name: &str, add: bool) {
+fn toggle<K: Hash + Eq>(map: &mut HashMap<K, Vec<Arc<str>>>, key: K, name: &Arc<str>, add: bool) {
     if add {
         set_member(map.entry(key).or_default(), name, true);
     } else if let Entry::Occupied(mut names) = map.entry(key) {
@@ -930,13 +849,13 @@ fn toggle<K: Hash + Eq>(map: &mut HashMap<K, Vec<String>>, key: K, name: &str, a
 }
 
 /// Adds `name` to, or removes it from, a small list used as a set.
-fn set_member(names: &mut Vec<String>, name: &str, add: bool) {
+fn set_member(names: &mut Vec<Arc<str>>, name: &Arc<str>, add: bool) {
     if !add {
         names.retain(|n| n != name);
-    } else if !names.iter().any(|n| n == name) {
+    } else if !names.contains(name) {
         // Sized for the one name nearly every list has (a first push would reserve four).
         names.reserve_exact(1);
-        names.push(name.to_string());
+        names.push(name.clone());
     }
 }
 

@@ -100,17 +100,19 @@ impl ObjectChange {
 impl Object {
     pub fn key(&self) -> ObjectKey {
         let (kind, namespace, name) = match self {
-            Object::Namespace(o) => (Kind::Namespace, "", &o.name),
-            Object::Service(o) => (Kind::Service, o.namespace.as_str(), &o.name),
-            Object::EndpointSlice(o) => (Kind::EndpointSlice, o.namespace.as_str(), &o.name),
-            Object::Pod(o) => (Kind::Pod, o.namespace.as_str(), &o.name),
-            Object::Node(o) => (Kind::Node, "", &o.name),
-            Object::Secret(o) => (Kind::Secret, o.namespace.as_str(), &o.name),
+            Object::Namespace(o) => (Kind::Namespace, "", o.name.as_str()),
+            Object::Service(o) => (Kind::Service, o.namespace.as_str(), o.name.as_str()),
+            Object::EndpointSlice(o) => {
+                (Kind::EndpointSlice, o.namespace.as_str(), o.name.as_str())
+            }
+            Object::Pod(o) => (Kind::Pod, &*o.namespace, &*o.name),
+            Object::Node(o) => (Kind::Node, "", o.name.as_str()),
+            Object::Secret(o) => (Kind::Secret, o.namespace.as_str(), o.name.as_str()),
         };
         ObjectKey {
             kind,
             namespace: namespace.to_string(),
-            name: name.clone(),
+            name: name.to_string(),
         }
     }
 }
@@ -154,17 +156,18 @@ pub struct SliceEndpoint {
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    /// Name of the pod in `targetRef`, when the reference is to a pod.
-    pub pod: Option<String>,
+    /// Name of the pod in `targetRef`, when the reference is to a pod (shared with the pod's slot).
+    pub pod: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PodObj {
-    pub name: String,
-    pub namespace: String,
+    /// The strings are shared: with the registry's indexes, other pods and the pod's endpoints.
+    pub name: Arc<str>,
+    pub namespace: Arc<str>,
     pub labels: Labels,
-    pub service_account: String,
-    pub node: Option<String>,
+    pub service_account: Arc<str>,
+    pub node: Option<Arc<str>>,
     pub ips: Vec<IpAddr>,
     /// The Ready condition: what a ServiceEntry selecting the pod serves it by (no slice says).
     pub ready: bool,
@@ -173,7 +176,7 @@ pub struct PodObj {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeObj {
     pub name: String,
-    pub locality: Locality,
+    pub locality: Arc<Locality>,
 }
 
 /// A Secret, reduced to the TLS material gateways may use; other Secrets hold nothing here.
@@ -322,7 +325,8 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Option<Object>
                 .target_ref
                 .as_ref()
                 .filter(|r| r.kind.as_deref() == Some("Pod"))
-                .and_then(|r| r.name.clone());
+                .and_then(|r| r.name.as_deref())
+                .map(Arc::from);
             SliceEndpoint {
                 addresses: ips(&ep.addresses),
                 ready: conditions.ready,
@@ -354,15 +358,16 @@ pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
     Ok(Object::Pod(PodObj {
         labels: Arc::new(pod.metadata.labels.clone().unwrap_or_default()),
         service_account: spec
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_else(|| "default".into()),
-        node: spec.and_then(|s| s.node_name.clone()),
+            .and_then(|s| s.service_account_name.as_deref())
+            .unwrap_or("default")
+            .into(),
+        node: spec.and_then(|s| s.node_name.as_deref()).map(Arc::from),
         ips: addrs,
         ready: status
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        name,
-        namespace,
+        name: name.into(),
+        namespace: namespace.into(),
     }))
 }
 
@@ -377,11 +382,11 @@ pub fn node(node: &core::Node) -> Result<Object, TrimError> {
             .unwrap_or_else(|| Arc::from(""))
     };
     Ok(Object::Node(NodeObj {
-        locality: Locality {
+        locality: Arc::new(Locality {
             region: first(&LABEL_REGION),
             zone: first(&LABEL_ZONE),
             subzone: first(&[LABEL_SUBZONE]),
-        },
+        }),
         name,
     }))
 }

@@ -69,7 +69,7 @@ impl ClusterRegistry {
             namespaces: store.namespaces.values().cloned().collect(),
             services: store.services.values().cloned().collect(),
             slices: store.slices.values().cloned().collect(),
-            pods: store.known_pods().cloned().collect(),
+            pods: store.pods.iter().cloned().collect(),
             nodes: store.nodes.values().cloned().collect(),
         }
     }
@@ -121,11 +121,12 @@ pub(super) fn keys_of(store: &Store, kind: Kind) -> HashSet<ObjectKey> {
         Kind::Node => store.nodes.keys().map(global).collect(),
         Kind::Service => store.services.keys().map(namespaced).collect(),
         Kind::EndpointSlice => store.slices.keys().map(namespaced).collect(),
-        Kind::Pod => store
-            .pods
-            .iter()
-            .filter(|(_, slot)| slot.pod.is_some())
-            .map(|(key, _)| namespaced(key))
+        Kind::Pod => (store.pods.iter())
+            .map(|pod| ObjectKey {
+                kind,
+                namespace: pod.namespace.to_string(),
+                name: pod.name.to_string(),
+            })
             .collect(),
         Kind::Secret => store.secrets.keys().map(namespaced).collect(),
     }

@@ -264,7 +264,7 @@ fn endpoints(
                 labels: labels.clone(),
                 service_account: service_account.clone(),
                 network: we.network.as_str().into(),
-                locality: Locality::parse(&we.locality),
+                locality: Locality::parse(&we.locality).into(),
                 cluster_id: cluster.clone(),
                 tls_mode,
                 health: Health::Healthy,

@@ -192,7 +192,7 @@ mod tests {
                 }],
                 nodes: vec![NodeObj {
                     name: "n1".into(),
-                    locality: crate::model::Locality::parse("eu/eu-1"),
+                    locality: crate::model::Locality::parse("eu/eu-1").into(),
                 }],
                 ..Default::default()
             },

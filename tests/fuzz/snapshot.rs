@@ -48,7 +48,7 @@ fn saved_file() -> Vec<u8> {
         }],
         nodes: vec![NodeObj {
             name: "n1".into(),
-            locality: meshpilot::model::Locality::parse("eu/eu-1/a"),
+            locality: meshpilot::model::Locality::parse("eu/eu-1/a").into(),
         }],
         ..Default::default()
     };

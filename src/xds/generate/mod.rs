@@ -77,7 +77,7 @@ impl Generation<'_> {
                     self.mesh.endpoints.services_at(ip).iter().find_map(|key| {
                         let shards = self.mesh.endpoints.get(key)?;
                         let ep = shards.endpoints().find(|e| e.address == *ip)?;
-                        (!ep.locality.region.is_empty()).then(|| ep.locality.clone())
+                        (!ep.locality.region.is_empty()).then(|| Locality::clone(&ep.locality))
                     })
                 })
             })
