@@ -120,8 +120,11 @@ fn ip(cluster: usize, n: usize) -> String {
     format!("10.{}.{}.{}", 100 + cluster, n / 250, n % 250 + 1)
 }
 
+/// Nodes of each cluster: its pods are spread over them, and they give the pods' localities.
+const NODES: usize = 100;
+
 /// Services `range` with their pods and slices, as cluster `c` holds them: the endpoints `j` with
-/// `j % clusters == c % clusters`, at addresses of their own per `c`.
+/// `j % clusters == c % clusters`, at addresses of their own per `c`, on the cluster's nodes.
 fn populate(
     api: &TestApiServer,
     c: usize,
@@ -129,6 +132,12 @@ fn populate(
     services: std::ops::Range<usize>,
     endpoints: usize,
 ) {
+    for node in 0..NODES {
+        api.apply(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node-{node}"), "labels": {
+                "topology.kubernetes.io/region": "region-1",
+                "topology.kubernetes.io/zone": format!("zone-{}", node % 3)}}}));
+    }
     for i in services {
         api.apply(json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": format!("svc-{i}"), "namespace": NS},
@@ -139,7 +148,7 @@ fn populate(
             let (pod, address) = (format!("p-{i}-{j}"), ip(c, n));
             api.apply(json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": pod, "namespace": NS, "labels": {"app": format!("svc-{i}"), "security.istio.io/tlsMode": "istio"}},
-                "spec": {"serviceAccountName": format!("sa-{i}"), "containers": []},
+                "spec": {"serviceAccountName": format!("sa-{i}"), "nodeName": format!("node-{}", n % NODES), "containers": []},
                 "status": {"podIP": address}}));
             eps.push(
                 json!({"addresses": [address], "conditions": {"ready": true},

@@ -797,9 +797,9 @@ impl Store {
     }
 
     fn mark_node(&self, node: &str, dirty: &mut Dirty) {
-        for (namespace, name) in self.pods.on_node(node) {
-            dirty.pod_namespaces.insert(namespace.to_string());
-            self.mark_pod(namespace, name, dirty);
+        for pod in self.pods.on_node(node) {
+            dirty.pod_namespaces.insert(pod.namespace.to_string());
+            self.mark_pod(&pod.namespace, &pod.name, dirty);
         }
     }
 

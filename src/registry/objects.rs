@@ -217,8 +217,12 @@ fn port_number(kind: Kind, ns: &str, name: &str, port: i32) -> Result<u16, TrimE
 
 /// Addresses that do not parse as IPs are skipped: Kubernetes validates them, and one bad entry must
 /// not cost the rest of the object.
+/// The addresses that parse, in a list of exactly their size: one per pod and per slice endpoint,
+/// where a collected list would reserve four.
 fn ips<'a>(addrs: impl IntoIterator<Item = &'a String>) -> Vec<IpAddr> {
-    addrs.into_iter().filter_map(|a| a.parse().ok()).collect()
+    let mut ips: Vec<IpAddr> = addrs.into_iter().filter_map(|a| a.parse().ok()).collect();
+    ips.shrink_to_fit();
+    ips
 }
 
 pub fn namespace(ns: &core::Namespace) -> Result<Object, TrimError> {

@@ -1,10 +1,10 @@
-//! A cluster's pods, found by name, address and node, and the slices whose targetRefs name them.
+//! A cluster's pods, found by name and address, and the slices whose targetRefs name them.
 //!
 //! Sized for 100,000s of pods: a pod's name is allocated once and shared by its slot, its address
-//! and node entries, the slices naming it and its endpoints; namespaces, service accounts, node
+//! entries, the slices naming it and its endpoints; namespaces, service accounts, node
 //! names and label sets are interned.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -12,14 +12,9 @@ use super::intern::Interner;
 use super::objects::PodObj;
 use super::set_member;
 
-/// A pod's (namespace, name), shared with its slot.
-pub(super) type PodName = (Arc<str>, Arc<str>);
-
 #[derive(Default)]
 pub(super) struct PodIndex {
     namespaces: HashMap<Arc<str>, NamespacePods>,
-    /// Pods by the node they run on.
-    by_node: HashMap<Arc<str>, HashSet<PodName>>,
     /// Namespaces, service accounts and node names, each held once.
     names: Interner<str>,
     labels: Interner<BTreeMap<String, String>>,
@@ -80,13 +75,15 @@ impl PodIndex {
             .sum()
     }
 
-    /// The pods on a node.
-    pub fn on_node(&self, node: &str) -> impl Iterator<Item = &PodName> {
-        self.by_node.get(node).into_iter().flatten()
+    /// The pods on a node. A scan rather than an index: a node's locality seldom changes, while
+    /// an index would cost every pod 60 bytes.
+    pub fn on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a PodObj> {
+        self.iter()
+            .filter(move |pod| pod.node.as_deref() == Some(node))
     }
 
     /// Adds a pod in place of any of its name; its strings join the shared ones.
-    pub fn insert(&mut self, mut pod: PodObj) -> PodName {
+    pub fn insert(&mut self, mut pod: PodObj) -> (Arc<str>, Arc<str>) {
         self.remove(&pod.namespace.clone(), &pod.name.clone());
         pod.service_account = self.names.intern(pod.service_account);
         pod.node = pod.node.map(|node| self.names.intern(node));
@@ -98,11 +95,6 @@ impl PodIndex {
         }
         pod.namespace = namespace.clone();
         pod.name = name.clone();
-        if let Some(node) = &pod.node {
-            let on_node = self.by_node.entry(node.clone()).or_default();
-            on_node.insert((namespace.clone(), name.clone()));
-        }
-        let pods = self.namespaces.entry(namespace.clone()).or_default();
         pods.slots.entry(name.clone()).or_default().pod = Some(pod);
         (namespace, name)
     }
@@ -125,14 +117,6 @@ impl PodIndex {
             }
         }
         self.drop_if_empty(namespace);
-        if let Some(node) = &old.node {
-            if let Some(on_node) = self.by_node.get_mut(&**node) {
-                on_node.remove(&(old.namespace.clone(), old.name.clone()));
-                if on_node.is_empty() {
-                    self.by_node.remove(&**node);
-                }
-            }
-        }
         Some(old)
     }
 
@@ -160,7 +144,7 @@ impl PodIndex {
     /// Neither a pod nor a slice naming one is held.
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.namespaces.is_empty() && self.by_node.is_empty()
+        self.namespaces.is_empty()
     }
 
     /// The shared name of a namespace and its pods, which it joins when new.
@@ -223,6 +207,8 @@ mod tests {
         assert!(Arc::ptr_eq(&web1.namespace, &web2.namespace));
         assert!(Arc::ptr_eq(&web1.service_account, &web2.service_account));
         assert!(Arc::ptr_eq(&web1.labels, &web2.labels));
+        let nodes = [&web1.node, &web2.node].map(|n| n.clone().expect("node"));
+        assert!(Arc::ptr_eq(&nodes[0], &nodes[1]));
         let at = index.at("shop", IpAddr::from([10, 0, 0, 2]));
         assert_eq!(at.map(|p| &*p.name), Some("web-2"));
         assert_eq!(index.on_node("n1").count(), 2);
