@@ -338,3 +338,35 @@ async fn locality_settings_shape_the_assignment() {
     assert_eq!(cla.endpoints.len(), 4, "{cla:#?}");
     assert!(cla.endpoints.iter().all(|g| g.priority == 0), "{cla:#?}");
 }
+
+#[tokio::test]
+async fn a_proxy_without_a_locality_takes_its_own_endpoints_once_they_come() {
+    let dir = copy_tree(Path::new(EXAMPLE_MN));
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    // The node says no locality: the proxy's own pod tells it, once the pod is an endpoint.
+    let node = node(
+        "sidecar~10.10.1.50~client.bookinfo~bookinfo.svc.cluster.local",
+        &[("NETWORK", "network1")],
+    );
+    ads.request(DiscoveryRequest {
+        node: Some(node),
+        type_url: EDS.into(),
+        resource_names: vec![REVIEWS.into()],
+        ..Default::default()
+    });
+    let first = ads.response(BOUND).await;
+    ads.ack(&first, vec![REVIEWS.into()]);
+    let cla = ClusterLoadAssignment::decode(&first.resources[0].value[..]).unwrap();
+    assert!(cla.endpoints.iter().all(|g| g.priority == 0), "{cla:#?}");
+
+    // The proxy's own service comes (a full push naming only it): in us-east1-a, like east1-node.
+    let client = "apiVersion: v1\nkind: Service\nmetadata: {name: client, namespace: bookinfo}\nspec: {clusterIP: 10.96.1.50, ports: [{name: http, port: 8080}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: client-0, namespace: bookinfo, labels: {app: client}}\nspec: {nodeName: east1-node, containers: []}\nstatus: {podIP: 10.10.1.50}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: client-east1, namespace: bookinfo, labels: {kubernetes.io/service-name: client}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [10.10.1.50], conditions: {ready: true}, targetRef: {kind: Pod, name: client-0, namespace: bookinfo}}]\n";
+    write_atomic(&dir.path().join("clusters/east1/client.yaml"), client);
+    let push = ads.response(BOUND).await;
+    let cla = ClusterLoadAssignment::decode(&push.resources[0].value[..]).unwrap();
+    let seen = endpoints(&cla);
+    assert_eq!(seen["10.10.1.11:9080"].1, 0, "same zone first: {cla:#?}");
+    assert_eq!(seen["10.10.2.11:9080"].1, 1, "then the region: {cla:#?}");
+    assert_eq!(seen["198.51.100.1:15443"].1, 2, "then the rest: {cla:#?}");
+}

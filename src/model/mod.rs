@@ -236,6 +236,13 @@ impl Change {
         !self.full && self.services.is_empty() && self.credentials.is_empty()
     }
 
+    /// Whether every endpoint assignment may have changed: config or a mesh-wide setting did. A
+    /// full change naming services and no config (their definitions or identities) leaves the
+    /// assignments of other services as they were.
+    pub fn touches_all_endpoints(&self) -> bool {
+        self.full && (!self.configs.is_empty() || self.services.is_empty())
+    }
+
     /// Why this change pushes, as istiod names its push triggers.
     pub fn trigger(&self) -> &'static str {
         if !self.configs.is_empty() {

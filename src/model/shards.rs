@@ -137,6 +137,12 @@ impl EndpointIndex {
         keys
     }
 
+    /// Whether one of `hosts` has an endpoint at `address`.
+    pub fn serves_at(&self, address: &IpAddr, hosts: &BTreeSet<Hostname>) -> bool {
+        let held = self.by_address.get(address);
+        held.is_some_and(|held| held.iter().any(|(k, _)| hosts.contains(&k.hostname)))
+    }
+
     /// Every shard key of a provider in use.
     pub fn shards_of(&self, provider: Provider) -> Vec<ShardKey> {
         let keys: BTreeSet<ShardKey> = self

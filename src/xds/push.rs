@@ -18,6 +18,10 @@ pub struct PushRequest {
     /// Every watched type is recomputed; otherwise only EDS of `services`.
     pub full: bool,
     pub services: BTreeSet<Hostname>,
+    /// Every assignment may have changed, not only those of `services` (config or a mesh-wide
+    /// setting, or the proxy's own locality). Without it a full push sends the assignments of
+    /// `services` alone, as istiod's partial full push does for service changes.
+    pub all_endpoints: bool,
     /// Secrets the proxy may hold over SDS changed: its SDS resources are sent again.
     pub secrets: bool,
     /// When the earliest change behind this request happened, and when it was offered to the
@@ -30,6 +34,7 @@ impl PushRequest {
     pub fn merge(&mut self, other: PushRequest) {
         self.full |= other.full;
         self.services.extend(other.services);
+        self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
         self.triggered_at = earliest(self.triggered_at, other.triggered_at);
         self.queued_at = earliest(self.queued_at, other.queued_at);
@@ -157,29 +162,28 @@ pub fn plan(
     // SDS depends on Secrets alone: a full push for other reasons leaves it be (as istiod).
     let secrets = (request.secrets && watched.contains(&ResourceType::Secret))
         .then_some((ResourceType::Secret, Scope::All));
-    if request.full {
-        // Istio's order, so Envoy warms clusters before listeners reference them.
-        let order = [
-            ResourceType::Cluster,
-            ResourceType::Endpoint,
-            ResourceType::Listener,
-            ResourceType::Route,
-        ];
-        return order
-            .into_iter()
-            .filter(|t| watched.contains(t))
-            .map(|t| (t, Scope::All))
-            .chain(secrets)
-            .collect();
-    }
-    let mut out: Vec<(ResourceType, Scope)> = secrets.into_iter().collect();
-    if watched.contains(&ResourceType::Endpoint) {
-        let names = eds_names_for(&request.services, eds_names);
-        if !names.is_empty() {
-            out.insert(0, (ResourceType::Endpoint, Scope::Names(names)));
+    let mut eds = Some(eds_names);
+    let mut endpoints = || {
+        let names = eds.take()?;
+        if request.all_endpoints {
+            return Some(Scope::All);
         }
-    }
-    out
+        let names = eds_names_for(&request.services, names);
+        (!names.is_empty()).then_some(Scope::Names(names))
+    };
+    // Istio's order, so Envoy warms clusters before listeners reference them.
+    let order = [
+        ResourceType::Cluster,
+        ResourceType::Endpoint,
+        ResourceType::Listener,
+        ResourceType::Route,
+    ];
+    let types = order.into_iter().filter(|t| watched.contains(t));
+    let planned = types.filter_map(|t| match t {
+        ResourceType::Endpoint => Some((t, endpoints()?)),
+        _ => request.full.then_some((t, Scope::All)),
+    });
+    planned.chain(secrets).collect()
 }
 
 #[cfg(test)]
@@ -190,6 +194,7 @@ mod tests {
         fn from(change: Change) -> Self {
             Self {
                 full: change.full,
+                all_endpoints: change.touches_all_endpoints(),
                 services: change.services,
                 secrets: !change.credentials.is_empty(),
                 ..Default::default()
@@ -286,10 +291,12 @@ mod tests {
         slot.offer(PushRequest::from(change(false, &["a"])));
         slot.offer(PushRequest::from(change(false, &["b"])));
         slot.offer(PushRequest::from(change(true, &[])));
-        assert_eq!(
-            slot.take(),
-            Some(PushRequest::from(change(true, &["a", "b"])))
-        );
+        let merged = PushRequest {
+            // The mesh-wide full push may change every assignment.
+            all_endpoints: true,
+            ..PushRequest::from(change(true, &["a", "b"]))
+        };
+        assert_eq!(slot.take(), Some(merged));
         assert_eq!(slot.take(), None);
     }
 
@@ -334,5 +341,48 @@ mod tests {
             .map(|(t, _)| t)
             .collect();
         assert_eq!(types, watched.to_vec());
+    }
+
+    #[test]
+    fn a_full_push_from_services_alone_sends_only_their_assignments() {
+        let watched = [ResourceType::Cluster, ResourceType::Endpoint];
+        let subscribed = || {
+            [
+                "outbound|80||a.ns.svc.cluster.local",
+                "outbound|80||b.ns.svc.cluster.local",
+            ]
+            .map(String::from)
+            .into_iter()
+        };
+        let added = PushRequest::from(change(true, &["c.ns.svc.cluster.local"]));
+        assert_eq!(
+            plan(&added, &watched, subscribed()),
+            vec![(ResourceType::Cluster, Scope::All)],
+            "no assignment of a or b changes when c comes"
+        );
+        let redefined = PushRequest::from(change(true, &["a.ns.svc.cluster.local"]));
+        let a = ["outbound|80||a.ns.svc.cluster.local".to_string()];
+        assert_eq!(
+            plan(&redefined, &watched, subscribed()),
+            vec![
+                (ResourceType::Cluster, Scope::All),
+                (ResourceType::Endpoint, Scope::Names(a.into()))
+            ]
+        );
+        let mut config = change(true, &["c.ns.svc.cluster.local"]);
+        config.configs.insert(crate::istio::ConfigKey {
+            kind: crate::istio::ConfigKind::DestinationRule,
+            namespace: "ns".into(),
+            name: "a".into(),
+        });
+        let config = PushRequest::from(config);
+        assert_eq!(
+            plan(&config, &watched, subscribed()),
+            vec![
+                (ResourceType::Cluster, Scope::All),
+                (ResourceType::Endpoint, Scope::All)
+            ],
+            "config may change every assignment"
+        );
     }
 }

@@ -30,7 +30,7 @@ use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use crate::debug::DebugContext;
 use crate::metrics::XdsMetrics;
-use crate::model::{Audience, Change, Hostname, Mesh};
+use crate::model::{Audience, Change, Hostname, Mesh, MeshSnapshot};
 use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::{Authenticator, Credentials};
 
@@ -102,6 +102,14 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Whether the proxy takes its locality from its own endpoints (its node did not say) and one
+    /// of these services has such an endpoint: the priorities of all its assignments may move.
+    fn locality_follows(&self, services: &BTreeSet<Hostname>, mesh: &MeshSnapshot) -> bool {
+        let own = &self.proxy;
+        own.locality.region.is_empty()
+            && (own.ips.iter()).any(|ip| mesh.endpoints.serves_at(ip, services))
+    }
+
     fn wants_eds_of(&self, services: &BTreeSet<Hostname>) -> bool {
         let hosts = self.eds_hosts.read();
         services.iter().any(|s| hosts.contains(s))
@@ -255,17 +263,21 @@ impl XdsServer {
             self.cache.prune(snapshot.services.version());
         }
         let mut woken = 0;
+        let everywhere = change.touches_all_endpoints();
         for conn in self.connections.read().values() {
             let full = change.full && change.audience.admits(&conn.proxy.namespace);
+            let all_endpoints =
+                (full && everywhere) || conn.locality_follows(&change.services, &snapshot);
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
             let secrets = conn.proxy.verified
                 && change
                     .credentials
                     .iter()
                     .any(|k| *k.namespace == *conn.proxy.namespace);
-            if full || secrets || conn.wants_eds_of(&change.services) {
+            if full || secrets || all_endpoints || conn.wants_eds_of(&change.services) {
                 conn.slot.offer(PushRequest {
                     full,
+                    all_endpoints,
                     services: change.services.clone(),
                     secrets,
                     triggered_at: Some(triggered_at),
