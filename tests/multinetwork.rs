@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use envoy_types::pb::envoy::config::core::v3::Locality;
+use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment,
 };
@@ -61,7 +61,6 @@ async fn eds_stream(
     region: &str,
     zone: &str,
 ) -> (AdsClient, ClusterLoadAssignment) {
-    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     let mut node = node(
         "sidecar~10.99.0.1~client.bookinfo~bookinfo.svc.cluster.local",
         &[("NETWORK", network)],
@@ -71,6 +70,15 @@ async fn eds_stream(
         zone: zone.into(),
         ..Default::default()
     });
+    reviews_eds(mp, node).await
+}
+
+/// `node` subscribed to reviews' EDS: the stream, past its first response (acknowledged).
+async fn reviews_eds(
+    mp: &meshpilot::app::Running,
+    node: Node,
+) -> (AdsClient, ClusterLoadAssignment) {
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     ads.request(DiscoveryRequest {
         node: Some(node),
         type_url: EDS.into(),
@@ -343,21 +351,12 @@ async fn locality_settings_shape_the_assignment() {
 async fn a_proxy_without_a_locality_takes_its_own_endpoints_once_they_come() {
     let dir = copy_tree(Path::new(EXAMPLE_MN));
     let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
-    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
     // The node says no locality: the proxy's own pod tells it, once the pod is an endpoint.
     let node = node(
         "sidecar~10.10.1.50~client.bookinfo~bookinfo.svc.cluster.local",
         &[("NETWORK", "network1")],
     );
-    ads.request(DiscoveryRequest {
-        node: Some(node),
-        type_url: EDS.into(),
-        resource_names: vec![REVIEWS.into()],
-        ..Default::default()
-    });
-    let first = ads.response(BOUND).await;
-    ads.ack(&first, vec![REVIEWS.into()]);
-    let cla = ClusterLoadAssignment::decode(&first.resources[0].value[..]).unwrap();
+    let (mut ads, cla) = reviews_eds(&mp, node).await;
     assert!(cla.endpoints.iter().all(|g| g.priority == 0), "{cla:#?}");
 
     // The proxy's own service comes (a full push naming only it): in us-east1-a, like east1-node.
