@@ -630,9 +630,7 @@ async fn endpoints_memory(a: &Args) {
         let rss = settled_rss(plane.process.pid(), a.quiet()).await;
         let resources = served(plane.xds, services).await;
         drop(plane);
-        let anchor = NaiveServer::start(resources);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (_, anchor_rss) = proc_stats(anchor.pid());
+        let anchor_rss = naive_rss(resources).await;
         println!(
             "  {services} services × {endpoints} endpoints: RSS meshpilot {:.1} MiB, naive {:.1} MiB",
             rss as f64 / 1048576.0,
@@ -675,6 +673,7 @@ async fn onboarding(a: &Args) {
         let remote = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
         let per_service = endpoints / services;
         populate(&remote, 0, 1, 0..services, per_service);
+        let served_before = served(plane.xds, services).await;
         let rss0 = settled_rss(plane.process.pid(), a.quiet()).await;
         let started = Instant::now();
         plane.servers[0].apply(remote_secret(&remote, "remote"));
@@ -688,12 +687,26 @@ async fn onboarding(a: &Args) {
         .await;
         let took = started.elapsed();
         let rss1 = settled_rss(plane.process.pid(), a.quiet()).await;
+        let served_after = served(plane.xds, services).await;
+        drop(plane);
+        let grown = rss1 as f64 - rss0 as f64;
+        let anchor_grown =
+            naive_rss(served_after).await as f64 - naive_rss(served_before).await as f64;
         println!(
-            "onboarding {services} services / {expected} endpoints: {:.0} ms from Secret to served; +{:.1} MiB RSS",
+            "onboarding {services} services / {expected} endpoints: {:.0} ms from Secret to served; +{:.1} MiB RSS; the naive anchor holding what meshpilot then served +{:.1} MiB, meshpilot/naive {:.2}",
             took.as_secs_f64() * 1e3,
-            (rss1 as f64 - rss0 as f64) / 1048576.0
+            grown / 1048576.0,
+            anchor_grown / 1048576.0,
+            grown / anchor_grown
         );
     }
+}
+
+/// RSS of the naive anchor holding `resources` (what meshpilot served), once it has loaded them.
+async fn naive_rss(resources: Vec<Any>) -> u64 {
+    let anchor = NaiveServer::start(resources);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proc_stats(anchor.pid()).1
 }
 
 /// How many clusters whose id passes `id` are synced with at least `endpoints` endpoints.
@@ -750,9 +763,7 @@ async fn remotes(a: &Args) {
     let grown = rss1 as f64 - rss0 as f64;
     let resources = served(plane.xds, a.services).await;
     drop(plane);
-    let anchor = NaiveServer::start(resources);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, anchor_rss) = proc_stats(anchor.pid());
+    let anchor_rss = naive_rss(resources).await;
     println!(
         "{remotes} remotes × {per_remote} endpoints: {:.0} ms from Secrets to every remote served, {:.2} CPU-s; +{:.1} MiB RSS ({:.0} bytes per endpoint); the naive anchor holding what meshpilot then served: {:.1} MiB",
         took.as_secs_f64() * 1e3,
