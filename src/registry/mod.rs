@@ -669,8 +669,10 @@ impl Store {
                 if self.pods.get(&pod.namespace, &pod.name) == Some(&pod) {
                     return;
                 }
-                self.remove_pod(&pod.namespace, &pod.name, dirty);
-                let (namespace, name) = self.pods.insert(pod);
+                let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
+                if let Some(old) = self.pods.insert(pod) {
+                    self.mark_pod_ips(&old.namespace, &old.ips, dirty);
+                }
                 dirty.pod_namespaces.insert(namespace.to_string());
                 self.mark_pod(&namespace, &name, dirty);
             }
@@ -746,7 +748,8 @@ impl Store {
         let name: Arc<str> = Arc::from(slice.name.as_str());
         for ep in &mut slice.endpoints {
             match &mut ep.pod {
-                Some(pod) => *pod = self.pods.link(ns, pod, &name, add),
+                Some(pod) if add => *pod = self.pods.link(ns, pod, &name),
+                Some(pod) => self.pods.unlink(ns, pod, &name),
                 None => {
                     for ip in &ep.addresses {
                         toggle(&mut self.slices_by_ip, (ns.clone(), *ip), &name, add);

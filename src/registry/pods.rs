@@ -82,21 +82,21 @@ impl PodIndex {
             .filter(move |pod| pod.node.as_deref() == Some(node))
     }
 
-    /// Adds a pod in place of any of its name; its strings join the shared ones.
-    pub fn insert(&mut self, mut pod: PodObj) -> (Arc<str>, Arc<str>) {
-        self.remove(&pod.namespace.clone(), &pod.name.clone());
+    /// Adds a pod in place of any of its name, which it returns; its strings join the shared ones.
+    pub fn insert(&mut self, mut pod: PodObj) -> Option<PodObj> {
+        let replaced = self.remove(&pod.namespace, &pod.name);
         pod.service_account = self.names.intern(pod.service_account);
         pod.node = pod.node.map(|node| self.names.intern(node));
         pod.labels = self.labels.intern(pod.labels);
         let (namespace, pods) = self.namespace_mut(&pod.namespace);
-        let name = shared_key(&pods.slots, pod.name);
+        let name = shared_key(&pods.slots, &pod.name, || pod.name.clone());
         for ip in &pod.ips {
             pods.by_ip.insert(*ip, name.clone());
         }
-        pod.namespace = namespace.clone();
+        pod.namespace = namespace;
         pod.name = name.clone();
-        pods.slots.entry(name.clone()).or_default().pod = Some(pod);
-        (namespace, name)
+        pods.slots.entry(name).or_default().pod = Some(pod);
+        replaced
     }
 
     /// Removes a pod; the slices naming it keep its slot.
@@ -120,25 +120,27 @@ impl PodIndex {
         Some(old)
     }
 
-    /// Notes (or forgets) that a slice names a pod in a targetRef. Returns the pod's shared name.
-    pub fn link(&mut self, namespace: &str, pod: &str, slice: &Arc<str>, add: bool) -> Arc<str> {
-        if !add {
-            if let Some(pods) = self.namespaces.get_mut(namespace) {
-                if let Some(slot) = pods.slots.get_mut(pod) {
-                    set_member(&mut slot.slices, slice, false);
-                    if slot.pod.is_none() && slot.slices.is_empty() {
-                        pods.slots.remove(pod);
-                    }
-                }
-            }
-            self.drop_if_empty(namespace);
-            return Arc::from(pod);
-        }
+    /// Notes that a slice names a pod in a targetRef. Returns the pod's shared name.
+    pub fn link(&mut self, namespace: &str, pod: &str, slice: &Arc<str>) -> Arc<str> {
         let (_, pods) = self.namespace_mut(namespace);
-        let name = shared_key(&pods.slots, Arc::from(pod));
+        let name = shared_key(&pods.slots, pod, || Arc::from(pod));
         let slot = pods.slots.entry(name.clone()).or_default();
         set_member(&mut slot.slices, slice, true);
         name
+    }
+
+    /// Forgets that a slice names a pod; a slot holding neither goes.
+    pub fn unlink(&mut self, namespace: &str, pod: &str, slice: &Arc<str>) {
+        let Some(pods) = self.namespaces.get_mut(namespace) else {
+            return;
+        };
+        if let Some(slot) = pods.slots.get_mut(pod) {
+            set_member(&mut slot.slices, slice, false);
+            if slot.pod.is_none() && slot.slices.is_empty() {
+                pods.slots.remove(pod);
+            }
+        }
+        self.drop_if_empty(namespace);
     }
 
     /// Neither a pod nor a slice naming one is held.
@@ -167,11 +169,15 @@ impl PodIndex {
     }
 }
 
-/// The key a map already holds for `name`, else `name`: one allocation per pod name.
-fn shared_key<V>(map: &HashMap<Arc<str>, V>, name: Arc<str>) -> Arc<str> {
-    match map.get_key_value(&*name) {
+/// The key a map already holds for `name`, else a new one (`make`): one allocation per pod name.
+fn shared_key<V>(
+    map: &HashMap<Arc<str>, V>,
+    name: &str,
+    make: impl FnOnce() -> Arc<str>,
+) -> Arc<str> {
+    match map.get_key_value(name) {
         Some((key, _)) => key.clone(),
-        None => name,
+        None => make(),
     }
 }
 
@@ -195,7 +201,7 @@ mod tests {
     fn a_pod_is_found_by_name_address_and_node_and_shares_its_strings() {
         let mut index = PodIndex::default();
         let slice: Arc<str> = "web-abc".into();
-        let linked = index.link("shop", "web-1", &slice, true);
+        let linked = index.link("shop", "web-1", &slice);
         index.insert(pod("shop", "web-1", [10, 0, 0, 1], "n1"));
         index.insert(pod("shop", "web-2", [10, 0, 0, 2], "n1"));
         let web1 = index.get("shop", "web-1").expect("web-1");
@@ -221,7 +227,7 @@ mod tests {
         let mut index = PodIndex::default();
         let slice: Arc<str> = "web-abc".into();
         index.insert(pod("shop", "web-1", [10, 0, 0, 1], "n1"));
-        index.link("shop", "web-1", &slice, true);
+        index.link("shop", "web-1", &slice);
         let old = index.remove("shop", "web-1").expect("removed");
         assert_eq!(&*old.name, "web-1");
         assert_eq!(
@@ -231,8 +237,24 @@ mod tests {
         );
         assert!(index.at("shop", IpAddr::from([10, 0, 0, 1])).is_none());
         assert_eq!(index.on_node("n1").count(), 0);
-        index.link("shop", "web-1", &slice, false);
+        index.unlink("shop", "web-1", &slice);
         assert!(index.is_empty(), "nothing is left once both are gone");
+    }
+
+    #[test]
+    fn a_pod_replaced_is_returned_and_its_old_address_forgotten() {
+        let mut index = PodIndex::default();
+        assert!(index
+            .insert(pod("shop", "web-1", [10, 0, 0, 1], "n1"))
+            .is_none());
+        let replaced = index.insert(pod("shop", "web-1", [10, 0, 0, 9], "n1"));
+        assert_eq!(
+            replaced.map(|p| p.ips),
+            Some(vec![IpAddr::from([10, 0, 0, 1])])
+        );
+        assert!(index.at("shop", IpAddr::from([10, 0, 0, 1])).is_none());
+        let at = index.at("shop", IpAddr::from([10, 0, 0, 9]));
+        assert_eq!(at.map(|p| &*p.name), Some("web-1"));
     }
 
     #[test]

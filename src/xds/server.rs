@@ -107,6 +107,7 @@ impl Connection {
     fn locality_follows(&self, services: &BTreeSet<Hostname>, mesh: &MeshSnapshot) -> bool {
         let own = &self.proxy;
         own.locality.region.is_empty()
+            && !services.is_empty()
             && (own.ips.iter()).any(|ip| mesh.endpoints.serves_at(ip, services))
     }
 
