@@ -120,8 +120,8 @@ impl Aggregate {
             let pos = clusters.iter().position(|c| c.id() == staged.id())?;
             std::mem::replace(&mut clusters[pos], staged.clone())
         };
-        let served = old.retire();
-        staged.go_live(served);
+        old.retire();
+        staged.go_live();
         info!(cluster = %staged.id(), source = staged.source(), "cluster registry swapped");
         Some(old)
     }

@@ -13,6 +13,7 @@ use notify::event::AccessKind;
 use notify::{EventKind, RecursiveMode, Watcher};
 
 const REVIEWS: &str = "reviews.bookinfo.svc.cluster.local";
+const REVIEWS_CLUSTER: &str = "outbound|9080||reviews.bookinfo.svc.cluster.local";
 const BOUND: Duration = Duration::from_secs(10);
 
 async fn start(dir: &std::path::Path) -> Running {
@@ -333,4 +334,55 @@ async fn files_among_many_are_applied_one_by_one() {
     let view = cluster_view(admin, "big").await.unwrap();
     assert_eq!(view["services"], 300, "{view}");
     assert!(view["last_error"].is_null(), "{view}");
+}
+
+#[tokio::test]
+async fn a_renamed_cluster_directory_keeps_pushing_its_changes() {
+    let _ports = sidecar_ports().await;
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let running = start(dir.path()).await;
+    let envoy = Envoy::start(
+        &running,
+        "sidecar~10.1.9.9~client.bookinfo~bookinfo.svc.cluster.local",
+        &[("CLUSTER_ID", "cluster1")],
+        AdsMode::Delta,
+    )
+    .await;
+    let holds = |expected: &'static [&'static str], what: &'static str| {
+        let envoy = &envoy;
+        async move {
+            wait_for(what, BOUND, || async move {
+                let held = envoy.endpoints(REVIEWS_CLUSTER).await;
+                (held == expected).then_some(())
+            })
+            .await
+        }
+    };
+    holds(&["10.1.1.11:9080", "10.2.3.13:9080"], "reviews in Envoy").await;
+
+    let clusters = dir.path().join("clusters");
+    let file = |cluster: &str| clusters.join(cluster).join("reviews.yaml");
+    let text = std::fs::read_to_string(file("cluster2")).unwrap();
+    std::fs::rename(clusters.join("cluster2"), clusters.join("cluster9")).unwrap();
+    write_atomic(&file("cluster9"), &text.replace("10.2.3.13", "10.2.3.99"));
+    holds(
+        &["10.1.1.11:9080", "10.2.3.99:9080"],
+        "an edit in the renamed directory",
+    )
+    .await;
+    let admin = admin(&running).await;
+    assert!(cluster_view(admin, "cluster2").await.is_none());
+
+    std::fs::rename(clusters.join("cluster9"), clusters.join("cluster2")).unwrap();
+    write_atomic(&file("cluster2"), &text.replace("10.2.3.13", "10.2.3.77"));
+    holds(
+        &["10.1.1.11:9080", "10.2.3.77:9080"],
+        "an edit once renamed back",
+    )
+    .await;
+    assert!(cluster_view(admin, "cluster9").await.is_none());
+    assert_eq!(
+        shard_addresses(admin, REVIEWS, "cluster2").await,
+        ["10.2.3.77"]
+    );
 }

@@ -464,12 +464,12 @@ endpoints:
 
 /// `web`'s endpoints in the assignment meshpilot sends a sidecar (decoded from a raw ADS stream);
 /// none when it sends no assignment.
-async fn sent_endpoints(mp: &meshpilot::app::Running) -> Vec<String> {
+async fn sent_endpoints(xds: SocketAddr) -> Vec<String> {
     use envoy_types::pb::envoy::config::core::v3::address::Address;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use prost::Message;
-    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    let mut ads = AdsClient::connect(xds).await.unwrap();
     ads.request(DiscoveryRequest {
         node: Some(node(
             "sidecar~10.0.9.8~raw.shop~shop.svc.cluster.local",
@@ -544,7 +544,10 @@ async fn a_restart_while_a_remote_is_down_serves_its_last_known_good_snapshot_un
     assert_eq!(view["syncStatus"], "stale", "{view}");
     assert!(view["snapshot_saved_at"].is_string(), "{view}");
     assert_eq!(served(admin, "east").await, ["10.20.0.1", "10.20.0.2"]);
-    assert_eq!(sent_endpoints(&mp).await, ["10.20.0.1", "10.20.0.2"]);
+    assert_eq!(
+        sent_endpoints(mp.xds_addr).await,
+        ["10.20.0.1", "10.20.0.2"]
+    );
     let envoy = client_envoy(&mp, AdsMode::Sotw, &["10.20.0.1:80", "10.20.0.2:80"]).await;
     let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
     assert!(
@@ -578,7 +581,7 @@ async fn a_restart_while_a_remote_is_down_serves_its_last_known_good_snapshot_un
         || async move { served(admin, "east").await.is_empty().then_some(()) },
     )
     .await;
-    assert!(sent_endpoints(&mp).await.is_empty());
+    assert!(sent_endpoints(mp.xds_addr).await.is_empty());
     let view = cluster_view(admin, "east").await.unwrap();
     // (Its last error is the expiry's, until the next failing watch attempt reports its own.)
     assert_eq!(view["syncStatus"], "timeout", "{view}");
@@ -597,7 +600,7 @@ async fn a_restart_while_a_remote_is_down_serves_its_last_known_good_snapshot_un
         (synced && served(admin, "east").await == ["10.20.0.1"]).then_some(())
     })
     .await;
-    assert_eq!(sent_endpoints(&mp).await, ["10.20.0.1"]);
+    assert_eq!(sent_endpoints(mp.xds_addr).await, ["10.20.0.1"]);
     wait_for("the snapshot follows", BOUND, || async {
         (saved_slices() == 1).then_some(())
     })
@@ -613,4 +616,403 @@ async fn a_restart_while_a_remote_is_down_serves_its_last_known_good_snapshot_un
             .then_some(())
     })
     .await;
+}
+
+/// How long a change may take to reach Envoy: a push takes milliseconds, the rest absorbs a
+/// loaded CI machine. The defects these tests guard against left Envoy stale indefinitely.
+const PUSHED: Duration = Duration::from_secs(5);
+
+/// Waits until Envoy holds exactly `expected` as the cluster's healthy endpoints.
+async fn envoy_holds(envoy: &Envoy, cluster: &str, expected: &[&str], what: &str) {
+    let started = Instant::now();
+    wait_for(what, PUSHED, || async {
+        (envoy.endpoints(cluster).await == expected).then_some(())
+    })
+    .await;
+    eprintln!("{what}: {:?}", started.elapsed());
+}
+
+/// `web-<n>`'s pod in a remote at `10.20.0.<n>` on node `node-<n>`, ready or not.
+fn web_pod(n: u8, ready: bool) -> String {
+    let status = if ready { "True" } else { "False" };
+    format!(
+        "
+apiVersion: v1
+kind: Pod
+metadata: {{name: web-{n}, namespace: shop, labels: {{app: web}}}}
+spec: {{serviceAccountName: web, nodeName: node-{n}, containers: []}}
+status: {{podIP: 10.20.0.{n}, conditions: [{{type: Ready, status: '{status}'}}]}}
+"
+    )
+}
+
+/// `web-<n>`'s EndpointSlice in a remote, ready or not.
+fn web_slice(n: u8, ready: bool) -> String {
+    format!(
+        "
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-{n}, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 80}}]
+endpoints:
+- addresses: [10.20.0.{n}]
+  conditions: {{ready: {ready}}}
+  nodeName: node-{n}
+  targetRef: {{kind: Pod, name: web-{n}, namespace: shop}}
+"
+    )
+}
+
+/// A pod of `web` becoming ready or not, as the kubelet and the EndpointSlice controller report it.
+fn web_readiness(api: &TestApiServer, n: u8, ready: bool) {
+    api.apply_yaml(&web_pod(n, ready));
+    api.apply_yaml(&web_slice(n, ready));
+}
+
+/// A remote serving `web` from two ready pods, each on a node of its own zone.
+async fn remote_of_two_zones() -> TestApiServer {
+    let east = remote("10.20.0.1").await;
+    for n in 1..=2u8 {
+        east.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-{n}, labels: \
+             {{topology.kubernetes.io/region: east, topology.kubernetes.io/zone: east-{n}}}}}\n"
+        ));
+        web_readiness(&east, n, true);
+    }
+    east
+}
+
+/// `web` in the config cluster too, at 10.10.0.1.
+const WEB_IN_PRIMARY: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.96.0.80, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-p, namespace: shop, labels: {app: web}}
+spec: {serviceAccountName: web, containers: []}
+status: {podIP: 10.10.0.1}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-p, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 80}]
+endpoints:
+- addresses: [10.10.0.1]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, name: web-p, namespace: shop}
+";
+
+/// Waits until east's snapshot in `state` holds both of its slices.
+async fn east_saved(state: &std::path::Path) {
+    let store = meshpilot::sources::snapshots::SnapshotStore::new(state.join("remotes"));
+    wait_for("east saved", BOUND, || async {
+        let snapshot = store
+            .load(&meshpilot::model::ClusterId::new("east"))
+            .ok()??;
+        (snapshot.objects.slices.len() == 2).then_some(())
+    })
+    .await;
+}
+
+/// Self-signed workload material: enough for Envoy to load the mesh's clusters where no traffic
+/// is sent.
+fn placeholder_certs() -> WorkloadCerts {
+    let cert = rcgen::generate_simple_self_signed(vec!["placeholder".into()]).unwrap();
+    let pem = cert.cert.pem();
+    WorkloadCerts {
+        chain: pem.clone(),
+        key: cert.signing_key.serialize_pem(),
+        root: pem,
+    }
+}
+
+/// A free port of 127.0.0.1, for a server that must come back on the same address.
+fn free_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+#[tokio::test]
+async fn a_remote_served_from_its_snapshot_after_a_crash_pushes_its_changes() {
+    let _ports = sidecar_ports().await;
+    let east = remote_of_two_zones().await;
+    let primary = Primary::new().await;
+    primary.config.apply_yaml(WEB_IN_PRIMARY);
+    primary.config.apply(remote_secret(&[(
+        "east",
+        &reader_token(&east, "east-reader"),
+    )]));
+    let dir = tempfile::tempdir().unwrap();
+    let (state, ca) = (dir.path().join("state"), dir.path().join("ca"));
+    // The same xDS address across the crash, so the Envoy reconnects as a sidecar would.
+    let xds = free_port();
+    let xds_flag = xds.to_string();
+    let mut args = vec!["discovery"];
+    args.extend(primary.flags(&[
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--ca-state-dir",
+        ca.to_str().unwrap(),
+        "--stale-remote-max-age",
+        "1h",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--xds-addr",
+        &xds_flag,
+        "--secure-xds-addr",
+        "127.0.0.1:0",
+    ]));
+    let mut mp = MeshpilotProcess::spawn(&args);
+    east_saved(&state).await;
+    let envoy = Envoy::start_with(EnvoyOptions {
+        xds,
+        node_id: "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
+        metadata: &[("CLUSTER_ID", "primary")],
+        labels: &[],
+        mode: AdsMode::Sotw,
+        workload: placeholder_certs(),
+        xds_tls: None,
+        netns: None,
+    })
+    .await;
+    let all = ["10.10.0.1:80", "10.20.0.1:80", "10.20.0.2:80"];
+    wait_for("every web endpoint in Envoy", BOUND, || async {
+        (envoy.endpoints(WEB_CLUSTER).await == all).then_some(())
+    })
+    .await;
+
+    // east goes down, meshpilot crashes and comes back serving east from its snapshot.
+    east.stop();
+    mp.kill_9();
+    let mp = MeshpilotProcess::spawn(&args);
+    let admin = mp.bound_addr("admin").await;
+    wait_for("the Envoy back on a stale east", BOUND, || async move {
+        let stale = cluster_view(admin, "east").await?["syncStatus"] == "stale";
+        let syncz = get_json(admin, "/debug/syncz").await;
+        let eds = &syncz.as_array()?.first()?["types"]["eds"];
+        let acked = eds["sent_nonce"].is_string() && eds["acked_nonce"] == eds["sent_nonce"];
+        (stale && acked).then_some(())
+    })
+    .await;
+    assert_eq!(
+        sent_endpoints(xds).await,
+        ["10.10.0.1", "10.20.0.1", "10.20.0.2"]
+    );
+
+    // A pod changed while east was down arrives with its lists.
+    web_readiness(&east, 1, false);
+    east.restart().await;
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.10.0.1:80", "10.20.0.2:80"],
+        "relisted change in Envoy",
+    )
+    .await;
+    assert_eq!(sent_endpoints(xds).await, ["10.10.0.1", "10.20.0.2"]);
+    wait_for("east synced", BOUND, || async move {
+        (cluster_view(admin, "east").await?["syncStatus"] == "synced").then_some(())
+    })
+    .await;
+
+    // And so does one made once it is synced.
+    web_readiness(&east, 1, true);
+    web_readiness(&east, 2, false);
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.10.0.1:80", "10.20.0.1:80"],
+        "live change in Envoy",
+    )
+    .await;
+    assert_eq!(sent_endpoints(xds).await, ["10.10.0.1", "10.20.0.1"]);
+    assert_eq!(envoy.rejected_updates().await, 0);
+}
+
+#[tokio::test]
+async fn a_kubeconfig_rotated_while_a_snapshot_is_served_pushes_its_changes() {
+    let _ports = sidecar_ports().await;
+    let east = remote_of_two_zones().await;
+    let primary = Primary::new().await;
+    primary
+        .config
+        .apply(remote_secret(&[("east", &reader_token(&east, "east-v1"))]));
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap();
+    let flags = primary.flags(&["--state-dir", state_dir, "--stale-remote-max-age", "1h"]);
+    let mp = start_meshpilot_with(&flags).await;
+    east_saved(state.path()).await;
+    drop(mp);
+
+    east.stop();
+    let mp = start_meshpilot_with(&flags).await;
+    let admin = mp.http_addr;
+    assert_eq!(
+        cluster_view(admin, "east").await.unwrap()["syncStatus"],
+        "stale"
+    );
+    let envoy = client_envoy(&mp, AdsMode::Delta, &["10.20.0.1:80", "10.20.0.2:80"]).await;
+
+    // The Secret is rotated while east is down (the old token no longer works); a pod changes.
+    east.revoke_token("east-v1");
+    primary
+        .config
+        .apply(remote_secret(&[("east", &reader_token(&east, "east-v2"))]));
+    web_readiness(&east, 1, false);
+    east.restart().await;
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.20.0.2:80"],
+        "the rotated registry's list in Envoy",
+    )
+    .await;
+    web_readiness(&east, 1, true);
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.20.0.1:80", "10.20.0.2:80"],
+        "a change after the rotation",
+    )
+    .await;
+    assert_eq!(
+        sent_endpoints(mp.xds_addr).await,
+        ["10.20.0.1", "10.20.0.2"]
+    );
+    let view = cluster_view(admin, "east").await.unwrap();
+    assert_eq!(view["syncStatus"], "synced", "{view}");
+    let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert!(metrics.contains("meshpilot_remote_cluster_rotations_total 1"));
+}
+
+/// A ServiceEntry of the config cluster selecting `app: web` pods of every cluster.
+const WEB_ENTRY: &str = "
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: web-entry, namespace: shop}
+spec:
+  hosts: [web.shop.global]
+  addresses: [240.0.0.80]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  workloadSelector: {labels: {app: web}}
+";
+const WEB_ENTRY_CLUSTER: &str = "outbound|80||web.shop.global";
+
+#[tokio::test]
+async fn a_rotated_kubeconfig_drops_what_only_the_old_registry_served() {
+    let _ports = sidecar_ports().await;
+    let east = remote_of_two_zones().await;
+    let primary = Primary::new().await;
+    primary.config.apply_yaml(WEB_ENTRY);
+    primary
+        .config
+        .apply(remote_secret(&[("east", &reader_token(&east, "east-v1"))]));
+    let mp = start_meshpilot_with(&primary.flags(&[])).await;
+    let admin = mp.http_addr;
+    let both = ["10.20.0.1:80", "10.20.0.2:80"];
+    let envoy = client_envoy(&mp, AdsMode::Delta, &both).await;
+    envoy_holds(
+        &envoy,
+        WEB_ENTRY_CLUSTER,
+        &both,
+        "the entry's selected pods in Envoy",
+    )
+    .await;
+
+    // web-1 goes while east is unreachable and its kubeconfig rotates: the old registry never
+    // hears of it, the new one never saw it.
+    east.stop();
+    east.delete("EndpointSlice", "shop", "web-1");
+    east.delete("Pod", "shop", "web-1");
+    east.revoke_token("east-v1");
+    primary
+        .config
+        .apply(remote_secret(&[("east", &reader_token(&east, "east-v2"))]));
+    east.restart().await;
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.20.0.2:80"],
+        "web-1 gone from the Service",
+    )
+    .await;
+    envoy_holds(
+        &envoy,
+        WEB_ENTRY_CLUSTER,
+        &["10.20.0.2:80"],
+        "web-1 gone from the entry",
+    )
+    .await;
+    assert_eq!(
+        shard_addresses(admin, "web.shop.global", "east").await,
+        ["10.20.0.2"]
+    );
+    let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert!(metrics.contains("meshpilot_remote_cluster_rotations_total 1"));
+}
+
+#[tokio::test]
+async fn a_remote_secret_deleted_and_added_again_pushes_its_changes() {
+    let _ports = sidecar_ports().await;
+    let east = remote_of_two_zones().await;
+    let primary = Primary::new().await;
+    let secret = remote_secret(&[("east", &reader_token(&east, "east-reader"))]);
+    primary.config.apply(secret.clone());
+    let mp = start_meshpilot_with(&primary.flags(&[])).await;
+    let both = ["10.20.0.1:80", "10.20.0.2:80"];
+    let envoy = client_envoy(&mp, AdsMode::Sotw, &both).await;
+
+    primary.config.delete("Secret", "istio-system", SECRET);
+    envoy_holds(&envoy, WEB_CLUSTER, &[], "east gone").await;
+    primary.config.apply(secret);
+    envoy_holds(&envoy, WEB_CLUSTER, &both, "east back").await;
+    web_readiness(&east, 2, false);
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.20.0.1:80"],
+        "a change after its return",
+    )
+    .await;
+    assert_eq!(sent_endpoints(mp.xds_addr).await, ["10.20.0.1"]);
+}
+
+#[tokio::test]
+async fn a_restarted_config_cluster_pushes_its_changes() {
+    let _ports = sidecar_ports().await;
+    let primary = Primary::new().await;
+    primary.config.apply_yaml(WEB_IN_PRIMARY);
+    let mp = start_meshpilot_with(&primary.flags(&[])).await;
+    let envoy = client_envoy(&mp, AdsMode::Delta, &["10.10.0.1:80"]).await;
+
+    primary.config.stop();
+    primary
+        .config
+        .apply_yaml(&WEB_IN_PRIMARY.replace("10.10.0.1", "10.10.0.2"));
+    primary.config.restart().await;
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.10.0.2:80"],
+        "the relisted change",
+    )
+    .await;
+    primary
+        .config
+        .apply_yaml(&WEB_IN_PRIMARY.replace("10.10.0.1", "10.10.0.3"));
+    envoy_holds(
+        &envoy,
+        WEB_CLUSTER,
+        &["10.10.0.3:80"],
+        "a change after the restart",
+    )
+    .await;
+    assert_eq!(sent_endpoints(mp.xds_addr).await, ["10.10.0.3"]);
 }

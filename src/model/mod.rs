@@ -322,10 +322,41 @@ impl MeshNaming {
         Hostname::from(format!("{name}.{namespace}.svc.{}", self.domain_suffix).as_str())
     }
 
+    /// The (name, namespace) of a Kubernetes Service's hostname; None for any other host.
+    pub fn split_service_host<'h>(&self, host: &'h str) -> Option<(&'h str, &'h str)> {
+        let rest = host
+            .strip_suffix(self.domain_suffix.as_str())?
+            .strip_suffix(".svc.")?;
+        let (name, namespace) = rest.split_once('.')?;
+        (!name.is_empty() && !namespace.is_empty() && !namespace.contains('.'))
+            .then_some((name, namespace))
+    }
+
     pub fn spiffe_id(&self, namespace: &str, service_account: &str) -> String {
         format!(
             "spiffe://{}/ns/{namespace}/sa/{service_account}",
             self.trust_domain
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_hostname_splits_into_name_and_namespace() {
+        let naming = MeshNaming::default();
+        let host = naming.hostname("web", "shop");
+        assert_eq!(naming.split_service_host(&host), Some(("web", "shop")));
+        for other in [
+            "web.shop.global",
+            "web.svc.cluster.local",
+            "a.b.c.svc.cluster.local",
+            ".shop.svc.cluster.local",
+            "web.shop.svc.example.org",
+        ] {
+            assert_eq!(naming.split_service_host(other), None, "{other}");
+        }
     }
 }

@@ -460,22 +460,36 @@ impl ClusterRegistry {
         }
     }
 
-    /// Stops this registry from ever writing the mesh again; returns the services it served.
-    pub(crate) fn retire(&self) -> Vec<NsName> {
-        let mut store = self.store.lock();
-        store.mode = Mode::Retired;
-        store.service_names()
+    /// Stops this registry from ever writing the mesh again.
+    pub(crate) fn retire(&self) {
+        self.store.lock().mode = Mode::Retired;
     }
 
-    /// Publishes a staged registry in place of a retired one of the same cluster: every service it
-    /// knows is written over the shard, and those only the predecessor served are removed. Proxies see
-    /// the difference between the two, never a gap.
-    pub(crate) fn go_live(&self, predecessor_services: Vec<NsName>) {
+    /// Publishes a staged registry in place of a retired one of the same cluster. It reconciles
+    /// against what the mesh holds for the cluster — every definition, shard and credential, whoever
+    /// wrote it — never against a predecessor's memory: what it knows is written over, the rest is
+    /// removed. Proxies see the difference between the two, never a gap.
+    pub(crate) fn go_live(&self) {
         let mut store = self.store.lock();
         store.mode = Mode::Live;
         self.generation.fetch_add(1, Ordering::Relaxed);
+        let snapshot = self.mesh.snapshot();
+        let naming = &self.mesh.naming;
         let mut services: BTreeSet<NsName> = store.service_names().into_iter().collect();
-        services.extend(predecessor_services);
+        let held_shards = snapshot.endpoints.keys_in(&self.shard);
+        for key in held_shards {
+            let service = naming.split_service_host(&key.hostname);
+            match service.filter(|(_, namespace)| **namespace == *key.namespace) {
+                Some((name, namespace)) => services.insert((namespace.into(), name.into())),
+                // A ServiceEntry's shard of selected pods: re-derived, or removed, with the rest.
+                None => store.selected.insert(key),
+            };
+        }
+        for host in snapshot.services.hosts_of(&self.id) {
+            if let Some((name, namespace)) = naming.split_service_host(&host) {
+                services.insert((namespace.to_string(), name.to_string()));
+            }
+        }
         self.publish(store, services, true, Selected::All, Secrets::All);
     }
 
@@ -1131,7 +1145,7 @@ endpoints:
         assert_eq!(new.service_count(), 1, "but keeps what it saw");
         assert!(new_rx.try_recv().is_err());
 
-        let served = old.retire();
+        old.retire();
         apply(&old, &SERVICE.replace("port: 80", "port: 99"));
         assert_eq!(
             old.mesh
@@ -1145,7 +1159,7 @@ endpoints:
             80,
             "retired registries write nothing"
         );
-        new.go_live(served);
+        new.go_live();
         let addrs: Vec<String> = endpoints(&new)
             .iter()
             .map(|e| e.address.to_string())
