@@ -1179,6 +1179,54 @@ endpoints:
     }
 
     #[test]
+    fn a_registry_going_live_removes_what_the_mesh_holds_that_it_does_not_know() {
+        use crate::istio::test_object;
+        use crate::model::{ConfigChange, ConfigSource};
+        let (old, _rx) = registry();
+        apply(&old, &[SERVICE, NODE, POD, SLICE].join("---"));
+        let entry = test_object(
+            "ServiceEntry",
+            "shop",
+            "web-entry",
+            "2024-01-01T00:00:00Z",
+            serde_json::json!({
+                "hosts": ["web.shop.global"], "resolution": "STATIC",
+                "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                "workloadSelector": {"labels": {"app": "web"}}
+            }),
+        );
+        let set_config = |change: ConfigChange| {
+            old.mesh
+                .write(|mesh| mesh.config.apply(ConfigSource::ConfigCluster, vec![change]));
+        };
+        set_config(ConfigChange::Upsert(entry.clone()));
+        old.resync_selected();
+        let selected = ServiceKey {
+            hostname: "web.shop.global".into(),
+            namespace: "shop".into(),
+        };
+        let held = |reg: &ClusterRegistry| reg.mesh.snapshot().endpoints.get(&selected).is_some();
+        assert!(held(&old));
+
+        let (tx, _new_rx) = tokio::sync::mpsc::unbounded_channel();
+        let new = ClusterRegistry::new(
+            old.shard.clone(),
+            "rotated".into(),
+            old.mesh.clone(),
+            tx,
+            false,
+        );
+        apply(&new, &[SERVICE, NODE, POD, SLICE].join("---"));
+        // The entry goes while the registries swap: neither re-derives it (one is retired, the
+        // other staged), so only the mesh remembers its shard.
+        old.retire();
+        set_config(ConfigChange::Delete(entry.key.clone()));
+        new.go_live();
+        assert!(!held(&new), "the shard of a gone entry outlived the swap");
+        assert_eq!(endpoints(&new).len(), 2);
+    }
+
+    #[test]
     fn clear_removes_everything_the_cluster_served() {
         let (reg, mut rx) = registry();
         apply(&reg, &[SERVICE, NODE, POD, SLICE].join("---"));
