@@ -1,16 +1,26 @@
-//! The admin HTTP server: readiness, metrics and istiod's debug API (`debug`).
+//! The admin HTTP server: liveness, readiness, metrics and istiod's debug API (`debug`).
+//!
+//! `/healthz`, `/ready` and `/metrics` are open. `/debug/*` shows every proxy's configuration, so
+//! as istiod (pilot/pkg/xds/debug.go, `allowAuthenticatedOrLocalhost`) it answers loopback callers,
+//! and others only with a bearer token — here one the config cluster's TokenReview proves to be a
+//! service account of the system namespace or of a namespace `--debug-namespaces` lists (istiod
+//! accepts any authenticated identity).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
 use crate::aggregate::Aggregate;
 use crate::debug::{parse_request, DebugContext, Viewer};
+use crate::listen::Acceptor;
 use crate::metrics::{self, Metrics};
+use crate::security::authn::{Authenticator, Credentials};
 use crate::xds::server::Readiness;
 
 pub struct AdminState {
@@ -18,14 +28,49 @@ pub struct AdminState {
     pub aggregate: Arc<Aggregate>,
     pub metrics: Arc<Metrics>,
     pub debug: Arc<DebugContext>,
+    pub debug_access: DebugAccess,
+}
+
+/// Who may read `/debug/*` from another host.
+pub struct DebugAccess {
+    /// `--insecure-open-debug`: anyone.
+    pub open: bool,
+    /// Reviews bearer tokens (None without a config cluster: only loopback callers get in).
+    pub authn: Option<Arc<Authenticator>>,
+    /// The system namespace and `--debug-namespaces`.
+    pub namespaces: Vec<String>,
+}
+
+/// The address a connection came from.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<axum::serve::IncomingStream<'_, Acceptor>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Acceptor>) -> Self {
+        Peer(*stream.remote_addr())
+    }
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
+        .route("/healthz", get(healthz))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/debug/{*path}", get(debug))
         .with_state(state)
+}
+
+/// Serves the admin router, with each caller's address known to the debug handler.
+pub async fn serve(listener: Acceptor, router: Router) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Peer>(),
+    )
+    .await
+}
+
+async fn healthz() -> Response {
+    (StatusCode::OK, "ok\n").into_response()
 }
 
 async fn ready(State(state): State<Arc<AdminState>>) -> Response {
@@ -52,13 +97,18 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
 
-/// `/debug/<path>[?query]`. The admin port is the operator's (as istiod's 15014 from localhost):
-/// it sees every namespace.
+/// `/debug/<path>[?query]` for a caller `DebugAccess` lets in; it sees every namespace.
 async fn debug(
     State(state): State<Arc<AdminState>>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    headers: HeaderMap,
     Path(path): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
+    if let Err((status, why)) = state.debug_access.admit(peer, &headers).await {
+        tracing::warn!(%peer, reason = why, "debug request refused");
+        return (status, format!("{why}\n")).into_response();
+    }
     let request = match query {
         Some(q) => format!("{path}?{q}"),
         None => path,
@@ -70,5 +120,47 @@ async fn debug(
             let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
             (status, format!("{e}\n")).into_response()
         }
+    }
+}
+
+impl DebugAccess {
+    /// Lets in loopback callers, and others proving a service account of an allowed namespace.
+    async fn admit(
+        &self,
+        peer: SocketAddr,
+        headers: &HeaderMap,
+    ) -> Result<(), (StatusCode, String)> {
+        if self.open || peer.ip().to_canonical().is_loopback() {
+            return Ok(());
+        }
+        let unauthorized = |why: String| (StatusCode::UNAUTHORIZED, why);
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|t| t.trim().to_string());
+        let (Some(token), Some(authn)) = (token, &self.authn) else {
+            return Err(unauthorized(
+                "debug views need a loopback caller or a service-account bearer token".into(),
+            ));
+        };
+        let credentials = Credentials {
+            token: Some(token),
+            ..Default::default()
+        };
+        let identity = authn
+            .authenticate(&credentials)
+            .await
+            .map_err(|e| unauthorized(e.to_string()))?;
+        if !self.namespaces.contains(&identity.namespace) {
+            return Err((
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{identity} may not read debug views: only service accounts of namespaces {} may",
+                    self.namespaces.join(", ")
+                ),
+            ));
+        }
+        Ok(())
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use tokio::task::JoinHandle;
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, DebugAccess};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::debug::DebugContext;
@@ -309,7 +309,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
         .add_service(xds.secure_service(authn.clone()))
-        .add_service(CaService::server(ca.clone(), authn, metrics.ca()));
+        .add_service(CaService::server(ca.clone(), authn.clone(), metrics.ca()));
     tasks.push(tokio::spawn(async move {
         let incoming = tls::incoming(secure, tls, HANDSHAKE_TIMEOUT);
         if let Err(e) = router.serve_with_incoming(incoming).await {
@@ -377,14 +377,24 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             .unwrap_or_default(),
     });
     xds.set_debug(debug.clone());
+    let mut debug_namespaces = vec![args.system_namespace.clone()];
+    debug_namespaces.extend(args.debug_namespaces.iter().cloned());
     let router = admin::router(Arc::new(AdminState {
         ready: ready.clone(),
         aggregate: aggregate.clone(),
         metrics,
         debug,
+        debug_access: DebugAccess {
+            open: args.insecure_open_debug,
+            authn: config_cluster.as_ref().map(|_| authn),
+            namespaces: debug_namespaces,
+        },
     }));
+    if args.insecure_open_debug {
+        warn!("--insecure-open-debug: every caller may read the debug views and debug xDS types");
+    }
     tasks.push(tokio::spawn(async move {
-        if let Err(e) = axum::serve(http, router).await {
+        if let Err(e) = admin::serve(http, router).await {
             tracing::error!(error = %e, "admin server stopped");
         }
     }));

@@ -100,9 +100,19 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_XDS_DNS_NAMES", value_delimiter = ',')]
     pub xds_dns_names: Vec<String>,
 
-    /// Admin HTTP server: /ready, /metrics, /debug/*.
+    /// Admin HTTP server: /ready, /healthz, /metrics, /debug/*.
     #[arg(long, env = "MESHPILOT_HTTP_ADDR", default_value = "127.0.0.1:15014")]
     pub http_addr: SocketAddr,
+
+    /// Besides the system namespace, namespaces whose service accounts may read the admin
+    /// server's /debug/* from another host (with a bearer token the config cluster reviews).
+    #[arg(long, env = "MESHPILOT_DEBUG_NAMESPACES", value_delimiter = ',')]
+    pub debug_namespaces: Vec<String>,
+
+    /// Serves /debug/* and istioctl's debug xDS types to any caller, authenticated or not. For a
+    /// lab only: they show every proxy's configuration.
+    #[arg(long, env = "MESHPILOT_INSECURE_OPEN_DEBUG")]
+    pub insecure_open_debug: bool,
 
     /// Plaintext xDS (ADS) server.
     #[arg(long, env = "MESHPILOT_XDS_ADDR", default_value = "127.0.0.1:15010")]
@@ -216,6 +226,7 @@ impl DiscoveryArgs {
             send_timeout: self.xds_send_timeout,
             first_request_timeout: self.xds_first_request_timeout,
             max_connection_age: self.xds_max_connection_age,
+            open_debug: self.insecure_open_debug,
         }
     }
 

@@ -33,11 +33,15 @@ struct Mesh {
 }
 
 async fn mesh() -> Mesh {
+    mesh_with(&[]).await
+}
+
+async fn mesh_with(extra: &[&str]) -> Mesh {
     let dir = copy_tree(Path::new(EXAMPLE));
     let config_dir = dir.path().to_str().unwrap().to_string();
-    let primary =
-        primary::primary_with_remote(&["--config-dir", &config_dir, "--debounce-after", "0s"])
-            .await;
+    let mut flags = vec!["--config-dir", &config_dir, "--debounce-after", "0s"];
+    flags.extend_from_slice(extra);
+    let primary = primary::primary_with_remote(&flags).await;
     primary
         .config
         .add_token("istioctl", User::service_account("istio-system", "default"));
@@ -441,16 +445,28 @@ async fn xds_debug_types_over_grpcio_on_both_ports() {
     })
     .await;
 
-    // Plaintext (as `istioctl proxy-status --plaintext`): every proxy, istioctl itself not listed.
-    let syncz = grpcio_debug(
-        mp.xds_addr,
-        "istio.io/debug/syncz",
-        ISTIOCTL_NODE,
-        "-",
-        None,
-    )
-    .await
-    .unwrap();
+    // Plaintext: no identity, no debug views (as istiod: "authentication required").
+    for (type_url, name) in [
+        ("istio.io/debug/syncz", "-"),
+        ("istio.io/debug/config_dump", "productpage-x.bookinfo"),
+        ("istio.io/debug", "clusterz"),
+    ] {
+        let refused = grpcio_debug(mp.xds_addr, type_url, ISTIOCTL_NODE, name, None)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.0, "UNAUTHENTICATED", "{type_url}: {refused:?}");
+        assert!(refused.1.contains("authentication required"), "{refused:?}");
+    }
+
+    // Secure port: the system namespace sees every proxy, istioctl itself not listed.
+    let certs = tempfile::tempdir().unwrap();
+    let root = certs.path().join("root.pem");
+    std::fs::write(&root, mp.ca.current().root_pem()).unwrap();
+    let secure = mp.secure_xds_addr;
+    let istioctl = Some((root.as_path(), "istioctl"));
+    let syncz = grpcio_debug(secure, "istio.io/debug/syncz", ISTIOCTL_NODE, "-", istioctl)
+        .await
+        .unwrap();
     assert_eq!(syncz.type_url, "istio.io/debug/syncz");
     let identity: Value =
         serde_json::from_str(&syncz.control_plane.as_ref().unwrap().identifier).unwrap();
@@ -480,11 +496,11 @@ async fn xds_debug_types_over_grpcio_on_both_ports() {
     assert!(metadata.contains_key("ISTIO_VERSION") && metadata.contains_key("CLUSTER_ID"));
 
     let dump = grpcio_debug(
-        mp.xds_addr,
+        secure,
         "istio.io/debug/config_dump",
         ISTIOCTL_NODE,
         "productpage-x.bookinfo",
-        None,
+        istioctl,
     )
     .await
     .unwrap();
@@ -497,11 +513,11 @@ async fn xds_debug_types_over_grpcio_on_both_ports() {
     assert!(!clusters.dynamic_active_clusters.is_empty());
 
     let clusterz = grpcio_debug(
-        mp.xds_addr,
+        secure,
         "istio.io/debug",
         ISTIOCTL_NODE,
         "clusterz",
-        None,
+        istioctl,
     )
     .await
     .unwrap();
@@ -509,21 +525,7 @@ async fn xds_debug_types_over_grpcio_on_both_ports() {
     let body: Value = serde_json::from_slice(&clusterz.resources[0].value).unwrap();
     assert_eq!(body[0]["id"], "primary");
 
-    // Secure port: the system namespace sees all; another namespace only its own proxies.
-    let certs = tempfile::tempdir().unwrap();
-    let root = certs.path().join("root.pem");
-    std::fs::write(&root, mp.ca.current().root_pem()).unwrap();
-    let secure = mp.secure_xds_addr;
-    let all = grpcio_debug(
-        secure,
-        "istio.io/debug/syncz",
-        ISTIOCTL_NODE,
-        "-",
-        Some((&root, "istioctl")),
-    )
-    .await
-    .unwrap();
-    assert_eq!(listed(&all), [BOOKINFO_PROXY, SHOP_PROXY]);
+    // Another namespace sees only its own proxies.
     let shop_node = "sidecar~10.9.0.9~debug.shop~shop.svc.cluster.local";
     let own = grpcio_debug(
         secure,
@@ -571,4 +573,56 @@ async fn xds_debug_types_over_grpcio_on_both_ports() {
         ["UNAUTHENTICATED", "PERMISSION_DENIED"].contains(&anonymous.0.as_str()),
         "{anonymous:?}"
     );
+}
+
+/// `curl` from a network namespace of its own (a caller on another host): the status code.
+async fn curl_from(ns: &netns::Netns, url: &str, token: Option<&str>) -> String {
+    let mut command = tokio::process::Command::new("ip");
+    command.args(["netns", "exec", &ns.name, "curl", "-sS", "-o", "/dev/null"]);
+    command.args(["-w", "%{http_code}", "--max-time", "10"]);
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = command.arg(url).output().await.expect("curl runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn admin_debug_views_need_loopback_or_a_system_namespace_token() {
+    let mesh = mesh_with(&["--http-addr", "0.0.0.0:0", "--debug-namespaces", "ops"]).await;
+    let config = &mesh.primary.config;
+    config.add_token("ops-reader", User::service_account("ops", "reader"));
+    let port = mesh.primary.mp.http_addr.port();
+    let tag = std::process::id() % 100_000;
+    let caller = netns::Netns::create(&format!("dbg{tag}"));
+    netns::link(
+        None,
+        &format!("dbg{tag}h"),
+        "10.223.0.1/30",
+        &caller,
+        "eth0",
+        "10.223.0.2/30",
+    );
+    let url = |path: &str| format!("http://10.223.0.1:{port}{path}");
+
+    // From another host: open paths answer, debug views want a proven system-namespace account.
+    for open in ["/healthz", "/ready", "/metrics"] {
+        assert_eq!(curl_from(&caller, &url(open), None).await, "200", "{open}");
+    }
+    let clusterz = url("/debug/clusterz");
+    assert_eq!(curl_from(&caller, &clusterz, None).await, "401");
+    assert_eq!(
+        curl_from(&caller, &clusterz, Some("no-such-token")).await,
+        "401"
+    );
+    assert_eq!(curl_from(&caller, &clusterz, Some("shop-web")).await, "403");
+    assert_eq!(curl_from(&caller, &clusterz, Some("istioctl")).await, "200");
+    assert_eq!(
+        curl_from(&caller, &clusterz, Some("ops-reader")).await,
+        "200"
+    );
+    // The same server from loopback: no token needed.
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (status, body) = http_get(local, "/debug/clusterz").await.unwrap();
+    assert_eq!(status, 200, "{body}");
 }

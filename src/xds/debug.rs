@@ -23,15 +23,26 @@ pub const DEBUG_TYPE: &str = "istio.io/debug";
 const SYNCZ_TYPE: &str = "istio.io/debug/syncz";
 const CONFIG_DUMP_TYPE: &str = "istio.io/debug/config_dump";
 
-/// What the caller may see: over the plaintext port everything (as every other type there);
-/// over the secure port everything from the system namespace, else its own namespace only.
-fn viewer(server: &XdsServer, conn: &Connection) -> Viewer {
+/// What the caller may see, as istiod's debug generator decides (pilot/pkg/xds/debuggen.go): a
+/// caller without a verified identity (the plaintext port) nothing, the system namespace
+/// everything, any other namespace its own proxies only. `--insecure-open-debug` shows all to all.
+fn viewer(server: &XdsServer, conn: &Connection) -> Result<Viewer, Status> {
     let proxy = &conn.proxy;
-    if !proxy.verified || *proxy.namespace == *server.mesh().naming.system_namespace {
-        Viewer::All
-    } else {
-        Viewer::Namespace(proxy.namespace.clone())
+    if server.options().open_debug {
+        return Ok(Viewer::All);
     }
+    if !proxy.verified {
+        return Err(Status::unauthenticated(
+            "authentication required: debug types are served on the secure xDS port to a \
+             verified identity",
+        ));
+    }
+    Ok(
+        match *proxy.namespace == *server.mesh().naming.system_namespace {
+            true => Viewer::All,
+            false => Viewer::Namespace(proxy.namespace.clone()),
+        },
+    )
 }
 
 pub fn respond(
@@ -42,7 +53,7 @@ pub fn respond(
     let ctx = server
         .debug()
         .ok_or_else(|| Status::unavailable("debug views are not served by this server"))?;
-    let viewer = viewer(server, conn);
+    let viewer = viewer(server, conn)?;
     let resources = match request.type_url.as_str() {
         SYNCZ_TYPE => client_configs(ctx, &viewer).iter().map(pack).collect(),
         CONFIG_DUMP_TYPE => match request.names.as_slice() {

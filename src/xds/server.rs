@@ -54,6 +54,8 @@ pub struct XdsOptions {
     /// A stream older than this (±10 % jitter) is ended cleanly so proxies reconnect and spread
     /// over replicas after a scale-up; zero keeps streams forever.
     pub max_connection_age: Duration,
+    /// Debug types answered to unauthenticated callers too (`--insecure-open-debug`).
+    pub open_debug: bool,
 }
 
 impl Default for XdsOptions {
@@ -63,6 +65,7 @@ impl Default for XdsOptions {
             send_timeout: Duration::from_secs(30),
             first_request_timeout: Duration::from_secs(30),
             max_connection_age: Duration::from_secs(30 * 60),
+            open_debug: false,
         }
     }
 }
