@@ -21,6 +21,7 @@ use crate::debug::{parse_request, DebugContext, Viewer};
 use crate::listen::Acceptor;
 use crate::metrics::{self, Metrics};
 use crate::security::authn::{Authenticator, Credentials};
+use crate::supervise::Health;
 use crate::xds::server::Readiness;
 
 pub struct AdminState {
@@ -28,6 +29,7 @@ pub struct AdminState {
     pub aggregate: Arc<Aggregate>,
     pub metrics: Arc<Metrics>,
     pub debug: Arc<DebugContext>,
+    pub health: Health,
     pub debug_access: DebugAccess,
 }
 
@@ -69,8 +71,12 @@ pub async fn serve(listener: Acceptor, router: Router) -> std::io::Result<()> {
     .await
 }
 
-async fn healthz() -> Response {
-    (StatusCode::OK, "ok\n").into_response()
+/// Alive while every supervised task runs (the process exits soon after one ends).
+async fn healthz(State(state): State<Arc<AdminState>>) -> Response {
+    match state.health.failure() {
+        None => (StatusCode::OK, "ok\n").into_response(),
+        Some(ended) => (StatusCode::SERVICE_UNAVAILABLE, format!("{ended}\n")).into_response(),
+    }
 }
 
 async fn ready(State(state): State<Arc<AdminState>>) -> Response {

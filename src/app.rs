@@ -1,10 +1,12 @@
 //! Wiring: builds the model, starts the sources and servers of `meshpilot discovery`.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
-use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState, DebugAccess};
 use crate::aggregate::Aggregate;
@@ -34,10 +36,11 @@ use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions, StaleSnapshots};
 use crate::sources::snapshots::SnapshotStore;
+use crate::supervise::{Supervisor, TaskEnded};
 use crate::webhook::{self, ca_bundle, WebhookState};
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -80,7 +83,7 @@ pub enum StartError {
 }
 
 /// A TLS client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running control plane. Dropping it stops its servers and watches.
 pub struct Running {
@@ -91,7 +94,10 @@ pub struct Running {
     pub ca: Arc<SharedCa>,
     pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,
-    tasks: Vec<JoinHandle<()>>,
+    supervisor: Supervisor,
+    /// Set at shutdown: readiness goes false and new xDS streams are refused.
+    draining: Arc<AtomicBool>,
+    drain_duration: Duration,
     _file_watch: Option<FileWatch>,
     _networks_watch: Option<NetworksWatch>,
     _config_files_watch: Option<ConfigFilesWatch>,
@@ -106,7 +112,7 @@ pub struct Running {
 struct ConfigCluster {
     id: ClusterId,
     client: kube::Client,
-    _watch: KubeWatch,
+    watch: KubeWatch,
     config: KubeConfigWatch,
     remotes: RemoteController,
 }
@@ -117,21 +123,50 @@ impl Running {
         self.config_cluster.as_ref().map(|c| c.remotes.clients())
     }
 
-    /// Stops, handing leadership over at once rather than after the lease duration.
-    pub async fn shutdown(mut self) {
-        if let Some(leader) = self.leader.take() {
-            leader.release().await;
+    /// Serves until `stop` resolves, then shuts down gracefully (`shutdown`); or until a
+    /// supervised task ends, which is returned: the process should exit non-zero.
+    pub async fn serve_until(mut self, stop: impl Future<Output = ()>) -> Result<(), TaskEnded> {
+        tokio::select! {
+            () = stop => {
+                self.shutdown().await;
+                Ok(())
+            }
+            ended = self.supervisor.ended() => {
+                error!(task = ended.task, cause = %ended.cause, "a critical task ended; stopping");
+                Err(ended)
+            }
         }
+    }
+
+    /// Stops gracefully: readiness goes false and new streams are refused, connected proxies are
+    /// asked to reconnect (their streams closed spread over the drain period), remote snapshots are
+    /// written, and leadership is handed over at once rather than after the lease duration.
+    pub async fn shutdown(mut self) {
+        self.draining.store(true, Ordering::Relaxed);
+        info!(drain = ?self.drain_duration, "shutting down");
+        self.xds.close_streams(self.drain_duration).await;
+        if let Some(c) = &self.config_cluster {
+            let flushed = tokio::time::timeout(SHUTDOWN_STEP, c.remotes.flush_snapshots()).await;
+            if flushed.is_err() {
+                warn!("remote cluster snapshots not written within {SHUTDOWN_STEP:?}");
+            }
+        }
+        if let Some(leader) = self.leader.take() {
+            if tokio::time::timeout(SHUTDOWN_STEP, leader.release())
+                .await
+                .is_err()
+            {
+                warn!("leader Lease not released within {SHUTDOWN_STEP:?}");
+            }
+        }
+        self.supervisor.abort_all();
+        info!("stopped");
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
+/// The most any one step after the drain may take at shutdown (writing snapshots, releasing the
+/// Lease), so the process exits within its grace period.
+const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
 
 pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     install_crypto_provider();
@@ -160,7 +195,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         return Err(StartError::NoSources);
     }
     let metrics = Arc::new(Metrics::new(ClusterId::new(&args.cluster_id)));
-    let config_cluster = match (&args.kubeconfig, args.in_cluster) {
+    let mut config_cluster = match (&args.kubeconfig, args.in_cluster) {
         (None, false) => None,
         (path, _) => {
             Some(start_config_cluster(&args, path.as_deref(), &aggregate, &metrics).await?)
@@ -189,14 +224,27 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         None => None,
     };
 
+    let mut supervisor = Supervisor::default();
+    if let Some(c) = config_cluster.as_mut() {
+        c.watch.supervise(&mut supervisor, "config cluster watch");
+        c.config
+            .supervise(&mut supervisor, "config cluster Istio config watch");
+        c.remotes.supervise(&mut supervisor);
+    }
+    let health = supervisor.health();
+    let draining = Arc::new(AtomicBool::new(false));
     let loaded = aggregate.clone();
     let secrets_listed = config_cluster
         .as_ref()
         .map(|c| c.remotes.initial_sync_signal());
     let config_listed = config_cluster.as_ref().map(|c| c.config.synced_check());
-    // As istiod: not ready before every cluster and the Istio config are loaded.
+    // As istiod: not ready before every cluster and the Istio config are loaded; never once a
+    // critical task is gone or the process is shutting down.
+    let (alive, stopping) = (health.clone(), draining.clone());
     let ready: Readiness = Arc::new(move || {
-        loaded.all_loaded()
+        alive.ok()
+            && !stopping.load(Ordering::Relaxed)
+            && loaded.all_loaded()
             && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
             && config_listed.as_ref().is_none_or(|listed| listed())
     });
@@ -210,17 +258,15 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         aggregate.clone(),
         args.workload_entry_grace_period,
     ));
-    let mut tasks = Vec::new();
-
     let grpc = listen::bind("xds", args.xds_addr).await?;
     let xds_addr = local_addr("xds", &grpc)?;
     let router = tonic::transport::Server::builder().add_service(xds.service());
-    tasks.push(tokio::spawn(async move {
+    supervisor.spawn("xds server", async move {
         let incoming = grpc.into_stream();
         if let Err(e) = router.serve_with_incoming(incoming).await {
             tracing::error!(error = %e, "xDS server stopped");
         }
-    }));
+    });
 
     let config = DebounceConfig {
         after: args.debounce_after,
@@ -231,24 +277,28 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         timeout: args.jwks_fetch_timeout,
     };
     let (jwks, jwks_task) = JwksResolver::start(aggregate.clone(), jwks_options);
-    tasks.push(jwks_task);
+    supervisor.adopt("jwks resolver", jwks_task);
     let pusher = xds.clone();
     let push_metrics = metrics.push();
-    tasks.push(tokio::spawn(debounce(changes, config, move |debounced| {
-        push_metrics.debounced(&debounced.triggers, debounced.first_at.elapsed());
-        let change = debounced.change;
-        // RequestAuthentications may name keys to fetch (or no longer need some).
-        if change
-            .configs
-            .iter()
-            .any(|k| k.kind == ConfigKind::RequestAuthentication)
-        {
-            jwks.wake();
-        }
-        pusher.push(change, debounced.first_at)
-    })));
+    supervisor.spawn(
+        "push loop",
+        debounce(changes, config, move |debounced| {
+            fail::fail_point!("push-loop");
+            push_metrics.debounced(&debounced.triggers, debounced.first_at.elapsed());
+            let change = debounced.change;
+            // RequestAuthentications may name keys to fetch (or no longer need some).
+            if change
+                .configs
+                .iter()
+                .any(|k| k.kind == ConfigKind::RequestAuthentication)
+            {
+                jwks.wake();
+            }
+            pusher.push(change, debounced.first_at)
+        }),
+    );
 
-    let leader = config_cluster.as_ref().map(|c| {
+    let mut leader = config_cluster.as_ref().map(|c| {
         Leader::start(
             c.client.clone(),
             LeaderConfig {
@@ -262,6 +312,9 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             },
         )
     });
+    if let Some(leader) = leader.as_mut() {
+        leader.supervise(&mut supervisor);
+    }
     let key_source = match (&args.ca_dir, &config_cluster) {
         (Some(dir), _) => KeySource::Dir(dir.clone()),
         (None, Some(c)) => KeySource::Kubernetes {
@@ -286,13 +339,16 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     })?;
     let ca = SharedCa::new(ca);
     if let Some(store) = loaded.self_signed {
-        tasks.push(rotation::keep_rotated(
-            ca.clone(),
-            store,
-            loaded.bundle,
-            args.root_rotation(),
-            metrics.ca(),
-        ));
+        supervisor.adopt(
+            "root rotation",
+            rotation::keep_rotated(
+                ca.clone(),
+                store,
+                loaded.bundle,
+                args.root_rotation(),
+                metrics.ca(),
+            ),
+        );
     }
     let authn = Arc::new(Authenticator::new(
         &args.trust_domain,
@@ -303,40 +359,46 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     ));
     let names = args.serving_names();
     let serving = ServingCert::issue(&ca.current(), &names, args.serving_cert_ttl)?;
-    tasks.push(serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl));
+    supervisor.adopt(
+        "serving certificate renewal",
+        serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl),
+    );
     let tls = tls::server_config(serving.clone(), ca.clone())?;
     let secure = listen::bind("secure-xds", args.secure_xds_addr).await?;
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
     let router = tonic::transport::Server::builder()
         .add_service(xds.secure_service(authn.clone()))
         .add_service(CaService::server(ca.clone(), authn.clone(), metrics.ca()));
-    tasks.push(tokio::spawn(async move {
+    supervisor.spawn("secure xds server", async move {
         let incoming = tls::incoming(secure, tls, HANDSHAKE_TIMEOUT);
         if let Err(e) = router.serve_with_incoming(incoming).await {
             tracing::error!(error = %e, "secure xDS server stopped");
         }
-    }));
+    });
     if let (Some(c), Some(leader)) = (&config_cluster, &leader) {
         let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
         let namespace = args.system_namespace.clone();
         let roots = ca.roots();
-        tasks.push(leader::run_while_leading(leader.leading(), move || {
-            let mut work = trust::publish_root(
-                client.clone(),
-                id.clone(),
-                remotes.clone(),
-                namespace.clone(),
-                roots.clone(),
-            );
-            work.extend(ca_bundle::keep_current(
-                client.clone(),
-                id.clone(),
-                remotes.clone(),
-                namespace.clone(),
-                roots.clone(),
-            ));
-            work
-        }));
+        supervisor.adopt(
+            "leader work",
+            leader::run_while_leading(leader.leading(), move || {
+                let mut work = trust::publish_root(
+                    client.clone(),
+                    id.clone(),
+                    remotes.clone(),
+                    namespace.clone(),
+                    roots.clone(),
+                );
+                work.extend(ca_bundle::keep_current(
+                    client.clone(),
+                    id.clone(),
+                    remotes.clone(),
+                    namespace.clone(),
+                    roots.clone(),
+                ));
+                work
+            }),
+        );
     }
 
     let webhook_state = Arc::new(WebhookState {
@@ -354,7 +416,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     });
     let hooks = listen::bind("webhook", args.webhook_addr).await?;
     let webhook_addr = local_addr("webhook", &hooks)?;
-    tasks.push(
+    supervisor.adopt(
+        "webhook server",
         webhook::serve(
             hooks,
             webhook::tls_config(serving),
@@ -384,6 +447,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         aggregate: aggregate.clone(),
         metrics,
         debug,
+        health: health.clone(),
         debug_access: DebugAccess {
             open: args.insecure_open_debug,
             authn: config_cluster.as_ref().map(|_| authn),
@@ -393,11 +457,11 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     if args.insecure_open_debug {
         warn!("--insecure-open-debug: every caller may read the debug views and debug xDS types");
     }
-    tasks.push(tokio::spawn(async move {
+    supervisor.spawn("admin server", async move {
         if let Err(e) = admin::serve(http, router).await {
             tracing::error!(error = %e, "admin server stopped");
         }
-    }));
+    });
 
     Ok(Running {
         http_addr,
@@ -407,7 +471,9 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         ca,
         xds,
         aggregate,
-        tasks,
+        supervisor,
+        draining,
+        drain_duration: args.drain_duration,
         _file_watch: file_watch,
         _networks_watch: networks_watch,
         _config_files_watch: config_files_watch,
@@ -460,7 +526,7 @@ async fn start_config_cluster(
     Ok(ConfigCluster {
         id,
         client,
-        _watch: watch,
+        watch,
         config,
         remotes,
     })

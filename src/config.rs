@@ -109,6 +109,11 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_DEBUG_NAMESPACES", value_delimiter = ',')]
     pub debug_namespaces: Vec<String>,
 
+    /// At shutdown (SIGTERM), the time over which connected proxies' streams are closed so they
+    /// reconnect to another replica, not all at once. Keep it well inside the pod's grace period.
+    #[arg(long, env = "MESHPILOT_DRAIN_DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_duration: Duration,
+
     /// Serves /debug/* and istioctl's debug xDS types to any caller, authenticated or not. For a
     /// lab only: they show every proxy's configuration.
     #[arg(long, env = "MESHPILOT_INSECURE_OPEN_DEBUG")]

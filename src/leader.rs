@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::kube_error::Readable;
+use crate::supervise::{OwnedTasks, Supervisor};
 
 pub const LEASE_NAME: &str = "meshpilot-leader";
 
@@ -56,7 +57,7 @@ impl LeaderConfig {
 /// A running election; dropping it stops competing (see [`Leader::release`] to hand over at once).
 pub struct Leader {
     leading: watch::Receiver<bool>,
-    task: JoinHandle<()>,
+    task: OwnedTasks,
     lease: LeaseClient,
 }
 
@@ -67,12 +68,18 @@ impl Leader {
             api: Api::namespaced(client, &config.namespace),
             config,
         };
-        let task = tokio::spawn(campaign(lease.clone(), tx));
+        let mut task = OwnedTasks::default();
+        task.push(tokio::spawn(campaign(lease.clone(), tx)));
         Self {
             leading,
             task,
             lease,
         }
+    }
+
+    /// Lets the supervisor watch the campaign (a dead campaign would keep `leading` as it was).
+    pub fn supervise(&mut self, supervisor: &mut Supervisor) {
+        self.task.supervise(supervisor, "leader election");
     }
 
     /// Whether this replica leads now; `changed()` on it wakes on every change.
@@ -87,12 +94,6 @@ impl Leader {
         if let Err(e) = self.lease.release().await {
             warn!(error = %e, "could not release the leader Lease");
         }
-    }
-}
-
-impl Drop for Leader {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -20,6 +20,7 @@ pub mod registry;
 pub mod remote_secret;
 pub mod security;
 pub mod sources;
+pub mod supervise;
 pub mod text;
 pub mod webhook;
 pub mod xds;

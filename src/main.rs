@@ -64,9 +64,12 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Discovery(args) => {
+            // Faults the tests inject (`FAILPOINTS`); nothing unless built with `failpoints`.
+            let _faults = fail::FailScenario::setup();
+            let stop = shutdown_signal()?;
             let running = meshpilot::app::start(*args).await?;
-            shutdown_signal().await?;
-            running.shutdown().await;
+            // A critical task that ended is an error: the process exits non-zero to be restarted.
+            running.serve_until(stop).await?;
         }
         Command::Certs(args) => {
             meshpilot::app::install_crypto_provider();
@@ -116,12 +119,14 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() -> anyhow::Result<()> {
+/// Resolves at SIGTERM or Ctrl-C. The handlers are installed at once, so a signal that arrives
+/// while starting is not lost.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    })
 }

@@ -202,6 +202,7 @@ async fn envoy_connects(mp: &meshpilot::app::Running, form: &Form) {
     let certs = workload_certs(mp, "bookinfo", "bookinfo-reviews");
     let envoy = Envoy::start_with(EnvoyOptions {
         xds: mp.secure_xds_addr,
+        replicas: &[],
         node_id: SIDECAR,
         metadata: &[("CLUSTER_ID", "cluster1")],
         labels: &[],

@@ -58,6 +58,7 @@ async fn proxy(
     };
     Envoy::start_with(EnvoyOptions {
         xds: SocketAddr::new(host_ip.parse().unwrap(), port),
+        replicas: &[],
         node_id,
         metadata: &[("CLUSTER_ID", "c1")],
         labels,

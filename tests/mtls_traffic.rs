@@ -148,6 +148,7 @@ impl Workloads {
         let host_ip: IpAddr = format!("10.{net}.{sub}.1").parse().unwrap();
         let envoy = Envoy::start_with(EnvoyOptions {
             xds: SocketAddr::new(host_ip, self.mp.xds_addr.port()),
+            replicas: &[],
             node_id,
             metadata: &[("CLUSTER_ID", "c1")],
             labels: &[],

@@ -719,24 +719,6 @@ async fn east_saved(state: &std::path::Path) {
     .await;
 }
 
-/// Self-signed workload material: enough for Envoy to load the mesh's clusters where no traffic
-/// is sent.
-fn placeholder_certs() -> WorkloadCerts {
-    let cert = rcgen::generate_simple_self_signed(vec!["placeholder".into()]).unwrap();
-    let pem = cert.cert.pem();
-    WorkloadCerts {
-        chain: pem.clone(),
-        key: cert.signing_key.serialize_pem(),
-        root: pem,
-    }
-}
-
-/// A free port of 127.0.0.1, for a server that must come back on the same address.
-fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
-
 #[tokio::test]
 async fn a_remote_served_from_its_snapshot_after_a_crash_pushes_its_changes() {
     let _ports = sidecar_ports().await;
@@ -771,11 +753,12 @@ async fn a_remote_served_from_its_snapshot_after_a_crash_pushes_its_changes() {
     east_saved(&state).await;
     let envoy = Envoy::start_with(EnvoyOptions {
         xds,
+        replicas: &[],
         node_id: "sidecar~10.0.9.9~client.shop~shop.svc.cluster.local",
         metadata: &[("CLUSTER_ID", "primary")],
         labels: &[],
         mode: AdsMode::Sotw,
-        workload: placeholder_certs(),
+        workload: WorkloadCerts::placeholder(),
         xds_tls: None,
         netns: None,
     })

@@ -157,6 +157,7 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
                  labels: &'static [(&'static str, &'static str)],
                  account: &str| EnvoyOptions {
         xds: SocketAddr::new(host.parse().unwrap(), mp.xds_addr.port()),
+        replicas: &[],
         node_id,
         metadata,
         labels,

@@ -90,6 +90,7 @@ impl Setup {
         let node_id = format!("sidecar~10.{net}.3.1~client.default~default.svc.cluster.local");
         let envoy = Envoy::start_with(EnvoyOptions {
             xds: SocketAddr::new(host_ip.parse().unwrap(), mp.xds_addr.port()),
+            replicas: &[],
             node_id: &node_id,
             metadata: &[("CLUSTER_ID", "c1")],
             labels: &[],

@@ -170,6 +170,7 @@ async fn virtual_service_routes_real_traffic() {
     let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
     let envoy = Envoy::start_with(EnvoyOptions {
         xds: SocketAddr::new("10.217.1.1".parse().unwrap(), mp.xds_addr.port()),
+        replicas: &[],
         node_id: "sidecar~10.217.3.1~client.default~default.svc.cluster.local",
         metadata: &[("CLUSTER_ID", "c1")],
         labels: &[],

@@ -35,6 +35,7 @@ async fn envoy_with_a_meshpilot_certificate_gets_config_on_the_secure_port() {
     let certs = workload_certs(&mp, "bookinfo", "bookinfo-reviews");
     let envoy = Envoy::start_with(EnvoyOptions {
         xds: mp.secure_xds_addr,
+        replicas: &[],
         node_id: SIDECAR,
         metadata: &[("CLUSTER_ID", "cluster1")],
         labels: &[],

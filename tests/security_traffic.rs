@@ -102,6 +102,7 @@ async fn sidecar(
     let metadata = [("CLUSTER_ID", cluster)];
     let envoy = Envoy::start_with(EnvoyOptions {
         xds: SocketAddr::new(host.host, mp.xds_addr.port()),
+        replicas: &[],
         node_id: &node_id,
         metadata: &metadata,
         labels,

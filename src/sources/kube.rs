@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use crate::registry::objects::{self, Kind, Object, ObjectChange, ObjectKey, TrimError};
 use crate::registry::{ClusterRegistry, SyncState};
+use crate::supervise::{OwnedTasks, Supervisor};
 
 #[derive(Debug, Error)]
 pub enum KubeSourceError {
@@ -61,19 +62,16 @@ const LIST_PAGE: u32 = 5000;
 
 /// The running watches of one cluster; dropping it stops them.
 pub struct KubeWatch {
-    tasks: Vec<JoinHandle<()>>,
+    tasks: OwnedTasks,
     synced: watch::Receiver<bool>,
 }
 
-impl Drop for KubeWatch {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
 impl KubeWatch {
+    /// Lets the supervisor watch the watches (a watch that ends freezes its cluster).
+    pub fn supervise(&mut self, supervisor: &mut Supervisor, name: &'static str) {
+        self.tasks.supervise(supervisor, name);
+    }
+
     /// Becomes true once every kind has been listed for the first time.
     pub fn synced_signal(&self) -> watch::Receiver<bool> {
         self.synced.clone()
@@ -118,7 +116,7 @@ pub fn watch_cluster(
     });
     let all = watcher::Config::default().page_size(LIST_PAGE);
     let system_ns = watcher::Config::default().fields(&format!("metadata.name={system_namespace}"));
-    let tasks = vec![
+    let handles = vec![
         spawn::<Namespace>(
             Api::all(client.clone()),
             system_ns,
@@ -162,6 +160,10 @@ pub fn watch_cluster(
             |o| objects::secret(o).map(Some),
         ),
     ];
+    let mut tasks = OwnedTasks::default();
+    for handle in handles {
+        tasks.push(handle);
+    }
     KubeWatch { tasks, synced }
 }
 

@@ -23,28 +23,26 @@ use crate::aggregate::Aggregate;
 use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
 use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
 use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
+use crate::supervise::{OwnedTasks, Supervisor};
 
 /// How often a kind whose CRD is not installed is looked for again.
 const CRD_RETRY: Duration = Duration::from_secs(10);
 
 /// The running watches; dropping it stops them.
 pub struct KubeConfigWatch {
-    tasks: Vec<JoinHandle<()>>,
+    tasks: OwnedTasks,
     synced: watch::Receiver<usize>,
     kinds: usize,
     /// Why the `istio` ConfigMap's mesh config is refused now, if it is.
     pub mesh_error: Arc<Mutex<Option<String>>>,
 }
 
-impl Drop for KubeConfigWatch {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
 impl KubeConfigWatch {
+    /// Lets the supervisor watch the watches.
+    pub fn supervise(&mut self, supervisor: &mut Supervisor, name: &'static str) {
+        self.tasks.supervise(supervisor, name);
+    }
+
     /// Tells whether every kind has been listed once (or found not installed).
     pub fn synced_check(&self) -> impl Fn() -> bool + Send + Sync + 'static {
         let (synced, kinds) = (self.synced.clone(), self.kinds);
@@ -83,8 +81,12 @@ pub fn watch(
             mesh_error.clone(),
         )));
     }
+    let mut owned = OwnedTasks::default();
+    for task in tasks {
+        owned.push(task);
+    }
     KubeConfigWatch {
-        tasks,
+        tasks: owned,
         synced,
         kinds: ConfigKind::ALL.len(),
         mesh_error,

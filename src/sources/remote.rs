@@ -21,7 +21,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::RwLock;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
@@ -32,6 +32,7 @@ use crate::aggregate::Aggregate;
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::registry::{ClusterRegistry, SyncState, SECRET_SOURCE};
+use crate::supervise::{OwnedTasks, Supervisor};
 
 pub const MULTICLUSTER_LABEL: &str = "istio/multiCluster=true";
 
@@ -85,15 +86,10 @@ impl RemoteClients {
 
 /// The running controller; dropping it stops every remote cluster's watches.
 pub struct RemoteController {
-    task: JoinHandle<()>,
+    task: OwnedTasks,
     initial: watch::Receiver<bool>,
     clients: RemoteClients,
-}
-
-impl Drop for RemoteController {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    notes: mpsc::UnboundedSender<Note>,
 }
 
 impl RemoteController {
@@ -114,15 +110,31 @@ impl RemoteController {
             clients: clients.clone(),
             secrets: HashMap::new(),
             clusters: HashMap::new(),
-            notes,
+            notes: notes.clone(),
             initial: initial_tx,
         };
-        let task = tokio::spawn(controller.run(secrets, notes_rx));
+        let mut task = OwnedTasks::default();
+        task.push(tokio::spawn(controller.run(secrets, notes_rx)));
         Self {
             task,
             initial,
             clients,
+            notes,
         }
+    }
+
+    /// Saves every synced remote that changed since its last save, now (at shutdown), and
+    /// resolves once the files are written.
+    pub async fn flush_snapshots(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.notes.send(Note::Flush(done)).is_ok() {
+            let _ = flushed.await;
+        }
+    }
+
+    /// Lets the supervisor watch the controller.
+    pub fn supervise(&mut self, supervisor: &mut Supervisor) {
+        self.task.supervise(supervisor, "remote secret controller");
     }
 
     /// Becomes true once the Secrets present at start are processed (readiness needs it, as istiod's).
@@ -152,6 +164,8 @@ enum Note {
         hash: u64,
         error: String,
     },
+    /// Save every changed remote now; answer once written.
+    Flush(oneshot::Sender<()>),
 }
 
 struct RemoteCluster {
@@ -535,6 +549,21 @@ impl Controller {
     fn on_note(&mut self, note: Note) {
         match note {
             Note::Synced { id } => self.save_snapshot(&id, true),
+            Note::Flush(done) => {
+                let ids: Vec<ClusterId> = self.clusters.keys().cloned().collect();
+                for id in &ids {
+                    self.save_snapshot(id, true);
+                }
+                let writes: Vec<JoinHandle<()>> = (self.clusters.values_mut())
+                    .filter_map(|c| c.saving.take())
+                    .collect();
+                tokio::spawn(async move {
+                    for write in writes {
+                        let _ = write.await;
+                    }
+                    let _ = done.send(());
+                });
+            }
             Note::Rotated {
                 id,
                 hash,

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use tokio::sync::{mpsc, AcquireError, Semaphore, SemaphorePermit};
+use tokio::sync::{mpsc, AcquireError, Notify, Semaphore, SemaphorePermit};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::NamedService;
 use tonic::{Status, Streaming};
@@ -102,6 +102,8 @@ pub struct Connection {
     /// Route and secret names the proxy subscribes to (few), for the debug config dump; its
     /// cluster, listener and endpoint names follow from the snapshot.
     named: Mutex<BTreeMap<ResourceType, Arc<[String]>>>,
+    /// Notified when the server shuts down: the stream ends and the proxy reconnects elsewhere.
+    pub(super) closing: Notify,
 }
 
 impl Connection {
@@ -257,6 +259,24 @@ impl XdsServer {
         self.connections.read().len()
     }
 
+    /// Ends every stream, spread evenly over `over` so the proxies do not all reconnect at once
+    /// (to another replica: the caller has made readiness false, so this one refuses them). Returns
+    /// once every stream has ended, or `over` and a second after it have passed.
+    pub async fn close_streams(&self, over: Duration) {
+        let started = tokio::time::Instant::now();
+        let connections: Vec<Arc<Connection>> = self.connections.read().values().cloned().collect();
+        let count = connections.len().max(1) as u32;
+        info!(streams = connections.len(), over = ?over, "closing xDS streams");
+        for (i, conn) in connections.iter().enumerate() {
+            tokio::time::sleep_until(started + over * i as u32 / count).await;
+            conn.closing.notify_one();
+        }
+        let deadline = started + over + Duration::from_secs(1);
+        while self.connection_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Fans a debounced change out to the proxies it concerns: the full part to its audience, the
     /// endpoint part to proxies watching those services.
     /// `triggered_at`: when the first change behind it happened (for convergence times).
@@ -358,6 +378,7 @@ impl XdsServer {
             eds_generation: AtomicU64::new(0),
             status: Mutex::default(),
             named: Mutex::default(),
+            closing: Notify::new(),
         });
         self.connections.write().insert(conn.id, conn.clone());
         self.metrics.connected(&conn.proxy.istio_version);

@@ -192,6 +192,13 @@ impl<Req: NodeOf> Stream<Req> {
                         Some(push) => Work::Push(push),
                         None => continue,
                     },
+                    _ = conn.closing.notified() => {
+                        debug!(proxy = %conn.proxy.id, "shutting down; ending the stream");
+                        let _ = self.tx.try_send(Err(Status::unavailable(
+                            "meshpilot is shutting down; reconnect",
+                        )));
+                        return;
+                    }
                 },
             };
             let open = match work {

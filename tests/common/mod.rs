@@ -238,6 +238,23 @@ impl MeshpilotProcess {
         self.log.lock().unwrap().clone()
     }
 
+    /// SIGTERM, as the kubelet sends at a pod's deletion.
+    pub fn terminate(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill(2) with a child's pid and a valid signal number has no memory effects.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+    }
+
+    /// Waits for the process to exit on its own, failing the test after `bound`.
+    pub async fn exited(&mut self, bound: Duration) -> std::process::ExitStatus {
+        let child = &mut self.child;
+        wait_for("meshpilot exits", bound, || {
+            let status = child.try_wait().expect("wait on meshpilot");
+            async move { status }
+        })
+        .await
+    }
+
     /// The address a server logged as bound (`listening server="<name>" addr=...`).
     pub async fn bound_addr(&self, server: &str) -> SocketAddr {
         let needle = format!("server=\"{server}\" addr=");
@@ -263,6 +280,13 @@ impl Drop for MeshpilotProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A free port of 127.0.0.1, for a server that must be known before it starts (or come back on the
+/// same address).
+pub fn free_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr")
 }
 
 /// Root of the test peers installed by scripts/test (Envoy, grpcio).
@@ -303,6 +327,8 @@ pub struct XdsTls {
 
 pub struct EnvoyOptions<'a> {
     pub xds: SocketAddr,
+    /// Other replicas of the control plane: Envoy's xDS cluster balances over all of them.
+    pub replicas: &'a [SocketAddr],
     pub node_id: &'a str,
     pub metadata: &'a [(&'a str, &'a str)],
     /// Node metadata LABELS (the workload's pod labels).
@@ -359,7 +385,15 @@ fn inline(text: &str) -> Value {
     serde_json::json!({ "inline_string": text })
 }
 
-fn static_cluster(name: &str, addr: SocketAddr) -> Value {
+fn static_cluster(name: &str, addrs: &[SocketAddr]) -> Value {
+    let endpoints: Vec<Value> = addrs
+        .iter()
+        .map(|addr| {
+            serde_json::json!({"endpoint": {"address": {"socket_address": {
+                "address": addr.ip().to_string(), "port_value": addr.port()
+            }}}})
+        })
+        .collect();
     serde_json::json!({
         "name": name,
         "type": "STATIC",
@@ -370,9 +404,7 @@ fn static_cluster(name: &str, addr: SocketAddr) -> Value {
                 "explicit_http_config": {"http2_protocol_options": {}}
             }
         },
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {
-            "address": {"socket_address": {"address": addr.ip().to_string(), "port_value": addr.port()}}
-        }}]}]}
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]}
     })
 }
 
@@ -390,6 +422,7 @@ impl Envoy {
             .map_or("default", |(_, v)| *v);
         Envoy::start_with(EnvoyOptions {
             xds: mp.xds_addr,
+            replicas: &[],
             node_id,
             metadata,
             labels: &[],
@@ -434,7 +467,9 @@ impl Envoy {
             AdsMode::Sotw => "GRPC",
             AdsMode::Delta => "DELTA_GRPC",
         };
-        let mut xds_cluster = static_cluster("xds-grpc", options.xds);
+        let mut servers = vec![options.xds];
+        servers.extend_from_slice(options.replicas);
+        let mut xds_cluster = static_cluster("xds-grpc", &servers);
         if let Some(tls) = &options.xds_tls {
             let mut common = serde_json::json!({
                 "validation_context": {"trusted_ca": inline(&tls.root)},
@@ -464,7 +499,7 @@ impl Envoy {
                 "cds_config": {"ads": {}, "resource_api_version": "V3"},
                 "lds_config": {"ads": {}, "resource_api_version": "V3"}
             },
-            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", sds_addr)]}
+            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", &[sds_addr])]}
         });
         let config = dir.path().join("bootstrap.json");
         std::fs::write(&config, bootstrap.to_string()).expect("write bootstrap");

@@ -27,6 +27,21 @@ pub struct WorkloadCerts {
     pub root: String,
 }
 
+impl WorkloadCerts {
+    /// Self-signed material: enough for Envoy to load the mesh's clusters where no traffic is sent
+    /// (no control plane's CA at hand).
+    pub fn placeholder() -> Self {
+        let cert = rcgen::generate_simple_self_signed(vec!["placeholder".into()])
+            .expect("self-signed certificate");
+        let pem = cert.cert.pem();
+        WorkloadCerts {
+            chain: pem.clone(),
+            key: cert.signing_key.serialize_pem(),
+            root: pem,
+        }
+    }
+}
+
 pub struct SdsServer {
     pub addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
