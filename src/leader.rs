@@ -103,14 +103,25 @@ async fn campaign(lease: LeaseClient, leading: watch::Sender<bool>) {
     let mut observer = Observer::default();
     let mut renewed: Option<Instant> = None;
     loop {
-        let leads = match lease.acquire_or_renew(&mut observer).await {
-            Ok(true) => {
+        // A leader's try may last until its renew deadline, a follower's one retry period: a hung
+        // API server cannot keep this replica leading past the deadline, nor stall the campaign.
+        let bound = match renewed {
+            Some(at) => config.renew_deadline().saturating_sub(at.elapsed()),
+            None => config.retry_period(),
+        };
+        let attempt = tokio::time::timeout(bound, lease.acquire_or_renew(&mut observer)).await;
+        let leads = match attempt {
+            Ok(Ok(true)) => {
                 renewed = Some(Instant::now());
                 true
             }
-            Ok(false) => false,
-            Err(e) => {
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
                 warn!(error = %e, "leader election");
+                renewed.is_some_and(|at| at.elapsed() < config.renew_deadline())
+            }
+            Err(_) => {
+                warn!(lease = %config.name, "leader election: the API server did not answer within {bound:?}");
                 renewed.is_some_and(|at| at.elapsed() < config.renew_deadline())
             }
         };

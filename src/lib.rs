@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod inject;
 pub mod install;
 pub mod istio;
+pub mod kube_client;
 pub mod kube_error;
 pub mod leader;
 pub mod listen;

@@ -626,3 +626,40 @@ async fn admin_debug_views_need_loopback_or_a_system_namespace_token() {
     let (status, body) = http_get(local, "/debug/clusterz").await.unwrap();
     assert_eq!(status, 200, "{body}");
 }
+
+#[tokio::test]
+async fn a_hung_token_review_fails_the_stream_within_its_deadline() {
+    let mesh = mesh().await;
+    let mp = &mesh.primary.mp;
+    let certs = tempfile::tempdir().unwrap();
+    let root = certs.path().join("root.pem");
+    std::fs::write(&root, mp.ca.current().root_pem()).unwrap();
+    // meshpilot reviews tokens on the config cluster as its admin user: those reviews now hang.
+    mesh.primary.config.hold("admin", "create", "tokenreviews");
+    let started = std::time::Instant::now();
+    let refused = grpcio_debug(
+        mp.secure_xds_addr,
+        "istio.io/debug/syncz",
+        ISTIOCTL_NODE,
+        "-",
+        Some((&root, "istioctl")),
+    )
+    .await
+    .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(refused.0, "UNAUTHENTICATED", "{refused:?}");
+    assert!(
+        refused
+            .1
+            .contains("token review on cluster primary failed: no answer within 10s"),
+        "{refused:?}"
+    );
+    let deadline = meshpilot::security::authn::REVIEW_DEADLINE;
+    assert!(
+        took >= deadline && took < deadline + Duration::from_secs(5),
+        "{took:?}"
+    );
+    mesh.primary
+        .config
+        .let_go("admin", "create", "tokenreviews");
+}

@@ -270,3 +270,98 @@ async fn a_stale_lease_update_is_a_conflict() {
         "{stale:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_renewals_hang_stops_its_work_before_another_takes_over() {
+    use test_apiserver::User;
+    let api = TestApiServer::start().await;
+    let namespace =
+        |name: &str| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    api.apply(namespace("istio-system"));
+    // Each replica its own account, so the API server's write log says who wrote what.
+    let kubeconfigs: Vec<tempfile::NamedTempFile> = ["a", "b"]
+        .iter()
+        .map(|r| {
+            let token = format!("token-{r}");
+            api.add_token(
+                &token,
+                User::service_account("istio-system", &format!("meshpilot-{r}")),
+            );
+            let file = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(file.path(), api.kubeconfig(&token)).unwrap();
+            file
+        })
+        .collect();
+    let user = |r: &str| format!("system:serviceaccount:istio-system:meshpilot-{r}");
+    let a = replica(kubeconfigs[0].path(), "a");
+    ready(&a).await;
+    wait_for("a leads", LEASE * 3, || {
+        let holder = holder(&api);
+        async move { (holder.as_deref() == Some("a")).then_some(()) }
+    })
+    .await;
+    let b = replica(kubeconfigs[1].path(), "b");
+    ready(&b).await;
+
+    // a's Lease renewals hang from now on, while namespaces keep coming: the leader publishes the
+    // root into each.
+    api.hold(&user("a"), "update", "leases");
+    let held = Instant::now();
+    let mut created = 0;
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    while holder(&api).as_deref() != Some("b") {
+        assert!(held.elapsed() < LEASE * 4, "b never took over");
+        pace.tick().await;
+        created += 1;
+        api.apply(namespace(&format!("team-{created}")));
+    }
+    let last = format!("team-{}", created + 1);
+    api.apply(namespace(&last));
+    wait_for("the new leader publishes the root", LEASE * 3, || {
+        let published = api.get("ConfigMap", &last, "istio-ca-root-cert").is_some();
+        async move { published.then_some(()) }
+    })
+    .await;
+    api.let_go(&user("a"), "update", "leases");
+
+    let log = api.write_log();
+    let takeover = log
+        .iter()
+        .find(|w| w.user == user("b") && w.plural == "leases")
+        .expect("b's write of the Lease")
+        .at;
+    let late: Vec<_> = log
+        .iter()
+        .filter(|w| w.user == user("a") && w.at >= takeover)
+        .collect();
+    assert!(late.is_empty(), "a wrote after b took over: {late:?}");
+    let early: Vec<_> = log
+        .iter()
+        .filter(|w| w.user == user("b") && w.plural != "leases" && w.at < takeover)
+        .collect();
+    assert!(
+        early.is_empty(),
+        "b did the leader's work before leading: {early:?}"
+    );
+    let a_last = log
+        .iter()
+        .filter(|w| w.user == user("a"))
+        .map(|w| w.at)
+        .max()
+        .unwrap();
+    // a stops at its renew deadline (half the lease) after its last renewal, before the hold.
+    assert!(
+        a_last < held + LEASE / 2,
+        "a wrote {:?} after its renewals hung",
+        a_last - held
+    );
+    assert!(
+        log.iter()
+            .any(|w| w.user == user("a") && w.plural == "configmaps"),
+        "a did leader work before"
+    );
+    eprintln!(
+        "b took over {:?} after a's renewals hung; {created} namespaces meanwhile",
+        takeover - held
+    );
+}

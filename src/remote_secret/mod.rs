@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use base64::Engine;
 use clap::{ArgAction, Args};
 use kube::config::Kubeconfig;
-use kube::Client;
 use thiserror::Error;
 
 use crate::kube_error::Readable;
@@ -86,7 +85,7 @@ pub async fn generate(args: &RemoteSecretArgs) -> Result<String, RemoteSecretErr
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| read_error(e.to_string()))?;
-    let client = Client::try_from(config).map_err(|e| read_error(e.to_string()))?;
+    let client = crate::kube_client::build(config).map_err(|e| read_error(e.to_string()))?;
     let remote = Remote {
         client,
         cluster: args.cluster_id.clone(),

@@ -15,6 +15,10 @@ use crate::text::{clip, Quoted};
 /// Audience Istio's agents request for CA tokens.
 pub const CA_AUDIENCE: &str = "istio-ca";
 
+/// How long a TokenReview may take: a proxy connecting or asking for a certificate is answered
+/// (refused) by then even when the cluster's API server hangs.
+pub const REVIEW_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, Error)]
 pub enum AuthnError {
     #[error("no credentials: present a client certificate or a service-account token")]
@@ -125,13 +129,18 @@ impl Authenticator {
             },
             ..Default::default()
         };
-        let reviewed = Api::<TokenReview>::all(client)
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| AuthnError::Review {
-                cluster: cluster.to_string(),
-                reason: e.to_string(),
-            })?;
+        let failed = |reason: String| AuthnError::Review {
+            cluster: cluster.to_string(),
+            reason,
+        };
+        let reviews = Api::<TokenReview>::all(client);
+        let reviewed = tokio::time::timeout(
+            REVIEW_DEADLINE,
+            reviews.create(&PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| failed(format!("no answer within {REVIEW_DEADLINE:?}")))?
+        .map_err(|e| failed(e.to_string()))?;
         let status = reviewed.status.unwrap_or_default();
         let rejected = |reason: String| AuthnError::Rejected {
             cluster: cluster.to_string(),

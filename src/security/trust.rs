@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
-use crate::sources::kube::WatchBackoff;
 use crate::sources::remote::RemoteClients;
 
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";

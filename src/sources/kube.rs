@@ -6,12 +6,10 @@
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -21,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::kube_client::WatchBackoff;
 use crate::registry::objects::{self, Kind, Object, ObjectChange, ObjectKey, TrimError};
 use crate::registry::{ClusterRegistry, SyncState};
 use crate::supervise::{OwnedTasks, Supervisor};
@@ -53,7 +52,7 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Kube
         }
         None => kube::Config::incluster()?,
     };
-    Ok(Client::try_from(config)?)
+    Ok(crate::kube_client::build(config)?)
 }
 
 /// Objects per list page. Larger than client-go's 500: a remote cluster of 40,000 pods is listed in
@@ -256,37 +255,6 @@ async fn apply_off_worker(
     if let Err(e) = tokio::task::spawn_blocking(apply).await {
         // Only a panic inside apply gets here; surface it rather than lose it silently.
         warn!(error = %e, "registry apply failed");
-    }
-}
-
-/// Retry delays of a broken watch: 100 ms doubling to 5 s, reset by the next event. Quicker than
-/// kube-runtime's default (800 ms to 30 s), so a restarted API server is caught up within a second.
-pub(crate) struct WatchBackoff {
-    next: Duration,
-}
-
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self { next: BACKOFF_MIN }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (delay * 2).min(BACKOFF_MAX);
-        Some(delay)
-    }
-}
-
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = BACKOFF_MIN;
     }
 }
 

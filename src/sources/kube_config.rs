@@ -18,10 +18,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use super::kube::WatchBackoff;
 use crate::aggregate::Aggregate;
 use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
 use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
+use crate::kube_client::WatchBackoff;
 use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
 use crate::supervise::{OwnedTasks, Supervisor};
 

@@ -25,10 +25,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use super::kube::{watch_cluster, KubeWatch, WatchBackoff};
+use super::kube::{watch_cluster, KubeWatch};
 use super::kubeconfig::{self, InsecureOptions};
 use super::snapshots::{Snapshot, SnapshotStore};
 use crate::aggregate::Aggregate;
+use crate::kube_client::WatchBackoff;
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::registry::{ClusterRegistry, SyncState, SECRET_SOURCE};

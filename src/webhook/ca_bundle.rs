@@ -23,8 +23,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
-use crate::sources::kube::WatchBackoff;
 use crate::sources::remote::RemoteClients;
 
 /// The label our webhook configurations carry (Istio's default revision).

@@ -46,7 +46,7 @@ def main():
     with channel:
         call = channel.stream_stream(METHOD)
         try:
-            responses = call(iter([request(type_url, node_id, namespace, name)]), metadata=metadata, timeout=10)
+            responses = call(iter([request(type_url, node_id, namespace, name)]), metadata=metadata, timeout=30)
             first = next(responses)
             print(json.dumps({"response": base64.b64encode(first).decode()}))
         except grpc.RpcError as e:

@@ -68,6 +68,17 @@ impl User {
     }
 }
 
+/// A write that took effect.
+#[derive(Clone, Debug)]
+pub struct Write {
+    pub at: std::time::Instant,
+    pub user: String,
+    pub verb: &'static str,
+    pub plural: String,
+    pub namespace: String,
+    pub name: String,
+}
+
 struct Shared {
     store: Mutex<Store>,
     tokens: Mutex<HashMap<String, User>>,
@@ -80,6 +91,12 @@ struct Shared {
     token_serial: AtomicU64,
     /// (username, verb, plural) a test denied.
     denied: Mutex<std::collections::HashSet<(String, String, String)>>,
+    /// (username, verb, plural) whose requests a test holds unanswered, and the wake-up of those
+    /// waiting when it lets go.
+    held: Mutex<std::collections::HashSet<(String, String, String)>>,
+    let_go: Notify,
+    /// Every write that took effect, in order.
+    write_log: Mutex<Vec<Write>>,
     /// Where a Service (namespace, name, port) is reachable: what kube-proxy would do for webhooks.
     routes: Mutex<HashMap<(String, String, u16), SocketAddr>>,
     review_serial: AtomicU64,
@@ -150,6 +167,9 @@ impl TestApiServer {
             tls: Arc::new(tls),
             token_serial: AtomicU64::new(0),
             denied: Mutex::default(),
+            held: Mutex::default(),
+            let_go: Notify::new(),
+            write_log: Mutex::default(),
             routes: Mutex::default(),
             review_serial: AtomicU64::new(0),
             writes: Mutex::default(),
@@ -196,6 +216,29 @@ impl TestApiServer {
             .denied
             .lock()
             .insert((username.into(), verb.into(), plural.into()));
+    }
+
+    /// From now on requests of `username` to `verb` `plural` (as for `deny`; TokenReviews are
+    /// `create` `tokenreviews`) wait unanswered, until `let_go`. Other requests go on.
+    pub fn hold(&self, username: &str, verb: &str, plural: &str) {
+        self.shared
+            .held
+            .lock()
+            .insert((username.into(), verb.into(), plural.into()));
+    }
+
+    /// Answers the requests `hold` kept waiting, and those to come.
+    pub fn let_go(&self, username: &str, verb: &str, plural: &str) {
+        self.shared
+            .held
+            .lock()
+            .remove(&(username.into(), verb.into(), plural.into()));
+        self.shared.let_go.notify_waiters();
+    }
+
+    /// Every create, update and delete that took effect, in order, with who made it.
+    pub fn write_log(&self) -> Vec<Write> {
+        self.shared.write_log.lock().clone()
     }
 
     /// From now on the `Date` header of every response is `seconds` ahead of the real clock.
@@ -470,6 +513,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     if path == "/version" && method == Method::GET {
         return access::version();
     }
+    if method == Method::POST && path.ends_with("/tokenreviews") {
+        wait_while_held(&shared, &user, "create", "tokenreviews").await;
+    }
     let target = match parse_path(&path) {
         Some(Ok(t)) => t,
         Some(Err("tokenreviews")) if method == Method::POST => return token_review(&shared, &body),
@@ -484,6 +530,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             )
         }
     };
+    if let Some(verb) = verb_of(&method, &target, &query) {
+        wait_while_held(&shared, &user, verb, target.kind.plural).await;
+    }
     if let Some(refused) = authorize(&shared, &user, &method, &target, &query) {
         return refused;
     }
@@ -571,12 +620,17 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             }
             let verb = if create { "create" } else { "update" };
             count(&shared, format!("{verb}:{}", target.kind.plural));
+            log_write(&shared, &user, verb, &target, &ns, &name);
             json_response(status, &upsert(&shared, target.kind, object))
         }
         (&Method::DELETE, Some(name), None) => {
             let ns = target.namespace.clone().unwrap_or_default();
-            match shared.store.lock().delete(target.kind, &ns, name) {
-                Some(obj) => json_response(StatusCode::OK, &obj),
+            let deleted = shared.store.lock().delete(target.kind, &ns, name);
+            match deleted {
+                Some(obj) => {
+                    log_write(&shared, &user, "delete", &target, &ns, name);
+                    json_response(StatusCode::OK, &obj)
+                }
                 None => status_error(
                     StatusCode::NOT_FOUND,
                     "NotFound",
@@ -646,6 +700,54 @@ fn precondition(
     }
 }
 
+/// Keeps a request a test holds (`hold`) waiting until it lets go.
+async fn wait_while_held(shared: &Shared, user: &User, verb: &str, plural: &str) {
+    let key = (user.username.clone(), verb.to_string(), plural.to_string());
+    loop {
+        let let_go = shared.let_go.notified();
+        if !shared.held.lock().contains(&key) {
+            return;
+        }
+        let_go.await;
+    }
+}
+
+/// The RBAC verb of a request.
+fn verb_of(
+    method: &Method,
+    target: &Target,
+    query: &HashMap<String, String>,
+) -> Option<&'static str> {
+    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    Some(match (method, &target.name) {
+        (&Method::GET, None) if watch => "watch",
+        (&Method::GET, None) => "list",
+        (&Method::GET, Some(_)) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::DELETE, _) => "delete",
+        _ => return None,
+    })
+}
+
+fn log_write(
+    shared: &Shared,
+    user: &User,
+    verb: &'static str,
+    target: &Target,
+    namespace: &str,
+    name: &str,
+) {
+    shared.write_log.lock().push(Write {
+        at: std::time::Instant::now(),
+        user: user.username.clone(),
+        verb,
+        plural: target.kind.plural.to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    });
+}
+
 /// 403 Forbidden, worded as the real API server's RBAC authorizer, if a test denied this.
 fn authorize(
     shared: &Shared,
@@ -654,16 +756,7 @@ fn authorize(
     target: &Target,
     query: &HashMap<String, String>,
 ) -> Option<Response<Body>> {
-    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb = match (method, &target.name) {
-        (&Method::GET, None) if watch => "watch",
-        (&Method::GET, None) => "list",
-        (&Method::GET, Some(_)) => "get",
-        (&Method::POST, _) => "create",
-        (&Method::PUT, _) => "update",
-        (&Method::DELETE, _) => "delete",
-        _ => return None,
-    };
+    let verb = verb_of(method, target, query)?;
     let key = (
         user.username.clone(),
         verb.to_string(),
