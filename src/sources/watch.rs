@@ -5,13 +5,14 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tracing::warn;
 
-/// Events arriving within this window of the first are handled together.
+/// Events arriving within this window of the first are handled together. The window is fixed: a
+/// directory written without pause is still handled every window.
 pub const SETTLE: Duration = Duration::from_millis(20);
 
 /// What one settle window of events asks for.
@@ -51,12 +52,7 @@ pub fn watch(
         .spawn(move || {
             handle(Batch::Rescan);
             while let Ok(first) = rx.recv() {
-                let mut paths = Some(BTreeSet::new());
-                add(&mut paths, first);
-                while let Ok(more) = rx.recv_timeout(SETTLE) {
-                    add(&mut paths, more);
-                }
-                match paths {
+                match settle(&rx, first) {
                     None => handle(Batch::Rescan),
                     Some(paths) if paths.is_empty() => {}
                     Some(paths) => handle(Batch::Paths(paths)),
@@ -79,6 +75,20 @@ pub fn watch_file(
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     watch(dir, false, name, move |_| reload())
+}
+
+/// The paths of `first` and of every event arriving within [`SETTLE`] of it (None: rescan).
+fn settle(
+    events: &mpsc::Receiver<notify::Result<notify::Event>>,
+    first: notify::Result<notify::Event>,
+) -> Option<BTreeSet<PathBuf>> {
+    let deadline = Instant::now() + SETTLE;
+    let mut paths = Some(BTreeSet::new());
+    add(&mut paths, first);
+    while let Ok(more) = events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        add(&mut paths, more);
+    }
+    paths
 }
 
 /// Folds one event into the batch (None: rescan).
@@ -121,4 +131,35 @@ pub fn fingerprint(text: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(path: &str) -> notify::Result<notify::Event> {
+        Ok(notify::Event::new(EventKind::Modify(notify::event::ModifyKind::Any))
+            .add_path(PathBuf::from(path)))
+    }
+
+    #[test]
+    fn a_batch_closes_while_events_keep_coming() {
+        let (tx, rx) = mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            // A directory written every millisecond for far longer than a window.
+            for i in 0..2_000 {
+                if tx.send(written(&format!("/c/f{i}.yaml"))).is_err() {
+                    return i;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            2_000
+        });
+        let first = rx.recv().unwrap();
+        let batch = settle(&rx, first).expect("paths, not a rescan");
+        drop(rx);
+        let sent = writer.join().unwrap();
+        assert!(!batch.is_empty());
+        assert!(sent < 2_000, "the batch waited for the writes to stop");
+    }
 }
