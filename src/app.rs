@@ -260,7 +260,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     ));
     let grpc = listen::bind("xds", args.xds_addr).await?;
     let xds_addr = local_addr("xds", &grpc)?;
-    let router = tonic::transport::Server::builder().add_service(xds.service());
+    let router = grpc_server().add_service(xds.service());
     supervisor.spawn("xds server", async move {
         let incoming = grpc.into_stream();
         if let Err(e) = router.serve_with_incoming(incoming).await {
@@ -366,7 +366,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let tls = tls::server_config(serving.clone(), ca.clone())?;
     let secure = listen::bind("secure-xds", args.secure_xds_addr).await?;
     let secure_xds_addr = local_addr("secure-xds", &secure)?;
-    let router = tonic::transport::Server::builder()
+    let router = grpc_server()
         .add_service(xds.secure_service(authn.clone()))
         .add_service(CaService::server(ca.clone(), authn.clone(), metrics.ca()));
     supervisor.spawn("secure xds server", async move {
@@ -481,6 +481,14 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         config_cluster,
         leader,
     })
+}
+
+/// Streams one client connection may hold open at once: a proxy needs one ADS stream (and its
+/// agent a few CSRs); a client opening thousands on one connection is held to this.
+const STREAMS_PER_CONNECTION: u32 = 32;
+
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder().max_concurrent_streams(Some(STREAMS_PER_CONNECTION))
 }
 
 fn local_addr(what: &'static str, acceptor: &Acceptor) -> Result<SocketAddr, StartError> {

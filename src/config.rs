@@ -109,6 +109,11 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_DEBUG_NAMESPACES", value_delimiter = ',')]
     pub debug_namespaces: Vec<String>,
 
+    /// Built xDS resources kept for reuse at most; past it the least recently used go (they are
+    /// rebuilt when asked for again). Bounds what proxies' self-declared traits can make it hold.
+    #[arg(long, env = "MESHPILOT_XDS_CACHE_MAX_ENTRIES", default_value_t = crate::xds::generate::DEFAULT_CACHE_ENTRIES)]
+    pub xds_cache_max_entries: usize,
+
     /// At shutdown (SIGTERM), the time over which connected proxies' streams are closed so they
     /// reconnect to another replica, not all at once. Keep it well inside the pod's grace period.
     #[arg(long, env = "MESHPILOT_DRAIN_DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -232,6 +237,7 @@ impl DiscoveryArgs {
             first_request_timeout: self.xds_first_request_timeout,
             max_connection_age: self.xds_max_connection_age,
             open_debug: self.insecure_open_debug,
+            cache_entries: self.xds_cache_max_entries,
         }
     }
 

@@ -36,16 +36,6 @@ endpoints:
 }
 
 /// Resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process alive");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status");
-    kb * 1024
-}
-
 fn sidecar(pod: &str) -> envoy_types::pb::envoy::config::core::v3::Node {
     node(
         &format!("sidecar~10.20.0.1~{pod}.load~load.svc.cluster.local"),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prometheus::{Histogram, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::{histogram, opts, registered, CONVERGENCE_BUCKETS, PUSH_BUCKETS};
 use crate::text::clip;
@@ -28,6 +28,7 @@ pub struct XdsMetrics {
     total_rejects: Vec<IntCounter>,
     stream_panics: IntCounter,
     send_timeouts: IntCounter,
+    cache_entries: IntGauge,
 }
 
 impl Default for XdsMetrics {
@@ -135,7 +136,20 @@ impl XdsMetrics {
                 "meshpilot_xds_send_timeouts_total",
                 "xDS streams closed because the proxy stopped reading",
             ),
+            cache_entries: registered(
+                registry,
+                IntGauge::with_opts(opts(
+                    "meshpilot_xds_cache_entries",
+                    "Resources and lists the xDS cache holds (bounded by --xds-cache-max-entries)",
+                ))
+                .expect("valid gauge"),
+            ),
         }
+    }
+
+    /// The gauge the resource cache keeps its size in.
+    pub fn cache_entries(&self) -> IntGauge {
+        self.cache_entries.clone()
     }
 
     pub fn connected(&self, version: &str) {

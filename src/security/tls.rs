@@ -20,7 +20,7 @@ use rustls::{DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
@@ -264,6 +264,10 @@ impl ClientCertVerifier for CurrentRootsVerifier {
 }
 
 /// Accepts TCP connections and yields the ones whose handshake completed in time.
+/// TLS handshakes run at once: each costs a task and rustls state, and a client that opens
+/// connections and never finishes them should not make that unbounded (each also times out).
+const HANDSHAKES_IN_FLIGHT: usize = 256;
+
 pub fn incoming(
     mut listener: Acceptor,
     config: Arc<ServerConfig>,
@@ -271,11 +275,17 @@ pub fn incoming(
 ) -> ReceiverStream<Result<SecureConn, io::Error>> {
     let (tx, rx) = mpsc::channel(128);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT));
     tokio::spawn(async move {
         loop {
+            // Past the handshakes in flight, connections wait in the listen backlog.
+            let Ok(permit) = handshakes.clone().acquire_owned().await else {
+                return;
+            };
             let (tcp, remote) = listener.accept().await;
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
+                let _permit = permit;
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let peer = stream

@@ -138,8 +138,10 @@ mod tests {
     use super::*;
 
     fn written(path: &str) -> notify::Result<notify::Event> {
-        Ok(notify::Event::new(EventKind::Modify(notify::event::ModifyKind::Any))
-            .add_path(PathBuf::from(path)))
+        Ok(
+            notify::Event::new(EventKind::Modify(notify::event::ModifyKind::Any))
+                .add_path(PathBuf::from(path)),
+        )
     }
 
     #[test]

@@ -140,6 +140,8 @@ pub struct SotwWatch {
     pub names: BTreeSet<String>,
     /// Bumped whenever `names` changes, so readers recompute what depends on it only then.
     pub generation: u64,
+    /// The length of every name asked for: what the client makes us remember.
+    pub name_bytes: usize,
     pub status: TypeStatus,
 }
 
@@ -149,6 +151,7 @@ impl SotwWatch {
         let names: BTreeSet<String> = names.into_iter().collect();
         let grew = names.iter().any(|n| !self.names.contains(n));
         if names != self.names {
+            self.name_bytes = names.iter().map(String::len).sum();
             self.names = names;
             self.generation += 1;
         }
@@ -236,6 +239,8 @@ pub struct DeltaWatch {
     pub subscribed: BTreeSet<String>,
     /// Bumped whenever `subscribed` changes.
     pub generation: u64,
+    /// The length of every name subscribed and announced: what the client makes us remember.
+    pub name_bytes: usize,
     /// What the client holds: the cached resources themselves, looked up by name. One pointer
     /// per resource (a wildcard CDS client holds thousands); unchanged is a pointer match.
     pub known: HashSet<Held>,
@@ -392,6 +397,9 @@ impl DeltaStream {
         let watch = self.watches.entry(req.ty).or_default();
         if first {
             watch.wildcard = wildcard_capable && req.subscribe.is_empty();
+            watch.name_bytes = (req.initial_versions.iter())
+                .map(|(name, version)| name.len() + version.len())
+                .sum();
             watch.known = req
                 .initial_versions
                 .into_iter()
@@ -406,6 +414,7 @@ impl DeltaStream {
             }
             if watch.subscribed.insert(name.clone()) {
                 watch.generation += 1;
+                watch.name_bytes += name.len();
             }
             if !first {
                 // The client asks again for what it may hold: it expects it resent.
@@ -419,6 +428,7 @@ impl DeltaStream {
             }
             if watch.subscribed.remove(&name) {
                 watch.generation += 1;
+                watch.name_bytes -= name.len();
             }
             // The client drops what it unsubscribes from; re-subscribing must resend it.
             watch.known.remove(name.as_str());

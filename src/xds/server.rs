@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -56,6 +56,8 @@ pub struct XdsOptions {
     pub max_connection_age: Duration,
     /// Debug types answered to unauthenticated callers too (`--insecure-open-debug`).
     pub open_debug: bool,
+    /// Resources the cache keeps at most (least recently used go first).
+    pub cache_entries: usize,
 }
 
 impl Default for XdsOptions {
@@ -66,6 +68,7 @@ impl Default for XdsOptions {
             first_request_timeout: Duration::from_secs(30),
             max_connection_age: Duration::from_secs(30 * 60),
             open_debug: false,
+            cache_entries: crate::xds::generate::DEFAULT_CACHE_ENTRIES,
         }
     }
 }
@@ -83,7 +86,12 @@ pub struct XdsServer {
     next_id: AtomicU64,
     nonces: AtomicU64,
     metrics: XdsMetrics,
+    /// Bytes of resource names all streams subscribed to or announced (`MAX_SERVER_NAME_BYTES`).
+    name_bytes: AtomicUsize,
 }
+
+/// Resource names (their bytes) all streams together may make the server remember.
+pub const MAX_SERVER_NAME_BYTES: usize = 1 << 30;
 
 /// One connected proxy, as the push fan-out and /debug/syncz see it.
 pub struct Connection {
@@ -203,13 +211,14 @@ impl XdsServer {
             debug: Default::default(),
             push_log: PushLog::default(),
             ready,
-            cache: ResourceCache::default(),
+            cache: ResourceCache::new(options.cache_entries, metrics.cache_entries()),
             connections: RwLock::default(),
             push_permits: Semaphore::new(options.push_concurrency.max(1)),
             options,
             next_id: AtomicU64::new(1),
             nonces: AtomicU64::new(0),
             metrics,
+            name_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -253,6 +262,26 @@ impl XdsServer {
 
     pub(super) async fn push_permit(&self) -> Result<SemaphorePermit<'_>, AcquireError> {
         self.push_permits.acquire().await
+    }
+
+    /// Moves a stream's share of the name budget from `from` to `to` bytes; false (and nothing
+    /// moved) when the server's budget cannot take the growth.
+    pub(super) fn reserve_name_bytes(&self, from: usize, to: usize) -> bool {
+        if to <= from {
+            self.name_bytes.fetch_sub(from - to, Ordering::Relaxed);
+            return true;
+        }
+        let grow = to - from;
+        let before = self.name_bytes.fetch_add(grow, Ordering::Relaxed);
+        if before + grow > MAX_SERVER_NAME_BYTES {
+            self.name_bytes.fetch_sub(grow, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn release_name_bytes(&self, bytes: usize) {
+        self.name_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     pub fn connection_count(&self) -> usize {

@@ -20,6 +20,10 @@ use crate::text::clip;
 /// Unknown types a stream may ask for before it is refused: bounds what a client makes us remember.
 const MAX_UNKNOWN_TYPES: usize = 16;
 
+/// The resource names (their bytes) one stream may subscribe to or announce, all types together:
+/// a sidecar of a mesh of 20,000 services names about 2 MiB.
+pub const MAX_STREAM_NAME_BYTES: usize = 16 << 20;
+
 /// What a request asks of the stream.
 #[derive(Debug)]
 pub enum Answer {
@@ -83,16 +87,37 @@ struct Common {
     unknown: HashMap<String, Arc<str>>,
     /// (type, error code) of the proxy's rejects, whose gauges go when it does.
     rejected: BTreeSet<(ResourceType, String)>,
+    /// The name bytes this stream counts against the server's budget.
+    name_bytes: usize,
 }
 
 impl Drop for Common {
     fn drop(&mut self) {
         let metrics = self.server.metrics();
         metrics.forget_rejects(&self.conn.proxy.id, self.rejected.iter());
+        self.server.release_name_bytes(self.name_bytes);
     }
 }
 
 impl Common {
+    /// Counts the stream's names (`total` bytes) against its budget and the server's; a stream
+    /// over either is refused (and its names forgotten with it).
+    fn account(&mut self, total: usize) -> Option<Answer> {
+        let exhausted =
+            |what: String| Some(Answer::Refuse(tonic::Status::resource_exhausted(what)));
+        if total > MAX_STREAM_NAME_BYTES {
+            return exhausted(format!(
+                "the stream names {total} bytes of resources; at most {MAX_STREAM_NAME_BYTES} are kept per stream"
+            ));
+        }
+        let accounted = std::mem::replace(&mut self.name_bytes, total);
+        if !self.server.reserve_name_bytes(accounted, total) {
+            self.name_bytes = accounted;
+            return exhausted("the server keeps no more resource names; retry later".into());
+        }
+        None
+    }
+
     /// Types answered per request rather than watched (unserved and debug types): the nonce for a
     /// new answer, None for an acknowledgement of ours (not a request), or a refusal once a client
     /// has asked for too many distinct ones (what it makes us remember is bounded).
@@ -190,6 +215,7 @@ impl SotwSession {
                 conn,
                 unknown: HashMap::new(),
                 rejected: BTreeSet::new(),
+                name_bytes: 0,
             },
             stream: SotwStream::default(),
         }
@@ -228,6 +254,10 @@ impl Session<DiscoveryRequest> for SotwSession {
             &request.version_info,
             error,
         );
+        let names = self.stream.watches.values().map(|w| w.name_bytes).sum();
+        if let Some(refusal) = self.common.account(names) {
+            return refusal;
+        }
         let generation = self
             .stream
             .watches
@@ -294,6 +324,7 @@ impl DeltaSession {
                 conn,
                 unknown: HashMap::new(),
                 rejected: BTreeSet::new(),
+                name_bytes: 0,
             },
             stream: DeltaStream::default(),
         }
@@ -325,6 +356,10 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             nonce: &request.response_nonce,
             error: request.error_detail.map(|e| e.message),
         });
+        let names = self.stream.watches.values().map(|w| w.name_bytes).sum();
+        if let Some(refusal) = self.common.account(names) {
+            return refusal;
+        }
         let generation = self
             .stream
             .watches

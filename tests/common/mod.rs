@@ -282,6 +282,17 @@ impl Drop for MeshpilotProcess {
     }
 }
 
+/// A process's resident memory, in bytes.
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process alive");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kb * 1024
+}
+
 /// A free port of 127.0.0.1, for a server that must be known before it starts (or come back on the
 /// same address).
 pub fn free_port() -> SocketAddr {

@@ -19,8 +19,8 @@ use envoy_types::pb::google::protobuf::UInt32Value;
 use super::gateway;
 use super::policy::{self, Effective};
 use super::{
-    ads, parse_outbound, parse_sni_cluster, seconds, socket, subset_cluster, target, tls,
-    Generation, Target,
+    ads, parse_outbound, parse_port, parse_sni_cluster, seconds, socket, subset_cluster, target,
+    tls, Generation, Target,
 };
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
 use crate::model::{Locality, Protocol, Resolution, Service};
@@ -152,11 +152,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             || Some(Resource::encode(name, &cluster)),
         );
     }
-    let port: u16 = name
-        .strip_prefix("inbound|")?
-        .strip_suffix("||")?
-        .parse()
-        .ok()?;
+    let port = parse_port(name.strip_prefix("inbound|")?.strip_suffix("||")?)?;
     let (_, protocol) = g.inbound_ports().into_iter().find(|(p, _)| *p == port)?;
     let mut cluster = static_cluster(name, Some(port));
     if protocol.is_http() && protocol != Protocol::Http {

@@ -29,7 +29,7 @@ use tracing::debug;
 
 use super::routes::{cluster_for, http_routes, RouteContext};
 use super::security::WorkloadSecurity;
-use super::{cds, gateway_tls, lds, rds, socket, Generation};
+use super::{cds, gateway_tls, lds, parse_port, rds, socket, Generation};
 use crate::istio::gateway::{Server, ServerTlsMode};
 use crate::istio::virtual_service::{RouteDestination, VirtualService};
 use crate::model::{host_match, BoundGateway, Resolution};
@@ -253,7 +253,7 @@ pub fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
 
 /// A router's listener by name.
 pub fn build_listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    let port: u16 = name.strip_prefix("0.0.0.0_")?.parse().ok()?;
+    let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
     let bound = bound(g);
     listener(g, port, &servers(g, &bound))
 }

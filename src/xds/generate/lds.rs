@@ -27,7 +27,7 @@ use super::gateway;
 use super::inbound;
 use super::rds::grpc_route_name;
 use super::routes::{cluster_for, RouteContext, CORS_FILTER, FAULT_FILTER};
-use super::{ads, grpc_target, outbound_cluster, socket, Generation};
+use super::{ads, grpc_target, outbound_cluster, parse_port, socket, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -91,7 +91,7 @@ pub fn own_names(g: &Generation<'_>) -> Vec<String> {
     }
 }
 
-fn port_listener_name(port: u16) -> String {
+pub fn port_listener_name(port: u16) -> String {
     format!("0.0.0.0_{port}")
 }
 
@@ -127,7 +127,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             &inbound::virtual_inbound(g),
         ))),
         _ => {
-            let port: u16 = name.strip_prefix("0.0.0.0_")?.parse().ok()?;
+            let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
             let cluster = g
                 .proxy
                 .cluster_id

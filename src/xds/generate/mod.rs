@@ -26,6 +26,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use prometheus::IntGauge;
+
 use envoy_types::pb::envoy::config::core::v3::{
     address, config_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
     ConfigSource, SocketAddress,
@@ -296,6 +298,8 @@ type Stamp = [u64; 4];
 struct CacheEntry<T> {
     stamp: Stamp,
     cell: Arc<Cell<T>>,
+    /// When the entry was last asked for (a tick of its `Sharded`): the least recent go first.
+    used: AtomicU64,
 }
 
 /// An entry's value, built once, and the value it replaces until then (for whichever thread
@@ -317,23 +321,53 @@ impl<T> Cell<T> {
 /// Entries by (type, proxy traits) then name, so a lookup by `&str` allocates nothing.
 type ByTraits<T> = HashMap<(ResourceType, u64), HashMap<Arc<str>, CacheEntry<T>>>;
 
+/// One lock's share of the cache, and how many entries it holds.
+struct Shard<T> {
+    entries: ByTraits<T>,
+    len: usize,
+}
+
+impl<T> Default for Shard<T> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
 /// Lock shards: concurrent misses of different resources insert under different locks.
 const SHARDS: usize = 16;
 
+/// Entries the cache keeps by default. Proxies' traits (namespace, cluster, network, locality…)
+/// are theirs to choose on the plaintext port, so the variants of a resource are not bounded by the
+/// mesh; the cache is: past its capacity, the least recently used eighth of a shard goes. Above
+/// every mesh measured (BENCHMARKS.md).
+pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 19;
+
 struct Sharded<T> {
-    shards: [RwLock<ByTraits<T>>; SHARDS],
+    shards: [RwLock<Shard<T>>; SHARDS],
+    /// A clock for `CacheEntry::used`.
+    tick: AtomicU64,
+    /// Entries per shard.
+    capacity: usize,
+    /// Where the entry count is published.
+    size: IntGauge,
 }
 
-impl<T> Default for Sharded<T> {
-    fn default() -> Self {
+impl<T> Sharded<T> {
+    fn with_capacity(entries: usize, size: IntGauge) -> Self {
         Self {
             shards: std::array::from_fn(|_| RwLock::default()),
+            tick: AtomicU64::new(0),
+            capacity: (entries / SHARDS).max(8),
+            size,
         }
     }
 }
 
 impl<T: Clone> Sharded<T> {
-    fn shard(&self, ty: ResourceType, variant: u64, name: &str) -> &RwLock<ByTraits<T>> {
+    fn shard(&self, ty: ResourceType, variant: u64, name: &str) -> &RwLock<Shard<T>> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (ty, variant, name).hash(&mut h);
         &self.shards[h.finish() as usize % SHARDS]
@@ -349,24 +383,43 @@ impl<T: Clone> Sharded<T> {
         stamp: Stamp,
         build: impl FnOnce(Option<T>) -> T,
     ) -> T {
+        let now = self.tick.fetch_add(1, Ordering::Relaxed);
         let shard = self.shard(ty, variant, name);
         let hit = shard
             .read()
+            .entries
             .get(&(ty, variant))
             .and_then(|m| m.get(name))
             .filter(|e| e.stamp == stamp)
-            .map(|e| e.cell.clone());
+            .map(|e| {
+                e.used.store(now, Ordering::Relaxed);
+                e.cell.clone()
+            });
         let cell = match hit {
             Some(cell) => cell,
             None => {
-                let mut entries = shard.write();
-                let by_name = entries.entry((ty, variant)).or_default();
+                let mut shard = shard.write();
+                let known = shard
+                    .entries
+                    .get(&(ty, variant))
+                    .is_some_and(|m| m.contains_key(name));
+                if !known {
+                    if shard.len >= self.capacity {
+                        let evicted = evict(&mut shard, self.capacity / 8);
+                        self.size.sub(evicted as i64);
+                    }
+                    shard.len += 1;
+                    self.size.inc();
+                }
+                let by_name = shard.entries.entry((ty, variant)).or_default();
                 let entry = by_name
                     .entry(Arc::from(name))
                     .or_insert_with(|| CacheEntry {
                         stamp,
                         cell: Cell::replacing(None),
+                        used: AtomicU64::new(now),
                     });
+                entry.used.store(now, Ordering::Relaxed);
                 if entry.stamp != stamp {
                     let cell = &entry.cell;
                     let replaced = cell
@@ -374,10 +427,8 @@ impl<T: Clone> Sharded<T> {
                         .get()
                         .cloned()
                         .or_else(|| cell.replaced.lock().take());
-                    *entry = CacheEntry {
-                        stamp,
-                        cell: Cell::replacing(replaced),
-                    };
+                    entry.stamp = stamp;
+                    entry.cell = Cell::replacing(replaced);
                 }
                 entry.cell.clone()
             }
@@ -388,25 +439,50 @@ impl<T: Clone> Sharded<T> {
         // Concurrent pushes needing the same entry wait for the one build instead of repeating it.
         off_worker(|| {
             cell.value
-                .get_or_init(|| build(cell.replaced.lock().take()))
+                .get_or_init(|| {
+                    // Taken before building, so no lock is held while the build runs.
+                    let replaced = cell.replaced.lock().take();
+                    build(replaced)
+                })
                 .clone()
         })
     }
 
     fn retain(&self, keep: impl Fn(&Stamp) -> bool) {
         for shard in &self.shards {
-            for by_name in shard.write().values_mut() {
+            let mut shard = shard.write();
+            for by_name in shard.entries.values_mut() {
                 by_name.retain(|_, e| keep(&e.stamp));
             }
+            shard.entries.retain(|_, by_name| !by_name.is_empty());
+            let now: usize = shard.entries.values().map(HashMap::len).sum();
+            let before = std::mem::replace(&mut shard.len, now);
+            self.size.sub((before - now) as i64);
         }
     }
 
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.read().values().map(HashMap::len).sum::<usize>())
-            .sum()
+        self.shards.iter().map(|s| s.read().len).sum()
     }
+}
+
+/// Removes the `count` least recently used entries of a shard; returns how many went.
+fn evict<T>(shard: &mut Shard<T>, count: usize) -> usize {
+    let mut ages: Vec<u64> = (shard.entries.values())
+        .flat_map(|by_name| by_name.values().map(|e| e.used.load(Ordering::Relaxed)))
+        .collect();
+    let Some(cut) = count.checked_sub(1).and_then(|i| {
+        let i = i.min(ages.len().checked_sub(1)?);
+        Some(*ages.select_nth_unstable(i).1)
+    }) else {
+        return 0;
+    };
+    for by_name in shard.entries.values_mut() {
+        by_name.retain(|_, e| e.used.load(Ordering::Relaxed) > cut);
+    }
+    shard.entries.retain(|_, by_name| !by_name.is_empty());
+    let now: usize = shard.entries.values().map(HashMap::len).sum();
+    std::mem::replace(&mut shard.len, now) - now
 }
 
 /// Runs a build that may take milliseconds, or waits for another thread's, without stalling the
@@ -458,14 +534,31 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
 }
 
 /// Encoded resources shared by every proxy that receives them, and the wildcard lists made of them.
-#[derive(Default)]
 pub struct ResourceCache {
     entries: Sharded<Option<Arc<Resource>>>,
     lists: Sharded<Arc<SharedList>>,
     builds: AtomicU64,
 }
 
+impl Default for ResourceCache {
+    fn default() -> Self {
+        Self::new(
+            DEFAULT_CACHE_ENTRIES,
+            IntGauge::new("unused", "unused").expect("valid gauge"),
+        )
+    }
+}
+
 impl ResourceCache {
+    /// A cache of at most about `entries` resources (and as many lists), its size kept in `size`.
+    pub fn new(entries: usize, size: IntGauge) -> Self {
+        Self {
+            entries: Sharded::with_capacity(entries, size.clone()),
+            lists: Sharded::with_capacity(entries, size),
+            builds: AtomicU64::new(0),
+        }
+    }
+
     fn get_or_build(
         &self,
         ty: ResourceType,
@@ -539,12 +632,19 @@ pub struct ClusterName<'a> {
     pub host: &'a str,
 }
 
+/// A port as it appears in a resource name: canonical decimal only, so that `080` and `+80` are not
+/// further names for port 80 (each would be built and cached again).
+pub fn parse_port(text: &str) -> Option<u16> {
+    let port: u16 = text.parse().ok()?;
+    (text.len() == 1 || !text.starts_with(['0', '+'])).then_some(port)
+}
+
 pub fn parse_outbound(name: &str) -> Option<ClusterName<'_>> {
     let mut parts = name.splitn(4, '|');
     let (dir, port, subset, host) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     (dir == "outbound" && !host.is_empty()).then_some(())?;
     Some(ClusterName {
-        port: port.parse().ok()?,
+        port: parse_port(port)?,
         subset,
         host,
     })
@@ -558,7 +658,7 @@ pub fn parse_sni_cluster(name: &str) -> Option<ClusterName<'_>> {
     let (subset, host) = rest.split_once("_.")?;
     (!host.is_empty()).then_some(())?;
     Some(ClusterName {
-        port: port.parse().ok()?,
+        port: parse_port(port)?,
         subset,
         host,
     })
@@ -575,7 +675,7 @@ pub fn cluster_host(name: &str) -> Option<&str> {
 /// service port exists.
 fn grpc_target<'n>(generation: &Generation<'_>, name: &'n str) -> Option<(&'n str, u16)> {
     let (host, port) = name.rsplit_once(':')?;
-    let port: u16 = port.parse().ok()?;
+    let port = parse_port(port)?;
     generation.service(host)?.port(port)?;
     Some((host, port))
 }
@@ -706,6 +806,41 @@ mod tests {
         let first = cache.get_or_build(ResourceType::Cluster, "c", 0, [1, 0, 0, 0], || Some(ab));
         let again = cache.get_or_build(ResourceType::Cluster, "c", 0, [2, 0, 0, 0], || Some(ba));
         assert!(Arc::ptr_eq(&first.unwrap(), &again.unwrap()));
+    }
+
+    #[test]
+    fn a_full_shard_drops_its_least_recently_used_entries() {
+        let size = IntGauge::new("size", "size").unwrap();
+        let cache: Sharded<u32> = Sharded::with_capacity(64 * SHARDS, size.clone());
+        let get = |name: &str| cache.get_or_build(ResourceType::Cluster, name, 0, [0; 4], |_| 1);
+        get("kept");
+        for i in 0..10_000 {
+            get(&format!("bogus-{i}"));
+            if i % 8 == 0 {
+                get("kept");
+            }
+        }
+        assert!(cache.len() <= 64 * SHARDS, "{} entries", cache.len());
+        assert_eq!(size.get() as usize, cache.len());
+        let builds = std::cell::Cell::new(0);
+        cache.get_or_build(ResourceType::Cluster, "kept", 0, [0; 4], |_| {
+            builds.set(builds.get() + 1);
+            1
+        });
+        assert_eq!(builds.get(), 0, "a resource in use stays cached");
+    }
+
+    #[test]
+    fn ports_in_names_are_canonical() {
+        assert_eq!(parse_port("80"), Some(80));
+        assert_eq!(parse_port("0"), Some(0));
+        for other in ["080", "+80", "00", "", "65536", "8o"] {
+            assert_eq!(parse_port(other), None, "{other}");
+        }
+        assert_eq!(
+            parse_outbound("outbound|080||web.shop.svc.cluster.local"),
+            None
+        );
     }
 
     #[test]

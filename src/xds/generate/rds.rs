@@ -13,10 +13,10 @@ use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 
 use super::cds::PASSTHROUGH;
 use super::gateway;
-use super::lds::vips_for;
+use super::lds::{self, vips_for};
 use super::policy::Effective;
 use super::routes::{http_routes, retry_policy, RouteContext};
-use super::{grpc_target, outbound_cluster, Generation};
+use super::{grpc_target, outbound_cluster, parse_port, Generation};
 use crate::istio::mesh::OutboundMode;
 use crate::istio::virtual_service::HttpRoute;
 use crate::model::{Resolution, Service};
@@ -42,7 +42,20 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if gateway::is_router(g) {
         return gateway::build_routes(g, name);
     }
-    let port: u16 = name.parse().ok()?;
+    let port = parse_port(name)?;
+    // The route of a port the proxy has no listener for (a name it made up, or one its listener
+    // has just gone from) is answered as istiod does, but not cached: such names are unbounded.
+    let listener = lds::port_listener_name(port);
+    if !lds::shared(g)
+        .resources
+        .iter()
+        .any(|l| *l.name == *listener)
+    {
+        return Some(Arc::new(Resource::encode(
+            name,
+            &sidecar_routes(g, name, port),
+        )));
+    }
     let cluster = g
         .proxy
         .cluster_id
