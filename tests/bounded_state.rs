@@ -68,19 +68,14 @@ async fn bogus_names_and_metadata_variants_leave_memory_bounded() {
     let xds = free_port();
     let (xds_flag, entries) = (xds.to_string(), CACHE_ENTRIES.to_string());
     let ca = dir.path().join(".ca");
-    let process = MeshpilotProcess::spawn_with_env(
+    let process = MeshpilotProcess::discovery(
         &[
-            "discovery",
             "--config-dir",
             dir.path().to_str().unwrap(),
             "--ca-state-dir",
             ca.to_str().unwrap(),
-            "--http-addr",
-            "127.0.0.1:0",
             "--xds-addr",
             &xds_flag,
-            "--secure-xds-addr",
-            "127.0.0.1:0",
             "--xds-cache-max-entries",
             &entries,
         ],

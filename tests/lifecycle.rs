@@ -12,7 +12,7 @@ use common::*;
 const BOUND: Duration = Duration::from_secs(20);
 const REVIEWS: &str = "outbound|9080||reviews.bookinfo.svc.cluster.local";
 
-/// `meshpilot discovery` on a config dir, plaintext xDS on `xds`, everything else on port 0.
+/// `meshpilot discovery` on a config dir, plaintext xDS on `xds`.
 fn discovery(
     config_dir: &Path,
     xds: SocketAddr,
@@ -21,23 +21,18 @@ fn discovery(
 ) -> MeshpilotProcess {
     let state = config_dir.join(format!(".ca-{}", xds.port()));
     let xds = xds.to_string();
-    let mut args = vec![
-        "discovery",
+    let mut flags = vec![
         "--config-dir",
         config_dir.to_str().expect("utf-8 path"),
         "--ca-state-dir",
         state.to_str().expect("utf-8 path"),
-        "--http-addr",
-        "127.0.0.1:0",
         "--xds-addr",
         &xds,
-        "--secure-xds-addr",
-        "127.0.0.1:0",
         "--debounce-after",
         "10ms",
     ];
-    args.extend_from_slice(extra);
-    MeshpilotProcess::spawn_with_env(&args, env)
+    flags.extend_from_slice(extra);
+    MeshpilotProcess::discovery(&flags, env)
 }
 
 async fn ready(process: &MeshpilotProcess) -> SocketAddr {

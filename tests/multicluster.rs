@@ -734,22 +734,17 @@ async fn a_remote_served_from_its_snapshot_after_a_crash_pushes_its_changes() {
     // The same xDS address across the crash, so the Envoy reconnects as a sidecar would.
     let xds = free_port();
     let xds_flag = xds.to_string();
-    let mut args = vec!["discovery"];
-    args.extend(primary.flags(&[
+    let flags = primary.flags(&[
         "--state-dir",
         state.to_str().unwrap(),
         "--ca-state-dir",
         ca.to_str().unwrap(),
         "--stale-remote-max-age",
         "1h",
-        "--http-addr",
-        "127.0.0.1:0",
         "--xds-addr",
         &xds_flag,
-        "--secure-xds-addr",
-        "127.0.0.1:0",
-    ]));
-    let mut mp = MeshpilotProcess::spawn(&args);
+    ]);
+    let mut mp = MeshpilotProcess::discovery(&flags, &[]);
     east_saved(&state).await;
     let envoy = Envoy::start_with(EnvoyOptions {
         xds,
@@ -772,7 +767,7 @@ async fn a_remote_served_from_its_snapshot_after_a_crash_pushes_its_changes() {
     // east goes down, meshpilot crashes and comes back serving east from its snapshot.
     east.stop();
     mp.kill_9();
-    let mp = MeshpilotProcess::spawn(&args);
+    let mp = MeshpilotProcess::discovery(&flags, &[]);
     let admin = mp.bound_addr("admin").await;
     wait_for("the Envoy back on a stale east", BOUND, || async move {
         let stale = cluster_view(admin, "east").await?["syncStatus"] == "stale";

@@ -898,6 +898,14 @@ mod tests {
         )
     }
 
+    /// A registry staged to replace `old` (a kubeconfig rotation), and its change stream.
+    fn staged_beside(old: &ClusterRegistry) -> (ClusterRegistry, UnboundedReceiver<Change>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let shard = old.shard.clone();
+        let staged = ClusterRegistry::new(shard, "rotated".into(), old.mesh.clone(), tx, false);
+        (staged, rx)
+    }
+
     pub(super) fn apply(reg: &ClusterRegistry, yaml: &str) {
         reg.apply(
             manifest::parse(yaml)
@@ -1118,14 +1126,7 @@ endpoints:
         let other = "\napiVersion: v1\nkind: Service\nmetadata: {name: gone, namespace: shop}\nspec: {clusterIP: 10.0.0.11}\n";
         apply(&old, other);
         while rx.try_recv().is_ok() {}
-        let (tx, mut new_rx) = tokio::sync::mpsc::unbounded_channel();
-        let new = ClusterRegistry::new(
-            old.shard.clone(),
-            "rotated".into(),
-            old.mesh.clone(),
-            tx,
-            false,
-        );
+        let (new, mut new_rx) = staged_beside(&old);
         // The new registry sees the same cluster minus one service, plus one moved endpoint.
         apply(
             &new,
@@ -1208,14 +1209,7 @@ endpoints:
         let held = |reg: &ClusterRegistry| reg.mesh.snapshot().endpoints.get(&selected).is_some();
         assert!(held(&old));
 
-        let (tx, _new_rx) = tokio::sync::mpsc::unbounded_channel();
-        let new = ClusterRegistry::new(
-            old.shard.clone(),
-            "rotated".into(),
-            old.mesh.clone(),
-            tx,
-            false,
-        );
+        let (new, _new_rx) = staged_beside(&old);
         apply(&new, &[SERVICE, NODE, POD, SLICE].join("---"));
         // The entry goes while the registries swap: neither re-derives it (one is retired, the
         // other staged), so only the mesh remembers its shard.

@@ -224,6 +224,24 @@ impl MeshpilotProcess {
         Self { child, log }
     }
 
+    /// `meshpilot discovery` with `flags`, every server on port 0 of 127.0.0.1 unless a flag names
+    /// its address.
+    pub fn discovery(flags: &[&str], env: &[(&str, &str)]) -> Self {
+        let defaults = [
+            ("--http-addr", "127.0.0.1:0"),
+            ("--xds-addr", "127.0.0.1:0"),
+            ("--secure-xds-addr", "127.0.0.1:0"),
+        ];
+        let mut args = vec!["discovery"];
+        for (flag, value) in defaults {
+            if !flags.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
+        args.extend_from_slice(flags);
+        Self::spawn_with_env(&args, env)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
