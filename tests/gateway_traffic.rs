@@ -12,7 +12,7 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::gateway_certs::{issue, tls_secret};
+use common::gateway_certs::{issue, tls_secret, tls_secret_with_ca};
 use common::netns::{link, Netns};
 use common::*;
 
@@ -315,110 +315,145 @@ spec:
     route: [{destination: {host: api.external.test, port: {number: 80}}}]
 ";
 
-#[tokio::test]
-async fn mesh_traffic_to_an_external_host_leaves_through_the_egress_gateway() {
-    let tag = std::process::id() % 100_000;
-    let client_ns = Netns::create(&format!("gec{tag}"));
-    let gateway_ns = Netns::create(&format!("geg{tag}"));
-    let mut external_ns = Netns::create(&format!("gex{tag}"));
-    link(
-        None,
-        &format!("gec{tag}h"),
-        "10.220.11.1/30",
-        &client_ns,
-        "ctl",
-        "10.220.11.2/30",
-    );
-    link(
-        None,
-        &format!("geg{tag}h"),
-        "10.220.12.1/30",
-        &gateway_ns,
-        "ctl",
-        "10.220.12.2/30",
-    );
-    // The client reaches only the gateway; only the gateway reaches the external host.
-    link(
-        Some(&client_ns),
-        "data",
-        "10.220.1.1/24",
-        &gateway_ns,
-        "data",
-        "10.220.1.2/24",
-    );
-    link(
-        Some(&gateway_ns),
-        "out",
-        "10.220.2.1/24",
-        &external_ns,
-        "data",
-        "10.220.2.2/24",
-    );
-    client_ns.run("ip", &["route", "add", "10.220.9.0/24", "dev", "data"]);
-    client_ns.capture_outbound(APP_UID);
-    external_ns.serve_http_echo(8000);
+/// Istio's egress layout on three hosts of their own: a captured client that reaches only the
+/// egress gateway, which alone reaches the external host. `prefix` names the namespaces, `net` the
+/// subnets (10.<net>.x); the config above is written for 220 and moved to `net`.
+struct EgressHosts {
+    client: Netns,
+    gateway: Netns,
+    external: Netns,
+    net: u8,
+}
 
-    let dir = mesh_dir(&[EGRESS_CLUSTER.to_string()], EGRESS_CONFIG);
-    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
-    let client = proxy(
-        &mp,
-        &client_ns,
-        "10.220.11.2",
-        "10.220.11.1",
-        "sidecar~10.220.1.1~client.default~default.svc.cluster.local",
-        &[("app", "client")],
-        "client",
-        false,
-    )
-    .await;
-    let gateway = proxy(
-        &mp,
-        &gateway_ns,
-        "10.220.12.2",
-        "10.220.12.1",
-        "router~10.220.1.2~istio-egressgateway-0.istio-system~istio-system.svc.cluster.local",
-        &[("istio", "egressgateway")],
-        "istio-egressgateway-service-account",
-        false,
-    )
-    .await;
-    // The gateway's Service sends port 80 to 8080: its listener binds the target port.
-    wait_for(
-        "the egress gateway's listener on its target port",
-        BOUND,
-        || {
+impl EgressHosts {
+    fn new(prefix: &str, net: u8) -> Self {
+        let tag = std::process::id() % 100_000;
+        let ns = |role: char| Netns::create(&format!("{prefix}{role}{tag}"));
+        let (client, gateway, external) = (ns('c'), ns('g'), ns('x'));
+        let ip = |rest: &str| format!("10.{net}.{rest}");
+        link(
+            None,
+            &format!("{prefix}c{tag}h"),
+            &ip("11.1/30"),
+            &client,
+            "ctl",
+            &ip("11.2/30"),
+        );
+        link(
+            None,
+            &format!("{prefix}g{tag}h"),
+            &ip("12.1/30"),
+            &gateway,
+            "ctl",
+            &ip("12.2/30"),
+        );
+        link(
+            Some(&client),
+            "data",
+            &ip("1.1/24"),
+            &gateway,
+            "data",
+            &ip("1.2/24"),
+        );
+        link(
+            Some(&gateway),
+            "out",
+            &ip("2.1/24"),
+            &external,
+            "data",
+            &ip("2.2/24"),
+        );
+        client.run("ip", &["route", "add", &ip("9.0/24"), "dev", "data"]);
+        client.capture_outbound(APP_UID);
+        Self {
+            client,
+            gateway,
+            external,
+            net,
+        }
+    }
+
+    /// The layout's addresses in a manifest written for net 220.
+    fn moved(&self, manifest: &str) -> String {
+        manifest.replace("10.220.", &format!("10.{}.", self.net))
+    }
+
+    fn ip(&self, rest: &str) -> String {
+        format!("10.{}.{rest}", self.net)
+    }
+
+    /// The client sidecar (plaintext xDS) and the egress gateway (secure xDS when `secure`), once
+    /// the gateway listens on its Service's target port.
+    async fn proxies(&self, mp: &meshpilot::app::Running, secure: bool) -> (Envoy, Envoy) {
+        let client = proxy(
+            mp,
+            &self.client,
+            &self.ip("11.2"),
+            &self.ip("11.1"),
+            &format!(
+                "sidecar~{}~client.default~default.svc.cluster.local",
+                self.ip("1.1")
+            ),
+            &[("app", "client")],
+            "client",
+            false,
+        )
+        .await;
+        let gateway = proxy(
+            mp,
+            &self.gateway,
+            &self.ip("12.2"),
+            &self.ip("12.1"),
+            &format!(
+                "router~{}~istio-egressgateway-0.istio-system~istio-system.svc.cluster.local",
+                self.ip("1.2")
+            ),
+            &[("istio", "egressgateway")],
+            "istio-egressgateway-service-account",
+            secure,
+        )
+        .await;
+        // The gateway's Service sends port 80 to 8080: its listener binds the target port.
+        wait_for("the egress gateway's listener", BOUND, || {
             let gateway = &gateway;
             async move {
-                gateway
-                    .get("/listeners")
-                    .await
-                    .contains("0.0.0.0_8080")
-                    .then_some(())
+                let listeners = gateway.get("/listeners").await;
+                listeners.contains("0.0.0.0_8080").then_some(())
             }
-        },
-    )
-    .await;
+        })
+        .await;
+        (client, gateway)
+    }
 
-    let body = wait_for("an answer from the external host", BOUND, || {
-        let output = client_ns
-            .command("setpriv")
-            .args(["--reuid", APP_UID, "--regid", APP_UID, "--clear-groups"])
-            .args([
-                "curl",
-                "-s",
-                "-m",
-                "3",
-                "--resolve",
-                "api.external.test:80:10.220.9.9",
-            ])
-            .arg("http://api.external.test/out")
-            .output();
-        async move {
-            let body: serde_json::Value = serde_json::from_slice(&output.ok()?.stdout).ok()?;
-            (body["path"] == "/out").then_some(body)
-        }
-    })
-    .await;
+    /// The external host's echo as the client application asks for `http://api.external.test<path>`.
+    async fn ask_external(&self, path: &str) -> serde_json::Value {
+        let resolve = format!("api.external.test:80:{}", self.ip("9.9"));
+        let url = format!("http://api.external.test{path}");
+        wait_for("an answer from the external host", BOUND, || {
+            let output = self
+                .client
+                .command("setpriv")
+                .args(["--reuid", APP_UID, "--regid", APP_UID, "--clear-groups"])
+                .args(["curl", "-s", "-m", "3", "--resolve", &resolve, &url])
+                .output();
+            async move {
+                let body: serde_json::Value = serde_json::from_slice(&output.ok()?.stdout).ok()?;
+                (body["path"] == path).then_some(body)
+            }
+        })
+        .await
+    }
+}
+
+#[tokio::test]
+async fn mesh_traffic_to_an_external_host_leaves_through_the_egress_gateway() {
+    let mut hosts = EgressHosts::new("ge", 220);
+    hosts.external.serve_http_echo(8000);
+    let dir = mesh_dir(&[EGRESS_CLUSTER.to_string()], EGRESS_CONFIG);
+    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
+    let (client, gateway) = hosts.proxies(&mp, false).await;
+
+    let body = hosts.ask_external("/out").await;
     assert_eq!(body["server"], "10.220.2.2", "{body}");
     assert!(
         client
@@ -433,6 +468,109 @@ async fn mesh_traffic_to_an_external_host_leaves_through_the_egress_gateway() {
             .await
             >= 1,
         "the egress gateway did not forward the request"
+    );
+    assert_eq!(
+        client.rejected_updates().await + gateway.rejected_updates().await,
+        0
+    );
+}
+
+/// Istio's "mutual TLS origination with an egress gateway" task: the gateway sends the client's
+/// plain request on over TLS, presenting the certificate of the Secret the rule names.
+const ORIGINATION_CONFIG: &str = "
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external-api, namespace: default}
+spec:
+  hosts: [api.external.test]
+  ports:
+  - {number: 80, name: http, protocol: HTTP}
+  - {number: 443, name: https, protocol: HTTPS}
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  endpoints: [{address: 10.220.2.2, ports: {http: 8000, https: 8443}}]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: istio-egressgateway, namespace: istio-system}
+spec:
+  selector: {istio: egressgateway}
+  servers:
+  - port: {number: 80, name: http, protocol: HTTP}
+    hosts: [api.external.test]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: direct-through-egress-gateway, namespace: default}
+spec:
+  hosts: [api.external.test]
+  gateways: [istio-system/istio-egressgateway, mesh]
+  http:
+  - match: [{gateways: [mesh], port: 80}]
+    route: [{destination: {host: istio-egressgateway.istio-system.svc.cluster.local, port: {number: 80}}}]
+  - match: [{gateways: [istio-system/istio-egressgateway], port: 80}]
+    route: [{destination: {host: api.external.test, port: {number: 443}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: originate-mtls-for-api, namespace: istio-system}
+spec:
+  host: api.external.test
+  trafficPolicy:
+    portLevelSettings:
+    - port: {number: 443}
+      tls: {mode: MUTUAL, credentialName: client-credential, sni: api.external.test}
+";
+
+#[tokio::test]
+async fn the_egress_gateway_originates_mutual_tls_with_a_rules_credential() {
+    let mut hosts = EgressHosts::new("gm", 221);
+    // The external server's certificate, and the client certificate it requires.
+    let (server_ca, server_chain, server_key) = issue("api.external.test");
+    let (client_ca, client_chain, client_key) = issue("egress.client.test");
+    let pem = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = pem.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    hosts.external.serve_https_echo(
+        8443,
+        &write("server.pem", &server_chain),
+        &write("server.key", &server_key),
+        &write("client-ca.pem", &client_ca),
+    );
+    let credential = tls_secret_with_ca(
+        "istio-system",
+        "client-credential",
+        &client_chain,
+        &client_key,
+        &server_ca,
+    );
+    let dir = mesh_dir(
+        &[hosts.moved(EGRESS_CLUSTER), credential],
+        &hosts.moved(ORIGINATION_CONFIG),
+    );
+    let mp = start_meshpilot(
+        dir.path(),
+        &["--xds-addr", "0.0.0.0:0", "--secure-xds-addr", "0.0.0.0:0"],
+    )
+    .await;
+    let (client, gateway) = hosts.proxies(&mp, true).await;
+
+    let body = hosts.ask_external("/over-mtls").await;
+    assert_eq!(body["server"], hosts.ip("2.2"), "{body}");
+    assert_eq!(
+        body["client_sans"],
+        serde_json::json!(["egress.client.test"]),
+        "the gateway presented the Secret's certificate: {body}"
+    );
+    assert!(
+        gateway
+            .counter("cluster.outbound|443||api.external.test.ssl.handshake")
+            .await
+            >= 1,
+        "the egress gateway did not originate TLS"
     );
     assert_eq!(
         client.rejected_updates().await + gateway.rejected_updates().await,

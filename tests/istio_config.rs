@@ -742,3 +742,56 @@ spec:
         assert!(text.contains(part), "{part} not in {text}");
     }
 }
+
+/// A rule for every proxy of bookinfo, and one for productpage's alone.
+const SELECTING_RULES: &str = "
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  host: reviews
+  trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews-for-productpage, namespace: bookinfo}
+spec:
+  host: reviews
+  workloadSelector: {labels: {app: productpage}}
+  trafficPolicy: {loadBalancer: {simple: RANDOM}}
+  subsets: [{name: v9, labels: {version: v9}}]
+";
+
+from_both_sources!(
+    a_selecting_rule_reaches_only_the_workloads_it_selects,
+    selecting_rule_from_files,
+    selecting_rule_from_the_config_cluster
+);
+
+async fn a_selecting_rule_reaches_only_the_workloads_it_selects(source: Source) {
+    let f = ConfigFixture::start(source, &[("rules.yaml", SELECTING_RULES)], FLAGS).await;
+    let all = format!("outbound|9080||{REVIEWS}");
+    let v9 = format!("outbound|9080|v9|{REVIEWS}");
+    let cds_for = |labels: &'static [(&'static str, &'static str)]| {
+        let xds = f.mp.xds_addr;
+        async move {
+            let mut ads = AdsClient::connect(xds).await.unwrap();
+            ads.request(DiscoveryRequest {
+                node: Some(labelled_node(
+                    SIDECAR,
+                    &[("CLUSTER_ID", "cluster1")],
+                    labels,
+                )),
+                type_url: CDS.into(),
+                ..Default::default()
+            });
+            decode_clusters(&ads.response(BOUND).await)
+        }
+    };
+    let selected = cds_for(&[("app", "productpage")]).await;
+    assert_eq!(selected[&all].lb_policy, LbPolicy::Random as i32);
+    assert!(selected.contains_key(&v9), "{:?}", selected.keys());
+    let others = cds_for(&[("app", "ratings")]).await;
+    assert_eq!(others[&all].lb_policy, LbPolicy::LeastRequest as i32);
+    assert!(!others.contains_key(&v9), "{:?}", others.keys());
+}

@@ -12,11 +12,12 @@ use crate::text::Quoted;
 #[serde(rename_all = "camelCase", default)]
 pub struct Sidecar {
     pub workload_selector: Option<WorkloadSelector>,
-    /// Accepted and validated; inbound listeners still follow the workload's ports.
+    /// Read so that a Sidecar naming them is refused with the field named: meshpilot does not
+    /// build ingress listeners (inbound listeners follow the workload's ports) nor apply an inbound
+    /// connection pool, and a setting silently dropped would be worse than a refusal.
     pub ingress: Vec<IngressListener>,
     pub egress: Vec<EgressListener>,
     pub outbound_traffic_policy: Option<SidecarOutboundPolicy>,
-    /// Accepted as given; not applied.
     pub inbound_connection_pool: Option<serde_json::Value>,
 }
 
@@ -106,6 +107,10 @@ impl EgressHost {
     }
 }
 
+/// Why a field meshpilot cannot honour is refused rather than ignored.
+const UNSUPPORTED: &str =
+    "is not supported by meshpilot; remove it (a Sidecar with it would be applied without it)";
+
 impl Sidecar {
     pub fn validate(&self) -> Result {
         ensure(
@@ -119,22 +124,12 @@ impl Sidecar {
         if let Some(selector) = &self.workload_selector {
             validate::labels("workloadSelector.labels", &selector.labels)?;
         }
-        let mut ingress_ports = Vec::new();
-        for (i, listener) in self.ingress.iter().enumerate() {
-            let field = format!("ingress[{i}]");
-            let port = listener
-                .port
-                .as_ref()
-                .ok_or_else(|| validate::ValidationError::at(&field, "a port is required"))?;
-            port.validate()
-                .map_err(|e| e.under(&format!("{field}.port")))?;
-            ensure(
-                !ingress_ports.contains(&port.number),
-                &format!("{field}.port.number"),
-                format!("port {} is listed twice", port.number),
-            )?;
-            ingress_ports.push(port.number);
-        }
+        ensure(
+            self.inbound_connection_pool.is_none(),
+            "inboundConnectionPool",
+            UNSUPPORTED,
+        )?;
+        ensure(self.ingress.is_empty(), "ingress", UNSUPPORTED)?;
         let mut egress_ports = Vec::new();
         for (i, listener) in self.egress.iter().enumerate() {
             let field = format!("egress[{i}]");
@@ -160,6 +155,17 @@ impl Sidecar {
                 &format!("{field}.hosts"),
                 "at least one host is required",
             )?;
+            // Every egress port is served through the captured 15001, bound nowhere else.
+            ensure(
+                listener.bind.is_empty(),
+                &format!("{field}.bind"),
+                UNSUPPORTED,
+            )?;
+            ensure(
+                matches!(listener.capture_mode.as_str(), "" | "DEFAULT"),
+                &format!("{field}.captureMode"),
+                UNSUPPORTED,
+            )?;
             for (j, host) in listener.hosts.iter().enumerate() {
                 EgressHost::parse(host)
                     .map_err(|m| validate::ValidationError::at(format!("{field}.hosts[{j}]"), m))?;
@@ -170,6 +176,11 @@ impl Sidecar {
                 policy.egress_proxy.is_none() || policy.mode == OutboundMode::AllowAny,
                 "outboundTrafficPolicy.egressProxy",
                 "is allowed only with mode ALLOW_ANY",
+            )?;
+            ensure(
+                policy.egress_proxy.is_none(),
+                "outboundTrafficPolicy.egressProxy",
+                UNSUPPORTED,
             )?;
         }
         Ok(())
@@ -256,8 +267,31 @@ mod tests {
         let e = error(serde_json::json!({"egress": [
             {"port": {"number": 80, "protocol": "SMTP"}, "hosts": ["./*"]}]}));
         assert!(e.starts_with("egress[0].port.protocol: "), "{e}");
-        let e = error(serde_json::json!({"ingress": [{"bind": "0.0.0.0"}]}));
-        assert_eq!(e, "ingress[0]: a port is required");
+        for (spec, field) in [
+            (
+                serde_json::json!({"ingress": [{"port": {"number": 9080, "protocol": "HTTP"}}]}),
+                "ingress",
+            ),
+            (
+                serde_json::json!({"inboundConnectionPool": {"http": {}}}),
+                "inboundConnectionPool",
+            ),
+            (
+                serde_json::json!({"egress": [{"hosts": ["./*"], "bind": "127.0.0.1"}]}),
+                "egress[0].bind",
+            ),
+            (
+                serde_json::json!({"egress": [{"hosts": ["./*"], "captureMode": "NONE"}]}),
+                "egress[0].captureMode",
+            ),
+            (
+                serde_json::json!({"outboundTrafficPolicy": {"mode": "ALLOW_ANY", "egressProxy": {"host": "p"}}}),
+                "outboundTrafficPolicy.egressProxy",
+            ),
+        ] {
+            let e = error(spec);
+            assert_eq!(e, format!("{field}: {UNSUPPORTED}"));
+        }
         let e = error(serde_json::json!({"outboundTrafficPolicy": {
             "mode": "REGISTRY_ONLY", "egressProxy": {"host": "proxy"}}}));
         assert!(e.starts_with("outboundTrafficPolicy.egressProxy"), "{e}");

@@ -95,6 +95,9 @@ pub(super) struct NamespaceRules {
     exact: HashMap<String, Vec<Arc<ConfigObject>>>,
     /// Rules for `*` or `*.suffix`, with that host.
     wildcard: Vec<(String, Arc<ConfigObject>)>,
+    /// Whether a rule here has a `workloadSelector` (which proxies of this namespace then get
+    /// depends on their labels).
+    selecting: bool,
 }
 
 /// What applying changes did.
@@ -338,6 +341,7 @@ impl ConfigStore {
                 let indexed = destination_rules
                     .entry(object.key.namespace.clone())
                     .or_default();
+                indexed.selecting |= dr.workload_selector.is_some();
                 match host.starts_with('*') {
                     true => indexed.wildcard.push((host, object.clone())),
                     false => indexed.exact.entry(host).or_default().push(object.clone()),
@@ -404,6 +408,13 @@ impl ConfigStore {
         !self.derived().destination_rules.is_empty()
     }
 
+    /// Whether a DestinationRule of `namespace` selects workloads (its proxies' rules then depend
+    /// on their labels).
+    pub fn rules_select_in(&self, namespace: &str) -> bool {
+        let rules = self.derived().destination_rules.get(namespace);
+        rules.is_some_and(|r| r.selecting)
+    }
+
     /// The DestinationRule a proxy in `proxy_ns` applies to `host` (of a service in `service_ns`),
     /// as istiod looks it up: the proxy's namespace first, then the service's, then the root
     /// namespace; only rules exported to the proxy's namespace; the most specific host wins within a
@@ -411,16 +422,48 @@ impl ConfigStore {
     pub fn destination_rule(
         &self,
         proxy_ns: &str,
+        proxy_labels: &BTreeMap<String, String>,
         host: &str,
         service_ns: &str,
     ) -> Option<Arc<AppliedRule>> {
         let derived = self.derived();
+        if let Some(selected) = self.selected_rule(derived, proxy_ns, proxy_labels, host) {
+            return Some(selected);
+        }
         let root = self.mesh.root_namespace.as_str();
         [proxy_ns, service_ns, root]
             .into_iter()
             .find_map(|ns| self.rule_in(derived, ns, proxy_ns, host))
     }
 
+    /// As istiod's `SidecarScope.DestinationRule` (pilot/pkg/model/sidecar.go): a rule with a
+    /// `workloadSelector` applies only to proxies of its own namespace whose labels it selects,
+    /// and before any rule without one; the oldest such rule wins, alone.
+    fn selected_rule(
+        &self,
+        derived: &Derived,
+        proxy_ns: &str,
+        proxy_labels: &BTreeMap<String, String>,
+        host: &str,
+    ) -> Option<Arc<AppliedRule>> {
+        if !derived.destination_rules.get(proxy_ns)?.selecting {
+            return None;
+        }
+        let selects = |object: &ConfigObject| match &object.spec {
+            Spec::DestinationRule(dr) => dr
+                .workload_selector
+                .as_ref()
+                .is_some_and(|s| s.labels.iter().all(|(k, v)| proxy_labels.get(k) == Some(v))),
+            _ => false,
+        };
+        let first = self
+            .matching_rules(derived, proxy_ns, proxy_ns, host, selects)
+            .into_iter()
+            .next()?;
+        Some(Arc::new(AppliedRule::of([first])))
+    }
+
+    /// The rules without a `workloadSelector` of `ns` for `host`, merged.
     fn rule_in(
         &self,
         derived: &Derived,
@@ -428,43 +471,52 @@ impl ConfigStore {
         proxy_ns: &str,
         host: &str,
     ) -> Option<Arc<AppliedRule>> {
-        let rules = derived.destination_rules.get(ns)?;
-        let visible = |o: &&Arc<ConfigObject>| self.exported_to(o, proxy_ns);
-        // An exact host beats every wildcard; among wildcards the longest suffix wins.
+        let unselective = |object: &ConfigObject| match &object.spec {
+            Spec::DestinationRule(dr) => dr.workload_selector.is_none(),
+            _ => false,
+        };
+        let matching = self.matching_rules(derived, ns, proxy_ns, host, unselective);
+        (!matching.is_empty()).then(|| Arc::new(AppliedRule::of(matching)))
+    }
+
+    /// The rules of `ns` that `keep` keeps, exported to `proxy_ns`, for `host`: an exact host beats
+    /// every wildcard; among wildcards the longest suffix wins. Oldest first.
+    fn matching_rules<'d>(
+        &self,
+        derived: &'d Derived,
+        ns: &str,
+        proxy_ns: &str,
+        host: &str,
+        keep: impl Fn(&ConfigObject) -> bool,
+    ) -> Vec<&'d Arc<ConfigObject>> {
+        let Some(rules) = derived.destination_rules.get(ns) else {
+            return Vec::new();
+        };
+        let wanted = |o: &&Arc<ConfigObject>| self.exported_to(o, proxy_ns) && keep(o);
         let exact: Vec<&Arc<ConfigObject>> = rules
             .exact
             .get(host)
             .into_iter()
             .flatten()
-            .filter(visible)
+            .filter(wanted)
             .collect();
-        let matching = match exact.is_empty() {
-            false => exact,
-            true => {
-                let wildcards: Vec<(usize, &Arc<ConfigObject>)> = rules
-                    .wildcard
-                    .iter()
-                    .filter(|(_, o)| visible(&o))
-                    .filter_map(|(rule_host, o)| Some((host_match(rule_host, host)?, o)))
-                    .collect();
-                let best = wildcards.iter().map(|(m, _)| *m).max()?;
-                wildcards
-                    .into_iter()
-                    .filter(|(m, _)| *m == best)
-                    .map(|(_, o)| o)
-                    .collect()
-            }
-        };
-        let mut merged = AppliedRule {
-            keys: Vec::new(),
-            rule: DestinationRule::default(),
-        };
-        for object in matching {
-            if let Spec::DestinationRule(dr) = &object.spec {
-                merged.merge(&object.key, dr);
-            }
+        if !exact.is_empty() {
+            return exact;
         }
-        Some(Arc::new(merged))
+        let wildcards: Vec<(usize, &Arc<ConfigObject>)> = rules
+            .wildcard
+            .iter()
+            .filter(|(_, o)| wanted(&o))
+            .filter_map(|(rule_host, o)| Some((host_match(rule_host, host)?, o)))
+            .collect();
+        let Some(best) = wildcards.iter().map(|(m, _)| *m).max() else {
+            return Vec::new();
+        };
+        wildcards
+            .into_iter()
+            .filter(|(m, _)| *m == best)
+            .map(|(_, o)| o)
+            .collect()
     }
 
     pub(super) fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
@@ -494,6 +546,20 @@ pub struct AppliedRule {
 }
 
 impl AppliedRule {
+    /// `rules` merged, oldest first.
+    fn of<'r>(rules: impl IntoIterator<Item = &'r Arc<ConfigObject>>) -> Self {
+        let mut applied = AppliedRule {
+            keys: Vec::new(),
+            rule: DestinationRule::default(),
+        };
+        for object in rules {
+            if let Spec::DestinationRule(dr) = &object.spec {
+                applied.merge(&object.key, dr);
+            }
+        }
+        applied
+    }
+
     /// istiod's merge of rules for one host: the first traffic policy wins, subsets add up (the
     /// first of a name wins).
     fn merge(&mut self, key: &ConfigKey, dr: &DestinationRule) {
@@ -536,6 +602,67 @@ mod tests {
     }
 
     const HOST: &str = "reviews.shop.svc.cluster.local";
+    const NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+    #[test]
+    fn a_selecting_rule_applies_only_to_the_workloads_of_its_namespace_it_selects() {
+        let mut store = ConfigStore::default();
+        let selector = |labels: serde_json::Value| serde_json::json!({"host": HOST, "workloadSelector": {"labels": labels}});
+        store.apply(
+            ConfigSource::Files,
+            vec![
+                ConfigChange::Upsert(dr(
+                    "shop",
+                    "all",
+                    serde_json::json!({"host": HOST}),
+                    "2024-01-01T00:00:00Z",
+                )),
+                ConfigChange::Upsert(dr(
+                    "shop",
+                    "canary",
+                    selector(serde_json::json!({"track": "canary"})),
+                    "2024-01-03T00:00:00Z",
+                )),
+                ConfigChange::Upsert(dr(
+                    "shop",
+                    "web",
+                    selector(serde_json::json!({"app": "web"})),
+                    "2024-01-02T00:00:00Z",
+                )),
+                ConfigChange::Upsert(dr(
+                    "other",
+                    "foreign",
+                    selector(serde_json::json!({"app": "web"})),
+                    "2024-01-01T00:00:00Z",
+                )),
+            ],
+        );
+        let applied = |ns: &str, labels: &[(&str, &str)]| {
+            let labels = labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let rule = store.destination_rule(ns, &labels, HOST, "shop").unwrap();
+            rule.keys
+                .iter()
+                .map(|k| k.name.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(applied("shop", &[]), ["all"]);
+        assert_eq!(applied("shop", &[("app", "web")]), ["web"]);
+        assert_eq!(
+            applied("shop", &[("app", "web"), ("track", "canary")]),
+            ["web"],
+            "the oldest selecting rule, alone"
+        );
+        assert_eq!(applied("other", &[("app", "web")]), ["foreign"]);
+        assert_eq!(
+            applied("elsewhere", &[("app", "web")]),
+            ["all"],
+            "selecting rules apply to proxies of their own namespace only"
+        );
+        assert!(store.rules_select_in("shop") && !store.rules_select_in("elsewhere"));
+    }
 
     #[test]
     fn endpoint_tls_moves_with_peer_authentication_and_mesh_only() {
@@ -598,8 +725,13 @@ mod tests {
                 )),
             ],
         );
-        let applied =
-            |ns: &str| store.destination_rule(ns, HOST, "shop").unwrap().keys[0].to_string();
+        let applied = |ns: &str| {
+            store
+                .destination_rule(ns, &NO_LABELS, HOST, "shop")
+                .unwrap()
+                .keys[0]
+                .to_string()
+        };
         assert_eq!(applied("client"), "DestinationRule client/own");
         assert_eq!(applied("shop"), "DestinationRule shop/svc");
         assert_eq!(
@@ -609,7 +741,7 @@ mod tests {
         );
         assert_eq!(
             store
-                .destination_rule("x", "details.x.svc.cluster.local", "x")
+                .destination_rule("x", &NO_LABELS, "details.x.svc.cluster.local", "x")
                 .unwrap()
                 .keys[0]
                 .to_string(),
@@ -627,7 +759,9 @@ mod tests {
                 ConfigChange::Upsert(dr("shop", "a", serde_json::json!({"host": HOST, "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}, "subsets": [{"name": "v1", "labels": {"v": "old"}}]}), "2024-01-01T00:00:00Z")),
             ],
         );
-        let applied = store.destination_rule("shop", HOST, "shop").unwrap();
+        let applied = store
+            .destination_rule("shop", &NO_LABELS, HOST, "shop")
+            .unwrap();
         let names: Vec<_> = applied
             .rule
             .subsets

@@ -19,19 +19,30 @@ pub fn issue(host: &str) -> (String, String, String) {
 
 /// A `kubernetes.io/tls` Secret as written in a manifest (`stringData`).
 pub fn tls_secret(namespace: &str, name: &str, chain: &str, key: &str) -> String {
+    secret(namespace, name, &[("tls.crt", chain), ("tls.key", key)])
+}
+
+/// The same with the CA its holder verifies peers against (`ca.crt`).
+pub fn tls_secret_with_ca(namespace: &str, name: &str, chain: &str, key: &str, ca: &str) -> String {
+    secret(
+        namespace,
+        name,
+        &[("tls.crt", chain), ("tls.key", key), ("ca.crt", ca)],
+    )
+}
+
+fn secret(namespace: &str, name: &str, entries: &[(&str, &str)]) -> String {
     let indent = |pem: &str| pem.trim_end().replace('\n', "\n    ");
+    let data: String = entries
+        .iter()
+        .map(|(key, pem)| format!("  {key}: |\n    {}\n", indent(pem)))
+        .collect();
     format!(
         "apiVersion: v1
 kind: Secret
 metadata: {{name: {name}, namespace: {namespace}}}
 type: kubernetes.io/tls
 stringData:
-  tls.crt: |
-    {}
-  tls.key: |
-    {}
-",
-        indent(chain),
-        indent(key)
+{data}"
     )
 }

@@ -1,5 +1,6 @@
 //! Network namespaces and veth links as separate test hosts (needs root, iproute2 and iptables).
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 /// Runs a command to completion, failing the test with its output if it fails.
@@ -149,6 +150,17 @@ impl Netns {
     pub fn serve_http_echo(&mut self, port: u16) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py");
         self.spawn("python3", &[script, &port.to_string()]);
+    }
+
+    /// The echo over HTTPS with these PEM files, requiring a client certificate `client_ca` signed.
+    pub fn serve_https_echo(&mut self, port: u16, cert: &Path, key: &Path, client_ca: &Path) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py");
+        let path = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+        let port = port.to_string();
+        self.spawn(
+            "python3",
+            &[script, &port, &path(cert), &path(key), &path(client_ca)],
+        );
     }
 }
 

@@ -3,9 +3,13 @@ and the address it was reached at (which backend answered). Query parameters sha
 `status=N` answers with that status, `delay=S` waits S seconds first. `GET /_counts` returns how
 many requests each path (without its query) has seen.
 
-  http_echo.py PORT
+  http_echo.py PORT [CERT KEY CLIENT_CA]
+
+With CERT, KEY and CLIENT_CA it serves HTTPS and requires a client certificate CLIENT_CA signed;
+the answer then names the client certificate's subject (`client`).
 """
 import json
+import ssl
 import sys
 import threading
 import time
@@ -33,11 +37,16 @@ class Echo(BaseHTTPRequestHandler):
         if "delay" in query:
             time.sleep(float(query["delay"][0]))
         status = int(query.get("status", ["200"])[0])
-        self.reply(status, {
+        answer = {
             "path": self.path,
             "server": self.connection.getsockname()[0],
             "headers": {k.lower(): v for k, v in self.headers.items()},
-        })
+        }
+        if isinstance(self.connection, ssl.SSLSocket):
+            peer = self.connection.getpeercert() or {}
+            answer["client"] = dict(part[0] for part in peer.get("subject", ()))
+            answer["client_sans"] = [value for _, value in peer.get("subjectAltName", ())]
+        self.reply(status, answer)
 
     def reply(self, status, value):
         body = json.dumps(value).encode()
@@ -52,4 +61,11 @@ class Echo(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Echo).serve_forever()
+    server = ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Echo)
+    if len(sys.argv) > 4:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[2], sys.argv[3])
+        context.load_verify_locations(sys.argv[4])
+        context.verify_mode = ssl.CERT_REQUIRED
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()

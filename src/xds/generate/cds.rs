@@ -16,12 +16,12 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::UInt32Value;
 
-use super::gateway;
 use super::policy::{self, Effective};
 use super::{
     ads, parse_outbound, parse_port, parse_sni_cluster, seconds, socket, subset_cluster, target,
     tls, Generation, Target,
 };
+use super::{gateway, gateway_tls};
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
 use crate::model::{Locality, Protocol, Resolution, Service};
 use crate::xds::protocol::ResourceType;
@@ -108,7 +108,8 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some(parsed) = parse_outbound(name) {
         let target = target(g, &parsed)?;
         let keys = target.rule.as_ref().map(|r| r.keys.clone());
-        let variant = g.variant_of(&keys);
+        // Routers originate TLS from Secrets that sidecars do not (a rule's credentialName).
+        let variant = g.variant_of(&(keys, gateway::is_router(g)));
         // mTLS settings name the destination's identities, which live with its endpoints.
         let shards = g.mesh.endpoints.get(&target.service.key()).cloned();
         let stamp = [
@@ -227,6 +228,15 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
                     if t.sni.is_empty() { sni } else { t.sni.clone() },
                     &sans,
                 ));
+            }
+            // As istiod (pilot/pkg/networking/core/cluster_tls.go): a Secret named by a rule
+            // originates TLS at gateways, which read it over SDS; sidecars, which may not read
+            // it, get no TLS from it.
+            Some(t) if !t.credential_name.is_empty() => {
+                if gateway::is_router(g) {
+                    cluster.transport_socket =
+                        Some(gateway_tls::origination_socket(t, &service.hostname));
+                }
             }
             Some(t) => {
                 cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));

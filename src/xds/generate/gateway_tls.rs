@@ -1,7 +1,7 @@
 //! The TLS a gateway server terminates: its certificate from a Secret (`credentialName`, fetched
 //! from meshpilot over ADS as `kubernetes://<name>`, its CA as `kubernetes://<name>-cacert`) or
 //! from files in the gateway's pod; ISTIO_MUTUAL with the workload certificate, as a sidecar's
-//! inbound side.
+//! inbound side. And the TLS a gateway originates with a DestinationRule's `credentialName`.
 
 use envoy_types::pb::envoy::config::core::v3::TransportSocket;
 use envoy_types::pb::envoy::config::core::v3::{data_source, transport_socket, DataSource};
@@ -9,12 +9,13 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
     tls_parameters::TlsProtocol,
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
-    TlsCertificate, TlsParameters,
+    TlsCertificate, TlsParameters, UpstreamTlsContext,
 };
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
 use super::{ads, sds, tls};
+use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
 use crate::istio::gateway::{ServerTls, ServerTlsMode};
 
 /// Whether a server's TLS mode ends TLS at the gateway (the others pass it through).
@@ -79,6 +80,45 @@ pub fn server_socket(settings: &ServerTls, alpn: &[&str]) -> TransportSocket {
         require_client_certificate: Some(BoolValue {
             value: settings.mode == ServerTlsMode::Mutual,
         }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(context))),
+    }
+}
+
+/// The TLS a gateway originates to a destination whose DestinationRule names a `credentialName`
+/// (istiod's `ApplyCustomSDSToClientCommonTLSContext`, pilot/pkg/security/model/authentication.go):
+/// MUTUAL presents the Secret's certificate (`kubernetes://<name>`); both modes verify the server
+/// against the Secret's CA (`kubernetes://<name>-cacert`: Secret `<name>-cacert`, else the Secret's
+/// `ca.crt`) and the rule's subjectAltNames, unless `insecureSkipVerify`.
+pub fn origination_socket(settings: &ClientTls, default_sni: &str) -> TransportSocket {
+    let name = &settings.credential_name;
+    let mut common = CommonTlsContext::default();
+    if settings.mode == ClientTlsMode::Mutual {
+        common.tls_certificate_sds_secret_configs = vec![over_ads(sds::resource_name(name, false))];
+    }
+    if settings.insecure_skip_verify != Some(true) {
+        common.validation_context_type = Some(ValidationContextType::CombinedValidationContext(
+            CombinedCertificateValidationContext {
+                default_validation_context: Some(CertificateValidationContext {
+                    match_typed_subject_alt_names: tls::san_matchers(&settings.subject_alt_names),
+                    ..Default::default()
+                }),
+                validation_context_sds_secret_config: Some(over_ads(sds::resource_name(
+                    name, true,
+                ))),
+                ..Default::default()
+            },
+        ));
+    }
+    let context = UpstreamTlsContext {
+        common_tls_context: Some(common),
+        sni: match settings.sni.as_str() {
+            "" => default_sni.to_string(),
+            sni => sni.to_string(),
+        },
         ..Default::default()
     };
     TransportSocket {

@@ -20,7 +20,7 @@ mod sds;
 pub mod security;
 pub mod tls;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -203,9 +203,17 @@ impl Generation<'_> {
     fn destination_rule(&self, service: &Service) -> Option<Arc<AppliedRule>> {
         self.mesh.config.destination_rule(
             &self.proxy.namespace,
+            &self.proxy.labels,
             &service.hostname,
             &service.namespace,
         )
+    }
+
+    /// The proxy's labels where its DestinationRules depend on them (a rule of its namespace has a
+    /// `workloadSelector`): resources built with rules vary by them then.
+    fn rule_labels(&self) -> Option<&BTreeMap<String, String>> {
+        let selecting = self.mesh.config.rules_select_in(&self.proxy.namespace);
+        selecting.then_some(&self.proxy.labels)
     }
 
     /// What of the config resources depend on: the rules and the mesh config.
@@ -231,6 +239,7 @@ impl Generation<'_> {
                 false => "",
             },
             sidecar,
+            labels: self.rule_labels(),
         }
     }
 
@@ -288,6 +297,8 @@ impl Generation<'_> {
 struct ListScope<'a> {
     namespace: &'a str,
     sidecar: Option<&'a ConfigKey>,
+    /// Where a DestinationRule of the proxy's namespace selects workloads: the proxy's labels.
+    labels: Option<&'a BTreeMap<String, String>>,
 }
 
 /// Snapshot versions an entry was built from, read from the same snapshot the entry is built from,

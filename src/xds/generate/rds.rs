@@ -62,10 +62,11 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         .as_ref()
         .map(|c| c.as_str())
         .unwrap_or_default();
-    // Routes depend on the client's labels only where a VirtualService matches on them.
+    // Routes depend on the client's labels only where a VirtualService matches on them, or a
+    // DestinationRule (hash policies) selects workloads.
     let labels = match g.mesh.config.routes_use_source_labels() {
         true => Some(&g.proxy.labels),
-        false => None,
+        false => g.rule_labels(),
     };
     let sidecar = g.sidecar_scope().map(|s| &s.key);
     let variant = g.variant_of(&(&*g.proxy.namespace, cluster, labels, sidecar));
