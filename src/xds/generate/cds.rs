@@ -232,12 +232,11 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             // As istiod (pilot/pkg/networking/core/cluster_tls.go): a Secret named by a rule
             // originates TLS at gateways, which read it over SDS; sidecars, which may not read
             // it, get no TLS from it.
-            Some(t) if !t.credential_name.is_empty() => {
-                if gateway::is_router(g) {
-                    cluster.transport_socket =
-                        Some(gateway_tls::origination_socket(t, &service.hostname));
-                }
+            Some(t) if !t.credential_name.is_empty() && gateway::is_router(g) => {
+                cluster.transport_socket =
+                    Some(gateway_tls::origination_socket(t, &service.hostname));
             }
+            Some(t) if !t.credential_name.is_empty() => {}
             Some(t) => {
                 cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));
             }
