@@ -661,3 +661,66 @@ spec:
     assert_eq!(server_envoy.rejected_updates().await, 0);
     authz_task.abort();
 }
+
+#[tokio::test]
+async fn a_sidecar_ingress_port_reaches_the_app_where_its_default_endpoint_says() {
+    let mut lab = Lab::new("mpi", 224);
+    let mut server = lab.host(true);
+    let client = lab.host(true);
+    // The application listens on 8081; the service says 8080.
+    server.ns.serve_http_echo(8081);
+    let dir = tempfile::tempdir().unwrap();
+    write_cluster(
+        dir.path(),
+        "c1",
+        &format!(
+            "{}---{}",
+            web(&server.ip, true),
+            pod("client", "shop", &client.ip)
+        ),
+    );
+    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
+    let _server = sidecar(&mp, &server, "web", "shop", "web", "c1", &[("app", "web")]).await;
+    let _client = sidecar(
+        &mp,
+        &client,
+        "client",
+        "shop",
+        "client",
+        "c1",
+        &[("app", "client")],
+    )
+    .await;
+    let url = "http://10.96.50.50:8080/";
+    expect(
+        &client,
+        true,
+        &[url],
+        503,
+        "the service's port, nothing listening",
+    )
+    .await;
+
+    apply(
+        dir.path(),
+        "ingress.yaml",
+        "
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: web, namespace: shop}
+spec:
+  workloadSelector: {labels: {app: web}}
+  ingress:
+  - port: {number: 8080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8081
+",
+    );
+    expect(
+        &client,
+        true,
+        &[url],
+        200,
+        "through the Sidecar's ingress port",
+    )
+    .await;
+}

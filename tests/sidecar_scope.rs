@@ -244,3 +244,72 @@ async fn a_refused_sidecar_keeps_the_last_good_one(source: Source) {
     let (_, still) = subscribe(&f, BOOKINFO, &[]).await;
     assert_eq!(still, set(&[REVIEWS, PRODUCTPAGE, LEDGER]));
 }
+
+/// reviews' Sidecar declaring its own inbound ports: one to the loopback, one to the pod's address.
+const INGRESS: &str = "
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: reviews-ingress, namespace: bookinfo}
+spec:
+  workloadSelector: {labels: {app: reviews}}
+  ingress:
+  - port: {number: 7070, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8080
+  - port: {number: 7443, protocol: TCP, name: tcp}
+    defaultEndpoint: 0.0.0.0:8443
+";
+
+from_both_sources!(
+    sidecar_ingress_replaces_the_services_inbound_ports,
+    ingress_from_files,
+    ingress_from_the_config_cluster
+);
+
+async fn sidecar_ingress_replaces_the_services_inbound_ports(source: Source) {
+    use envoy_types::pb::envoy::config::core::v3::address::Address;
+    use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    let f = ConfigFixture::start(source, &[("ingress.yaml", INGRESS)], &[]).await;
+    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(labelled_node(
+            BOOKINFO,
+            &[("CLUSTER_ID", "cluster1")],
+            &[("app", "reviews")],
+        )),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let clusters: Vec<Cluster> = (ads.response(BOUND).await.resources.iter())
+        .map(|a| Cluster::decode(&a.value[..]).unwrap())
+        .collect();
+    let inbound: BTreeSet<String> = (clusters.iter())
+        .map(|c| c.name.clone())
+        .filter(|n| n.starts_with("inbound|"))
+        .collect();
+    assert_eq!(
+        inbound,
+        set(&["inbound|7070||", "inbound|7443||"]),
+        "not the service's 9080"
+    );
+    let endpoint = |name: &str| {
+        let cluster = clusters.iter().find(|c| c.name == name).unwrap();
+        let assignment = cluster.load_assignment.as_ref().unwrap();
+        let Some(HostIdentifier::Endpoint(ep)) =
+            &assignment.endpoints[0].lb_endpoints[0].host_identifier
+        else {
+            panic!("{name}: no endpoint");
+        };
+        match ep.address.as_ref().unwrap().address.as_ref().unwrap() {
+            Address::SocketAddress(sa) => format!("{}:{:?}", sa.address, sa.port_specifier),
+            other => format!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        endpoint("inbound|7070||"),
+        "127.0.0.1:Some(PortValue(8080))"
+    );
+    assert_eq!(
+        endpoint("inbound|7443||"),
+        "10.1.1.11:Some(PortValue(8443))"
+    );
+}

@@ -12,12 +12,12 @@ use crate::text::Quoted;
 #[serde(rename_all = "camelCase", default)]
 pub struct Sidecar {
     pub workload_selector: Option<WorkloadSelector>,
-    /// Read so that a Sidecar naming them is refused with the field named: meshpilot does not
-    /// build ingress listeners (inbound listeners follow the workload's ports) nor apply an inbound
-    /// connection pool, and a setting silently dropped would be worse than a refusal.
+    /// The inbound ports, in place of those of the workload's services.
     pub ingress: Vec<IngressListener>,
     pub egress: Vec<EgressListener>,
     pub outbound_traffic_policy: Option<SidecarOutboundPolicy>,
+    /// Read so that a Sidecar naming it is refused with the field named: meshpilot does not apply
+    /// it, and a setting silently dropped would be worse than a refusal.
     pub inbound_connection_pool: Option<serde_json::Value>,
 }
 
@@ -36,7 +36,56 @@ pub struct EgressListener {
 pub struct IngressListener {
     pub port: Option<SidecarPort>,
     pub bind: String,
+    pub capture_mode: String,
     pub default_endpoint: String,
+    /// Read to be refused (see `inbound_connection_pool`).
+    pub tls: Option<serde_json::Value>,
+    pub connection_pool: Option<serde_json::Value>,
+}
+
+/// Where an ingress listener's traffic goes (its `defaultEndpoint`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IngressEndpoint {
+    /// `127.0.0.1:<port>` (and, absent, the listener's own port there).
+    Loopback(u16),
+    /// `0.0.0.0:<port>`: the workload listening on every address, reached at its own.
+    Workload(u16),
+    /// `unix://<path>`.
+    Unix(String),
+}
+
+impl IngressListener {
+    /// The listener's `defaultEndpoint`, read; its port when it names none.
+    pub fn endpoint(&self) -> std::result::Result<IngressEndpoint, String> {
+        let own = self.port.as_ref().map_or(0, |p| p.number);
+        let own = u16::try_from(own).map_err(|_| format!("port {own} is out of range"))?;
+        let endpoint = self.default_endpoint.as_str();
+        if endpoint.is_empty() {
+            return Ok(IngressEndpoint::Loopback(own));
+        }
+        if let Some(path) = endpoint.strip_prefix("unix://") {
+            return match path.starts_with('/') {
+                true => Ok(IngressEndpoint::Unix(path.to_string())),
+                false => Err(format!(
+                    "{} is not an absolute socket path",
+                    Quoted(endpoint)
+                )),
+            };
+        }
+        let port = |text: &str| text.parse::<u16>().ok().filter(|p| *p > 0);
+        match endpoint.rsplit_once(':') {
+            Some(("127.0.0.1", p)) if port(p).is_some() => {
+                Ok(IngressEndpoint::Loopback(port(p).unwrap_or(own)))
+            }
+            Some(("0.0.0.0", p)) if port(p).is_some() => {
+                Ok(IngressEndpoint::Workload(port(p).unwrap_or(own)))
+            }
+            _ => Err(format!(
+                "{} is none of 127.0.0.1:<port>, 0.0.0.0:<port> or unix://<path>",
+                Quoted(endpoint)
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -129,7 +178,42 @@ impl Sidecar {
             "inboundConnectionPool",
             UNSUPPORTED,
         )?;
-        ensure(self.ingress.is_empty(), "ingress", UNSUPPORTED)?;
+        let mut ingress_ports = Vec::new();
+        for (i, listener) in self.ingress.iter().enumerate() {
+            let field = format!("ingress[{i}]");
+            let port = listener
+                .port
+                .as_ref()
+                .ok_or_else(|| validate::ValidationError::at(&field, "a port is required"))?;
+            port.validate()
+                .map_err(|e| e.under(&format!("{field}.port")))?;
+            ensure(
+                !ingress_ports.contains(&port.number),
+                &format!("{field}.port.number"),
+                format!("port {} is listed twice", port.number),
+            )?;
+            ingress_ports.push(port.number);
+            listener.endpoint().map_err(|m| {
+                validate::ValidationError::at(format!("{field}.defaultEndpoint"), m)
+            })?;
+            // Inbound traffic reaches the captured 15006; no listener binds elsewhere.
+            ensure(
+                listener.bind.is_empty(),
+                &format!("{field}.bind"),
+                UNSUPPORTED,
+            )?;
+            ensure(
+                matches!(listener.capture_mode.as_str(), "" | "DEFAULT"),
+                &format!("{field}.captureMode"),
+                UNSUPPORTED,
+            )?;
+            ensure(listener.tls.is_none(), &format!("{field}.tls"), UNSUPPORTED)?;
+            ensure(
+                listener.connection_pool.is_none(),
+                &format!("{field}.connectionPool"),
+                UNSUPPORTED,
+            )?;
+        }
         let mut egress_ports = Vec::new();
         for (i, listener) in self.egress.iter().enumerate() {
             let field = format!("egress[{i}]");
@@ -269,8 +353,12 @@ mod tests {
         assert!(e.starts_with("egress[0].port.protocol: "), "{e}");
         for (spec, field) in [
             (
-                serde_json::json!({"ingress": [{"port": {"number": 9080, "protocol": "HTTP"}}]}),
-                "ingress",
+                serde_json::json!({"ingress": [{"port": {"number": 9080, "protocol": "HTTP"}, "bind": "0.0.0.0"}]}),
+                "ingress[0].bind",
+            ),
+            (
+                serde_json::json!({"ingress": [{"port": {"number": 9080, "protocol": "HTTP"}, "captureMode": "NONE"}]}),
+                "ingress[0].captureMode",
             ),
             (
                 serde_json::json!({"inboundConnectionPool": {"http": {}}}),
@@ -292,9 +380,45 @@ mod tests {
             let e = error(spec);
             assert_eq!(e, format!("{field}: {UNSUPPORTED}"));
         }
+        let e = error(serde_json::json!({"ingress": [{"bind": "0.0.0.0"}]}));
+        assert_eq!(e, "ingress[0]: a port is required");
+        let e = error(
+            serde_json::json!({"ingress": [{"port": {"number": 9080, "protocol": "HTTP"},
+            "defaultEndpoint": "10.0.0.1:8080"}]}),
+        );
+        assert!(e.starts_with("ingress[0].defaultEndpoint: "), "{e}");
         let e = error(serde_json::json!({"outboundTrafficPolicy": {
             "mode": "REGISTRY_ONLY", "egressProxy": {"host": "proxy"}}}));
         assert!(e.starts_with("outboundTrafficPolicy.egressProxy"), "{e}");
+    }
+
+    #[test]
+    fn ingress_endpoints_read_as_istio_writes_them() {
+        let listener = |endpoint: &str| IngressListener {
+            port: Some(SidecarPort {
+                number: 9080,
+                protocol: "HTTP".into(),
+                name: "http".into(),
+            }),
+            default_endpoint: endpoint.into(),
+            ..Default::default()
+        };
+        assert_eq!(listener("").endpoint(), Ok(IngressEndpoint::Loopback(9080)));
+        assert_eq!(
+            listener("127.0.0.1:8080").endpoint(),
+            Ok(IngressEndpoint::Loopback(8080))
+        );
+        assert_eq!(
+            listener("0.0.0.0:8080").endpoint(),
+            Ok(IngressEndpoint::Workload(8080))
+        );
+        assert_eq!(
+            listener("unix:///var/run/app.sock").endpoint(),
+            Ok(IngressEndpoint::Unix("/var/run/app.sock".into()))
+        );
+        for bad in ["unix://app.sock", "127.0.0.1:0", "localhost:80", "0.0.0.0"] {
+            assert!(listener(bad).endpoint().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
-pub use sidecar_scope::{hosts_overlap, EgressScope, SidecarScope};
+pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
 
 use std::collections::BTreeSet;
 use std::fmt;

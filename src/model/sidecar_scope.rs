@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use super::config::ConfigStore;
 use super::routing::HostRoutes;
-use super::Service;
+use super::{Protocol, Service};
 use crate::istio::mesh::OutboundMode;
-use crate::istio::sidecar::{EgressHost, HostNamespace, Sidecar};
+use crate::istio::sidecar::{EgressHost, HostNamespace, IngressEndpoint, Sidecar};
 use crate::istio::virtual_service::{Destination, HttpMatch};
 use crate::istio::{ConfigKey, ConfigObject, VirtualService};
 
@@ -22,6 +22,16 @@ pub struct SidecarScope {
     /// Port-specific listeners first, the catch-all (if any) last, as validation orders them.
     listeners: Vec<EgressScope>,
     outbound_mode: Option<OutboundMode>,
+    /// The inbound ports the Sidecar declares, in place of the workload's services' (none: those).
+    ingress: Vec<IngressPort>,
+}
+
+/// An inbound port of a Sidecar's `ingress`: what arrives there, and where it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IngressPort {
+    pub port: u16,
+    pub protocol: Protocol,
+    pub endpoint: IngressEndpoint,
 }
 
 /// One egress listener's imports.
@@ -66,11 +76,27 @@ impl SidecarScope {
                 scope
             })
             .collect();
+        let ingress = (sidecar.ingress.iter())
+            .filter_map(|listener| {
+                let port = listener.port.as_ref()?;
+                Some(IngressPort {
+                    port: u16::try_from(port.number).ok()?,
+                    protocol: Protocol::from_name(&port.protocol),
+                    endpoint: listener.endpoint().ok()?,
+                })
+            })
+            .collect();
         Self {
             key: key.clone(),
             listeners,
             outbound_mode: sidecar.outbound_traffic_policy.as_ref().map(|p| p.mode),
+            ingress,
         }
+    }
+
+    /// The Sidecar's ingress ports; empty when it declares none.
+    pub fn ingress(&self) -> &[IngressPort] {
+        &self.ingress
     }
 
     /// The listener traffic to `port` goes through: the one naming the port, else the catch-all.

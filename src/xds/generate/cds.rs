@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy,
 };
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
-use envoy_types::pb::envoy::config::core::v3::Locality as EnvoyLocality;
+use envoy_types::pb::envoy::config::core::v3::{address, Address, Locality as EnvoyLocality, Pipe};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints,
 };
@@ -23,6 +23,7 @@ use super::{
 };
 use super::{gateway, gateway_tls};
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
+use crate::istio::sidecar::IngressEndpoint;
 use crate::model::{Locality, Protocol, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -156,6 +157,18 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name.strip_prefix("inbound|")?.strip_suffix("||")?)?;
     let (_, protocol) = g.inbound_ports().into_iter().find(|(p, _)| *p == port)?;
     let mut cluster = static_cluster(name, Some(port));
+    // A Sidecar's ingress port goes where its defaultEndpoint says.
+    if let Some(ingress) = g.ingress().iter().find(|i| i.port == port) {
+        let address = match &ingress.endpoint {
+            IngressEndpoint::Loopback(to) => socket("127.0.0.1", *to),
+            IngressEndpoint::Workload(to) => match g.proxy.ips.first() {
+                Some(ip) => socket(&ip.to_string(), *to),
+                None => socket("127.0.0.1", *to),
+            },
+            IngressEndpoint::Unix(path) => pipe(path),
+        };
+        cluster.load_assignment = Some(assignment_at(name, address));
+    }
     if protocol.is_http() && protocol != Protocol::Http {
         cluster.typed_extension_protocol_options = policy::http2_only();
     }
@@ -345,11 +358,25 @@ fn original_dst(name: &str) -> Cluster {
     }
 }
 
+/// A Unix domain socket's address.
+fn pipe(path: &str) -> Address {
+    Address {
+        address: Some(address::Address::Pipe(Pipe {
+            path: path.to_string(),
+            mode: 0,
+        })),
+    }
+}
+
 fn assignment(name: &str, host: &str, port: u16) -> ClusterLoadAssignment {
+    assignment_at(name, socket(host, port))
+}
+
+fn assignment_at(name: &str, address: Address) -> ClusterLoadAssignment {
     let endpoint = LbEndpoint {
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
             envoy_types::pb::envoy::config::endpoint::v3::Endpoint {
-                address: Some(socket(host, port)),
+                address: Some(address),
                 ..Default::default()
             },
         )),

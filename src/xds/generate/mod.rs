@@ -42,8 +42,8 @@ use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigKey, MeshConfig};
 use crate::model::{
-    AppliedRule, EgressScope, Hostname, Locality, MeshSnapshot, Protocol, Service, ServiceKey,
-    SidecarScope,
+    AppliedRule, EgressScope, Hostname, IngressPort, Locality, MeshSnapshot, Protocol, Service,
+    ServiceKey, SidecarScope,
 };
 
 /// Builds resources for one proxy from one mesh snapshot.
@@ -243,9 +243,22 @@ impl Generation<'_> {
         }
     }
 
-    /// The ports the proxy's own workload serves: (target port, protocol), from the endpoints at
-    /// the proxy's addresses.
+    /// The ingress ports of the proxy's Sidecar (none without one, or one declaring none).
+    fn ingress(&self) -> &[IngressPort] {
+        self.sidecar_scope().map_or(&[], |s| s.ingress())
+    }
+
+    /// The ports the proxy's own workload serves: (target port, protocol), those its Sidecar's
+    /// `ingress` declares, else from the endpoints at the proxy's addresses (as istiod's
+    /// `buildInboundChainConfigs`, pilot/pkg/networking/core/listener_inbound.go).
     fn inbound_ports(&self) -> Vec<(u16, Protocol)> {
+        if !self.ingress().is_empty() {
+            return self
+                .ingress()
+                .iter()
+                .map(|i| (i.port, i.protocol))
+                .collect();
+        }
         let mut ports: Vec<(u16, Protocol)> = Vec::new();
         for ip in &self.proxy.ips {
             for key in self.mesh.endpoints.services_at(ip) {
