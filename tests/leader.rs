@@ -365,3 +365,36 @@ async fn a_leader_whose_renewals_hang_stops_its_work_before_another_takes_over()
         takeover - held
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_leader_hands_over_at_once() {
+    let api = TestApiServer::start().await;
+    api.apply(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
+    );
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
+    let mut a = replica(kubeconfig.path(), "a");
+    ready(&a).await;
+    wait_for("a leads", LEASE * 3, || {
+        let holder = holder(&api);
+        async move { (holder.as_deref() == Some("a")).then_some(()) }
+    })
+    .await;
+    let b = replica(kubeconfig.path(), "b");
+    ready(&b).await;
+
+    let terminated = Instant::now();
+    a.terminate();
+    let status = a.exited(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status}: {}", a.log());
+    wait_for("b leads", LEASE * 3, || {
+        let holder = holder(&api);
+        async move { (holder.as_deref() == Some("b")).then_some(()) }
+    })
+    .await;
+    let handover = terminated.elapsed();
+    eprintln!("handed over {handover:?} after SIGTERM");
+    // Released, not expired: b takes it at its next try (a retry period, lease / 6).
+    assert!(handover < LEASE, "handover took {handover:?}");
+}

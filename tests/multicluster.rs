@@ -994,3 +994,52 @@ async fn a_restarted_config_cluster_pushes_its_changes() {
     .await;
     assert_eq!(sent_endpoints(mp.xds_addr).await, ["10.10.0.3"]);
 }
+
+#[tokio::test]
+async fn sigterm_writes_what_a_remote_changed_since_its_last_snapshot() {
+    let east = remote("10.20.0.1").await;
+    let primary = Primary::new().await;
+    primary.config.apply(remote_secret(&[(
+        "east",
+        &reader_token(&east, "east-reader"),
+    )]));
+    let dir = tempfile::tempdir().unwrap();
+    let (state, ca) = (dir.path().join("state"), dir.path().join("ca"));
+    let flags = primary.flags(&[
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--ca-state-dir",
+        ca.to_str().unwrap(),
+        "--stale-remote-max-age",
+        "1h",
+    ]);
+    let mut mp = MeshpilotProcess::discovery(&flags, &[]);
+    let admin = mp.bound_addr("admin").await;
+    let store = meshpilot::sources::snapshots::SnapshotStore::new(state.join("remotes"));
+    let saved_slices = || {
+        let snapshot = store
+            .load(&meshpilot::model::ClusterId::new("east"))
+            .ok()
+            .flatten();
+        snapshot.map_or(0, |s| s.objects.slices.len())
+    };
+    wait_for("east saved", BOUND, || async {
+        (saved_slices() == 1).then_some(())
+    })
+    .await;
+    // A change inside the save interval, then SIGTERM before it would be saved.
+    east.apply_yaml(WEB_2);
+    wait_for("the change served", BOUND, || async move {
+        (served(admin, "east").await == ["10.20.0.1", "10.20.0.2"]).then_some(())
+    })
+    .await;
+    assert_eq!(
+        saved_slices(),
+        1,
+        "saved already: the test would prove nothing"
+    );
+    mp.terminate();
+    let status = mp.exited(BOUND).await;
+    assert!(status.success(), "{status}: {}", mp.log());
+    assert_eq!(saved_slices(), 2, "the change written at shutdown");
+}
