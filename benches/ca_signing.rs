@@ -11,7 +11,7 @@ use meshpilot::security::ca::{CaBundle, CertificateAuthority, TtlPolicy};
 use meshpilot::security::identity::Identity;
 
 fn main() {
-    meshpilot::app::install_crypto_provider();
+    meshpilot::security::install_crypto_provider();
     let seconds: u64 = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())

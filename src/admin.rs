@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Path, RawQuery, State};
@@ -19,7 +20,7 @@ use axum::Router;
 use crate::aggregate::Aggregate;
 use crate::debug::{parse_request, DebugContext, Viewer};
 use crate::listen::Acceptor;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, ClusterGauges, Metrics};
 use crate::security::authn::{Authenticator, Credentials};
 use crate::supervise::Health;
 use crate::xds::server::Readiness;
@@ -99,7 +100,23 @@ async fn ready(State(state): State<Arc<AdminState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
-    let body = state.metrics.render(&state.aggregate);
+    let clusters: Vec<ClusterGauges> = (state.aggregate.clusters().iter())
+        .map(|cluster| {
+            let status = cluster.status();
+            ClusterGauges {
+                id: cluster.id().clone(),
+                state: status.state.name(),
+                endpoints: cluster.endpoint_count(),
+                failing: status.last_error.is_some(),
+                stale_for: status
+                    .snapshot_saved_at
+                    .map(|at| SystemTime::now().duration_since(at).unwrap_or_default()),
+                pending_pod_endpoints: cluster.pending_pod_endpoints(),
+            }
+        })
+        .collect();
+    let services = state.aggregate.mesh().snapshot().services.len();
+    let body = state.metrics.render(&clusters, services);
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
 

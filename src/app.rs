@@ -13,13 +13,13 @@ use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::debug::DebugContext;
 use crate::inject::InjectConfig;
-use crate::istio::{ConfigKind, MeshConfig};
+use crate::istio::ConfigKind;
+use crate::kube_client::RemoteClients;
 use crate::leader::{self, Leader, LeaderConfig};
 use crate::listen::{self, Acceptor, BindError};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
 use crate::model::{ClusterId, Provider, ShardKey};
-use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::Authenticator;
 use crate::security::ca::{CertificateAuthority, TtlPolicy};
 use crate::security::keys::{self, KeySource};
@@ -27,6 +27,7 @@ use crate::security::rotation::{self, SharedCa};
 use crate::security::service::CaService;
 use crate::security::tls::{self, ServingCert};
 use crate::security::trust;
+use crate::sources::auto_registration::AutoRegistration;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileSourceError, FileWatch};
 use crate::sources::jwks::{JwksOptions, JwksResolver};
@@ -34,7 +35,7 @@ use crate::sources::kube::{self as kube_source, KubeSourceError, KubeWatch};
 use crate::sources::kube_config::{self, KubeConfigWatch};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
-use crate::sources::remote::{RemoteClients, RemoteController, RemoteOptions, StaleSnapshots};
+use crate::sources::remote::{RemoteController, RemoteOptions, StaleSnapshots};
 use crate::sources::snapshots::SnapshotStore;
 use crate::supervise::{Supervisor, TaskEnded};
 use crate::webhook::{self, ca_bundle, WebhookState};
@@ -169,12 +170,12 @@ impl Running {
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
 
 pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
-    install_crypto_provider();
+    crate::security::install_crypto_provider();
     // The mesh config's trust domain, when it names one, is the installation's.
     let mut naming = args.naming();
     let mesh_config = match &args.mesh_config {
         Some(path) => {
-            let config = mesh_config::read(path, &MeshConfig::defaults_for(&naming))?;
+            let config = mesh_config::read(path, &naming.mesh_defaults())?;
             naming.trust_domain = config.trust_domain.clone();
             Some(config)
         }
@@ -185,7 +186,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let mesh_config_watch = match (&args.mesh_config, mesh_config) {
         (Some(path), Some(config)) => {
             aggregate.set_mesh_config(config);
-            let defaults = MeshConfig::defaults_for(&naming);
+            let defaults = naming.mesh_defaults();
             Some(mesh_config::watch(path, aggregate.clone(), defaults)?)
         }
         _ => None,
@@ -554,13 +555,4 @@ fn stale_snapshots(args: &DiscoveryArgs) -> Option<StaleSnapshots> {
         store: SnapshotStore::new(dir.join("remotes")),
         max_age: args.stale_remote_max_age,
     })
-}
-
-/// Selects the process-wide rustls crypto provider (one, by Cargo feature).
-pub fn install_crypto_provider() {
-    #[cfg(feature = "tls-ring")]
-    {
-        // Fails only if a provider is already installed, which is what we want anyway.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }

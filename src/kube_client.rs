@@ -3,9 +3,15 @@
 
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use backon::{BackoffBuilder, ExponentialBuilder};
 use kube::runtime::utils::Backoff;
 use kube::Client;
+use parking_lot::RwLock;
+
+use crate::model::ClusterId;
 
 /// How long any request may wait for the API server's answer (its response headers; a watch's
 /// events stream on after them). Far above a healthy server's slowest list page, short enough that
@@ -18,6 +24,33 @@ pub fn build(config: kube::Config) -> Result<Client, kube::Error> {
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&deadline)
         .build())
+}
+
+/// Kubernetes clients of the remote clusters, for components that must call them (TokenReview).
+#[derive(Clone, Default)]
+pub struct RemoteClients(Arc<RwLock<HashMap<ClusterId, Client>>>);
+
+impl RemoteClients {
+    pub fn get(&self, id: &ClusterId) -> Option<Client> {
+        self.0.read().get(id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<(ClusterId, Client)> {
+        self.0
+            .read()
+            .iter()
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect()
+    }
+
+    /// Sets (or, with None, forgets) a remote cluster's client: the remote Secret controller's job.
+    pub fn set(&self, id: &ClusterId, client: Option<Client>) {
+        let mut clients = self.0.write();
+        match client {
+            Some(c) => clients.insert(id.clone(), c),
+            None => clients.remove(id),
+        };
+    }
 }
 
 /// Retry delays of a broken watch: from 100 ms, doubling to 5 s, each stretched by up to itself at

@@ -72,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             running.serve_until(stop).await?;
         }
         Command::Certs(args) => {
-            meshpilot::app::install_crypto_provider();
+            meshpilot::security::install_crypto_provider();
             eprintln!("{}", meshpilot::security::certs_cmd::run(&args)?);
         }
         Command::Manifest(args) => match meshpilot::install::generate(&args) {
@@ -105,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
             }
         },
         Command::RemoteSecret(args) => {
-            meshpilot::app::install_crypto_provider();
+            meshpilot::security::install_crypto_provider();
             match meshpilot::remote_secret::generate(&args).await {
                 Ok(yaml) => print!("{yaml}"),
                 // One line naming cluster, object and verb; the causes' Debug dumps help nobody.

@@ -95,7 +95,7 @@ pub enum DoctorError {
 
 /// Runs every check; the report says what failed.
 pub async fn run(args: &DoctorArgs) -> Result<Report, DoctorError> {
-    crate::app::install_crypto_provider();
+    crate::security::install_crypto_provider();
     let sha = Sha256::from_provider().ok_or(DoctorError::NoSha256)?;
     let networks = read_networks(args)?;
     let root = read_root(args, sha)?;

@@ -154,7 +154,7 @@ mod tests {
     }
 
     fn sha() -> Sha256 {
-        crate::app::install_crypto_provider();
+        crate::security::install_crypto_provider();
         Sha256::from_provider().unwrap()
     }
 

@@ -77,11 +77,11 @@ pub struct ProxyConfig {
 }
 
 impl MeshConfig {
-    /// Istio's defaults, with the installation's root namespace and trust domain.
-    pub fn defaults_for(naming: &crate::model::MeshNaming) -> Self {
+    /// Istio's defaults, with the installation's trust domain and root namespace.
+    pub fn defaults_for(trust_domain: &str, root_namespace: &str) -> Self {
         Self {
-            trust_domain: naming.trust_domain.clone(),
-            root_namespace: naming.system_namespace.clone(),
+            trust_domain: trust_domain.to_string(),
+            root_namespace: root_namespace.to_string(),
             ..Self::default()
         }
     }

@@ -5,8 +5,6 @@
 mod ca;
 mod xds;
 
-use std::time::SystemTime;
-
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
@@ -14,9 +12,21 @@ use prometheus::{
 };
 
 pub use ca::CaMetrics;
-pub use xds::{PushMetrics, XdsMetrics};
 
-use crate::aggregate::Aggregate;
+/// What the cluster gauges show of one cluster, read from its registry when rendered.
+pub struct ClusterGauges {
+    pub id: ClusterId,
+    /// Its sync state's name (`synced`, `stale`, …).
+    pub state: &'static str,
+    pub endpoints: usize,
+    /// Whether it has a current error.
+    pub failing: bool,
+    /// While served from a snapshot: the snapshot's age.
+    pub stale_for: Option<std::time::Duration>,
+    pub pending_pod_endpoints: usize,
+}
+pub use xds::{PushMetrics, XdsMetrics, XdsType, XDS_TYPES};
+
 use crate::model::ClusterId;
 
 /// What `/metrics` answers with: Prometheus' text format, as istiod's endpoint.
@@ -173,44 +183,40 @@ impl Metrics {
         self.ca.clone()
     }
 
-    /// Refreshes the model gauges and renders every metric in Prometheus' text format.
-    pub fn render(&self, aggregate: &Aggregate) -> String {
+    /// Refreshes the model gauges from `clusters` and the merged service count, and renders every
+    /// metric in Prometheus' text format.
+    pub fn render(&self, clusters: &[ClusterGauges], services: usize) -> String {
         self.clusters_by_state.reset();
         self.cluster_endpoints.reset();
         self.cluster_errors.reset();
         self.stale_age.reset();
         self.managed_clusters.reset();
         let mut pending = 0;
-        for cluster in aggregate.clusters() {
-            let status = cluster.status();
-            let kind = match *cluster.id() == self.local_cluster {
+        for cluster in clusters {
+            let kind = match cluster.id == self.local_cluster {
                 true => "local",
                 false => "remote",
             };
             self.managed_clusters.with_label_values(&[kind]).inc();
             self.clusters_by_state
-                .with_label_values(&[status.state.name()])
+                .with_label_values(&[cluster.state])
                 .inc();
-            let id = cluster.id().to_string();
+            let id = cluster.id.to_string();
             self.cluster_endpoints
                 .with_label_values(&[&id])
-                .set(cluster.endpoint_count() as i64);
+                .set(cluster.endpoints as i64);
             self.cluster_errors
                 .with_label_values(&[&id])
-                .set(i64::from(status.last_error.is_some()));
-            if let Some(saved_at) = status.snapshot_saved_at {
-                let age = SystemTime::now()
-                    .duration_since(saved_at)
-                    .unwrap_or_default();
+                .set(i64::from(cluster.failing));
+            if let Some(age) = cluster.stale_for {
                 self.stale_age
                     .with_label_values(&[&id])
                     .set(age.as_secs() as i64);
             }
-            pending += cluster.pending_pod_endpoints();
+            pending += cluster.pending_pod_endpoints;
         }
         self.pending_pods.set(pending as i64);
-        self.services
-            .set(aggregate.mesh().snapshot().services.len() as i64);
+        self.services.set(services as i64);
         let mut out = Vec::new();
         // Encoding into memory fails only on invalid metric data, which the types rule out.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
@@ -225,10 +231,14 @@ mod tests {
     #[test]
     fn every_metric_registers_under_its_istiod_name() {
         let metrics = Metrics::new(ClusterId::new("local"));
-        metrics.xds().pushed(
-            crate::xds::protocol::ResourceType::Cluster,
-            std::time::Duration::ZERO,
-        );
+        #[derive(Clone, Copy)]
+        struct Clusters;
+        impl XdsType for Clusters {
+            fn index(self) -> usize {
+                0
+            }
+        }
+        metrics.xds().pushed(Clusters, std::time::Duration::ZERO);
         let names: Vec<String> = metrics
             .registry
             .gather()

@@ -9,7 +9,15 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Op
 
 use super::{histogram, opts, registered, CONVERGENCE_BUCKETS, PUSH_BUCKETS};
 use crate::text::clip;
-use crate::xds::protocol::ResourceType;
+
+/// The xDS types the metrics count, by their short names, in the order of their indexes
+/// ([`XdsType::index`]).
+pub const XDS_TYPES: [&str; 5] = ["cds", "eds", "lds", "rds", "sds"];
+
+/// An xDS type as the metrics know it: its place in [`XDS_TYPES`].
+pub trait XdsType: Copy {
+    fn index(self) -> usize;
+}
 
 /// Handles the xDS server updates (cheap clones of the registered metrics).
 #[derive(Clone)]
@@ -18,7 +26,7 @@ pub struct XdsMetrics {
     /// Connected proxies per version label: the label goes when its last proxy does, so clients
     /// cannot grow the label set beyond the connections they hold.
     versions: Arc<Mutex<HashMap<String, usize>>>,
-    /// Per type (index of [`ResourceType::ALL`]): looked up once, counting is one atomic add.
+    /// Per type (index of [`XDS_TYPES`]): looked up once, counting is one atomic add.
     pushes: Vec<IntCounter>,
     push_time: Vec<Histogram>,
     send_time: Histogram,
@@ -69,24 +77,21 @@ impl XdsMetrics {
             )
             .expect("valid histogram"),
         );
-        let rejects = ResourceType::ALL
+        let rejects = XDS_TYPES
             .iter()
             .map(|ty| {
-                let name = match ty {
-                    ResourceType::Cluster => "pilot_xds_cds_reject",
-                    ResourceType::Endpoint => "pilot_xds_eds_reject",
-                    ResourceType::Listener => "pilot_xds_lds_reject",
-                    ResourceType::Route => "pilot_xds_rds_reject",
-                    ResourceType::Secret => return None,
-                };
-                let help = format!("1 per proxy and error code while it rejects {}", ty.short());
+                // istiod has no reject gauge for SDS.
+                if *ty == "sds" {
+                    return None;
+                }
+                let name = format!("pilot_xds_{ty}_reject");
+                let help = format!("1 per proxy and error code while it rejects {ty}");
                 Some(registered(
                     registry,
                     IntGaugeVec::new(Opts::new(name, help), &["node", "err"]).expect("valid gauge"),
                 ))
             })
             .collect();
-        let label = |ty: &ResourceType| [ty.short()];
         Self {
             by_version: registered(
                 registry,
@@ -97,17 +102,17 @@ impl XdsMetrics {
                 .expect("valid gauge"),
             ),
             versions: Arc::default(),
-            pushes: ResourceType::ALL
+            pushes: XDS_TYPES
                 .iter()
-                .map(|ty| pushes.with_label_values(&label(ty)))
+                .map(|ty| pushes.with_label_values(&[ty]))
                 .collect(),
-            push_time: ResourceType::ALL
+            push_time: XDS_TYPES
                 .iter()
-                .map(|ty| push_time.with_label_values(&label(ty)))
+                .map(|ty| push_time.with_label_values(&[ty]))
                 .collect(),
-            total_rejects: ResourceType::ALL
+            total_rejects: XDS_TYPES
                 .iter()
-                .map(|ty| total_rejects.with_label_values(&label(ty)))
+                .map(|ty| total_rejects.with_label_values(&[ty]))
                 .collect(),
             send_time: histogram(
                 registry,
@@ -175,7 +180,7 @@ impl XdsMetrics {
     }
 
     /// One response of this type was built (in `took`) and queued.
-    pub fn pushed(&self, ty: ResourceType, took: Duration) {
+    pub fn pushed(&self, ty: impl XdsType, took: Duration) {
         self.pushes[ty.index()].inc();
         self.push_time[ty.index()].observe(took.as_secs_f64());
     }
@@ -195,7 +200,7 @@ impl XdsMetrics {
     }
 
     /// A proxy rejected a response; `err` is the gRPC code name of its error detail (as istiod).
-    pub fn nacked(&self, ty: ResourceType, node: &str, err: &str) {
+    pub fn nacked(&self, ty: impl XdsType, node: &str, err: &str) {
         self.total_rejects[ty.index()].inc();
         if let Some(gauge) = &self.rejects[ty.index()] {
             gauge.with_label_values(&[node, err]).set(1);
@@ -203,10 +208,10 @@ impl XdsMetrics {
     }
 
     /// Drops a departed proxy's reject gauges.
-    pub fn forget_rejects<'a>(
+    pub fn forget_rejects<'a, T: XdsType + 'a>(
         &self,
         node: &str,
-        rejected: impl Iterator<Item = &'a (ResourceType, String)>,
+        rejected: impl Iterator<Item = &'a (T, String)>,
     ) {
         for (ty, err) in rejected {
             if let Some(gauge) = &self.rejects[ty.index()] {

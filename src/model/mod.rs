@@ -65,7 +65,7 @@ impl fmt::Debug for Mesh {
 
 impl Mesh {
     pub fn new(naming: MeshNaming) -> Self {
-        let mesh_config = MeshConfig::defaults_for(&naming);
+        let mesh_config = naming.mesh_defaults();
         let snapshot = MeshSnapshot {
             config: ConfigStore::new(&naming.domain_suffix, mesh_config),
             credentials: Credentials::new(naming.cluster_id.clone()),
@@ -320,6 +320,11 @@ impl Default for MeshNaming {
 impl MeshNaming {
     pub fn hostname(&self, name: &str, namespace: &str) -> Hostname {
         Hostname::from(format!("{name}.{namespace}.svc.{}", self.domain_suffix).as_str())
+    }
+
+    /// Istio's mesh config defaults for this installation (its trust domain and root namespace).
+    pub fn mesh_defaults(&self) -> MeshConfig {
+        MeshConfig::defaults_for(&self.trust_domain, &self.system_namespace)
     }
 
     /// The (name, namespace) of a Kubernetes Service's hostname; None for any other host.

@@ -4,7 +4,6 @@
 //! [`ClusterRegistry::apply`]; the registry works out which services they touch, converts only those,
 //! writes the cluster's shard of the model and emits one [`Change`] per batch.
 
-pub mod auto_registration;
 mod convert;
 mod intern;
 pub mod objects;

@@ -8,8 +8,8 @@ use thiserror::Error;
 
 use super::identity::Identity;
 use super::tls::SecureConnInfo;
+use crate::kube_client::RemoteClients;
 use crate::model::ClusterId;
-use crate::sources::remote::RemoteClients;
 use crate::text::{clip, Quoted};
 
 /// Audience Istio's agents request for CA tokens.

@@ -17,3 +17,12 @@ pub mod pb {
     #![allow(clippy::all)]
     tonic::include_proto!("istio.v1.auth");
 }
+
+/// Selects the process-wide rustls crypto provider (one, by Cargo feature).
+pub fn install_crypto_provider() {
+    #[cfg(feature = "tls-ring")]
+    {
+        // Fails only if a provider is already installed, which is what we want anyway.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}

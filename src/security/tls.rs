@@ -378,7 +378,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_renewal_is_retried_well_before_expiry() {
-        crate::app::install_crypto_provider();
+        crate::security::install_crypto_provider();
         let ttl = Duration::from_secs(100);
         let policy = TtlPolicy {
             default: ttl,

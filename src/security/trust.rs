@@ -16,9 +16,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use crate::kube_client::RemoteClients;
 use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
-use crate::sources::remote::RemoteClients;
 
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
 pub const ROOT_KEY: &str = "root-cert.pem";

@@ -266,7 +266,7 @@ mod tests {
 
     #[tokio::test]
     async fn keys_come_from_the_uri_or_the_issuers_discovery() {
-        crate::app::install_crypto_provider();
+        crate::security::install_crypto_provider();
         let (base, task) = issuer().await;
         let client = http_client();
         let timeout = Duration::from_secs(5);

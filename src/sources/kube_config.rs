@@ -258,7 +258,7 @@ async fn watch_mesh(
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={MESH_CONFIGMAP}"));
-    let defaults = MeshConfig::defaults_for(&aggregate.mesh().naming);
+    let defaults = aggregate.mesh().naming.mesh_defaults();
     let mut maps = watcher::watcher(api, config)
         .backoff(WatchBackoff::default())
         .applied_objects()

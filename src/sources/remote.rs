@@ -20,7 +20,6 @@ use kube::config::Kubeconfig;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
-use parking_lot::RwLock;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
@@ -29,7 +28,7 @@ use super::kube::{watch_cluster, KubeWatch};
 use super::kubeconfig::{self, InsecureOptions};
 use super::snapshots::{Snapshot, SnapshotStore};
 use crate::aggregate::Aggregate;
-use crate::kube_client::WatchBackoff;
+use crate::kube_client::{RemoteClients, WatchBackoff};
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::registry::{ClusterRegistry, SyncState, SECRET_SOURCE};
@@ -58,32 +57,6 @@ pub struct StaleSnapshots {
 /// which come back with the remote's first list. A remote's first sync is saved within a second.
 const SAVE_INTERVAL: Duration = Duration::from_secs(5);
 const SAVE_CHECK: Duration = Duration::from_secs(1);
-
-/// Kubernetes clients of the remote clusters, for components that must call them (TokenReview).
-#[derive(Clone, Default)]
-pub struct RemoteClients(Arc<RwLock<HashMap<ClusterId, Client>>>);
-
-impl RemoteClients {
-    pub fn get(&self, id: &ClusterId) -> Option<Client> {
-        self.0.read().get(id).cloned()
-    }
-
-    pub fn all(&self) -> Vec<(ClusterId, Client)> {
-        self.0
-            .read()
-            .iter()
-            .map(|(id, c)| (id.clone(), c.clone()))
-            .collect()
-    }
-
-    fn set(&self, id: &ClusterId, client: Option<Client>) {
-        let mut clients = self.0.write();
-        match client {
-            Some(c) => clients.insert(id.clone(), c),
-            None => clients.remove(id),
-        };
-    }
-}
 
 /// The running controller; dropping it stops every remote cluster's watches.
 pub struct RemoteController {

@@ -23,9 +23,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::kube_client::RemoteClients;
 use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
-use crate::sources::remote::RemoteClients;
 
 /// The label our webhook configurations carry (Istio's default revision).
 pub const REVISION_SELECTOR: &str = "istio.io/rev=default";

@@ -85,6 +85,12 @@ impl ResourceType {
     }
 }
 
+impl crate::metrics::XdsType for ResourceType {
+    fn index(self) -> usize {
+        ResourceType::index(self)
+    }
+}
+
 /// What the server must do with one request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Action {
@@ -481,6 +487,12 @@ impl DeltaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_metrics_count_types_in_this_order() {
+        let shorts: Vec<&str> = ResourceType::ALL.iter().map(|t| t.short()).collect();
+        assert_eq!(shorts, crate::metrics::XDS_TYPES);
+    }
     use ResourceType::*;
 
     fn names(n: &[&str]) -> Vec<String> {

@@ -29,9 +29,9 @@ use super::push::{PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use crate::debug::DebugContext;
+use crate::istio::ConfigKey;
 use crate::metrics::XdsMetrics;
 use crate::model::{Audience, Change, Hostname, Mesh, MeshSnapshot};
-use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::{Authenticator, Credentials};
 
 const SOTW_PATH: &str =
@@ -73,9 +73,18 @@ impl Default for XdsOptions {
     }
 }
 
+/// Registers proxies that ask to join a WorkloadGroup (`AUTO_REGISTER_GROUP`): the sources'
+/// auto-registration, handed to the server at start.
+pub trait ProxyRegistrar: Send + Sync {
+    /// Registers the proxy if it asks to be; the entry to release when its stream ends.
+    fn connected(&self, proxy: &Proxy) -> Option<ConfigKey>;
+    /// The stream of a registered proxy ended.
+    fn disconnected(self: Arc<Self>, key: ConfigKey);
+}
+
 pub struct XdsServer {
     mesh: Arc<Mesh>,
-    auto_registration: std::sync::OnceLock<Arc<AutoRegistration>>,
+    auto_registration: std::sync::OnceLock<Arc<dyn ProxyRegistrar>>,
     debug: std::sync::OnceLock<Arc<DebugContext>>,
     push_log: PushLog,
     ready: Readiness,
@@ -227,11 +236,11 @@ impl XdsServer {
     }
 
     /// Turns on WorkloadGroup auto-registration for proxies on the secure port (once).
-    pub fn set_auto_registration(&self, registration: Arc<AutoRegistration>) {
+    pub fn set_auto_registration(&self, registration: Arc<dyn ProxyRegistrar>) {
         let _ = self.auto_registration.set(registration);
     }
 
-    pub(super) fn auto_registration(&self) -> Option<Arc<AutoRegistration>> {
+    pub(super) fn auto_registration(&self) -> Option<Arc<dyn ProxyRegistrar>> {
         self.auto_registration.get().cloned()
     }
 

@@ -19,11 +19,10 @@ use tracing::{debug, error, warn};
 use super::generate::Generation;
 use super::proxy::Proxy;
 use super::push::PushRequest;
-use super::server::{Connection, NodeOf, Registered, XdsServer};
+use super::server::{Connection, NodeOf, ProxyRegistrar, Registered, XdsServer};
 use super::session::{Answer, Reply, Session};
 use super::wire::Encoded;
 use crate::istio::ConfigKey;
-use crate::registry::auto_registration::AutoRegistration;
 use crate::security::authn::{Authenticator, Credentials};
 
 /// Encoded responses a stream may have queued for transmission.
@@ -142,13 +141,13 @@ pub async fn serve<Req: NodeOf>(
 
 /// An auto-registered WorkloadEntry, released when the stream ends.
 struct Registration {
-    registry: Arc<AutoRegistration>,
+    registry: Arc<dyn ProxyRegistrar>,
     key: ConfigKey,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.disconnected(self.key.clone());
+        self.registry.clone().disconnected(self.key.clone());
     }
 }
 

@@ -15,6 +15,7 @@ use crate::aggregate::Aggregate;
 use crate::istio::{ConfigKey, ConfigKind, ConfigMeta, ConfigObject, Origin, Spec, WorkloadEntry};
 use crate::model::{ConfigChange, ConfigSource};
 use crate::xds::proxy::Proxy;
+use crate::xds::server::ProxyRegistrar;
 
 pub struct AutoRegistration {
     aggregate: Arc<Aggregate>,
@@ -31,9 +32,11 @@ impl AutoRegistration {
             streams: Mutex::default(),
         })
     }
+}
 
+impl ProxyRegistrar for AutoRegistration {
     /// Registers the proxy if it asks to be; returns the entry to release when its stream ends.
-    pub fn connected(&self, proxy: &Proxy) -> Option<ConfigKey> {
+    fn connected(&self, proxy: &Proxy) -> Option<ConfigKey> {
         let group_name = proxy.auto_register_group.as_deref()?;
         let snapshot = self.aggregate.mesh().snapshot();
         let group_key = ConfigKey {
@@ -107,8 +110,8 @@ impl AutoRegistration {
 
     /// The stream of a registered proxy ended: the entry goes after the grace period unless the
     /// proxy is back by then.
-    pub fn disconnected(self: &Arc<Self>, key: ConfigKey) {
-        let this = self.clone();
+    fn disconnected(self: Arc<Self>, key: ConfigKey) {
+        let this = self;
         let release = async move {
             tokio::time::sleep(this.grace).await;
             let gone = {
