@@ -39,6 +39,7 @@ use crate::sources::remote::{RemoteController, RemoteOptions, StaleSnapshots};
 use crate::sources::snapshots::SnapshotStore;
 use crate::supervise::{Supervisor, TaskEnded};
 use crate::webhook::{self, ca_bundle, WebhookState};
+use crate::xds::introspect::DebugViews;
 use crate::xds::push::{debounce, DebounceConfig};
 use crate::xds::server::{Readiness, XdsServer};
 use tracing::{error, info, warn};
@@ -440,7 +441,8 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
             .or_else(|| config_cluster.as_ref().map(|c| c.config.mesh_error.clone()))
             .unwrap_or_default(),
     });
-    xds.set_debug(debug.clone());
+    let views: std::sync::Weak<dyn DebugViews> = Arc::downgrade(&debug) as _;
+    xds.set_debug_views(views);
     let mut debug_namespaces = vec![args.system_namespace.clone()];
     debug_namespaces.extend(args.debug_namespaces.iter().cloned());
     let router = admin::router(Arc::new(AdminState {

@@ -131,3 +131,33 @@ async fn sigterm_moves_proxies_to_another_replica_and_exits_within_the_drain() {
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_server_frees_what_it_held() {
+    let dir = copy_tree(Path::new(EXAMPLE));
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    // A proxy came and went: its stream held the server too.
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    ads.request(
+        envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
+            node: Some(node(
+                "sidecar~10.1.9.9~client.bookinfo~bookinfo.svc.cluster.local",
+                &[],
+            )),
+            type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+            ..Default::default()
+        },
+    );
+    ads.response(BOUND).await;
+    drop(ads);
+    let (xds, aggregate) = (
+        std::sync::Arc::downgrade(&mp.xds),
+        std::sync::Arc::downgrade(&mp.aggregate),
+    );
+    drop(mp);
+    wait_for("the server and the model freed", BOUND, || {
+        let freed = xds.upgrade().is_none() && aggregate.upgrade().is_none();
+        async move { freed.then_some(()) }
+    })
+    .await;
+}

@@ -4,20 +4,19 @@
 
 mod clusters;
 mod config;
-pub mod config_dump;
 mod proto_json;
 mod registry;
-mod sync;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::admin::v3::ConfigDump;
 use serde::Serialize;
-use thiserror::Error;
 
-pub use sync::client_configs;
+pub use crate::xds::introspect::{parse_request, DebugError, Query, Viewer};
 
 use crate::aggregate::Aggregate;
+use crate::xds::introspect::config_dump::{find_proxy, sections};
+use crate::xds::introspect::{sync, DebugViews};
 use crate::xds::server::XdsServer;
 
 /// What the views read: the model, the connected proxies, and the sources' standing errors.
@@ -30,54 +29,8 @@ pub struct DebugContext {
     pub mesh_config_error: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
-/// Who asks: the admin port sees everything; an xDS caller proven outside the system namespace
-/// sees only its own namespace's proxies (Istio's fix for CVE-2026-31838).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Viewer {
-    All,
-    Namespace(Arc<str>),
-}
-
-impl Viewer {
-    pub fn sees(&self, namespace: &str) -> bool {
-        match self {
-            Viewer::All => true,
-            Viewer::Namespace(own) => **own == *namespace,
-        }
-    }
-}
-
 /// Paths a namespace-scoped viewer may ask for (istiod's allowlist); each filters to its proxies.
 const SCOPED_PATHS: [&str; 3] = ["config_dump", "syncz", "connections"];
-
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum DebugError {
-    #[error("no debug path {0}")]
-    NotFound(String),
-    #[error("{0}")]
-    BadRequest(String),
-    #[error(
-        "Proxy not connected to this meshpilot instance. It may be connected to another instance."
-    )]
-    ProxyNotFound,
-    #[error("the debug path {path} is not available to callers from namespace {namespace}")]
-    Forbidden { path: String, namespace: String },
-    #[error("cannot print the config dump: {0}")]
-    Encoding(String),
-}
-
-impl DebugError {
-    pub fn http_status(&self) -> u16 {
-        match self {
-            DebugError::NotFound(_) | DebugError::ProxyNotFound => 404,
-            DebugError::BadRequest(_) => 400,
-            DebugError::Forbidden { .. } => 403,
-            DebugError::Encoding(_) => 500,
-        }
-    }
-}
-
-pub type Query = BTreeMap<String, String>;
 
 /// Every path, in `/debug/list`'s order.
 const PATHS: [&str; 14] = [
@@ -97,6 +50,12 @@ const PATHS: [&str; 14] = [
     "list",
 ];
 
+impl DebugViews for DebugContext {
+    fn render(&self, path: &str, query: &Query, viewer: &Viewer) -> Result<Vec<u8>, DebugError> {
+        DebugContext::render(self, path, query, viewer)
+    }
+}
+
 impl DebugContext {
     /// Renders `/debug/<path>` as JSON.
     pub fn render(
@@ -114,14 +73,14 @@ impl DebugContext {
             }
         }
         let value = match path {
-            "syncz" => json(sync::syncz(self, query, viewer)),
-            "connections" => json(sync::connections(self, viewer)),
+            "syncz" => json(sync::syncz(&self.xds, query, viewer)),
+            "connections" => json(sync::connections(&self.xds, viewer)),
             "clusterz" => json(clusters::clusterz(self)),
             "registryz" => json(registry::registryz(self)),
             "endpointz" => json(registry::endpointz(self)),
             "endpointShardz" => json(registry::endpoint_shardz(self)),
             "push_status" => json(registry::push_status(self)),
-            "config_dump" => return config_dump::json(self, query, viewer),
+            "config_dump" => return config_dump_json(self, query, viewer),
             "configz" => config::configz(self),
             "mesh" => config::mesh(self),
             "networkz" => config::networkz(self),
@@ -139,37 +98,16 @@ fn json<T: Serialize>(value: T) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or_default()
 }
 
-/// Splits `path?a=b&c` into the path and its parameters (a bare key maps to "").
-pub fn parse_request(request: &str) -> (&str, Query) {
-    let (path, query) = request.split_once('?').unwrap_or((request, ""));
-    let query = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (k.to_string(), v.to_string())
-        })
-        .collect();
-    (path.trim_start_matches('/'), query)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_split_into_path_and_parameters() {
-        let (path, query) = parse_request("config_dump?proxyID=a.ns&include_eds");
-        assert_eq!(path, "config_dump");
-        assert_eq!(query["proxyID"], "a.ns");
-        assert_eq!(query["include_eds"], "");
-    }
-
-    #[test]
-    fn a_namespace_viewer_sees_only_its_namespace() {
-        let viewer = Viewer::Namespace("shop".into());
-        assert!(viewer.sees("shop"));
-        assert!(!viewer.sees("istio-system"));
-        assert!(Viewer::All.sees("anything"));
-    }
+/// `/debug/config_dump?proxyID=<id>[&include_eds]`: the dump as protobuf JSON.
+fn config_dump_json(
+    ctx: &DebugContext,
+    query: &Query,
+    viewer: &Viewer,
+) -> Result<Vec<u8>, DebugError> {
+    let proxy_id = query.get("proxyID").map(String::as_str).unwrap_or_default();
+    let conn = find_proxy(&ctx.xds, proxy_id, viewer)?;
+    let dump = ConfigDump {
+        configs: sections(&ctx.xds, &conn, query.contains_key("include_eds")),
+    };
+    proto_json::to_json(&dump).map_err(DebugError::Encoding)
 }

@@ -50,7 +50,7 @@ mod tests {
         let dump = ClustersConfigDump {
             version_info: "v1".into(),
             dynamic_active_clusters: vec![DynamicCluster {
-                cluster: Some(crate::debug::config_dump::pack(&cluster)),
+                cluster: Some(crate::xds::introspect::config_dump::pack(&cluster)),
                 ..Default::default()
             }],
             ..Default::default()

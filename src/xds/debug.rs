@@ -12,10 +12,11 @@ use prost::Message;
 use tonic::Status;
 use tracing::debug;
 
+use super::introspect::config_dump::{find_proxy, pack, sections};
+use super::introspect::sync::client_configs;
+use super::introspect::{parse_request, DebugError, Viewer};
 use super::server::{Connection, XdsServer};
 use super::session::DebugRequest;
-use crate::debug::config_dump::{find_proxy, pack, sections};
-use crate::debug::{client_configs, parse_request, DebugError, Viewer};
 use crate::text::quote;
 
 /// Every debug type URL starts so.
@@ -50,16 +51,13 @@ pub fn respond(
     conn: &Connection,
     request: DebugRequest,
 ) -> Result<Bytes, Status> {
-    let ctx = server
-        .debug()
-        .ok_or_else(|| Status::unavailable("debug views are not served by this server"))?;
     let viewer = viewer(server, conn)?;
     let resources = match request.type_url.as_str() {
-        SYNCZ_TYPE => client_configs(ctx, &viewer).iter().map(pack).collect(),
+        SYNCZ_TYPE => client_configs(server, &viewer).iter().map(pack).collect(),
         CONFIG_DUMP_TYPE => match request.names.as_slice() {
             // As istiod: anything but one known proxy is answered with nothing.
-            [proxy_id] => match find_proxy(ctx, proxy_id, &viewer) {
-                Ok(target) => sections(ctx, &target, false),
+            [proxy_id] => match find_proxy(server, proxy_id, &viewer) {
+                Ok(target) => sections(server, &target, false),
                 Err(e) => {
                     debug!(proxy = %quote(proxy_id), error = %e, "config dump of an unknown proxy");
                     Vec::new()
@@ -82,7 +80,10 @@ pub fn respond(
                 None => return Err(Status::invalid_argument("not a debug type")),
             };
             let (path, query) = parse_request(&path);
-            let body = ctx.render(path, &query, &viewer).map_err(status)?;
+            let views = server
+                .debug_views()
+                .ok_or_else(|| Status::unavailable("debug views are not served by this server"))?;
+            let body = views.render(path, &query, &viewer).map_err(status)?;
             vec![Any {
                 type_url: DEBUG_TYPE.to_string(),
                 value: body,

@@ -3,6 +3,7 @@
 mod debug;
 pub mod generate;
 mod grpc;
+pub mod introspect;
 pub mod protocol;
 pub mod proxy;
 pub mod push;

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -23,12 +23,12 @@ use tracing::{debug, info};
 
 use super::generate::{cluster_host, ResourceCache};
 use super::grpc;
+use super::introspect::DebugViews;
 use super::protocol::{ResourceType, TypeStatus};
 use super::proxy::Proxy;
 use super::push::{PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
-use crate::debug::DebugContext;
 use crate::istio::ConfigKey;
 use crate::metrics::XdsMetrics;
 use crate::model::{Audience, Change, Hostname, Mesh, MeshSnapshot};
@@ -85,7 +85,8 @@ pub trait ProxyRegistrar: Send + Sync {
 pub struct XdsServer {
     mesh: Arc<Mesh>,
     auto_registration: std::sync::OnceLock<Arc<dyn ProxyRegistrar>>,
-    debug: std::sync::OnceLock<Arc<DebugContext>>,
+    /// The debug views besides the server's own, held weakly: they hold the server.
+    debug_views: std::sync::OnceLock<Weak<dyn DebugViews>>,
     push_log: PushLog,
     ready: Readiness,
     cache: ResourceCache,
@@ -217,7 +218,7 @@ impl XdsServer {
         Arc::new(Self {
             mesh,
             auto_registration: Default::default(),
-            debug: Default::default(),
+            debug_views: Default::default(),
             push_log: PushLog::default(),
             ready,
             cache: ResourceCache::new(options.cache_entries, metrics.cache_entries()),
@@ -244,13 +245,13 @@ impl XdsServer {
         self.auto_registration.get().cloned()
     }
 
-    /// Serves istio.io/debug requests from these views (once).
-    pub fn set_debug(&self, debug: Arc<DebugContext>) {
-        let _ = self.debug.set(debug);
+    /// Serves `istio.io/debug` requests for other paths from these views (once).
+    pub fn set_debug_views(&self, views: Weak<dyn DebugViews>) {
+        let _ = self.debug_views.set(views);
     }
 
-    pub(super) fn debug(&self) -> Option<&Arc<DebugContext>> {
-        self.debug.get()
+    pub(super) fn debug_views(&self) -> Option<Arc<dyn DebugViews>> {
+        self.debug_views.get().and_then(Weak::upgrade)
     }
 
     pub fn mesh(&self) -> &Arc<Mesh> {

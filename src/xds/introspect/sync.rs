@@ -11,10 +11,10 @@ use envoy_types::pb::envoy::service::status::v3::{
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use serde::Serialize;
 
-use super::{DebugContext, Query, Viewer};
+use super::{Query, Viewer};
 use crate::xds::protocol::{ResourceType, TypeStatus};
 use crate::xds::proxy::{Generator, ProxyType};
-use crate::xds::server::Connection;
+use crate::xds::server::{Connection, XdsServer};
 
 /// One row of `/debug/syncz`: istiod's `SyncStatus` fields (nonces sent and acknowledged per
 /// type), then meshpilot's own.
@@ -48,18 +48,17 @@ fn sync_prefix(ty: ResourceType) -> Option<&'static str> {
 }
 
 /// The proxies a viewer may list: debug clients (istioctl itself) are not proxies.
-fn proxies(ctx: &DebugContext, viewer: &Viewer) -> Vec<Arc<Connection>> {
-    ctx.xds
-        .connections()
+fn proxies(xds: &XdsServer, viewer: &Viewer) -> Vec<Arc<Connection>> {
+    xds.connections()
         .into_iter()
         .filter(|c| c.proxy.generator != Generator::Event && viewer.sees(&c.proxy.namespace))
         .collect()
 }
 
 /// `?namespace=` narrows the rows as in istiod.
-pub(super) fn syncz(ctx: &DebugContext, query: &Query, viewer: &Viewer) -> Vec<impl Serialize> {
+pub fn syncz(xds: &XdsServer, query: &Query, viewer: &Viewer) -> Vec<impl Serialize> {
     let namespace = query.get("namespace");
-    proxies(ctx, viewer)
+    proxies(xds, viewer)
         .into_iter()
         .filter(|c| namespace.is_none_or(|ns| **ns == *c.proxy.namespace))
         .map(|c| {
@@ -116,9 +115,8 @@ struct ClientRow {
 }
 
 /// `/debug/connections`: every stream, debug clients included (as istiod).
-pub(super) fn connections(ctx: &DebugContext, viewer: &Viewer) -> impl Serialize {
-    let clients: Vec<ClientRow> = ctx
-        .xds
+pub fn connections(xds: &XdsServer, viewer: &Viewer) -> impl Serialize {
+    let clients: Vec<ClientRow> = xds
         .connections()
         .into_iter()
         .filter(|c| viewer.sees(&c.proxy.namespace))
@@ -136,7 +134,7 @@ pub(super) fn connections(ctx: &DebugContext, viewer: &Viewer) -> impl Serialize
 
 /// `istio.io/debug/syncz`: a `ClientConfig` per proxy with the status of each xDS type, computed as
 /// istiod does (not sent, acknowledged = synced, else stale).
-pub fn client_configs(ctx: &DebugContext, viewer: &Viewer) -> Vec<ClientConfig> {
+pub fn client_configs(xds: &XdsServer, viewer: &Viewer) -> Vec<ClientConfig> {
     // istiod's order; ECDS is never served, so always NOT_SENT.
     let order = [
         Some(ResourceType::Listener),
@@ -145,7 +143,7 @@ pub fn client_configs(ctx: &DebugContext, viewer: &Viewer) -> Vec<ClientConfig> 
         Some(ResourceType::Cluster),
         None,
     ];
-    proxies(ctx, viewer)
+    proxies(xds, viewer)
         .into_iter()
         .map(|c| {
             let types = c.status();

@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::admin::v3::endpoints_config_dump::DynamicEndpointCon
 use envoy_types::pb::envoy::admin::v3::{
     clusters_config_dump::DynamicCluster, listeners_config_dump::DynamicListener,
     listeners_config_dump::DynamicListenerState, routes_config_dump::DynamicRouteConfig,
-    secrets_config_dump::DynamicSecret, BootstrapConfigDump, ClustersConfigDump, ConfigDump,
+    secrets_config_dump::DynamicSecret, BootstrapConfigDump, ClustersConfigDump,
     EndpointsConfigDump, ListenersConfigDump, RoutesConfigDump, SecretsConfigDump,
 };
 use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
@@ -16,16 +16,16 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Sec
 use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
 
-use super::{DebugContext, DebugError, Query, Viewer};
+use super::{DebugError, Viewer};
 use crate::xds::generate::Generation;
 use crate::xds::protocol::ResourceType;
-use crate::xds::server::Connection;
+use crate::xds::server::{Connection, XdsServer};
 use crate::xds::wire::Resource;
 
 /// The connection a `proxyID` names: istiod matches it as a substring of the connection id, so
 /// `pod.namespace` is enough.
 pub fn find_proxy(
-    ctx: &DebugContext,
+    xds: &XdsServer,
     proxy_id: &str,
     viewer: &Viewer,
 ) -> Result<Arc<Connection>, DebugError> {
@@ -34,17 +34,16 @@ pub fn find_proxy(
             "You must provide a proxyID in the query string".into(),
         ));
     }
-    ctx.xds
-        .connections()
+    xds.connections()
         .into_iter()
         .find(|c| c.connection_id().contains(proxy_id) && viewer.sees(&c.proxy.namespace))
         .ok_or(DebugError::ProxyNotFound)
 }
 
 /// The dump's sections, each an `Any` of an admin `*ConfigDump`, in istiod's order.
-pub fn sections(ctx: &DebugContext, conn: &Connection, include_eds: bool) -> Vec<Any> {
-    let snapshot = ctx.xds.mesh().snapshot();
-    let g = Generation::new(&snapshot, ctx.xds.cache(), &conn.proxy);
+pub fn sections(xds: &XdsServer, conn: &Connection, include_eds: bool) -> Vec<Any> {
+    let snapshot = xds.mesh().snapshot();
+    let g = Generation::new(&snapshot, xds.cache(), &conn.proxy);
     let version = snapshot.version_text.to_string();
     let clusters = g.all(ResourceType::Cluster);
     let listeners = g.all(ResourceType::Listener);
@@ -152,18 +151,4 @@ fn redacted(any: Any) -> Any {
         }
     }
     pack(&secret)
-}
-
-/// `/debug/config_dump?proxyID=<id>[&include_eds]`: the dump as protobuf JSON.
-pub(super) fn json(
-    ctx: &DebugContext,
-    query: &Query,
-    viewer: &Viewer,
-) -> Result<Vec<u8>, DebugError> {
-    let proxy_id = query.get("proxyID").map(String::as_str).unwrap_or_default();
-    let conn = find_proxy(ctx, proxy_id, viewer)?;
-    let dump = ConfigDump {
-        configs: sections(ctx, &conn, query.contains_key("include_eds")),
-    };
-    crate::debug::proto_json::to_json(&dump).map_err(DebugError::Encoding)
 }
