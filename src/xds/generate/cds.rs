@@ -16,11 +16,12 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::UInt32Value;
 
-use super::policy::{self, Effective};
-use super::{
-    ads, parse_outbound, parse_port, parse_sni_cluster, seconds, socket, subset_cluster, target,
-    tls, Generation, Target,
+use super::names::{
+    inbound_cluster, outbound_sni, parse_outbound, parse_port, parse_sni_cluster, subset_cluster,
+    BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH,
 };
+use super::policy::{self, Effective};
+use super::{ads, seconds, socket, target, tls, Generation, Target};
 use super::{gateway, gateway_tls};
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
 use crate::istio::sidecar::IngressEndpoint;
@@ -28,10 +29,6 @@ use crate::model::{Locality, Protocol, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
 use crate::xds::wire::{Resource, SharedList};
-
-pub const BLACKHOLE: &str = "BlackHoleCluster";
-pub const PASSTHROUGH: &str = "PassthroughCluster";
-pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
@@ -74,7 +71,7 @@ pub fn cluster_names(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<St
         .unwrap_or_default();
     let host = &service.hostname;
     let name = |port: u16, subset: &str| match sni {
-        true => tls::outbound_sni(port, subset, host),
+        true => outbound_sni(port, subset, host),
         false => subset_cluster(port, subset, host),
     };
     service
@@ -99,10 +96,6 @@ pub fn own_names(g: &Generation<'_>) -> Vec<String> {
         .iter()
         .map(|(port, _)| inbound_cluster(*port))
         .collect()
-}
-
-pub fn inbound_cluster(port: u16) -> String {
-    format!("inbound|{port}||")
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
@@ -229,7 +222,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
     }
     if g.proxy.generator == Generator::Envoy {
         let subset = target.subset.as_ref().map_or("", |s| s.name.as_str());
-        let sni = tls::outbound_sni(target.port, subset, &service.hostname);
+        let sni = outbound_sni(target.port, subset, &service.hostname);
         match &effective.tls {
             Some(t) if t.mode == ClientTlsMode::Disable => {}
             Some(t) if t.mode == ClientTlsMode::IstioMutual => {

@@ -21,9 +21,10 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
 use super::locality::{self, topology_labels, LocalityPolicy};
+use super::names::{parse_outbound, parse_sni_cluster};
 use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
-use super::{parse_outbound, parse_sni_cluster, socket, target, Generation};
+use super::{socket, target, Generation};
 use crate::model::policies::SecurityPolicies;
 use crate::model::{
     Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,

@@ -16,8 +16,8 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
-use super::cds::{inbound_cluster, INBOUND_PASSTHROUGH};
-use super::lds::{hcm, network_filter, tcp_proxy_filter, VIRTUAL_INBOUND};
+use super::lds::{hcm, network_filter, tcp_proxy_filter};
+use super::names::{inbound_cluster, INBOUND_PASSTHROUGH, VIRTUAL_INBOUND};
 use super::rds::inbound_route;
 use super::security::WorkloadSecurity;
 use super::{socket, tls, Generation};

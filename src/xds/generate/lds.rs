@@ -25,16 +25,17 @@ use envoy_types::util::pack_any;
 
 use super::gateway;
 use super::inbound;
-use super::rds::grpc_route_name;
+use super::names::{
+    grpc_route_name, outbound_cluster, parse_port, port_listener_name, VIRTUAL_INBOUND,
+    VIRTUAL_OUTBOUND,
+};
 use super::routes::{cluster_for, RouteContext, CORS_FILTER, FAULT_FILTER};
-use super::{ads, grpc_target, outbound_cluster, parse_port, socket, Generation};
+use super::{ads, grpc_target, socket, Generation};
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
 use crate::xds::wire::{Resource, SharedList};
 
-pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
-pub const VIRTUAL_INBOUND: &str = "virtualInbound";
 const OUTBOUND_PORT: u16 = 15001;
 
 /// The listeners every proxy of this kind (and cluster) shares, assembled once per model version.
@@ -89,10 +90,6 @@ pub fn own_names(g: &Generation<'_>) -> Vec<String> {
         true => vec![VIRTUAL_INBOUND.to_string()],
         false => Vec::new(),
     }
-}
-
-pub fn port_listener_name(port: u16) -> String {
-    format!("0.0.0.0_{port}")
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {

@@ -11,22 +11,18 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 use envoy_types::pb::google::protobuf::{BoolValue, Duration};
 
-use super::cds::PASSTHROUGH;
 use super::gateway;
 use super::lds::{self, vips_for};
+use super::names::{outbound_cluster, parse_port, port_listener_name, PASSTHROUGH};
 use super::policy::Effective;
 use super::routes::{http_routes, retry_policy, RouteContext};
-use super::{grpc_target, outbound_cluster, parse_port, Generation};
+use super::{grpc_target, Generation};
 use crate::istio::mesh::OutboundMode;
 use crate::istio::virtual_service::HttpRoute;
 use crate::model::{Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
 use crate::xds::wire::Resource;
-
-pub fn grpc_route_name(host: &str, port: u16) -> String {
-    format!("{host}:{port}")
-}
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if g.proxy.generator == Generator::Grpc {
@@ -45,7 +41,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name)?;
     // The route of a port the proxy has no listener for (a name it made up, or one its listener
     // has just gone from) is answered as istiod does, but not cached: such names are unbounded.
-    let listener = lds::port_listener_name(port);
+    let listener = port_listener_name(port);
     if !lds::shared(g)
         .resources
         .iter()

@@ -33,7 +33,8 @@ use envoy_types::pb::envoy::r#type::v3::{fractional_percent::DenominatorType, Fr
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
 use envoy_types::util::pack_any;
 
-use super::{subset_cluster, Generation};
+use super::names::subset_cluster;
+use super::Generation;
 use crate::istio::virtual_service::{
     Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, Percent, StringMatch,
 };

@@ -28,12 +28,6 @@ pub const SDS_CLUSTER: &str = "sds-grpc";
 /// Endpoint metadata key selecting the mTLS transport socket.
 pub const TLS_MODE_KEY: &str = "tlsMode";
 
-/// `outbound_.<port>_.<subset>_.<hostname>` (`outbound_.<port>_._.<hostname>` without a subset):
-/// the SNI of mesh mTLS, which an east-west gateway routes by.
-pub fn outbound_sni(port: u16, subset: &str, host: &str) -> String {
-    format!("outbound_.{port}_.{subset}_.{host}")
-}
-
 fn sds(name: &str) -> SdsSecretConfig {
     SdsSecretConfig {
         name: name.to_string(),

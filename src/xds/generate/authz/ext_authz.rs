@@ -16,7 +16,7 @@ use envoy_types::pb::google::protobuf::Duration;
 use super::matchers;
 use crate::istio::extension_provider::{self, ExtAuthzGrpc, ExtAuthzHttp, RequestBody};
 use crate::model::MeshSnapshot;
-use crate::xds::generate::outbound_cluster;
+use crate::xds::generate::names::outbound_cluster;
 
 /// Names of CUSTOM rules start with this; the ext_authz filter runs when the matched one does.
 pub const MATCH_PREFIX: &str = "istio-ext-authz";
