@@ -112,3 +112,166 @@ fn the_check_sees_an_import_upwards() {
         "the scan reads real imports"
     );
 }
+
+/// The generators of each proxy kind: none imports another, and no building block imports one.
+const GENERATORS: &[&str] = &["sidecar", "router", "grpc"];
+
+/// Each module under src/xds/generate (a file, or a directory with its files) and the sibling
+/// modules it imports, outside tests; `generate` itself (the dispatcher) when a module imports
+/// from it rather than from a sibling.
+fn generator_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate");
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable source directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let relative = path.strip_prefix(&root).expect("below generate");
+            let parts: Vec<&str> = relative
+                .components()
+                .map(|c| c.as_os_str().to_str().expect("utf-8 name"))
+                .collect();
+            if parts == ["mod.rs"] {
+                continue;
+            }
+            let module = parts[0].trim_end_matches(".rs").to_string();
+            // Where `super` points from this file: 1 = generate itself.
+            let depth_to_generate = match parts.as_slice() {
+                [_] | [_, "mod.rs"] => 1,
+                _ => 2,
+            };
+            let text = std::fs::read_to_string(&path).expect("readable source");
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let imported = out.entry(module.clone()).or_default();
+            for path in import_paths(code) {
+                let segments: Vec<&str> = path.split("::").collect();
+                let rest = match segments.as_slice() {
+                    ["crate", "xds", "generate", rest @ ..] => rest,
+                    _ => {
+                        let supers = segments.iter().take_while(|s| **s == "super").count();
+                        if supers != depth_to_generate {
+                            continue;
+                        }
+                        &segments[supers..]
+                    }
+                };
+                let Some(first) = rest.first() else { continue };
+                let is_module = first.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+                let target = match is_module {
+                    true => first.to_string(),
+                    false => "generate".to_string(),
+                };
+                if target != module {
+                    imported.insert(target);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every path a file names from `crate::` or `super::`, group imports (`super::{a, b::c}`)
+/// expanded one level.
+fn import_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for prefix in ["crate::", "super::"] {
+        for (at, _) in code.match_indices(prefix) {
+            if code[..at].ends_with("super::") || code[..at].ends_with("::") {
+                continue;
+            }
+            let path: String = code[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let path = path.trim_end_matches(':').to_string();
+            let after = &code[at + path.len()..];
+            match after.strip_prefix("::{") {
+                Some(group) => {
+                    let group = group.split('}').next().unwrap_or_default();
+                    for item in group.split(',') {
+                        let item = item.trim().split("::").next().unwrap_or_default();
+                        if !item.is_empty() {
+                            out.push(format!("{path}::{item}"));
+                        }
+                    }
+                }
+                None => out.push(path),
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn generators_import_no_generator_and_form_no_cycle() {
+    let imports = generator_imports();
+    let mut wrong = Vec::new();
+    for (module, imported) in &imports {
+        for target in imported {
+            if target == "generate" {
+                wrong.push(format!(
+                    "generate/{module} imports from the dispatcher (generate/mod.rs): import the module that defines it"
+                ));
+            } else if GENERATORS.contains(&target.as_str()) {
+                wrong.push(format!(
+                    "generate/{module} imports the {target} generator: share a building block instead"
+                ));
+            }
+        }
+    }
+    if let Some(cycle) = find_cycle(&imports) {
+        wrong.push(format!("import cycle: {}", cycle.join(" → ")));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A path of imports returning to where it started, if the graph has one.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_generator_check_sees_imports_and_cycles() {
+    let imports = generator_imports();
+    // Imports through groups, `super::` and `crate::xds::generate::` paths are all read.
+    assert!(imports["router"].contains("clusters") && imports["router"].contains("filters"));
+    assert!(imports["sidecar"].contains("routes"), "nested files read");
+    assert!(imports["authz"].contains("names"), "crate paths read");
+    let mut cyclic = imports.clone();
+    cyclic
+        .get_mut("filters")
+        .expect("the filters block")
+        .insert("router".to_string());
+    assert!(find_cycle(&cyclic).is_some());
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::intern::Interner;
 use super::objects::PodObj;
-use super::set_member;
+use super::store::set_member;
 
 #[derive(Default)]
 pub(super) struct PodIndex {

@@ -20,11 +20,12 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
 
+use super::common::socket;
+use super::generation::Generation;
 use super::locality::{self, topology_labels, LocalityPolicy};
 use super::names::{parse_outbound, parse_sni_cluster};
 use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
-use super::{socket, target, Generation};
 use crate::model::policies::SecurityPolicies;
 use crate::model::{
     Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
@@ -51,7 +52,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         Some(parsed) => (parsed, false),
         None => (parse_sni_cluster(name)?, true),
     };
-    let target = target(g, &parsed)?;
+    let target = g.target(&parsed)?;
     let service = target.service;
     if service.resolution != Resolution::ClientSideLb {
         return None;

@@ -14,7 +14,8 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::{ads, sds, tls};
+use super::common::ads;
+use super::{sds, tls};
 use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
 use crate::istio::gateway::{ServerTls, ServerTlsMode};
 

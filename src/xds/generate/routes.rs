@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
 use envoy_types::pb::envoy::config::route::v3::{
     header_matcher, query_parameter_matcher, route, route_action, route_match,
     DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
-    RouteAction, RouteMatch, WeightedCluster,
+    RouteAction, RouteMatch, VirtualHost, WeightedCluster,
 };
 use envoy_types::pb::envoy::extensions::filters::common::fault::v3::{
     fault_delay::FaultDelaySecifier, FaultDelay,
@@ -33,14 +33,12 @@ use envoy_types::pb::envoy::r#type::v3::{fractional_percent::DenominatorType, Fr
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
 use envoy_types::util::pack_any;
 
+use super::filters::{CORS_FILTER, FAULT_FILTER};
+use super::generation::Generation;
 use super::names::subset_cluster;
-use super::Generation;
 use crate::istio::virtual_service::{
     Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, Percent, StringMatch,
 };
-
-pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
-pub const CORS_FILTER: &str = "envoy.filters.http.cors";
 
 /// Where the routes are served: which port's traffic they see, and (at a gateway) which gateway.
 pub struct RouteContext<'a, 'g> {
@@ -84,6 +82,56 @@ pub fn http_routes(ctx: &RouteContext<'_, '_>, routes: &[HttpRoute]) -> Vec<Rout
         }
     }
     out
+}
+
+/// A virtual host with Istio's default route: everything to `cluster`, no timeout (long streams
+/// must not be cut), the default retries.
+pub(super) fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> VirtualHost {
+    VirtualHost {
+        name: name.to_string(),
+        domains,
+        routes: vec![Route {
+            name: "default".to_string(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
+                ..Default::default()
+            }),
+            action: Some(route::Action::Route(RouteAction {
+                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                    cluster.to_string(),
+                )),
+                timeout: Some(Duration {
+                    seconds: 0,
+                    nanos: 0,
+                }),
+                retry_policy: retry_policy(&HttpRoute::default()),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// A virtual host answering every request for any host with `status` itself.
+pub(super) fn answering_all(name: &str, route_name: &str, status: u32) -> VirtualHost {
+    VirtualHost {
+        name: name.to_string(),
+        domains: vec!["*".to_string()],
+        routes: vec![Route {
+            name: route_name.to_string(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
+                ..Default::default()
+            }),
+            action: Some(route::Action::DirectResponse(DirectResponseAction {
+                status,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
 }
 
 fn catch_all_match() -> RouteMatch {

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use tracing::warn;
 
-use super::Generation;
+use super::generation::Generation;
 use crate::model::CREDENTIAL_CA_SUFFIX;
 use crate::xds::wire::Resource;
 

@@ -23,7 +23,7 @@ use tracing::warn;
 
 use self::ext_authz::{HTTP_RBAC, MATCH_PREFIX, NETWORK_RBAC, SHADOW_PREFIX};
 use self::rules::Translation;
-use super::lds::network_filter;
+use super::filters::network_filter;
 use crate::model::policies::{Selected, SelectedAuthorization};
 use crate::model::MeshSnapshot;
 

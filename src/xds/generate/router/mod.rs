@@ -13,70 +13,76 @@
 //! A router no Gateway selects but labelled `istio: eastwestgateway` gets the AUTO_PASSTHROUGH
 //! listener on 15443 (a fallback for meshes that never applied the cross-network Gateway).
 
+mod servers;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::listener::v3::{
-    listener_filter, Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter,
+    Filter, FilterChain, FilterChainMatch, Listener,
 };
 use envoy_types::pb::envoy::config::route::v3::{
     virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost,
 };
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::google::protobuf::BoolValue;
-use envoy_types::util::pack_any;
 use tracing::debug;
 
-use super::routes::{cluster_for, http_routes, RouteContext};
+use self::servers::{bound, labelled_east_west, servers, PortServer};
+use super::clusters::{self, ClusterNeeds};
+use super::common::socket;
+use super::filters::{
+    hcm_filter, outbound_hcm, rds, tcp_proxy_filter, tls_inspector, weighted_tcp_proxy,
+};
+use super::gateway_tls;
+use super::generation::Generation;
+use super::names::{parse_port, port_listener_name};
+use super::routes::{answering_all, cluster_for, http_routes, RouteContext};
 use super::security::WorkloadSecurity;
-use super::{cds, gateway_tls, lds, parse_port, rds, socket, Generation};
-use crate::istio::gateway::{Server, ServerTlsMode};
-use crate::istio::virtual_service::{RouteDestination, VirtualService};
-use crate::model::{host_match, BoundGateway, Resolution};
-use crate::xds::proxy::{Generator, ProxyType};
-use crate::xds::wire::Resource;
+use crate::istio::gateway::ServerTlsMode;
+use crate::istio::virtual_service::RouteDestination;
+use crate::model::Resolution;
+use crate::xds::protocol::ResourceType;
+use crate::xds::wire::{Listing, Resource, SharedList};
 
 /// The port of Istio's cross-network (AUTO_PASSTHROUGH) server.
 const EAST_WEST_PORT: u16 = 15443;
 const HTTP_ALPN: [&str; 2] = ["h2", "http/1.1"];
 
-/// A router fed by this module (Envoy gateways; proxyless clients have their own generator).
-pub fn is_router(g: &Generation<'_>) -> bool {
-    g.proxy.kind == ProxyType::Router && g.proxy.generator == Generator::Envoy
-}
-
-/// The Gateways selecting this router, with their bound VirtualServices.
-fn bound(g: &Generation<'_>) -> Vec<BoundGateway> {
-    match is_router(g) {
-        true => g.mesh.config.gateways_for(&g.proxy.labels),
-        false => Vec::new(),
+/// Every cluster or listener. A router's listeners are its own (built through the per-resource
+/// cache); its clusters are shared with routers that need the same.
+pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
+    let shared = match ty {
+        ResourceType::Cluster => clusters::list(g, &cluster_needs(g)),
+        ResourceType::Listener => Arc::new(SharedList::new(listeners(g))),
+        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => {
+            return Listing::default()
+        }
+    };
+    Listing {
+        shared: Some(shared),
+        own: Vec::new(),
     }
 }
 
-fn labelled_east_west(g: &Generation<'_>) -> bool {
-    g.proxy.labels.get("istio").map(String::as_str) == Some("eastwestgateway")
-}
-
-/// Which clusters a router needs: the mesh SNI ones (it passes mesh mTLS through by SNI) and the
-/// `outbound|…` ones (it routes to services itself).
-pub struct ClusterNeeds {
-    pub sni: bool,
-    pub outbound: bool,
-}
-
-pub fn cluster_needs(g: &Generation<'_>) -> ClusterNeeds {
-    if !is_router(g) {
-        return ClusterNeeds {
-            sni: false,
-            outbound: true,
-        };
+pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
+    match ty {
+        ResourceType::Cluster => clusters::build(g, name),
+        ResourceType::Listener => build_listener(g, name),
+        ResourceType::Route => build_routes(g, name),
+        ResourceType::Endpoint | ResourceType::Secret => None,
     }
+}
+
+/// Which clusters a router lists: the mesh SNI ones where it passes mesh mTLS through by SNI
+/// (AUTO_PASSTHROUGH), the `outbound|…` ones where it routes to services itself.
+fn cluster_needs(g: &Generation<'_>) -> ClusterNeeds {
     let bound = bound(g);
     if bound.is_empty() {
         let east_west = labelled_east_west(g);
         return ClusterNeeds {
             sni: east_west,
             outbound: !east_west,
+            fixed: false,
         };
     }
     let modes = bound
@@ -88,156 +94,12 @@ pub fn cluster_needs(g: &Generation<'_>) -> ClusterNeeds {
     ClusterNeeds {
         sni: !auto.is_empty(),
         outbound: !other.is_empty(),
+        fixed: false,
     }
-}
-
-/// One server of a Gateway that selects the proxy.
-struct PortServer<'a> {
-    bound: &'a BoundGateway,
-    server: &'a Server,
-    /// `<namespace>/<name>` of its Gateway.
-    gateway: String,
-}
-
-impl PortServer<'_> {
-    fn number(&self) -> u16 {
-        u16::try_from(self.server.port.number).unwrap_or_default()
-    }
-
-    fn mode(&self) -> Option<ServerTlsMode> {
-        self.server.tls.as_ref().map(|t| t.mode)
-    }
-
-    fn is_plain_http(&self) -> bool {
-        let http = matches!(
-            self.server.protocol().as_str(),
-            "HTTP" | "HTTP2" | "GRPC" | "GRPC-WEB"
-        );
-        http && self.mode().is_none_or(|_| self.redirects_to_https())
-    }
-
-    fn redirects_to_https(&self) -> bool {
-        self.server.tls.as_ref().is_some_and(|t| t.https_redirect)
-    }
-
-    /// The RDS route of an HTTP server (istiod's names).
-    fn route_name(&self) -> Option<String> {
-        if self.is_plain_http() {
-            return Some(format!("http.{}", self.number()));
-        }
-        let terminated_https =
-            self.server.protocol() == "HTTPS" && self.mode().is_some_and(gateway_tls::terminates);
-        terminated_https.then(|| {
-            let (ns, name) = self.gateway.split_once('/').unwrap_or_default();
-            let port_name = &self.server.port.name;
-            format!("https.{}.{port_name}.{name}.{ns}", self.number())
-        })
-    }
-
-    /// The server's hosts a VirtualService may use: `<ns>/<host>` admits only that namespace's
-    /// VirtualServices (`.` the Gateway's, `*` or nothing any).
-    fn admits(&self, vs_namespace: &str, vs_host: &str) -> Option<String> {
-        let gateway_ns = self.gateway.split('/').next().unwrap_or_default();
-        self.server.hosts.iter().find_map(|entry| {
-            let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
-            let ns_ok =
-                ns == "*" || ns == vs_namespace || (ns == "." && vs_namespace == gateway_ns);
-            if !ns_ok {
-                return None;
-            }
-            // The more specific of the two names is the one served.
-            if host_match(host, vs_host).is_some() {
-                Some(vs_host.to_string())
-            } else {
-                host_match(vs_host, host).map(|_| host.to_string())
-            }
-        })
-    }
-
-    /// SNI names the server answers for; empty for `*` (any).
-    fn server_names(&self) -> Vec<String> {
-        let hosts = self.server.hosts.iter();
-        let names: Vec<String> = hosts
-            .map(|h| h.split_once('/').map_or(h.as_str(), |(_, host)| host))
-            .map(str::to_string)
-            .collect();
-        match names.iter().any(|h| h == "*") {
-            true => Vec::new(),
-            false => names,
-        }
-    }
-
-    /// The bound VirtualServices with a host this server admits.
-    fn virtual_services(&self) -> impl Iterator<Item = (&str, &VirtualService)> {
-        self.bound
-            .virtual_services
-            .iter()
-            .filter_map(|(object, vs)| {
-                let ns = &*object.key.namespace;
-                vs.hosts
-                    .iter()
-                    .any(|h| self.admits(ns, h).is_some())
-                    .then_some((ns, &**vs))
-            })
-    }
-
-    fn applies(&self, gateways: &[String]) -> bool {
-        gateways.is_empty()
-            || gateways
-                .iter()
-                .any(|g| *g == self.gateway || self.gateway.rsplit('/').next() == Some(g.as_str()))
-    }
-}
-
-/// The port a server listens on in the gateway's pod: the target port of its Service's port with
-/// the server's number, else that number.
-fn listen_port(g: &Generation<'_>, number: u16) -> u16 {
-    for ip in &g.proxy.ips {
-        for key in g.mesh.endpoints.services_at(ip) {
-            let port = g.mesh.services.get(&key.hostname).and_then(|s| {
-                let port = s.port(number)?;
-                let shards = g.mesh.endpoints.get(&key)?;
-                let ep = shards
-                    .endpoints()
-                    .find(|e| e.address == *ip && *e.service_port_name == *port.name)?;
-                Some(ep.port)
-            });
-            if let Some(port) = port {
-                return port;
-            }
-        }
-    }
-    number
-}
-
-fn servers<'a>(
-    g: &Generation<'_>,
-    bound: &'a [BoundGateway],
-) -> BTreeMap<u16, Vec<PortServer<'a>>> {
-    let mut by_port: BTreeMap<u16, Vec<PortServer<'a>>> = BTreeMap::new();
-    for b in bound {
-        let gateway = format!("{}/{}", b.object.key.namespace, b.object.key.name);
-        for server in &b.gateway.servers {
-            let ps = PortServer {
-                bound: b,
-                server,
-                gateway: gateway.clone(),
-            };
-            by_port
-                .entry(listen_port(g, ps.number()))
-                .or_default()
-                .push(ps);
-        }
-    }
-    by_port
-}
-
-fn listener_name(port: u16) -> String {
-    format!("0.0.0.0_{port}")
 }
 
 /// Every listener of a router.
-pub fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
+fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
     let bound = bound(g);
     let by_port = servers(g, &bound);
     let ports: Vec<u16> = match bound.is_empty() {
@@ -252,7 +114,7 @@ pub fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
 }
 
 /// A router's listener by name.
-pub fn build_listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+fn build_listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
     let bound = bound(g);
     listener(g, port, &servers(g, &bound))
@@ -265,7 +127,7 @@ fn listener(
     port: u16,
     by_port: &BTreeMap<u16, Vec<PortServer<'_>>>,
 ) -> Option<Arc<Resource>> {
-    let name = listener_name(port);
+    let name = port_listener_name(port);
     let chains = if by_port.is_empty() {
         (port == EAST_WEST_PORT && labelled_east_west(g)).then(|| auto_passthrough_chains(g))?
     } else {
@@ -426,13 +288,10 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
 /// The connection manager of an HTTP server: the workload's security filters, then the
 /// VirtualService filters and the router.
 fn http_filter(route: &str, security: &WorkloadSecurity) -> Filter {
-    let mut hcm = lds::outbound_hcm(route, lds::rds(route));
+    let mut hcm = outbound_hcm(route, rds(route));
     hcm.http_filters
         .splice(0..0, security.http_filters().iter().cloned());
-    lds::network_filter(
-        "envoy.filters.network.http_connection_manager",
-        pack_any(hcm),
-    )
+    hcm_filter(hcm)
 }
 
 fn targets(
@@ -463,7 +322,7 @@ fn tcp_route(g: &Generation<'_>, ps: &PortServer<'_>) -> Option<Vec<Filter>> {
         })
     })?;
     let targets = targets(g, ps, &route.route);
-    Some(vec![lds::weighted_tcp_proxy(&ps.gateway, &targets)])
+    Some(vec![weighted_tcp_proxy(&ps.gateway, &targets)])
 }
 
 /// A PASSTHROUGH server's chains: per bound TLS route, the SNI names it matches (within the
@@ -490,7 +349,7 @@ fn passthrough_routes(g: &Generation<'_>, ps: &PortServer<'_>) -> Vec<(Vec<Strin
             };
             let targets = targets(g, ps, &route.route);
             let stat = format!("{}_tls_{i}", ps.gateway);
-            out.push((names, lds::weighted_tcp_proxy(&stat, &targets)));
+            out.push((names, weighted_tcp_proxy(&stat, &targets)));
         }
     }
     out
@@ -502,32 +361,22 @@ fn auto_passthrough_chains(g: &Generation<'_>) -> Vec<FilterChain> {
     g.routable_services()
         .iter()
         .filter(|s| s.resolution == Resolution::ClientSideLb)
-        .flat_map(|s| cds::cluster_names(g, s, true))
+        .flat_map(|s| clusters::names_of(g, s, true))
         .map(|sni| FilterChain {
             name: sni.clone(),
             filter_chain_match: Some(FilterChainMatch {
                 server_names: vec![sni.clone()],
                 ..Default::default()
             }),
-            filters: vec![lds::tcp_proxy_filter(&sni, &sni)],
+            filters: vec![tcp_proxy_filter(&sni, &sni)],
             ..Default::default()
         })
         .collect()
 }
 
-fn tls_inspector() -> ListenerFilter {
-    ListenerFilter {
-        name: "envoy.filters.listener.tls_inspector".to_string(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(
-            TlsInspector::default(),
-        ))),
-        ..Default::default()
-    }
-}
-
 /// A router's route configuration by name: a virtual host per host its servers of that route
 /// admit from bound VirtualServices (the oldest VirtualService claiming a host serves it).
-pub fn build_routes(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+fn build_routes(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let bound = bound(g);
     let by_port = servers(g, &bound);
     let servers: Vec<&PortServer<'_>> = by_port
@@ -585,5 +434,5 @@ fn domains(host: &str) -> Vec<String> {
 
 /// What a gateway answers for hosts nothing routes (istiod's `blackhole:<port>`).
 fn not_found(port: u16) -> VirtualHost {
-    rds::answering_all(&format!("blackhole:{port}"), "default", 404)
+    answering_all(&format!("blackhole:{port}"), "default", 404)
 }

@@ -1,7 +1,7 @@
-//! CDS: one cluster per visible service port (`outbound|<port>||<hostname>`) and one per subset of
-//! the DestinationRule that applies (`outbound|<port>|<subset>|<hostname>`), with the rule's traffic
-//! policy and TLS; Istio's fixed clusters and, for a sidecar, one `inbound|<port>||` cluster per port
-//! of its own workload.
+//! Clusters of the mesh's services for any proxy: one per visible service port
+//! (`outbound|<port>||<hostname>`) and one per subset of the DestinationRule that applies
+//! (`outbound|<port>|<subset>|<hostname>`), with the rule's traffic policy and TLS; by SNI for
+//! east-west gateways; Istio's fixed clusters; and the static clusters to a local workload.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,15 +16,16 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::UInt32Value;
 
+use super::common::{ads, seconds, socket};
+use super::gateway_tls;
+use super::generation::{Generation, Target};
 use super::names::{
-    inbound_cluster, outbound_sni, parse_outbound, parse_port, parse_sni_cluster, subset_cluster,
-    BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH,
+    outbound_sni, parse_outbound, parse_sni_cluster, subset_cluster, BLACKHOLE,
+    INBOUND_PASSTHROUGH, PASSTHROUGH,
 };
 use super::policy::{self, Effective};
-use super::{ads, seconds, socket, target, tls, Generation, Target};
-use super::{gateway, gateway_tls};
+use super::tls;
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
-use crate::istio::sidecar::IngressEndpoint;
 use crate::model::{Locality, Protocol, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -32,39 +33,46 @@ use crate::xds::wire::{Resource, SharedList};
 
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
-/// The clusters every proxy of this kind (and, once rules or export limits exist, namespace) shares:
-/// one per visible service port and subset (for a gateway passing mesh mTLS through, one per SNI
-/// as well or instead), plus Istio's fixed clusters for sidecars. Assembled once per snapshot
-/// version.
-pub fn shared(g: &Generation<'_>) -> Arc<SharedList> {
-    let needs = gateway::cluster_needs(g);
+/// Which clusters of the mesh's services a proxy lists: the mesh SNI ones (an east-west gateway
+/// passes mesh mTLS through by SNI) and the `outbound|…` ones (it routes to services itself).
+pub(super) struct ClusterNeeds {
+    pub(super) sni: bool,
+    pub(super) outbound: bool,
+    /// Istio's fixed clusters (black hole, passthrough) a sidecar's listeners name.
+    pub(super) fixed: bool,
+}
+
+/// The clusters every proxy with the same needs (and, once rules or export limits exist,
+/// namespace) shares: one per visible service port and subset, by `outbound|…` name or by SNI,
+/// and the fixed ones. Assembled once per snapshot version.
+pub(super) fn list(g: &Generation<'_>, needs: &ClusterNeeds) -> Arc<SharedList> {
     let stamp = [
         g.services_version(),
         g.mesh.endpoints.identities_version(),
         0,
         g.config_version(),
     ];
-    let variant = g.variant_of(&([needs.sni, needs.outbound, g.is_sidecar()], g.list_scope()));
+    let variant = g.variant_of(&([needs.sni, needs.outbound, needs.fixed], g.list_scope()));
     g.cache.list(ResourceType::Cluster, variant, stamp, || {
         let mut names = Vec::new();
         for service in g.routable_services() {
             if needs.outbound {
-                names.extend(cluster_names(g, &service, false));
+                names.extend(names_of(g, &service, false));
             }
             if needs.sni && service.resolution == Resolution::ClientSideLb {
-                names.extend(cluster_names(g, &service, true));
+                names.extend(names_of(g, &service, true));
             }
         }
-        if g.is_sidecar() {
+        if needs.fixed {
             names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
         }
-        g.build_all(ResourceType::Cluster, names)
+        names.iter().filter_map(|n| build(g, n)).collect()
     })
 }
 
 /// A service's clusters for this proxy: one per port and subset of the rule that applies, named
 /// `outbound|…` or, for an east-west gateway, by SNI.
-pub fn cluster_names(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<String> {
+pub(super) fn names_of(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<String> {
     let subsets: Vec<String> = g
         .destination_rule(service)
         .map(|r| r.rule.subsets.iter().map(|s| s.name.clone()).collect())
@@ -87,23 +95,13 @@ pub fn cluster_names(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<St
         .collect()
 }
 
-/// The proxy's own clusters: one `inbound|<port>||` per port of its workload.
-pub fn own_names(g: &Generation<'_>) -> Vec<String> {
-    if !g.is_sidecar() {
-        return Vec::new();
-    }
-    g.inbound_ports()
-        .iter()
-        .map(|(port, _)| inbound_cluster(*port))
-        .collect()
-}
-
-pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+/// A cluster of the mesh's services (by `outbound|…` name or SNI) or a fixed one, by name.
+pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some(parsed) = parse_outbound(name) {
-        let target = target(g, &parsed)?;
+        let target = g.target(&parsed)?;
         let keys = target.rule.as_ref().map(|r| r.keys.clone());
         // Routers originate TLS from Secrets that sidecars do not (a rule's credentialName).
-        let variant = g.variant_of(&(keys, gateway::is_router(g)));
+        let variant = g.variant_of(&(keys, g.is_router()));
         // mTLS settings name the destination's identities, which live with its endpoints.
         let shards = g.mesh.endpoints.get(&target.service.key()).cloned();
         let stamp = [
@@ -124,7 +122,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             });
     }
     if let Some(parsed) = parse_sni_cluster(name) {
-        target(g, &parsed)?;
+        g.target(&parsed)?;
         return g.cache.get_or_build(
             ResourceType::Cluster,
             name,
@@ -138,34 +136,14 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         PASSTHROUGH | INBOUND_PASSTHROUGH => Some(original_dst(name)),
         _ => None,
     };
-    if let Some(cluster) = fixed {
-        return g.cache.get_or_build(
-            ResourceType::Cluster,
-            name,
-            0,
-            [g.services_version(), 0, 0, 0],
-            || Some(Resource::encode(name, &cluster)),
-        );
-    }
-    let port = parse_port(name.strip_prefix("inbound|")?.strip_suffix("||")?)?;
-    let (_, protocol) = g.inbound_ports().into_iter().find(|(p, _)| *p == port)?;
-    let mut cluster = static_cluster(name, Some(port));
-    // A Sidecar's ingress port goes where its defaultEndpoint says.
-    if let Some(ingress) = g.ingress().iter().find(|i| i.port == port) {
-        let address = match &ingress.endpoint {
-            IngressEndpoint::Loopback(to) => socket("127.0.0.1", *to),
-            IngressEndpoint::Workload(to) => match g.proxy.ips.first() {
-                Some(ip) => socket(&ip.to_string(), *to),
-                None => socket("127.0.0.1", *to),
-            },
-            IngressEndpoint::Unix(path) => pipe(path),
-        };
-        cluster.load_assignment = Some(assignment_at(name, address));
-    }
-    if protocol.is_http() && protocol != Protocol::Http {
-        cluster.typed_extension_protocol_options = policy::http2_only();
-    }
-    Some(Arc::new(Resource::encode(name, &cluster)))
+    let cluster = fixed?;
+    g.cache.get_or_build(
+        ResourceType::Cluster,
+        name,
+        0,
+        [g.services_version(), 0, 0, 0],
+        || Some(Resource::encode(name, &cluster)),
+    )
 }
 
 /// An outbound cluster: its discovery by resolution, the rule's policy, then TLS.
@@ -238,7 +216,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             // As istiod (pilot/pkg/networking/core/cluster_tls.go): a Secret named by a rule
             // originates TLS at gateways, which read it over SDS; sidecars, which may not read
             // it, get no TLS from it.
-            Some(t) if !t.credential_name.is_empty() && gateway::is_router(g) => {
+            Some(t) if !t.credential_name.is_empty() && g.is_router() => {
                 cluster.transport_socket =
                     Some(gateway_tls::origination_socket(t, &service.hostname));
             }
@@ -323,7 +301,7 @@ fn sni_cluster(name: &str) -> Cluster {
 }
 
 /// A STATIC cluster to the local workload (or with no endpoints: the black hole).
-fn static_cluster(name: &str, local_port: Option<u16>) -> Cluster {
+pub(super) fn static_cluster(name: &str, local_port: Option<u16>) -> Cluster {
     Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
@@ -352,7 +330,7 @@ fn original_dst(name: &str) -> Cluster {
 }
 
 /// A Unix domain socket's address.
-fn pipe(path: &str) -> Address {
+pub(super) fn pipe(path: &str) -> Address {
     Address {
         address: Some(address::Address::Pipe(Pipe {
             path: path.to_string(),
@@ -365,7 +343,7 @@ fn assignment(name: &str, host: &str, port: u16) -> ClusterLoadAssignment {
     assignment_at(name, socket(host, port))
 }
 
-fn assignment_at(name: &str, address: Address) -> ClusterLoadAssignment {
+pub(super) fn assignment_at(name: &str, address: Address) -> ClusterLoadAssignment {
     let endpoint = LbEndpoint {
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
             envoy_types::pb::envoy::config::endpoint::v3::Endpoint {

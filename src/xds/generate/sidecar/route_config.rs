@@ -1,63 +1,34 @@
-//! RDS: route configuration `<port>` for sidecars (a virtual host per HTTP service on that port, with
-//! the names Kubernetes clients use) and `<hostname>:<port>` for proxyless gRPC clients.
+//! The sidecar's route configurations `<port>`: a virtual host per HTTP service on that port, with
+//! the names Kubernetes clients use, routed as the VirtualServices for the host say, and a catch-all
+//! as the outbound traffic policy says.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::route::v3::route_action::{hash_policy, HashPolicy};
-use envoy_types::pb::envoy::config::route::v3::{
-    route, route_action, route_match, DirectResponseAction, Route, RouteAction, RouteConfiguration,
-    RouteMatch, VirtualHost,
-};
-use envoy_types::pb::google::protobuf::{BoolValue, Duration};
+use envoy_types::pb::envoy::config::route::v3::{route, RouteConfiguration, VirtualHost};
+use envoy_types::pb::google::protobuf::BoolValue;
 
-use super::gateway;
-use super::lds::{self, vips_for};
-use super::names::{outbound_cluster, parse_port, port_listener_name, PASSTHROUGH};
-use super::policy::Effective;
-use super::routes::{http_routes, retry_policy, RouteContext};
-use super::{grpc_target, Generation};
+use super::outbound::vips_for;
 use crate::istio::mesh::OutboundMode;
-use crate::istio::virtual_service::HttpRoute;
 use crate::model::{Resolution, Service};
+use crate::xds::generate::generation::Generation;
+use crate::xds::generate::names::{outbound_cluster, parse_port, PASSTHROUGH};
+use crate::xds::generate::policy::Effective;
+use crate::xds::generate::routes::{answering_all, http_routes, virtual_host, RouteContext};
 use crate::xds::protocol::ResourceType;
-use crate::xds::proxy::Generator;
 use crate::xds::wire::Resource;
 
-pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    if g.proxy.generator == Generator::Grpc {
-        let (host, port) = grpc_target(g, name)?;
-        return g.cache.get_or_build(
-            ResourceType::Route,
-            name,
-            g.variant(&[]),
-            [g.services_version(), 0, 0, 0],
-            || Some(Resource::encode(name, &grpc_routes(name, host, port))),
-        );
-    }
-    if gateway::is_router(g) {
-        return gateway::build_routes(g, name);
-    }
+pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name)?;
     // The route of a port the proxy has no listener for (a name it made up, or one its listener
     // has just gone from) is answered as istiod does, but not cached: such names are unbounded.
-    let listener = port_listener_name(port);
-    if !lds::shared(g)
-        .resources
-        .iter()
-        .any(|l| *l.name == *listener)
-    {
+    if !super::has_port_listener(g, port) {
         return Some(Arc::new(Resource::encode(
             name,
             &sidecar_routes(g, name, port),
         )));
     }
-    let cluster = g
-        .proxy
-        .cluster_id
-        .as_ref()
-        .map(|c| c.as_str())
-        .unwrap_or_default();
     // Routes depend on the client's labels only where a VirtualService matches on them, or a
     // DestinationRule (hash policies) selects workloads.
     let labels = match g.mesh.config.routes_use_source_labels() {
@@ -65,7 +36,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         false => g.rule_labels(),
     };
     let sidecar = g.sidecar_scope().map(|s| &s.key);
-    let variant = g.variant_of(&(&*g.proxy.namespace, cluster, labels, sidecar));
+    let variant = g.variant_of(&(&*g.proxy.namespace, g.cluster_id(), labels, sidecar));
     g.cache.get_or_build(
         ResourceType::Route,
         name,
@@ -145,56 +116,12 @@ fn domains(g: &Generation<'_>, service: &Service, port: u16) -> Vec<String> {
         .collect()
 }
 
-fn grpc_routes(name: &str, host: &str, port: u16) -> RouteConfiguration {
-    let domains = vec![name.to_string(), host.to_string()];
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts: vec![virtual_host(name, domains, &outbound_cluster(port, host))],
-        ..Default::default()
-    }
-}
-
 /// Requests for hosts no virtual host claims: passed through (ALLOW_ANY, `allow_any`) or answered
 /// 502 (REGISTRY_ONLY, `block_all`), as istiod.
 fn catch_all(mode: OutboundMode) -> VirtualHost {
     match mode {
         OutboundMode::AllowAny => virtual_host("allow_any", vec!["*".to_string()], PASSTHROUGH),
         OutboundMode::RegistryOnly => answering_all("block_all", "block_all", 502),
-    }
-}
-
-/// A virtual host answering every request for any host with `status` itself.
-pub(super) fn answering_all(name: &str, route_name: &str, status: u32) -> VirtualHost {
-    VirtualHost {
-        name: name.to_string(),
-        domains: vec!["*".to_string()],
-        routes: vec![Route {
-            name: route_name.to_string(),
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
-                ..Default::default()
-            }),
-            action: Some(route::Action::DirectResponse(DirectResponseAction {
-                status,
-                ..Default::default()
-            })),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
-/// The route of an inbound HTTP filter chain: everything to the local workload.
-pub fn inbound_route(port: u16, cluster: &str) -> RouteConfiguration {
-    RouteConfiguration {
-        name: format!("inbound|{port}||"),
-        virtual_hosts: vec![virtual_host(
-            &format!("inbound|http|{port}"),
-            vec!["*".to_string()],
-            cluster,
-        )],
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
     }
 }
 
@@ -238,34 +165,5 @@ fn set_hash_policy(g: &Generation<'_>, service: &Service, port: u16, vhost: &mut
                 ..Default::default()
             }];
         }
-    }
-}
-
-/// A virtual host with Istio's default route: everything to `cluster`, no timeout (long streams
-/// must not be cut), the default retries.
-fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> VirtualHost {
-    VirtualHost {
-        name: name.to_string(),
-        domains,
-        routes: vec![Route {
-            name: "default".to_string(),
-            r#match: Some(RouteMatch {
-                path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
-                ..Default::default()
-            }),
-            action: Some(route::Action::Route(RouteAction {
-                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
-                    cluster.to_string(),
-                )),
-                timeout: Some(Duration {
-                    seconds: 0,
-                    nanos: 0,
-                }),
-                retry_policy: retry_policy(&HttpRoute::default()),
-                ..Default::default()
-            })),
-            ..Default::default()
-        }],
-        ..Default::default()
     }
 }

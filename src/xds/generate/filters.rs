@@ -1,0 +1,131 @@
+//! Envoy filters the generators assemble listeners from: HTTP connection managers (routes over RDS
+//! or inline), TCP proxies to one cluster or several by weight, listener filters.
+
+use envoy_types::pb::envoy::config::listener::v3::{
+    filter, listener_filter, Filter, ListenerFilter,
+};
+use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::util::pack_any;
+
+use super::common::ads;
+
+pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
+pub const CORS_FILTER: &str = "envoy.filters.http.cors";
+const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
+const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
+
+/// Routes named `route_name`, fetched over ADS.
+pub(super) fn rds(route_name: &str) -> RouteSpecifier {
+    RouteSpecifier::Rds(Rds {
+        config_source: Some(ads()),
+        route_config_name: route_name.to_string(),
+    })
+}
+
+/// A connection manager with the router as its only HTTP filter.
+pub(super) fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        route_specifier: Some(routes),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
+                Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The HTTP connection manager of outbound and gateway listeners: VirtualService faults and CORS
+/// are per-route settings of these filters, so they come before the router (with nothing to do
+/// where no route configures them).
+pub(super) fn outbound_hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
+    let mut hcm = hcm(stat_prefix, routes);
+    let filter = |name: &str, config| HttpFilter {
+        name: name.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    };
+    hcm.http_filters.splice(
+        0..0,
+        [
+            filter(FAULT_FILTER, pack_any(HttpFault::default())),
+            filter(CORS_FILTER, pack_any(Cors::default())),
+        ],
+    );
+    hcm
+}
+
+/// A connection manager as a listener's network filter.
+pub(super) fn hcm_filter(hcm: HttpConnectionManager) -> Filter {
+    network_filter(HTTP_CONNECTION_MANAGER, pack_any(hcm))
+}
+
+pub(super) fn network_filter(name: &str, config: Any) -> Filter {
+    Filter {
+        name: name.to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(config)),
+    }
+}
+
+pub(super) fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        ..Default::default()
+    };
+    network_filter(TCP_PROXY, pack_any(proxy))
+}
+
+/// A TCP proxy to one cluster, or spread over several by weight.
+pub(super) fn weighted_tcp_proxy(stat_prefix: &str, targets: &[(String, u32)]) -> Filter {
+    if let [(single, _)] = targets {
+        return tcp_proxy_filter(stat_prefix, single);
+    }
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+            tcp_proxy::WeightedCluster {
+                clusters: targets
+                    .iter()
+                    .filter(|(_, w)| *w > 0)
+                    .map(
+                        |(name, weight)| tcp_proxy::weighted_cluster::ClusterWeight {
+                            name: name.clone(),
+                            weight: *weight,
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
+            },
+        )),
+        ..Default::default()
+    };
+    network_filter(TCP_PROXY, pack_any(proxy))
+}
+
+pub(super) fn listener_filter(name: &str, config: Any) -> ListenerFilter {
+    ListenerFilter {
+        name: name.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
+        ..Default::default()
+    }
+}
+
+/// Reads SNI and the transport protocol for filter chain matches.
+pub(super) fn tls_inspector() -> ListenerFilter {
+    listener_filter(
+        "envoy.filters.listener.tls_inspector",
+        pack_any(TlsInspector::default()),
+    )
+}

@@ -1,0 +1,253 @@
+//! What resources are built from: one proxy's traits (its kind, namespace, labels, cluster, the
+//! Sidecar that applies) over one mesh snapshot, and the services, rules and cache variants that
+//! follow from them.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, OnceLock};
+
+use super::cache::ResourceCache;
+use super::names::{self, ClusterName};
+use crate::istio::destination_rule::Subset;
+use crate::istio::mesh::OutboundMode;
+use crate::istio::{ConfigKey, MeshConfig};
+use crate::model::{AppliedRule, EgressScope, Locality, MeshSnapshot, Service, SidecarScope};
+use crate::xds::proxy::{Generator, Proxy, ProxyType};
+
+/// The generators, one per kind of proxy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum ProxyKind {
+    Sidecar,
+    Router,
+    ProxylessGrpc,
+}
+
+/// Builds resources for one proxy from one mesh snapshot.
+pub struct Generation<'a> {
+    pub(super) mesh: &'a MeshSnapshot,
+    pub(super) cache: &'a ResourceCache,
+    pub(super) proxy: &'a Proxy,
+    locality: OnceLock<Option<Locality>>,
+    scope: OnceLock<Option<Arc<SidecarScope>>>,
+}
+
+impl<'a> Generation<'a> {
+    pub fn new(mesh: &'a MeshSnapshot, cache: &'a ResourceCache, proxy: &'a Proxy) -> Self {
+        Self {
+            mesh,
+            cache,
+            proxy,
+            locality: OnceLock::new(),
+            scope: OnceLock::new(),
+        }
+    }
+}
+
+impl Generation<'_> {
+    /// Where the proxy runs: its node's locality, else that of its own workload's endpoints.
+    pub(super) fn proxy_locality(&self) -> Option<Locality> {
+        self.locality
+            .get_or_init(|| {
+                if !self.proxy.locality.region.is_empty() {
+                    return Some(self.proxy.locality.clone());
+                }
+                self.proxy.ips.iter().find_map(|ip| {
+                    self.mesh.endpoints.services_at(ip).iter().find_map(|key| {
+                        let shards = self.mesh.endpoints.get(key)?;
+                        let ep = shards.endpoints().find(|e| e.address == *ip)?;
+                        (!ep.locality.region.is_empty()).then(|| Locality::clone(&ep.locality))
+                    })
+                })
+            })
+            .clone()
+    }
+
+    pub(super) fn services_version(&self) -> u64 {
+        self.mesh.services.version()
+    }
+
+    /// Every service the proxy sees (exportTo, and its Sidecar on some port), sorted by hostname.
+    pub(super) fn routable_services(&self) -> Vec<Arc<Service>> {
+        let ns = &*self.proxy.namespace;
+        let default = &self.mesh_config().default_service_export_to;
+        let scope = self.sidecar_scope();
+        self.mesh
+            .services
+            .all()
+            .iter()
+            .filter(|s| s.visible_to(ns, default))
+            .filter(|s| scope.is_none_or(|scope| scope.sees_service(s)))
+            .cloned()
+            .collect()
+    }
+
+    /// The Sidecar resource that applies to a sidecar proxy (Envoy or proxyless), if any.
+    pub(super) fn sidecar_scope(&self) -> Option<&Arc<SidecarScope>> {
+        self.scope
+            .get_or_init(|| match self.proxy.kind {
+                ProxyType::Sidecar => self
+                    .mesh
+                    .config
+                    .sidecar_scope(&self.proxy.namespace, &self.proxy.labels),
+                _ => None,
+            })
+            .as_ref()
+    }
+
+    /// Whether the proxy hears of `service` on `port` (its Sidecar's egress listener for the port).
+    pub(super) fn sees(&self, service: &Service, port: u16) -> bool {
+        self.sidecar_scope().is_none_or(|s| s.sees(service, port))
+    }
+
+    /// The egress listener of the proxy's Sidecar for `port`: the VirtualServices it imports apply.
+    pub(super) fn egress_scope(&self, port: u16) -> Option<&EgressScope> {
+        self.sidecar_scope().and_then(|s| s.listener(port))
+    }
+
+    /// A service by hostname, if the proxy sees it.
+    pub(super) fn service(&self, host: &str) -> Option<&Arc<Service>> {
+        let default = &self.mesh_config().default_service_export_to;
+        self.mesh
+            .services
+            .get(host)
+            .filter(|s| s.visible_to(&self.proxy.namespace, default))
+    }
+
+    pub(super) fn mesh_config(&self) -> &MeshConfig {
+        self.mesh.config.mesh()
+    }
+
+    /// The proxy's `outboundTrafficPolicy`: its Sidecar's, else the mesh's.
+    pub(super) fn outbound_mode(&self) -> OutboundMode {
+        self.sidecar_scope()
+            .and_then(|s| s.outbound_mode())
+            .unwrap_or(self.mesh_config().outbound_traffic_policy.mode)
+    }
+
+    /// Where outbound traffic to unknown destinations goes.
+    pub(super) fn outbound_fallback(&self) -> &'static str {
+        match self.outbound_mode() {
+            OutboundMode::AllowAny => names::PASSTHROUGH,
+            OutboundMode::RegistryOnly => names::BLACKHOLE,
+        }
+    }
+
+    /// The DestinationRule that applies to a service for this proxy.
+    pub(super) fn destination_rule(&self, service: &Service) -> Option<Arc<AppliedRule>> {
+        self.mesh.config.destination_rule(
+            &self.proxy.namespace,
+            &self.proxy.labels,
+            &service.hostname,
+            &service.namespace,
+        )
+    }
+
+    /// The proxy's labels where its DestinationRules depend on them (a rule of its namespace has a
+    /// `workloadSelector`): resources built with rules vary by them then.
+    pub(super) fn rule_labels(&self) -> Option<&BTreeMap<String, String>> {
+        let selecting = self.mesh.config.rules_select_in(&self.proxy.namespace);
+        selecting.then_some(&self.proxy.labels)
+    }
+
+    /// What of the config resources depend on: the rules and the mesh config.
+    pub(super) fn config_version(&self) -> u64 {
+        self.mesh.config.rules_version()
+    }
+
+    /// Traits of a wildcard list: the proxy's namespace matters once rules, export limits or a
+    /// Sidecar do, and the Sidecar that applies.
+    pub(super) fn list_scope(&self) -> ListScope<'_> {
+        let config = &self.mesh.config;
+        let sidecar = self.sidecar_scope().map(|s| &s.key);
+        let exports_limited = self.mesh.services.explicit_exports() > 0
+            || !config
+                .mesh()
+                .default_service_export_to
+                .iter()
+                .any(|e| e == "*");
+        let by_namespace = config.has_destination_rules() || exports_limited || sidecar.is_some();
+        ListScope {
+            namespace: match by_namespace {
+                true => &self.proxy.namespace,
+                false => "",
+            },
+            sidecar,
+            labels: self.rule_labels(),
+        }
+    }
+
+    /// Which generator builds the proxy's configuration; None for a client that is no proxy (a
+    /// debug client).
+    pub(super) fn kind(&self) -> Option<ProxyKind> {
+        match (self.proxy.generator, self.proxy.kind) {
+            (Generator::Grpc, _) => Some(ProxyKind::ProxylessGrpc),
+            (Generator::Envoy, ProxyType::Sidecar) => Some(ProxyKind::Sidecar),
+            (Generator::Envoy, ProxyType::Router) => Some(ProxyKind::Router),
+            (Generator::Event, _) => None,
+        }
+    }
+
+    pub(super) fn is_router(&self) -> bool {
+        self.kind() == Some(ProxyKind::Router)
+    }
+
+    /// The cluster the proxy runs in, empty when it does not say.
+    pub(super) fn cluster_id(&self) -> &str {
+        self.proxy
+            .cluster_id
+            .as_ref()
+            .map(|c| c.as_str())
+            .unwrap_or_default()
+    }
+
+    /// Traits hash for cache entries that depend on where the proxy sits.
+    pub(super) fn variant_of(&self, traits: &impl Hash) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        traits.hash(&mut h);
+        self.proxy.generator.hash(&mut h);
+        h.finish()
+    }
+}
+
+/// What a shared list (and a per-port listener) depends on beyond the proxy's kind.
+#[derive(Hash)]
+pub(super) struct ListScope<'a> {
+    namespace: &'a str,
+    sidecar: Option<&'a ConfigKey>,
+    /// Where a DestinationRule of the proxy's namespace selects workloads: the proxy's labels.
+    labels: Option<&'a BTreeMap<String, String>>,
+}
+
+/// What a cluster name points at for a proxy: the service, its port, the subset (which must exist
+/// in the DestinationRule that applies) and that rule.
+pub(super) struct Target {
+    pub(super) service: Arc<Service>,
+    pub(super) port: u16,
+    pub(super) subset: Option<Subset>,
+    pub(super) rule: Option<Arc<AppliedRule>>,
+}
+
+impl Generation<'_> {
+    pub(super) fn target(&self, name: &ClusterName<'_>) -> Option<Target> {
+        let service = self.service(name.host)?.clone();
+        service.port(name.port)?;
+        let rule = self.destination_rule(&service);
+        let subset = match name.subset {
+            "" => None,
+            subset => Some(
+                rule.as_ref()?
+                    .rule
+                    .subsets
+                    .iter()
+                    .find(|s| s.name == subset)?
+                    .clone(),
+            ),
+        };
+        Some(Target {
+            service,
+            port: name.port,
+            subset,
+            rule,
+        })
+    }
+}

@@ -1,0 +1,255 @@
+//! The sidecar's inbound side: `virtualInbound` on 15006, where iptables sends connections to the
+//! workload, with filter chains per port of the workload as its PeerAuthentication says (STRICT:
+//! mutual TLS only; PERMISSIVE: mutual TLS and plaintext, told apart by the TLS inspector;
+//! DISABLE: plaintext), each with the workload's authentication and authorization filters, and
+//! one cluster per port to the workload.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{TrafficDirection, TransportSocket};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
+    ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails,
+};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+use envoy_types::util::pack_any;
+
+use crate::istio::security::peer::MtlsMode;
+use crate::istio::sidecar::IngressEndpoint;
+use crate::model::{IngressPort, Protocol, ServiceKey};
+use crate::xds::generate::clusters::{assignment_at, pipe, static_cluster};
+use crate::xds::generate::common::socket;
+use crate::xds::generate::filters::{
+    hcm, hcm_filter, listener_filter, tcp_proxy_filter, tls_inspector,
+};
+use crate::xds::generate::generation::Generation;
+use crate::xds::generate::names::{
+    inbound_cluster, parse_port, INBOUND_PASSTHROUGH, VIRTUAL_INBOUND,
+};
+use crate::xds::generate::policy;
+use crate::xds::generate::routes::virtual_host;
+use crate::xds::generate::security::WorkloadSecurity;
+use crate::xds::generate::tls;
+use crate::xds::wire::Resource;
+
+const INBOUND_PORT: u16 = 15006;
+
+/// How a chain receives connections.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// Mutual TLS terminated here (a verified client certificate required).
+    Mtls,
+    /// Plaintext, told from TLS by the inspector.
+    Plaintext,
+    /// Whatever arrives, passed on as it is.
+    Any,
+}
+
+/// The chains a mode asks for.
+fn transports(mode: MtlsMode) -> &'static [Transport] {
+    match mode {
+        MtlsMode::Strict => &[Transport::Mtls],
+        MtlsMode::Permissive | MtlsMode::Unset => &[Transport::Mtls, Transport::Plaintext],
+        MtlsMode::Disable => &[Transport::Any],
+    }
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Mtls => "-mtls",
+            Transport::Plaintext => "-plaintext",
+            Transport::Any => "",
+        }
+    }
+
+    fn protocol(self) -> &'static str {
+        match self {
+            Transport::Mtls => "tls",
+            Transport::Plaintext => "raw_buffer",
+            Transport::Any => "",
+        }
+    }
+
+    fn socket(self) -> Option<TransportSocket> {
+        (self == Transport::Mtls).then(tls::inbound_socket)
+    }
+}
+
+/// `virtualInbound`, with the workload's ports: the proxy's own listener.
+pub(super) fn virtual_inbound(g: &Generation<'_>) -> Resource {
+    Resource::encode(VIRTUAL_INBOUND, &listener(g))
+}
+
+fn listener(g: &Generation<'_>) -> Listener {
+    let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
+    let mut filter_chains: Vec<FilterChain> = Vec::new();
+    for (port, protocol) in ports(g) {
+        let cluster = inbound_cluster(port);
+        for transport in transports(security.mtls.for_port(port)) {
+            let filters = match protocol.is_http() {
+                true => vec![http_filter(port, &cluster, &security)],
+                false => with_network(&security, tcp_proxy_filter(&cluster, &cluster)),
+            };
+            filter_chains.push(FilterChain {
+                name: format!("{cluster}{}", transport.name()),
+                filter_chain_match: Some(FilterChainMatch {
+                    destination_port: Some(UInt32Value {
+                        value: u32::from(port),
+                    }),
+                    transport_protocol: transport.protocol().to_string(),
+                    ..Default::default()
+                }),
+                filters,
+                transport_socket: transport.socket(),
+                ..Default::default()
+            });
+        }
+    }
+    // Ports no service declares: mutual TLS only under STRICT, else passed through as they come.
+    let passthrough = match security.mtls.mode {
+        MtlsMode::Strict => Transport::Mtls,
+        _ => Transport::Any,
+    };
+    filter_chains.push(FilterChain {
+        name: "virtualInbound-catchall-tcp".to_string(),
+        filter_chain_match: (passthrough == Transport::Mtls).then(|| FilterChainMatch {
+            transport_protocol: passthrough.protocol().to_string(),
+            ..Default::default()
+        }),
+        filters: with_network(
+            &security,
+            tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH),
+        ),
+        transport_socket: passthrough.socket(),
+        ..Default::default()
+    });
+    Listener {
+        name: VIRTUAL_INBOUND.to_string(),
+        address: Some(socket("0.0.0.0", INBOUND_PORT)),
+        listener_filters: vec![
+            listener_filter(
+                "envoy.filters.listener.original_dst",
+                pack_any(OriginalDst::default()),
+            ),
+            tls_inspector(),
+        ],
+        filter_chains,
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    }
+}
+
+/// The workload's network filters, then `last`.
+fn with_network(security: &WorkloadSecurity, last: Filter) -> Vec<Filter> {
+    let mut filters = security.network_filters().to_vec();
+    filters.push(last);
+    filters
+}
+
+fn http_filter(port: u16, cluster: &str, security: &WorkloadSecurity) -> Filter {
+    let route = route_config(port, cluster);
+    let mut hcm = hcm(
+        &format!("inbound_0.0.0.0_{port}"),
+        RouteSpecifier::RouteConfig(route),
+    );
+    hcm.http_filters
+        .splice(0..0, security.http_filters().iter().cloned());
+    // The application learns the caller's verified identity, as with Istio (XFCC).
+    hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
+    hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+        uri: true,
+        ..Default::default()
+    });
+    hcm_filter(hcm)
+}
+
+/// The proxy's own clusters: one `inbound|<port>||` per port of its workload.
+pub(super) fn cluster_names(g: &Generation<'_>) -> Vec<String> {
+    ports(g)
+        .iter()
+        .map(|(port, _)| inbound_cluster(*port))
+        .collect()
+}
+
+/// A STATIC cluster to the workload's port (or where its Sidecar's ingress port says).
+pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+    let port = parse_port(name.strip_prefix("inbound|")?.strip_suffix("||")?)?;
+    let (_, protocol) = ports(g).into_iter().find(|(p, _)| *p == port)?;
+    let mut cluster = static_cluster(name, Some(port));
+    // A Sidecar's ingress port goes where its defaultEndpoint says.
+    if let Some(ingress) = ingress(g).iter().find(|i| i.port == port) {
+        let address = match &ingress.endpoint {
+            IngressEndpoint::Loopback(to) => socket("127.0.0.1", *to),
+            IngressEndpoint::Workload(to) => match g.proxy.ips.first() {
+                Some(ip) => socket(&ip.to_string(), *to),
+                None => socket("127.0.0.1", *to),
+            },
+            IngressEndpoint::Unix(path) => pipe(path),
+        };
+        cluster.load_assignment = Some(assignment_at(name, address));
+    }
+    if protocol.is_http() && protocol != Protocol::Http {
+        cluster.typed_extension_protocol_options = policy::http2_only();
+    }
+    Some(Arc::new(Resource::encode(name, &cluster)))
+}
+
+/// The ingress ports of the proxy's Sidecar (none without one, or one declaring none).
+fn ingress<'g>(g: &'g Generation<'_>) -> &'g [IngressPort] {
+    g.sidecar_scope().map_or(&[], |s| s.ingress())
+}
+
+/// The ports the proxy's own workload serves: (target port, protocol), those its Sidecar's
+/// `ingress` declares, else from the endpoints at the proxy's addresses (as istiod's
+/// `buildInboundChainConfigs`, pilot/pkg/networking/core/listener_inbound.go).
+pub(super) fn ports(g: &Generation<'_>) -> Vec<(u16, Protocol)> {
+    let ingress = ingress(g);
+    if !ingress.is_empty() {
+        return ingress.iter().map(|i| (i.port, i.protocol)).collect();
+    }
+    let mut ports: Vec<(u16, Protocol)> = Vec::new();
+    for ip in &g.proxy.ips {
+        for key in g.mesh.endpoints.services_at(ip) {
+            collect(g, ip, &key, &mut ports);
+        }
+    }
+    ports.sort_by_key(|(p, _)| *p);
+    ports.dedup_by_key(|(p, _)| *p);
+    ports
+}
+
+fn collect(g: &Generation<'_>, ip: &IpAddr, key: &ServiceKey, ports: &mut Vec<(u16, Protocol)>) {
+    let Some(service) = g.service(&key.hostname) else {
+        return;
+    };
+    let Some(shards) = g.mesh.endpoints.get(key) else {
+        return;
+    };
+    for ep in shards.endpoints().filter(|e| e.address == *ip) {
+        if let Some(port) = service
+            .ports
+            .iter()
+            .find(|p| *p.name == *ep.service_port_name)
+        {
+            ports.push((ep.port, port.protocol));
+        }
+    }
+}
+
+/// The route of an inbound HTTP filter chain: everything to the local workload.
+fn route_config(port: u16, cluster: &str) -> RouteConfiguration {
+    RouteConfiguration {
+        name: format!("inbound|{port}||"),
+        virtual_hosts: vec![virtual_host(
+            &format!("inbound|http|{port}"),
+            vec!["*".to_string()],
+            cluster,
+        )],
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}

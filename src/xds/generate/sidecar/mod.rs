@@ -1,0 +1,110 @@
+//! A sidecar's configuration, laid out as Istio's so iptables-captured traffic works:
+//! - outbound: `virtualOutbound` on 15001 hands connections, by original destination, to per-port
+//!   listeners `0.0.0.0_<port>` that are not bound themselves — HTTP via RDS route `<port>`, TCP
+//!   services matched by VIP — over the clusters of the services it sees and Istio's fixed ones;
+//! - inbound: `virtualInbound` on 15006, a filter chain per port of the proxy's own workload, to
+//!   one `inbound|<port>||` cluster each.
+
+mod inbound;
+mod outbound;
+mod route_config;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::clusters::{self, ClusterNeeds};
+use super::generation::Generation;
+use super::names::{parse_port, port_listener_name, VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
+use crate::model::Resolution;
+use crate::xds::protocol::ResourceType;
+use crate::xds::wire::{Listing, Resource, SharedList};
+
+const NEEDS: ClusterNeeds = ClusterNeeds {
+    sni: false,
+    outbound: true,
+    fixed: true,
+};
+
+/// Every cluster or listener: those shared by sidecars with the same traits, then the proxy's own
+/// (its inbound clusters, `virtualInbound`).
+pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
+    match ty {
+        ResourceType::Cluster => Listing {
+            shared: Some(clusters::list(g, &NEEDS)),
+            own: inbound::cluster_names(g)
+                .iter()
+                .filter_map(|n| inbound::cluster(g, n))
+                .collect(),
+        },
+        ResourceType::Listener => Listing {
+            shared: Some(listeners(g)),
+            own: vec![Arc::new(inbound::virtual_inbound(g))],
+        },
+        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => Listing::default(),
+    }
+}
+
+pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
+    match ty {
+        ResourceType::Cluster => clusters::build(g, name).or_else(|| inbound::cluster(g, name)),
+        ResourceType::Listener => listener(g, name),
+        ResourceType::Route => route_config::build(g, name),
+        ResourceType::Endpoint | ResourceType::Secret => None,
+    }
+}
+
+/// The listeners every sidecar with the same traits (and cluster) shares: `virtualOutbound` and
+/// one per port of the services it sees. Assembled once per snapshot version.
+fn listeners(g: &Generation<'_>) -> Arc<SharedList> {
+    let variant = g.variant_of(&(g.cluster_id(), g.list_scope()));
+    g.cache.list(
+        ResourceType::Listener,
+        variant,
+        [g.services_version(), 0, 0, g.config_version()],
+        || {
+            let ports: BTreeSet<u16> = g
+                .routable_services()
+                .iter()
+                .filter(|s| s.resolution != Resolution::Passthrough)
+                .flat_map(|s| s.ports.iter().map(|p| p.port).filter(|p| g.sees(s, *p)))
+                .collect();
+            std::iter::once(VIRTUAL_OUTBOUND.to_string())
+                .chain(ports.iter().map(|p| port_listener_name(*p)))
+                .filter_map(|n| listener(g, &n))
+                .collect()
+        },
+    )
+}
+
+fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+    match name {
+        VIRTUAL_OUTBOUND => g.cache.get_or_build(
+            ResourceType::Listener,
+            name,
+            g.variant_of(&g.outbound_fallback()),
+            [0, 0, 0, g.config_version()],
+            || {
+                let listener = outbound::virtual_outbound(g.outbound_fallback());
+                Some(Resource::encode(name, &listener))
+            },
+        ),
+        VIRTUAL_INBOUND => Some(Arc::new(inbound::virtual_inbound(g))),
+        _ => {
+            let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
+            let variant = g.variant_of(&(g.cluster_id(), g.list_scope()));
+            g.cache.get_or_build(
+                ResourceType::Listener,
+                name,
+                variant,
+                [g.services_version(), 0, 0, g.config_version()],
+                || outbound::port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
+            )
+        }
+    }
+}
+
+/// Whether the proxy has the listener that names route `<port>`.
+fn has_port_listener(g: &Generation<'_>, port: u16) -> bool {
+    let listener = port_listener_name(port);
+    listeners(g).resources.iter().any(|l| *l.name == *listener)
+}

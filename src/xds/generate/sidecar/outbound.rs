@@ -1,0 +1,165 @@
+//! The sidecar's outbound listeners: `virtualOutbound` on 15001 hands connections, by original
+//! destination, to per-port listeners `0.0.0.0_<port>` that are not bound themselves — HTTP via
+//! RDS route `<port>`, TCP services matched by VIP and proxied to their cluster (or as their
+//! VirtualService's TCP routes say).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener,
+};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+
+use crate::model::{Resolution, Service};
+use crate::xds::generate::common::socket;
+use crate::xds::generate::filters::{
+    hcm_filter, outbound_hcm, rds, tcp_proxy_filter, weighted_tcp_proxy,
+};
+use crate::xds::generate::generation::Generation;
+use crate::xds::generate::names::{outbound_cluster, VIRTUAL_OUTBOUND};
+use crate::xds::generate::routes::{cluster_for, RouteContext};
+
+const OUTBOUND_PORT: u16 = 15001;
+
+/// Connections to addresses no listener claims go to `fallback`: PassthroughCluster with mesh
+/// config `outboundTrafficPolicy: ALLOW_ANY`, BlackHoleCluster with REGISTRY_ONLY.
+pub(super) fn virtual_outbound(fallback: &str) -> Listener {
+    Listener {
+        name: VIRTUAL_OUTBOUND.to_string(),
+        address: Some(socket("0.0.0.0", OUTBOUND_PORT)),
+        use_original_dst: Some(BoolValue { value: true }),
+        filter_chains: vec![FilterChain {
+            name: "virtualOutbound-catchall-tcp".to_string(),
+            filters: vec![tcp_proxy_filter(fallback, fallback)],
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Outbound as i32,
+        ..Default::default()
+    }
+}
+
+/// The listener for one service port, reached through `virtualOutbound`'s original-destination hand-off.
+pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> {
+    let services: Vec<Arc<Service>> = g
+        .routable_services()
+        .into_iter()
+        .filter(|s| s.resolution != Resolution::Passthrough && s.port(port).is_some())
+        .filter(|s| g.sees(s, port))
+        .collect();
+    if services.is_empty() {
+        return None;
+    }
+    let has_http = services
+        .iter()
+        .any(|s| s.port(port).is_some_and(|p| p.protocol.is_http()));
+    let mut seen_vips = BTreeSet::new();
+    let mut filter_chains = Vec::new();
+    for service in services
+        .iter()
+        .filter(|s| s.port(port).is_some_and(|p| !p.protocol.is_http()))
+    {
+        let vips: Vec<CidrRange> = vips_for(g, service)
+            .into_iter()
+            .filter(|vip| seen_vips.insert(vip.clone()))
+            .map(|vip| CidrRange {
+                prefix_len: Some(UInt32Value {
+                    value: if vip.contains(':') { 128 } else { 32 },
+                }),
+                address_prefix: vip,
+            })
+            .collect();
+        if vips.is_empty() {
+            continue;
+        }
+        let cluster = outbound_cluster(port, &service.hostname);
+        filter_chains.push(FilterChain {
+            name: cluster.clone(),
+            filter_chain_match: Some(FilterChainMatch {
+                prefix_ranges: vips,
+                ..Default::default()
+            }),
+            filters: vec![tcp_route(g, service, port, &cluster)],
+            ..Default::default()
+        });
+    }
+    let default_chain = if has_http {
+        FilterChain {
+            name: format!("{name}-http"),
+            filters: vec![hcm_filter(outbound_hcm(
+                &format!("outbound_{name}"),
+                rds(&port.to_string()),
+            ))],
+            ..Default::default()
+        }
+    } else {
+        let fallback = g.outbound_fallback();
+        FilterChain {
+            name: format!("{name}-fallback"),
+            filters: vec![tcp_proxy_filter(fallback, fallback)],
+            ..Default::default()
+        }
+    };
+    Some(Listener {
+        name: name.to_string(),
+        address: Some(socket("0.0.0.0", port)),
+        bind_to_port: Some(BoolValue { value: false }),
+        filter_chains,
+        default_filter_chain: Some(default_chain),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        ..Default::default()
+    })
+}
+
+/// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its
+/// destinations weighted), else the service's own cluster.
+fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) -> Filter {
+    let routes =
+        g.mesh
+            .config
+            .mesh_routes(&g.proxy.namespace, &service.hostname, g.egress_scope(port));
+    let route = routes.as_ref().and_then(|r| {
+        r.tcp.iter().find(|route| {
+            route.matches.is_empty()
+                || route.matches.iter().any(|m| {
+                    m.port.is_none_or(|p| p == u32::from(port))
+                        && m.source_labels
+                            .iter()
+                            .all(|(k, v)| g.proxy.labels.get(k) == Some(v))
+                        && (m.gateways.is_empty() || m.gateways.iter().any(|gw| gw == "mesh"))
+                })
+        })
+    });
+    let Some(route) = route else {
+        return tcp_proxy_filter(cluster, cluster);
+    };
+    let ctx = RouteContext {
+        g,
+        port,
+        gateway: None,
+    };
+    let targets: Vec<(String, u32)> = route
+        .route
+        .iter()
+        .map(|d| (cluster_for(&ctx, &d.destination), d.weight.unwrap_or(0)))
+        .collect();
+    weighted_tcp_proxy(cluster, &targets)
+}
+
+/// The VIPs a proxy uses for a service: those of its own cluster when it says which, else all.
+pub(super) fn vips_for(g: &Generation<'_>, service: &Service) -> Vec<String> {
+    let own = g
+        .proxy
+        .cluster_id
+        .as_ref()
+        .and_then(|c| service.cluster_vips.get(c));
+    let vips: Vec<_> = match own {
+        Some(v) => v.iter().collect(),
+        None => service.cluster_vips.values().flatten().collect(),
+    };
+    vips.into_iter()
+        .filter(|ip| !ip.is_unspecified())
+        .map(|ip| ip.to_string())
+        .collect()
+}
