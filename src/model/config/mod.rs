@@ -3,20 +3,21 @@
 //! Sources (config files, the config cluster's API server) are layers: each holds what it accepted;
 //! readers see the merge, where the config cluster wins on a key both define. Refusals (objects that
 //! did not validate, files that did not parse) are kept beside, for /debug/configz. Derived indexes
-//! (DestinationRules by namespace) are computed at most once per published version.
+//! (`derived`) are computed at most once per published version; DestinationRules are looked up
+//! through theirs (`destination_rules`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod derived;
+mod destination_rules;
+
+use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
-use parking_lot::Mutex;
-
 use super::policies::{self, SecurityPolicies};
-use super::sidecar_scope::SidecarScope;
-use crate::istio::{
-    ConfigKey, ConfigKind, ConfigObject, DestinationRule, MeshConfig, Origin, Sidecar, Spec,
-};
+use crate::istio::{ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
+use derived::Derived;
+pub use destination_rules::AppliedRule;
 
 /// Where accepted config came from, in rising precedence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -65,39 +66,6 @@ pub struct ConfigStore {
     mesh: Arc<MeshConfig>,
     mesh_version: u64,
     derived: Arc<OnceLock<Derived>>,
-}
-
-/// Indexes derived from the accepted objects.
-#[derive(Debug, Default)]
-pub(super) struct Derived {
-    /// DestinationRules by namespace, indexed by host.
-    destination_rules: BTreeMap<Arc<str>, NamespaceRules>,
-    /// VirtualServices and Gateways, oldest first.
-    pub(super) virtual_services: Vec<Arc<ConfigObject>>,
-    pub(super) gateways: Vec<Arc<ConfigObject>>,
-    /// Whether some VirtualService matches on the client's labels.
-    pub(super) source_labels_used: bool,
-    /// Security policies, indexed when first asked for.
-    security: OnceLock<SecurityPolicies>,
-    /// Sidecars by namespace: those with a workload selector first, each group oldest first.
-    pub(super) sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>>,
-    /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
-    pub(super) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
-}
-
-/// One Sidecar's scopes, compiled per proxy namespace.
-pub(super) type ScopesByNamespace = HashMap<Arc<str>, Arc<SidecarScope>>;
-
-/// One namespace's DestinationRules by fully qualified host, each list oldest first (istiod's
-/// order for merging): a lookup per cluster must not scan every rule of the mesh.
-#[derive(Debug, Default)]
-pub(super) struct NamespaceRules {
-    exact: HashMap<String, Vec<Arc<ConfigObject>>>,
-    /// Rules for `*` or `*.suffix`, with that host.
-    wildcard: Vec<(String, Arc<ConfigObject>)>,
-    /// Whether a rule here has a `workloadSelector` (which proxies of this namespace then get
-    /// depends on their labels).
-    selecting: bool,
 }
 
 /// What applying changes did.
@@ -327,196 +295,11 @@ impl ConfigStore {
             .flat_map(|((source, _), list)| list.iter().map(move |r| (*source, r)))
     }
 
-    pub(super) fn derived(&self) -> &Derived {
-        self.derived.get_or_init(|| {
-            let mut rules: Vec<Arc<ConfigObject>> =
-                self.of_kind(ConfigKind::DestinationRule).cloned().collect();
-            rules.sort_by(oldest_first);
-            let mut destination_rules: BTreeMap<Arc<str>, NamespaceRules> = BTreeMap::new();
-            for object in rules {
-                let Spec::DestinationRule(dr) = &object.spec else {
-                    continue;
-                };
-                let host = self.qualify(&dr.host, &object.key.namespace);
-                let indexed = destination_rules
-                    .entry(object.key.namespace.clone())
-                    .or_default();
-                indexed.selecting |= dr.workload_selector.is_some();
-                match host.starts_with('*') {
-                    true => indexed.wildcard.push((host, object.clone())),
-                    false => indexed.exact.entry(host).or_default().push(object.clone()),
-                }
-            }
-            let sorted = |kind| {
-                let mut all: Vec<Arc<ConfigObject>> = self.of_kind(kind).cloned().collect();
-                all.sort_by(oldest_first);
-                all
-            };
-            let virtual_services = sorted(ConfigKind::VirtualService);
-            let source_labels_used = virtual_services.iter().any(|o| match &o.spec {
-                Spec::VirtualService(vs) => {
-                    let http = vs.http.iter().flat_map(|r| &r.matches);
-                    http.clone().any(|m| !m.source_labels.is_empty())
-                        || vs
-                            .tcp
-                            .iter()
-                            .flat_map(|r| &r.matches)
-                            .any(|m| !m.source_labels.is_empty())
-                        || vs
-                            .tls
-                            .iter()
-                            .flat_map(|r| &r.matches)
-                            .any(|m| !m.source_labels.is_empty())
-                }
-                _ => false,
-            });
-            let mut sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>> = BTreeMap::new();
-            let mut by_age = sorted(ConfigKind::Sidecar);
-            by_age.sort_by_key(|o| match &o.spec {
-                Spec::Sidecar(s) => s.workload_selector.is_none(),
-                _ => true,
-            });
-            for object in by_age {
-                if let Spec::Sidecar(sidecar) = &object.spec {
-                    sidecars
-                        .entry(object.key.namespace.clone())
-                        .or_default()
-                        .push((object.key.clone(), Arc::new((**sidecar).clone())));
-                }
-            }
-            Derived {
-                destination_rules,
-                virtual_services,
-                gateways: sorted(ConfigKind::Gateway),
-                source_labels_used,
-                security: OnceLock::new(),
-                sidecars,
-                sidecar_scopes: Mutex::default(),
-            }
-        })
-    }
-
     /// The security policies, indexed by namespace.
     pub fn security(&self) -> &SecurityPolicies {
         self.derived()
             .security
             .get_or_init(|| SecurityPolicies::build(self))
-    }
-
-    /// Whether any DestinationRule exists (cluster lists then depend on the proxy's namespace).
-    pub fn has_destination_rules(&self) -> bool {
-        !self.derived().destination_rules.is_empty()
-    }
-
-    /// Whether a DestinationRule of `namespace` selects workloads (its proxies' rules then depend
-    /// on their labels).
-    pub fn rules_select_in(&self, namespace: &str) -> bool {
-        let rules = self.derived().destination_rules.get(namespace);
-        rules.is_some_and(|r| r.selecting)
-    }
-
-    /// The DestinationRule a proxy in `proxy_ns` applies to `host` (of a service in `service_ns`),
-    /// as istiod looks it up: the proxy's namespace first, then the service's, then the root
-    /// namespace; only rules exported to the proxy's namespace; the most specific host wins within a
-    /// namespace, and several rules for the same host merge (oldest first).
-    pub fn destination_rule(
-        &self,
-        proxy_ns: &str,
-        proxy_labels: &BTreeMap<String, String>,
-        host: &str,
-        service_ns: &str,
-    ) -> Option<Arc<AppliedRule>> {
-        let derived = self.derived();
-        if let Some(selected) = self.selected_rule(derived, proxy_ns, proxy_labels, host) {
-            return Some(selected);
-        }
-        let root = self.mesh.root_namespace.as_str();
-        [proxy_ns, service_ns, root]
-            .into_iter()
-            .find_map(|ns| self.rule_in(derived, ns, proxy_ns, host))
-    }
-
-    /// As istiod's `SidecarScope.DestinationRule` (pilot/pkg/model/sidecar.go): a rule with a
-    /// `workloadSelector` applies only to proxies of its own namespace whose labels it selects,
-    /// and before any rule without one; the oldest such rule wins, alone.
-    fn selected_rule(
-        &self,
-        derived: &Derived,
-        proxy_ns: &str,
-        proxy_labels: &BTreeMap<String, String>,
-        host: &str,
-    ) -> Option<Arc<AppliedRule>> {
-        if !derived.destination_rules.get(proxy_ns)?.selecting {
-            return None;
-        }
-        let selects = |object: &ConfigObject| match &object.spec {
-            Spec::DestinationRule(dr) => dr
-                .workload_selector
-                .as_ref()
-                .is_some_and(|s| s.labels.iter().all(|(k, v)| proxy_labels.get(k) == Some(v))),
-            _ => false,
-        };
-        let first = self
-            .matching_rules(derived, proxy_ns, proxy_ns, host, selects)
-            .into_iter()
-            .next()?;
-        Some(Arc::new(AppliedRule::of([first])))
-    }
-
-    /// The rules without a `workloadSelector` of `ns` for `host`, merged.
-    fn rule_in(
-        &self,
-        derived: &Derived,
-        ns: &str,
-        proxy_ns: &str,
-        host: &str,
-    ) -> Option<Arc<AppliedRule>> {
-        let unselective = |object: &ConfigObject| match &object.spec {
-            Spec::DestinationRule(dr) => dr.workload_selector.is_none(),
-            _ => false,
-        };
-        let matching = self.matching_rules(derived, ns, proxy_ns, host, unselective);
-        (!matching.is_empty()).then(|| Arc::new(AppliedRule::of(matching)))
-    }
-
-    /// The rules of `ns` that `keep` keeps, exported to `proxy_ns`, for `host`: an exact host beats
-    /// every wildcard; among wildcards the longest suffix wins. Oldest first.
-    fn matching_rules<'d>(
-        &self,
-        derived: &'d Derived,
-        ns: &str,
-        proxy_ns: &str,
-        host: &str,
-        keep: impl Fn(&ConfigObject) -> bool,
-    ) -> Vec<&'d Arc<ConfigObject>> {
-        let Some(rules) = derived.destination_rules.get(ns) else {
-            return Vec::new();
-        };
-        let wanted = |o: &&Arc<ConfigObject>| self.exported_to(o, proxy_ns) && keep(o);
-        let exact: Vec<&Arc<ConfigObject>> = rules
-            .exact
-            .get(host)
-            .into_iter()
-            .flatten()
-            .filter(wanted)
-            .collect();
-        if !exact.is_empty() {
-            return exact;
-        }
-        let wildcards: Vec<(usize, &Arc<ConfigObject>)> = rules
-            .wildcard
-            .iter()
-            .filter(|(_, o)| wanted(&o))
-            .filter_map(|(rule_host, o)| Some((host_match(rule_host, host)?, o)))
-            .collect();
-        let Some(best) = wildcards.iter().map(|(m, _)| *m).max() else {
-            return Vec::new();
-        };
-        wildcards
-            .into_iter()
-            .filter(|(m, _)| *m == best)
-            .map(|(_, o)| o)
-            .collect()
     }
 
     pub(super) fn exported_to(&self, object: &ConfigObject, proxy_ns: &str) -> bool {
@@ -531,71 +314,11 @@ impl ConfigStore {
     }
 }
 
-/// istiod's order for merging config of one kind: by creation time, then namespace and name.
-fn oldest_first(a: &Arc<ConfigObject>, b: &Arc<ConfigObject>) -> std::cmp::Ordering {
-    (a.meta.creation_timestamp.as_deref(), &a.key)
-        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
-}
-
-/// The DestinationRule that applies, merged from one or more objects.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AppliedRule {
-    /// The objects it came from, oldest first.
-    pub keys: Vec<ConfigKey>,
-    pub rule: DestinationRule,
-}
-
-impl AppliedRule {
-    /// `rules` merged, oldest first.
-    fn of<'r>(rules: impl IntoIterator<Item = &'r Arc<ConfigObject>>) -> Self {
-        let mut applied = AppliedRule {
-            keys: Vec::new(),
-            rule: DestinationRule::default(),
-        };
-        for object in rules {
-            if let Spec::DestinationRule(dr) = &object.spec {
-                applied.merge(&object.key, dr);
-            }
-        }
-        applied
-    }
-
-    /// istiod's merge of rules for one host: the first traffic policy wins, subsets add up (the
-    /// first of a name wins).
-    fn merge(&mut self, key: &ConfigKey, dr: &DestinationRule) {
-        if self.keys.is_empty() {
-            self.rule = dr.clone();
-        } else {
-            if self.rule.traffic_policy.is_none() {
-                self.rule.traffic_policy = dr.traffic_policy.clone();
-            }
-            for subset in &dr.subsets {
-                if !self.rule.subsets.iter().any(|s| s.name == subset.name) {
-                    self.rule.subsets.push(subset.clone());
-                }
-            }
-        }
-        self.keys.push(key.clone());
-    }
-}
-
-/// How specifically a rule's host matches a service host: exact beats any wildcard, longer
-/// wildcards beat shorter ones.
-fn host_match(rule_host: &str, host: &str) -> Option<usize> {
-    if rule_host == host {
-        return Some(usize::MAX);
-    }
-    if rule_host == "*" {
-        return Some(0);
-    }
-    let suffix = rule_host.strip_prefix('*')?;
-    host.ends_with(suffix).then_some(suffix.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::istio::test_object;
+    use std::collections::BTreeMap;
 
     fn dr(ns: &str, name: &str, spec: serde_json::Value, created: &str) -> Arc<ConfigObject> {
         test_object("DestinationRule", ns, name, created, spec)

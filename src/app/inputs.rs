@@ -1,0 +1,224 @@
+//! What the mesh is made from: the mesh config, the config cluster (its services, its Istio config,
+//! the remote clusters its Secrets onboard), mesh networks, and the config directory's clusters
+//! and Istio config — each loaded into one aggregate and watched.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::warn;
+
+use super::StartError;
+use crate::aggregate::Aggregate;
+use crate::config::DiscoveryArgs;
+use crate::metrics::Metrics;
+use crate::model::{Change, ClusterId, Mesh, Provider, ShardKey};
+use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
+use crate::sources::file::{FileClusters, FileWatch};
+use crate::sources::kube::{self as kube_source, KubeWatch};
+use crate::sources::kube_config::{self, KubeConfigWatch};
+use crate::sources::mesh_config::{self, MeshConfigWatch};
+use crate::sources::networks::{self, NetworksWatch};
+use crate::sources::remote::{RemoteController, RemoteOptions, StaleSnapshots};
+use crate::sources::snapshots::SnapshotStore;
+use crate::supervise::{Health, Supervisor};
+use crate::xds::server::Readiness;
+
+/// The sources feeding the mesh, and their watches (dropping them stops the watching).
+pub(super) struct Inputs {
+    pub(super) aggregate: Arc<Aggregate>,
+    pub(super) config_cluster: Option<ConfigCluster>,
+    mesh_config_watch: Option<MeshConfigWatch>,
+    networks_watch: Option<NetworksWatch>,
+    _file_watch: Option<FileWatch>,
+    _config_files_watch: Option<ConfigFilesWatch>,
+}
+
+/// The config cluster's watches (its services and its Istio config) and the remote clusters its
+/// Secrets onboard.
+pub(super) struct ConfigCluster {
+    pub(super) id: ClusterId,
+    pub(super) client: kube::Client,
+    watch: KubeWatch,
+    pub(super) config: KubeConfigWatch,
+    pub(super) remotes: RemoteController,
+}
+
+/// Loads every source given into a new aggregate and starts watching them; the mesh's changes come
+/// out of the receiver.
+pub(super) async fn start(
+    args: &DiscoveryArgs,
+    metrics: &Metrics,
+    supervisor: &mut Supervisor,
+) -> Result<(Inputs, UnboundedReceiver<Change>), StartError> {
+    // The mesh config's trust domain, when it names one, is the installation's.
+    let mut naming = args.naming();
+    let mesh_config = match &args.mesh_config {
+        Some(path) => {
+            let config = mesh_config::read(path, &naming.mesh_defaults())?;
+            naming.trust_domain = config.trust_domain.clone();
+            Some(config)
+        }
+        None => None,
+    };
+    let mesh = Arc::new(Mesh::new(naming.clone()));
+    let (aggregate, changes) = Aggregate::new(mesh);
+    let mesh_config_watch = match (&args.mesh_config, mesh_config) {
+        (Some(path), Some(config)) => {
+            aggregate.set_mesh_config(config);
+            let defaults = naming.mesh_defaults();
+            Some(mesh_config::watch(path, aggregate.clone(), defaults)?)
+        }
+        _ => None,
+    };
+    if args.config_dir.is_none() && args.kubeconfig.is_none() && !args.in_cluster {
+        return Err(StartError::NoSources);
+    }
+    let config_cluster = match (&args.kubeconfig, args.in_cluster) {
+        (None, false) => None,
+        (path, _) => {
+            let cluster = config_cluster(args, path.as_deref(), &aggregate, metrics).await?;
+            Some(cluster.supervised(supervisor))
+        }
+    };
+    let networks_watch = match &args.mesh_networks {
+        Some(path) => Some(networks::watch(path, aggregate.clone())?),
+        None => None,
+    };
+    let file_watch = match &args.config_dir {
+        Some(dir) => Some(FileClusters::load(dir, aggregate.clone())?.watch()?),
+        None => None,
+    };
+    let config_files_watch = match &args.config_dir {
+        Some(dir) => match ConfigFiles::load(dir, aggregate.clone()) {
+            Some(files) => Some(files.watch().map_err(|source| StartError::ConfigFiles {
+                dir: dir.display().to_string(),
+                source,
+            })?),
+            None => None,
+        },
+        None => None,
+    };
+    let inputs = Inputs {
+        aggregate,
+        config_cluster,
+        mesh_config_watch,
+        networks_watch,
+        _file_watch: file_watch,
+        _config_files_watch: config_files_watch,
+    };
+    Ok((inputs, changes))
+}
+
+impl Inputs {
+    /// As istiod: not ready before every cluster and the Istio config are loaded; never once a
+    /// critical task is gone or the process is shutting down.
+    pub(super) fn readiness(&self, alive: Health, draining: Arc<AtomicBool>) -> Readiness {
+        let loaded = self.aggregate.clone();
+        let secrets_listed = self
+            .config_cluster
+            .as_ref()
+            .map(|c| c.remotes.initial_sync_signal());
+        let config_listed = self
+            .config_cluster
+            .as_ref()
+            .map(|c| c.config.synced_check());
+        Arc::new(move || {
+            alive.ok()
+                && !draining.load(Ordering::Relaxed)
+                && loaded.all_loaded()
+                && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
+                && config_listed.as_ref().is_none_or(|listed| listed())
+        })
+    }
+
+    /// Where the last error reading `--mesh-networks` is kept.
+    pub(super) fn networks_error(&self) -> Arc<parking_lot::Mutex<Option<String>>> {
+        self.networks_watch
+            .as_ref()
+            .map(|w| w.last_error.clone())
+            .unwrap_or_default()
+    }
+
+    /// Where the last error reading the mesh config (file or ConfigMap) is kept.
+    pub(super) fn mesh_config_error(&self) -> Arc<parking_lot::Mutex<Option<String>>> {
+        self.mesh_config_watch
+            .as_ref()
+            .map(|w| w.last_error.clone())
+            .or_else(|| {
+                self.config_cluster
+                    .as_ref()
+                    .map(|c| c.config.mesh_error.clone())
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl ConfigCluster {
+    fn supervised(mut self, supervisor: &mut Supervisor) -> Self {
+        self.watch.supervise(supervisor, "config cluster watch");
+        self.config
+            .supervise(supervisor, "config cluster Istio config watch");
+        self.remotes.supervise(supervisor);
+        self
+    }
+}
+
+async fn config_cluster(
+    args: &DiscoveryArgs,
+    kubeconfig: Option<&std::path::Path>,
+    aggregate: &Arc<Aggregate>,
+    metrics: &Metrics,
+) -> Result<ConfigCluster, StartError> {
+    let client = kube_source::client(kubeconfig).await?;
+    let source = match kubeconfig {
+        Some(p) => format!("kubeconfig:{}", p.display()),
+        None => "in-cluster".to_string(),
+    };
+    let id = ClusterId::new(&args.cluster_id);
+    let shard = ShardKey {
+        provider: Provider::Kubernetes,
+        cluster: id.clone(),
+    };
+    let registry = aggregate.add_cluster(shard, source, true)?;
+    let watch = kube_source::watch_cluster(client.clone(), registry, &args.system_namespace);
+    let config = kube_config::watch(
+        client.clone(),
+        id.clone(),
+        aggregate.clone(),
+        &args.system_namespace,
+        args.mesh_config.is_none(),
+    );
+    let options = RemoteOptions {
+        system_namespace: args.system_namespace.clone(),
+        config_cluster: id.clone(),
+        sync_timeout: args.remote_cluster_timeout,
+        insecure: args.insecure_kubeconfig_options.clone(),
+        snapshots: stale_snapshots(args),
+    };
+    let remotes =
+        RemoteController::start(client.clone(), aggregate.clone(), options, metrics.remote());
+    Ok(ConfigCluster {
+        id,
+        client,
+        watch,
+        config,
+        remotes,
+    })
+}
+
+/// Where remote clusters' last-known-good snapshots are kept, unless there is no state directory
+/// or `--stale-remote-max-age` is zero.
+fn stale_snapshots(args: &DiscoveryArgs) -> Option<StaleSnapshots> {
+    if args.stale_remote_max_age.is_zero() {
+        return None;
+    }
+    let Some(dir) = args.state_dir() else {
+        warn!("no state directory (give --state-dir or set HOME): remote clusters' last-known-good snapshots are not kept");
+        return None;
+    };
+    Some(StaleSnapshots {
+        store: SnapshotStore::new(dir.join("remotes")),
+        max_age: args.stale_remote_max_age,
+    })
+}

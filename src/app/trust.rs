@@ -1,0 +1,153 @@
+//! Identity and leadership: the Lease election, the CA (its keys from a directory, the config
+//! cluster or the state directory; a self-signed root kept rotated), callers' authentication, the
+//! serving certificate, and the work only the leader does (root ConfigMaps, webhook caBundles).
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::inputs::ConfigCluster;
+use super::StartError;
+use crate::config::DiscoveryArgs;
+use crate::leader::{self, Leader, LeaderConfig};
+use crate::metrics::Metrics;
+use crate::security::authn::Authenticator;
+use crate::security::ca::{CertificateAuthority, TtlPolicy};
+use crate::security::keys::{self, KeySource};
+use crate::security::rotation::{self, SharedCa};
+use crate::security::tls::ServingCert;
+use crate::security::trust;
+use crate::supervise::Supervisor;
+use crate::webhook::ca_bundle;
+
+/// With a Kubernetes config cluster: the election deciding who does the one-replica work.
+pub(super) fn leader(
+    args: &DiscoveryArgs,
+    config_cluster: Option<&ConfigCluster>,
+    supervisor: &mut Supervisor,
+) -> Option<Leader> {
+    let mut leader = Leader::start(
+        config_cluster?.client.clone(),
+        LeaderConfig {
+            namespace: args.system_namespace.clone(),
+            name: leader::LEASE_NAME.into(),
+            identity: args
+                .leader_identity
+                .clone()
+                .unwrap_or_else(leader::default_identity),
+            lease_duration: args.leader_election_lease_duration,
+        },
+    );
+    leader.supervise(supervisor);
+    Some(leader)
+}
+
+/// The CA, from the first key source given; a self-signed root is kept rotated.
+pub(super) async fn ca(
+    args: &DiscoveryArgs,
+    config_cluster: Option<&ConfigCluster>,
+    leader: Option<&Leader>,
+    metrics: &Metrics,
+    supervisor: &mut Supervisor,
+) -> Result<Arc<SharedCa>, StartError> {
+    let key_source = match (&args.ca_dir, config_cluster) {
+        (Some(dir), _) => KeySource::Dir(dir.clone()),
+        (None, Some(c)) => KeySource::Kubernetes {
+            client: c.client.clone(),
+            namespace: args.system_namespace.clone(),
+            leading: leader.map(Leader::leading),
+        },
+        (None, None) => {
+            let dir = args.ca_state_dir().ok_or(StartError::NoStateDir)?;
+            info!(dir = %dir.display(), "CA state directory");
+            KeySource::StateDir(dir)
+        }
+    };
+    let loaded = keys::load(key_source, &args.trust_domain, args.self_signed_root_ttl).await?;
+    let ttl = TtlPolicy {
+        default: args.workload_cert_ttl,
+        max: args.max_workload_cert_ttl,
+    };
+    let ca = CertificateAuthority::new(&loaded.bundle, ttl).map_err(|source| StartError::Ca {
+        origin: loaded.origin,
+        source,
+    })?;
+    let ca = SharedCa::new(ca);
+    if let Some(store) = loaded.self_signed {
+        supervisor.adopt(
+            "root rotation",
+            rotation::keep_rotated(
+                ca.clone(),
+                store,
+                loaded.bundle,
+                args.root_rotation(),
+                metrics.ca(),
+            ),
+        );
+    }
+    Ok(ca)
+}
+
+/// Who a caller is: its client certificate, else its token reviewed by its cluster.
+pub(super) fn authenticator(
+    args: &DiscoveryArgs,
+    config_cluster: Option<&ConfigCluster>,
+) -> Arc<Authenticator> {
+    Arc::new(Authenticator::new(
+        &args.trust_domain,
+        config_cluster.map(|c| (c.id.clone(), c.client.clone())),
+        config_cluster.map(|c| c.remotes.clients()),
+    ))
+}
+
+/// The certificate of the secure xDS and webhook servers, kept renewed.
+pub(super) fn serving_cert(
+    args: &DiscoveryArgs,
+    ca: &Arc<SharedCa>,
+    supervisor: &mut Supervisor,
+) -> Result<Arc<ServingCert>, StartError> {
+    let names = args.serving_names();
+    let serving = ServingCert::issue(&ca.current(), &names, args.serving_cert_ttl)?;
+    supervisor.adopt(
+        "serving certificate renewal",
+        serving.keep_renewed(ca.clone(), names, args.serving_cert_ttl),
+    );
+    Ok(serving)
+}
+
+/// While leading: the root published in every namespace's `istio-ca-root-cert`, the webhooks'
+/// caBundles kept current.
+pub(super) fn leader_work(
+    args: &DiscoveryArgs,
+    config_cluster: Option<&ConfigCluster>,
+    leader: Option<&Leader>,
+    ca: &SharedCa,
+    supervisor: &mut Supervisor,
+) {
+    let (Some(c), Some(leader)) = (config_cluster, leader) else {
+        return;
+    };
+    let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
+    let namespace = args.system_namespace.clone();
+    let roots = ca.roots();
+    supervisor.adopt(
+        "leader work",
+        leader::run_while_leading(leader.leading(), move || {
+            let mut work = trust::publish_root(
+                client.clone(),
+                id.clone(),
+                remotes.clone(),
+                namespace.clone(),
+                roots.clone(),
+            );
+            work.extend(ca_bundle::keep_current(
+                client.clone(),
+                id.clone(),
+                remotes.clone(),
+                namespace.clone(),
+                roots.clone(),
+            ));
+            work
+        }),
+    );
+}

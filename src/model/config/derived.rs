@@ -1,0 +1,93 @@
+//! Indexes derived from the accepted objects, computed at most once per published version.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::destination_rules::{self, NamespaceRules};
+use super::ConfigStore;
+use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Sidecar, Spec};
+use crate::model::policies::SecurityPolicies;
+use crate::model::sidecar_scope::SidecarScope;
+
+/// Indexes derived from the accepted objects.
+#[derive(Debug, Default)]
+pub(in crate::model) struct Derived {
+    /// DestinationRules by namespace, indexed by host.
+    pub(super) destination_rules: BTreeMap<Arc<str>, NamespaceRules>,
+    /// VirtualServices and Gateways, oldest first.
+    pub(in crate::model) virtual_services: Vec<Arc<ConfigObject>>,
+    pub(in crate::model) gateways: Vec<Arc<ConfigObject>>,
+    /// Whether some VirtualService matches on the client's labels.
+    pub(in crate::model) source_labels_used: bool,
+    /// Security policies, indexed when first asked for.
+    pub(super) security: OnceLock<SecurityPolicies>,
+    /// Sidecars by namespace: those with a workload selector first, each group oldest first.
+    pub(in crate::model) sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>>,
+    /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
+    pub(in crate::model) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
+}
+
+/// One Sidecar's scopes, compiled per proxy namespace.
+pub(in crate::model) type ScopesByNamespace = HashMap<Arc<str>, Arc<SidecarScope>>;
+
+impl ConfigStore {
+    pub(in crate::model) fn derived(&self) -> &Derived {
+        self.derived.get_or_init(|| {
+            let destination_rules = destination_rules::index(self);
+            let sorted = |kind| {
+                let mut all: Vec<Arc<ConfigObject>> = self.of_kind(kind).cloned().collect();
+                all.sort_by(oldest_first);
+                all
+            };
+            let virtual_services = sorted(ConfigKind::VirtualService);
+            let source_labels_used = virtual_services.iter().any(|o| match &o.spec {
+                Spec::VirtualService(vs) => {
+                    let http = vs.http.iter().flat_map(|r| &r.matches);
+                    http.clone().any(|m| !m.source_labels.is_empty())
+                        || vs
+                            .tcp
+                            .iter()
+                            .flat_map(|r| &r.matches)
+                            .any(|m| !m.source_labels.is_empty())
+                        || vs
+                            .tls
+                            .iter()
+                            .flat_map(|r| &r.matches)
+                            .any(|m| !m.source_labels.is_empty())
+                }
+                _ => false,
+            });
+            let mut sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>> = BTreeMap::new();
+            let mut by_age = sorted(ConfigKind::Sidecar);
+            by_age.sort_by_key(|o| match &o.spec {
+                Spec::Sidecar(s) => s.workload_selector.is_none(),
+                _ => true,
+            });
+            for object in by_age {
+                if let Spec::Sidecar(sidecar) = &object.spec {
+                    sidecars
+                        .entry(object.key.namespace.clone())
+                        .or_default()
+                        .push((object.key.clone(), Arc::new((**sidecar).clone())));
+                }
+            }
+            Derived {
+                destination_rules,
+                virtual_services,
+                gateways: sorted(ConfigKind::Gateway),
+                source_labels_used,
+                security: OnceLock::new(),
+                sidecars,
+                sidecar_scopes: Mutex::default(),
+            }
+        })
+    }
+}
+
+/// istiod's order for merging config of one kind: by creation time, then namespace and name.
+pub(super) fn oldest_first(a: &Arc<ConfigObject>, b: &Arc<ConfigObject>) -> std::cmp::Ordering {
+    (a.meta.creation_timestamp.as_deref(), &a.key)
+        .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
+}
