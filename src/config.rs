@@ -8,9 +8,9 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::inject::InjectArgs;
+use crate::kube_client::kubeconfig::InsecureOptions;
 use crate::model::MeshNaming;
 use crate::security::rotation::RotationPolicy;
-use crate::sources::kubeconfig::InsecureOptions;
 use crate::xds::server::XdsOptions;
 
 #[derive(Debug, Clone, Args)]

@@ -33,9 +33,32 @@ const LAYERS: &[&[&str]] = &[
 
 /// Each top-level module of src/ and the modules it imports (`crate::<module>`), outside tests.
 fn imports() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut stack = vec![src.clone()];
+    for (parts, code) in sources("src") {
+        let module = parts[0].trim_end_matches(".rs").to_string();
+        if matches!(module.as_str(), "lib" | "main") {
+            continue;
+        }
+        let imported = out.entry(module.clone()).or_default();
+        for (at, _) in code.match_indices("crate::") {
+            let name: String = code[at + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
+                .collect();
+            if !name.is_empty() && name != module {
+                imported.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// Every Rust file below `dir` (relative to the crate): its path's components below `dir`, and its
+/// code without the tests (the `#[cfg(test)]` module ending a file).
+fn sources(dir: &str) -> Vec<(Vec<String>, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut out = Vec::new();
+    let mut stack = vec![root.clone()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("readable source directory") {
             let path = entry.expect("a directory entry").path();
@@ -46,29 +69,15 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
             if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
-            let relative = path.strip_prefix(&src).expect("below src");
-            let first = relative.components().next().expect("a path");
-            let module = first
-                .as_os_str()
-                .to_str()
-                .expect("utf-8 name")
-                .trim_end_matches(".rs")
-                .to_string();
-            if matches!(module.as_str(), "lib" | "main") {
-                continue;
-            }
+            let parts = path
+                .strip_prefix(&root)
+                .expect("below the root")
+                .components()
+                .map(|c| c.as_os_str().to_str().expect("utf-8 name").to_string())
+                .collect();
             let text = std::fs::read_to_string(&path).expect("readable source");
             let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            let imported = out.entry(module.clone()).or_default();
-            for (at, _) in code.match_indices("crate::") {
-                let name: String = code[at + "crate::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
-                    .collect();
-                if !name.is_empty() && name != module {
-                    imported.insert(name);
-                }
-            }
+            out.push((parts, code.to_string()));
         }
     }
     out
@@ -120,54 +129,39 @@ const GENERATORS: &[&str] = &["sidecar", "router", "grpc"];
 /// modules it imports, outside tests; `generate` itself (the dispatcher) when a module imports
 /// from it rather than from a sibling.
 fn generator_imports() -> BTreeMap<String, BTreeSet<String>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/xds/generate");
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("readable source directory") {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let relative = path.strip_prefix(&root).expect("below generate");
-            let parts: Vec<&str> = relative
-                .components()
-                .map(|c| c.as_os_str().to_str().expect("utf-8 name"))
-                .collect();
-            if parts == ["mod.rs"] {
-                continue;
-            }
-            let module = parts[0].trim_end_matches(".rs").to_string();
-            // Where `super` points from this file: 1 = generate itself.
-            let depth_to_generate = match parts.as_slice() {
-                [_] | [_, "mod.rs"] => 1,
-                _ => 2,
-            };
-            let text = std::fs::read_to_string(&path).expect("readable source");
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            let imported = out.entry(module.clone()).or_default();
-            for path in import_paths(code) {
-                let segments: Vec<&str> = path.split("::").collect();
-                let rest = match segments.as_slice() {
-                    ["crate", "xds", "generate", rest @ ..] => rest,
-                    _ => {
-                        let supers = segments.iter().take_while(|s| **s == "super").count();
-                        if supers != depth_to_generate {
-                            continue;
-                        }
-                        &segments[supers..]
+    for (parts, code) in sources("src/xds/generate") {
+        if parts == ["mod.rs"] {
+            continue;
+        }
+        let module = parts[0].trim_end_matches(".rs").to_string();
+        // Where `super` points from this file: 1 = generate itself.
+        let depth_to_generate = match parts.len() {
+            1 => 1,
+            _ if parts[1] == "mod.rs" => 1,
+            _ => 2,
+        };
+        let imported = out.entry(module.clone()).or_default();
+        for path in import_paths(&code) {
+            let segments: Vec<&str> = path.split("::").collect();
+            let rest = match segments.as_slice() {
+                ["crate", "xds", "generate", rest @ ..] => rest,
+                _ => {
+                    let supers = segments.iter().take_while(|s| **s == "super").count();
+                    if supers != depth_to_generate {
+                        continue;
                     }
-                };
-                let Some(first) = rest.first() else { continue };
-                let is_module = first.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-                let target = match is_module {
-                    true => first.to_string(),
-                    false => "generate".to_string(),
-                };
-                if target != module {
-                    imported.insert(target);
+                    &segments[supers..]
                 }
+            };
+            let Some(first) = rest.first() else { continue };
+            let is_module = first.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            let target = match is_module {
+                true => first.to_string(),
+                false => "generate".to_string(),
+            };
+            if target != module {
+                imported.insert(target);
             }
         }
     }

@@ -13,7 +13,6 @@ use crate::admin::{self, AdminState, DebugAccess};
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::debug::DebugContext;
-use crate::inject::InjectConfig;
 use crate::istio::ConfigKind;
 use crate::listen::{self, Acceptor};
 use crate::metrics::Metrics;
@@ -137,15 +136,12 @@ pub(super) async fn webhook(
     supervisor: &mut Supervisor,
 ) -> Result<SocketAddr, StartError> {
     let state = Arc::new(WebhookState {
-        inject: InjectConfig {
-            proxy_image: args.inject.proxy_image.clone(),
-            cluster_id: args.cluster_id.clone(),
-            network: args.inject.network.clone(),
-            mesh_id: args.inject.mesh_id.clone(),
-            system_namespace: args.system_namespace.clone(),
-            domain_suffix: args.domain_suffix.clone(),
-            mesh: aggregate.mesh().snapshot().config.mesh().clone(),
-        },
+        inject: args.inject.config(
+            &args.cluster_id,
+            &args.system_namespace,
+            &args.domain_suffix,
+            aggregate.mesh().snapshot().config.mesh().clone(),
+        ),
         mesh: aggregate.mesh().clone(),
         cluster_id: args.cluster_id.clone(),
     });

@@ -20,8 +20,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use thiserror::Error;
 
+use crate::kube_client::kubeconfig::InsecureOptions;
 use crate::model::{MeshNetworks, NetworksError};
-use crate::sources::kubeconfig::InsecureOptions;
 pub use report::{Check, ClusterReport, Report, Status};
 use roots::{Bundle, Sha256};
 

@@ -1,6 +1,6 @@
 //! The clusters to check: the config cluster (its kubeconfig, default kube config or in-cluster),
 //! and every key of its `istio/multiCluster=true` Secrets, vetted and connected exactly as the
-//! remote-secret controller does (`sources::kubeconfig`).
+//! remote-secret controller does (`kube_client::kubeconfig`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,8 +12,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 
 use super::report::Check;
+use crate::kube_client::kubeconfig::{self, InsecureOptions};
 use crate::kube_error::WithCauses;
-use crate::sources::kubeconfig::{self, InsecureOptions};
 use crate::sources::remote::MULTICLUSTER_LABEL;
 use crate::text::{clip, quote};
 

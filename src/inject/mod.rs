@@ -45,6 +45,28 @@ pub struct InjectArgs {
     pub mesh_id: String,
 }
 
+impl InjectArgs {
+    /// The settings these flags give an installation of `cluster_id` with its system namespace,
+    /// DNS suffix and mesh config.
+    pub fn config(
+        &self,
+        cluster_id: &str,
+        system_namespace: &str,
+        domain_suffix: &str,
+        mesh: Arc<MeshConfig>,
+    ) -> InjectConfig {
+        InjectConfig {
+            proxy_image: self.proxy_image.clone(),
+            cluster_id: cluster_id.to_string(),
+            network: self.network.clone(),
+            mesh_id: self.mesh_id.clone(),
+            system_namespace: system_namespace.to_string(),
+            domain_suffix: domain_suffix.to_string(),
+            mesh,
+        }
+    }
+}
+
 /// Everything injection needs besides the pod.
 #[derive(Clone, Debug)]
 pub struct InjectConfig {

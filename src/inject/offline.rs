@@ -96,15 +96,12 @@ pub fn run(args: &InjectCmdArgs) -> Result<String, OfflineError> {
         }
         None => defaults,
     };
-    let config = InjectConfig {
-        proxy_image: args.inject.proxy_image.clone(),
-        cluster_id: args.cluster_id.clone(),
-        network: args.inject.network.clone(),
-        mesh_id: args.inject.mesh_id.clone(),
-        system_namespace: args.system_namespace.clone(),
-        domain_suffix: args.domain_suffix.clone(),
-        mesh: Arc::new(mesh),
-    };
+    let config = args.inject.config(
+        &args.cluster_id,
+        &args.system_namespace,
+        &args.domain_suffix,
+        Arc::new(mesh),
+    );
     let text = read(&args.file)?;
     crate::yaml::check_aliases(&text).map_err(|e| OfflineError::Document {
         path: path.clone(),

@@ -160,6 +160,17 @@ impl EgressHost {
 const UNSUPPORTED: &str =
     "is not supported by meshpilot; remove it (a Sidecar with it would be applied without it)";
 
+/// A listener served through the captured port of its direction: bound nowhere else, captured as
+/// the pod's iptables set up (`DEFAULT`).
+fn captured_only(bind: &str, capture_mode: &str, field: &str) -> Result {
+    ensure(bind.is_empty(), &format!("{field}.bind"), UNSUPPORTED)?;
+    ensure(
+        matches!(capture_mode, "" | "DEFAULT"),
+        &format!("{field}.captureMode"),
+        UNSUPPORTED,
+    )
+}
+
 impl Sidecar {
     pub fn validate(&self) -> Result {
         ensure(
@@ -197,16 +208,7 @@ impl Sidecar {
                 validate::ValidationError::at(format!("{field}.defaultEndpoint"), m)
             })?;
             // Inbound traffic reaches the captured 15006; no listener binds elsewhere.
-            ensure(
-                listener.bind.is_empty(),
-                &format!("{field}.bind"),
-                UNSUPPORTED,
-            )?;
-            ensure(
-                matches!(listener.capture_mode.as_str(), "" | "DEFAULT"),
-                &format!("{field}.captureMode"),
-                UNSUPPORTED,
-            )?;
+            captured_only(&listener.bind, &listener.capture_mode, &field)?;
             ensure(listener.tls.is_none(), &format!("{field}.tls"), UNSUPPORTED)?;
             ensure(
                 listener.connection_pool.is_none(),
@@ -240,16 +242,7 @@ impl Sidecar {
                 "at least one host is required",
             )?;
             // Every egress port is served through the captured 15001, bound nowhere else.
-            ensure(
-                listener.bind.is_empty(),
-                &format!("{field}.bind"),
-                UNSUPPORTED,
-            )?;
-            ensure(
-                matches!(listener.capture_mode.as_str(), "" | "DEFAULT"),
-                &format!("{field}.captureMode"),
-                UNSUPPORTED,
-            )?;
+            captured_only(&listener.bind, &listener.capture_mode, &field)?;
             for (j, host) in listener.hosts.iter().enumerate() {
                 EgressHost::parse(host)
                     .map_err(|m| validate::ValidationError::at(format!("{field}.hosts[{j}]"), m))?;

@@ -8,7 +8,6 @@ mod holders;
 pub mod jwks;
 pub mod kube;
 pub mod kube_config;
-pub mod kubeconfig;
 pub mod manifest;
 pub mod mesh_config;
 pub mod networks;

@@ -91,6 +91,13 @@ impl Listing {
         Self { shared: None, own }
     }
 
+    pub fn shared(shared: Arc<SharedList>) -> Self {
+        Self {
+            shared: Some(shared),
+            own: Vec::new(),
+        }
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> {
         let shared = self.shared.as_deref().map_or(&[][..], |s| &s.resources);
         shared.iter().chain(&self.own)

@@ -2,8 +2,8 @@
 //! meshNetworks and kubeconfigs (remote-cluster Secrets), each through the parser the binary uses.
 
 use meshpilot::istio::{ConfigKind, ConfigObject, MeshConfig, Origin};
+use meshpilot::kube_client::kubeconfig::{self, InsecureOptions};
 use meshpilot::model::MeshNetworks;
-use meshpilot::sources::kubeconfig::{self, InsecureOptions};
 use meshpilot::sources::{config_files, manifest};
 use proptest::prelude::*;
 

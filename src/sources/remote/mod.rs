@@ -27,8 +27,8 @@ use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use super::kube::{watch_cluster, KubeWatch};
-use super::kubeconfig::{self, InsecureOptions};
 use crate::aggregate::Aggregate;
+use crate::kube_client::kubeconfig::{self, InsecureOptions};
 use crate::kube_client::{RemoteClients, WatchBackoff};
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};

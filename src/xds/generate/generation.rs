@@ -12,7 +12,9 @@ use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigKey, MeshConfig};
 use crate::model::{AppliedRule, EgressScope, Locality, MeshSnapshot, Service, SidecarScope};
+use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::{Generator, Proxy, ProxyType};
+use crate::xds::wire::{Resource, SharedList};
 
 /// The generators, one per kind of proxy.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -198,6 +200,18 @@ impl Generation<'_> {
             .as_ref()
             .map(|c| c.as_str())
             .unwrap_or_default()
+    }
+
+    /// The listeners every proxy of this kind, cluster and list scope shares, assembled by `build`
+    /// once per snapshot version.
+    pub(super) fn shared_listeners(
+        &self,
+        build: impl FnOnce() -> Vec<Arc<Resource>>,
+    ) -> Arc<SharedList> {
+        let variant = self.variant_of(&(self.cluster_id(), self.list_scope()));
+        let stamp = [self.services_version(), 0, 0, self.config_version()];
+        self.cache
+            .list(ResourceType::Listener, variant, stamp, build)
     }
 
     /// Traits hash for cache entries that depend on where the proxy sits.

@@ -24,35 +24,21 @@ const NEEDS: ClusterNeeds = ClusterNeeds {
 
 /// Every cluster or listener, shared by clients with the same traits.
 pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
-    let shared = match ty {
-        ResourceType::Cluster => clusters::list(g, &NEEDS),
-        ResourceType::Listener => {
-            let variant = g.variant_of(&(g.cluster_id(), g.list_scope()));
-            g.cache.list(
-                ResourceType::Listener,
-                variant,
-                [g.services_version(), 0, 0, g.config_version()],
-                || {
-                    g.routable_services()
+    match ty {
+        ResourceType::Cluster => Listing::shared(clusters::list(g, &NEEDS)),
+        ResourceType::Listener => Listing::shared(g.shared_listeners(|| {
+            g.routable_services()
+                .iter()
+                .flat_map(|s| {
+                    s.ports
                         .iter()
-                        .flat_map(|s| {
-                            s.ports
-                                .iter()
-                                .filter(|p| g.sees(s, p.port))
-                                .map(|p| grpc_route_name(&s.hostname, p.port))
-                        })
-                        .filter_map(|n| listener(g, &n))
-                        .collect()
-                },
-            )
-        }
-        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => {
-            return Listing::default()
-        }
-    };
-    Listing {
-        shared: Some(shared),
-        own: Vec::new(),
+                        .filter(|p| g.sees(s, p.port))
+                        .map(|p| grpc_route_name(&s.hostname, p.port))
+                })
+                .filter_map(|n| listener(g, &n))
+                .collect()
+        })),
+        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => Listing::default(),
     }
 }
 

@@ -51,16 +51,10 @@ const HTTP_ALPN: [&str; 2] = ["h2", "http/1.1"];
 /// Every cluster or listener. A router's listeners are its own (built through the per-resource
 /// cache); its clusters are shared with routers that need the same.
 pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
-    let shared = match ty {
-        ResourceType::Cluster => clusters::list(g, &cluster_needs(g)),
-        ResourceType::Listener => Arc::new(SharedList::new(listeners(g))),
-        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => {
-            return Listing::default()
-        }
-    };
-    Listing {
-        shared: Some(shared),
-        own: Vec::new(),
+    match ty {
+        ResourceType::Cluster => Listing::shared(clusters::list(g, &cluster_needs(g))),
+        ResourceType::Listener => Listing::shared(Arc::new(SharedList::new(listeners(g)))),
+        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => Listing::default(),
     }
 }
 

@@ -56,24 +56,18 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
 /// The listeners every sidecar with the same traits (and cluster) shares: `virtualOutbound` and
 /// one per port of the services it sees. Assembled once per snapshot version.
 fn listeners(g: &Generation<'_>) -> Arc<SharedList> {
-    let variant = g.variant_of(&(g.cluster_id(), g.list_scope()));
-    g.cache.list(
-        ResourceType::Listener,
-        variant,
-        [g.services_version(), 0, 0, g.config_version()],
-        || {
-            let ports: BTreeSet<u16> = g
-                .routable_services()
-                .iter()
-                .filter(|s| s.resolution != Resolution::Passthrough)
-                .flat_map(|s| s.ports.iter().map(|p| p.port).filter(|p| g.sees(s, *p)))
-                .collect();
-            std::iter::once(VIRTUAL_OUTBOUND.to_string())
-                .chain(ports.iter().map(|p| port_listener_name(*p)))
-                .filter_map(|n| listener(g, &n))
-                .collect()
-        },
-    )
+    g.shared_listeners(|| {
+        let ports: BTreeSet<u16> = g
+            .routable_services()
+            .iter()
+            .filter(|s| s.resolution != Resolution::Passthrough)
+            .flat_map(|s| s.ports.iter().map(|p| p.port).filter(|p| g.sees(s, *p)))
+            .collect();
+        std::iter::once(VIRTUAL_OUTBOUND.to_string())
+            .chain(ports.iter().map(|p| port_listener_name(*p)))
+            .filter_map(|n| listener(g, &n))
+            .collect()
+    })
 }
 
 fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {

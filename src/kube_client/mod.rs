@@ -1,10 +1,12 @@
 //! Kubernetes clients as meshpilot builds them: every request has a deadline, and every retried
-//! watch backs off with jitter.
+//! watch backs off with jitter; kubeconfigs from Secrets are vetted before a client is built from
+//! them (`kubeconfig`).
 
-use std::time::Duration;
+pub mod kubeconfig;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use kube::runtime::utils::Backoff;

@@ -132,7 +132,7 @@ pub async fn client_config(config: Kubeconfig) -> Result<kube::Config, Kubeconfi
 
 /// A client for a configuration `client_config` made (and its caller perhaps bounded).
 pub fn client_for(config: kube::Config) -> Result<kube::Client, KubeconfigError> {
-    crate::kube_client::build(config).map_err(|e| KubeconfigError::Client(clip(&e.to_string())))
+    super::build(config).map_err(|e| KubeconfigError::Client(clip(&e.to_string())))
 }
 
 #[cfg(test)]
