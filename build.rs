@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-changed=Cargo.lock");
-    let descriptors = protox::compile(["ca.proto"], ["proto"])?;
+    let descriptors = protox::compile(["ca.proto", "nds.proto"], ["proto"])?;
     tonic_prost_build::configure()
+        // Sorted maps encode the same table to the same bytes, so an unchanged table is not resent.
+        .btree_map(".istio.networking.nds.v1")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;

@@ -16,6 +16,10 @@ use crate::model::{
 };
 use crate::registry::{service_entries, ClusterRegistry, SyncState};
 
+/// Kinds whose changes may move proxies' name tables: what services exist or a proxy sees (istiod's
+/// nds.go skips the others). WorkloadEntries move names through the services they change.
+const NAMING_KINDS: &[ConfigKind] = &[ConfigKind::ServiceEntry, ConfigKind::Sidecar];
+
 /// Config kinds whose changes proxies hear about (a WorkloadGroup reaches them through the
 /// WorkloadEntries registered into it).
 const PUSHED_KINDS: &[ConfigKind] = &[
@@ -194,6 +198,7 @@ impl Aggregate {
             let entries_changed =
                 delta.touches(&[ConfigKind::ServiceEntry, ConfigKind::WorkloadEntry]);
             change.full = true;
+            change.names_kept = !delta.touches(NAMING_KINDS);
             change.configs = delta.changed;
             change.audience = match delta.audience {
                 None => Audience::Everyone,
@@ -205,6 +210,7 @@ impl Aggregate {
                 if !services.is_empty() {
                     // Services are seen mesh-wide.
                     change.audience = Audience::Everyone;
+                    change.names_kept = false;
                     change.services.extend(services.services);
                 }
             }
@@ -247,6 +253,7 @@ impl Aggregate {
             self.emit(Change {
                 full: true,
                 audience,
+                names_kept: true,
                 ..Change::default()
             });
         }

@@ -21,7 +21,8 @@ const BOUND: Duration = Duration::from_secs(10);
 const QUIET: Duration = Duration::from_millis(400);
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
-const NDS: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+/// Extension configs (ECDS), which meshpilot does not serve yet.
+const ECDS: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 
 async fn meshpilot(dir: &Path) -> meshpilot::app::Running {
     start_meshpilot(
@@ -202,14 +203,14 @@ async fn a_type_meshpilot_does_not_serve_is_answered_empty() {
     let mut sotw = AdsClient::connect(mp.xds_addr).await.unwrap();
     sotw.request(DiscoveryRequest {
         node: Some(node(SIDECAR, &[])),
-        type_url: NDS.into(),
+        type_url: ECDS.into(),
         ..Default::default()
     });
     let r: DiscoveryResponse = sotw.response(Duration::from_secs(1)).await;
-    assert_eq!(r.type_url, NDS);
+    assert_eq!(r.type_url, ECDS);
     assert!(r.resources.is_empty());
     sotw.request(DiscoveryRequest {
-        type_url: NDS.into(),
+        type_url: ECDS.into(),
         response_nonce: r.nonce,
         ..Default::default()
     });
@@ -222,11 +223,11 @@ async fn a_type_meshpilot_does_not_serve_is_answered_empty() {
     assert_eq!(sotw.response(BOUND).await.type_url, CDS);
 
     let mut delta_ads = DeltaClient::connect(mp.xds_addr).await.unwrap();
-    let mut first = delta(NDS, &[], &[], "");
+    let mut first = delta(ECDS, &[], &[], "");
     first.node = Some(node(SIDECAR, &[]));
     delta_ads.request(first);
     let r = delta_ads.response(Duration::from_secs(1)).await;
-    assert_eq!(r.type_url, NDS);
+    assert_eq!(r.type_url, ECDS);
     assert!(r.resources.is_empty() && r.removed_resources.is_empty());
 }
 

@@ -13,6 +13,7 @@ use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::metrics::Metrics;
 use crate::model::{Change, ClusterId, Mesh, Provider, ShardKey};
+use crate::sources::allocated::AllocatedFile;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeWatch};
@@ -62,6 +63,14 @@ pub(super) async fn start(
         None => None,
     };
     let mesh = Arc::new(Mesh::new(naming.clone()));
+    match args.state_dir() {
+        Some(dir) => {
+            let allocated = AllocatedFile::in_state_dir(&dir);
+            allocated.restore_into(&mesh);
+            supervisor.spawn("allocated addresses", allocated.keep(mesh.clone()));
+        }
+        None => warn!("no state directory (give --state-dir or set HOME): addresses allocated to ServiceEntries are not kept across restarts"),
+    }
     let (aggregate, changes) = Aggregate::new(mesh);
     let mesh_config_watch = match (&args.mesh_config, mesh_config) {
         (Some(path), Some(config)) => {

@@ -16,7 +16,7 @@ pub use crate::xds::introspect::{parse_request, DebugError, Query, Viewer};
 
 use crate::aggregate::Aggregate;
 use crate::xds::introspect::config_dump::{find_proxy, sections};
-use crate::xds::introspect::{sync, DebugViews};
+use crate::xds::introspect::{names, sync, DebugViews};
 use crate::xds::server::XdsServer;
 
 /// What the views read: the model, the connected proxies, and the sources' standing errors.
@@ -33,7 +33,7 @@ pub struct DebugContext {
 const SCOPED_PATHS: [&str; 3] = ["config_dump", "syncz", "connections"];
 
 /// Every path, in `/debug/list`'s order.
-const PATHS: [&str; 14] = [
+const PATHS: [&str; 15] = [
     "clusterz",
     "config_dump",
     "configz",
@@ -42,6 +42,7 @@ const PATHS: [&str; 14] = [
     "endpointz",
     "jwksz",
     "mesh",
+    "ndsz",
     "networkz",
     "push_status",
     "pushz",
@@ -86,6 +87,10 @@ impl DebugContext {
             "networkz" => config::networkz(self),
             "jwksz" => config::jwksz(self),
             "pushz" => json(self.xds.push_log()),
+            "ndsz" => {
+                let proxy_id = query.get("proxyID").map(String::as_str).unwrap_or_default();
+                names::ndsz(&self.xds, proxy_id, viewer)?
+            }
             "list" => json(&PATHS[..PATHS.len() - 1]),
             other => return Err(DebugError::NotFound(crate::text::quote(other))),
         };

@@ -12,7 +12,7 @@ use crate::text::clip;
 
 /// The xDS types the metrics count, by their short names, in the order of their indexes
 /// ([`XdsType::index`]).
-pub const XDS_TYPES: [&str; 5] = ["cds", "eds", "lds", "rds", "sds"];
+pub const XDS_TYPES: [&str; 6] = ["cds", "eds", "lds", "rds", "sds", "nds"];
 
 /// An xDS type as the metrics know it: its place in [`XDS_TYPES`].
 pub trait XdsType: Copy {
@@ -80,8 +80,8 @@ impl XdsMetrics {
         let rejects = XDS_TYPES
             .iter()
             .map(|ty| {
-                // istiod has no reject gauge for SDS.
-                if *ty == "sds" {
+                // istiod has no reject gauge for SDS or NDS.
+                if matches!(*ty, "sds" | "nds") {
                     return None;
                 }
                 let name = format!("pilot_xds_{ty}_reject");

@@ -89,6 +89,9 @@ pub struct Endpoint {
     pub workload: Arc<str>,
     /// Relative load-balancing weight (a WorkloadEntry's `weight`; 1 for pods).
     pub weight: u32,
+    /// The endpoint's own DNS label under its headless service (the EndpointSlice endpoint's
+    /// `hostname`, a StatefulSet pod's name): `<hostname>.<service>.<namespace>.svc.<domain>`.
+    pub hostname: Option<Arc<str>>,
 }
 
 impl Endpoint {

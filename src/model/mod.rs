@@ -3,6 +3,7 @@
 //! Everything a push reads is one immutable [`MeshSnapshot`], published per applied batch, so a push
 //! never holds a lock while it builds or sends and never mixes two versions of the mesh.
 
+pub mod allocation;
 mod config;
 mod credentials;
 mod endpoint;
@@ -15,6 +16,7 @@ mod services;
 mod shards;
 mod sidecar_scope;
 
+pub use allocation::Allocations;
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use credentials::{
     CredentialError, CredentialKey, Credentials, SecretMaterial, CA_SUFFIX as CREDENTIAL_CA_SUFFIX,
@@ -26,7 +28,9 @@ pub use networks::{
     LABEL_NETWORK,
 };
 pub use routing::{host_match, BoundGateway, HostRoutes};
-pub use service::{DnsTarget, Hostname, Protocol, Resolution, Service, ServiceKey, ServicePort};
+pub use service::{
+    DnsTarget, Hostname, Protocol, Registry, Resolution, Service, ServiceKey, ServicePort,
+};
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
@@ -115,6 +119,8 @@ pub struct MeshSnapshot {
     pub jwks: JwksTable,
     /// TLS Secrets of every cluster, for gateways' `credentialName`.
     pub credentials: Credentials,
+    /// Addresses of ServiceEntry hosts that declare none.
+    pub allocations: Allocations,
 }
 
 impl Default for MeshSnapshot {
@@ -130,6 +136,7 @@ impl Default for MeshSnapshot {
             config: ConfigStore::default(),
             jwks: JwksTable::default(),
             credentials: Credentials::default(),
+            allocations: Allocations::default(),
         }
     }
 }
@@ -184,6 +191,9 @@ pub struct Change {
     pub audience: Audience,
     /// Secrets that changed: proxies holding them over SDS get them again.
     pub credentials: BTreeSet<CredentialKey>,
+    /// The full part cannot move any name table (NDS): config of kinds that name no host, fetched
+    /// keys. Unset is the safe side: merged changes keep it only when every full one had it.
+    pub names_kept: bool,
 }
 
 /// The proxies a full push is for.
@@ -260,6 +270,11 @@ impl Change {
 
     /// Folds another change into this one.
     pub fn merge(&mut self, other: Change) {
+        self.names_kept = match (self.full, other.full) {
+            (true, true) => self.names_kept && other.names_kept,
+            (false, true) => other.names_kept,
+            (_, false) => self.names_kept,
+        };
         self.audience = match (self.full, other.full) {
             (true, true) => std::mem::take(&mut self.audience).union(other.audience),
             (false, true) => other.audience,

@@ -99,6 +99,24 @@ pub enum Resolution {
     Dns { round_robin: bool },
 }
 
+/// Where a service is defined (Istio's provider names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Registry {
+    /// A Service of a Kubernetes cluster.
+    Kubernetes,
+    /// A ServiceEntry.
+    External,
+}
+
+impl Registry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kubernetes => "Kubernetes",
+            Self::External => "External",
+        }
+    }
+}
+
 /// A name the proxy resolves, for DNS resolution.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DnsTarget {
@@ -114,6 +132,7 @@ pub struct Service {
     pub hostname: Hostname,
     pub name: String,
     pub namespace: Arc<str>,
+    pub registry: Registry,
     pub ports: Vec<ServicePort>,
     /// Cluster IPs by cluster: one service merged from several clusters keeps each cluster's VIPs.
     pub cluster_vips: BTreeMap<ClusterId, Vec<IpAddr>>,
@@ -130,6 +149,9 @@ pub struct Service {
     pub export_to: Vec<String>,
     /// Identities to verify beyond the endpoints' own (a ServiceEntry's subjectAltNames).
     pub subject_alt_names: Vec<String>,
+    /// Addresses allocated to a ServiceEntry host that declares none (IPv4, then IPv6): used only
+    /// by proxies whose agent captures DNS, which resolve the host to them.
+    pub auto_addresses: Vec<IpAddr>,
 }
 
 impl Service {

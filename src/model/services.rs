@@ -206,6 +206,7 @@ mod tests {
             hostname: "web.shop.svc.cluster.local".into(),
             name: "web".into(),
             namespace: "shop".into(),
+            registry: crate::model::Registry::Kubernetes,
             ports: vec![ServicePort {
                 name: "http".into(),
                 port,
@@ -220,6 +221,7 @@ mod tests {
             mesh_external: false,
             export_to: vec![],
             subject_alt_names: vec![],
+            auto_addresses: Vec::new(),
         }
     }
 

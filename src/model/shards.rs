@@ -120,6 +120,11 @@ impl EndpointIndex {
         self.services.keys().map(|k| &k.hostname)
     }
 
+    /// Moves with every change to any endpoint.
+    pub fn version(&self) -> u64 {
+        self.last_version
+    }
+
     pub fn identities_version(&self) -> u64 {
         self.identities
     }
@@ -252,9 +257,9 @@ impl EndpointIndex {
         need: PushNeed,
     ) {
         let added = next.as_ref().and_then(|n| n.shards.get(shard)).cloned();
+        self.last_version += 1;
         match next {
             Some(mut n) => {
-                self.last_version += 1;
                 n.version = self.last_version;
                 self.services.insert(key.clone(), Arc::new(n));
             }
@@ -344,6 +349,7 @@ mod tests {
             health: Health::Healthy,
             workload: "".into(),
             weight: 1,
+            hostname: None,
         }
     }
 

@@ -280,6 +280,7 @@ mod tests {
             hostname: format!("{name}.{ns}.svc.cluster.local").into(),
             name: name.into(),
             namespace: ns.into(),
+            registry: crate::model::Registry::Kubernetes,
             ports: ports
                 .iter()
                 .map(|p| ServicePort {
@@ -297,6 +298,7 @@ mod tests {
             mesh_external: false,
             export_to: vec![],
             subject_alt_names: vec![],
+            auto_addresses: Vec::new(),
         }
     }
 

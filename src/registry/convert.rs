@@ -10,8 +10,8 @@ use super::objects::{
 };
 use super::pods::PodIndex;
 use crate::model::{
-    ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Resolution,
-    Service, TlsMode,
+    ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Registry,
+    Resolution, Service, TlsMode,
 };
 
 /// `(namespace, name)` of a namespaced object.
@@ -39,6 +39,7 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
         hostname: naming.hostname(&obj.name, &obj.namespace),
         name: obj.name.clone(),
         namespace: Arc::from(obj.namespace.as_str()),
+        registry: Registry::Kubernetes,
         ports: obj.ports.clone(),
         cluster_vips: BTreeMap::from([(cluster.clone(), obj.cluster_ips.clone())]),
         labels: obj.labels.clone(),
@@ -48,6 +49,7 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
         mesh_external: false,
         export_to: obj.export_to.clone(),
         subject_alt_names: Vec::new(),
+        auto_addresses: Vec::new(),
     }
 }
 
@@ -130,10 +132,11 @@ impl<'a> EndpointContext<'a> {
                 },
                 None => (ep.addresses.first()).and_then(|ip| self.pods.at(&slice.namespace, *ip)),
             };
-            let template = self.template(
+            let mut template = self.template(
                 pod,
                 Health::from_conditions(ep.ready, ep.serving, ep.terminating),
             );
+            template.hostname = ep.hostname.clone();
             for address in &ep.addresses {
                 let network = match &*template.network {
                     "" => self.networks.network_of_address(*address).map(Arc::from),
@@ -217,6 +220,7 @@ impl<'a> EndpointContext<'a> {
             health,
             workload: pod.map_or_else(|| shared.name(""), |p| p.name.clone()),
             weight: 1,
+            hostname: None,
         }
     }
 }

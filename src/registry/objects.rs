@@ -158,6 +158,10 @@ pub struct SliceEndpoint {
     pub terminating: Option<bool>,
     /// Name of the pod in `targetRef`, when the reference is to a pod (shared with the pod's slot).
     pub pod: Option<Arc<str>>,
+    /// The endpoint's DNS label under a headless service (set for StatefulSet pods); shares the
+    /// pod's name when equal to it.
+    #[serde(default)]
+    pub hostname: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -325,18 +329,23 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Option<Object>
         .flatten()
         .map(|ep| {
             let conditions = ep.conditions.clone().unwrap_or_default();
-            let pod = ep
+            let pod: Option<Arc<str>> = ep
                 .target_ref
                 .as_ref()
                 .filter(|r| r.kind.as_deref() == Some("Pod"))
                 .and_then(|r| r.name.as_deref())
                 .map(Arc::from);
+            let hostname = ep.hostname.as_deref().map(|h| match &pod {
+                Some(name) if **name == *h => name.clone(),
+                _ => Arc::from(h),
+            });
             SliceEndpoint {
                 addresses: ips(&ep.addresses),
                 ready: conditions.ready,
                 serving: conditions.serving,
                 terminating: conditions.terminating,
                 pod,
+                hostname,
             }
         })
         .collect();

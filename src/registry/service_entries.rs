@@ -6,7 +6,7 @@
 //! A Kubernetes Service and a ServiceEntry with the same hostname: the Kubernetes definition is
 //! served (registries rank before config, as in istiod's aggregate), and the endpoints of both add up.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -16,8 +16,8 @@ use crate::istio::service_entry::{Location, Resolution as SeResolution, Workload
 use crate::istio::{ConfigKind, ConfigObject, Origin, ServiceEntry, Spec};
 use crate::model::{
     canonical, Change, ClusterId, DnsTarget, Endpoint, Health, Hostname, Locality, MeshNaming,
-    MeshSnapshot, Protocol, Provider, PushNeed, Resolution, Service, ServicePort, ShardKey,
-    TlsMode,
+    MeshSnapshot, Protocol, Provider, PushNeed, Registry, Resolution, Service, ServicePort,
+    ShardKey, TlsMode,
 };
 
 /// The pseudo-cluster of config read from files (ServiceEntries there belong to no cluster).
@@ -29,6 +29,9 @@ const DEFINITIONS: &str = "~serviceentries";
 
 /// The label of a workload with an Istio sidecar.
 const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
+
+/// A ServiceEntry labelled `"false"` here gets no allocated addresses (Istio's opt-out).
+const LABEL_AUTO_ALLOCATE: &str = "networking.istio.io/enable-autoallocate-ip";
 
 /// Which pseudo-cluster (and shard) an object's services go under: its config source.
 fn source_cluster(object: &ConfigObject) -> ClusterId {
@@ -48,9 +51,18 @@ fn shard(cluster: &ClusterId) -> ShardKey {
 /// What the ServiceEntries define: each host's service and, per config source, its endpoints.
 type Desired = BTreeMap<Hostname, (Service, BTreeMap<ClusterId, Vec<Endpoint>>)>;
 
-/// Brings the services and shards of every ServiceEntry in line with the config store.
+/// Brings the services and shards of every ServiceEntry in line with the config store, and gives
+/// addresses to the hosts that declare none.
 pub fn sync(mesh: &mut MeshSnapshot, naming: &MeshNaming, change: &mut Change) {
-    let desired = desired(mesh, naming);
+    let (mut desired, wanting) = desired(mesh, naming);
+    mesh.allocations.define(&wanting);
+    for host in &wanting {
+        if let (Some((service, _)), Some(addresses)) =
+            (desired.get_mut(host), mesh.allocations.addresses(host))
+        {
+            service.auto_addresses = addresses.to_vec();
+        }
+    }
     let definitions = ClusterId::new(DEFINITIONS);
     let mut touched = |host: Hostname, full: bool| {
         change.full |= full;
@@ -88,9 +100,9 @@ pub fn sync(mesh: &mut MeshSnapshot, naming: &MeshNaming, change: &mut Change) {
     }
 }
 
-/// Every ServiceEntry's services with their inline and WorkloadEntry endpoints. When two entries
-/// define one host, the oldest wins (the others are logged).
-fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> Desired {
+/// Every ServiceEntry's services with their inline and WorkloadEntry endpoints, and the hosts to
+/// allocate addresses to. When two entries define one host, the oldest wins (the others are logged).
+fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> (Desired, BTreeSet<Hostname>) {
     let config = &mesh.config;
     let mut entries: Vec<(&Arc<ConfigObject>, &ServiceEntry)> = config
         .of_kind(ConfigKind::ServiceEntry)
@@ -111,6 +123,7 @@ fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> Desired {
         })
         .collect();
     let mut desired = Desired::new();
+    let mut wanting = BTreeSet::new();
     let mut taken: BTreeMap<Hostname, &ConfigObject> = BTreeMap::new();
     for (object, entry) in entries {
         let cluster = source_cluster(object);
@@ -137,6 +150,9 @@ fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> Desired {
                 continue;
             }
             taken.insert(hostname.clone(), object);
+            if wants_addresses(object, entry, &hostname) {
+                wanting.insert(hostname.clone());
+            }
             let service = service(object, entry, &hostname, &workloads);
             let endpoints = match entry.resolution {
                 SeResolution::Static => {
@@ -150,7 +166,7 @@ fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> Desired {
             );
         }
     }
-    desired
+    (desired, wanting)
 }
 
 fn service(
@@ -193,6 +209,7 @@ fn service(
         hostname: hostname.clone(),
         name: hostname.to_string(),
         namespace: object.key.namespace.clone(),
+        registry: Registry::External,
         ports: entry
             .ports
             .iter()
@@ -213,7 +230,22 @@ fn service(
         mesh_external: entry.location == Location::MeshExternal,
         export_to: entry.export_to.clone(),
         subject_alt_names: entry.subject_alt_names.clone(),
+        auto_addresses: Vec::new(),
     }
+}
+
+/// Istio's rule for allocation: a host that is no wildcard, of an entry without `addresses` whose
+/// resolution can honour an address (not NONE), unless the entry opts out.
+fn wants_addresses(object: &ConfigObject, entry: &ServiceEntry, host: &str) -> bool {
+    let opted_out = object
+        .meta
+        .labels
+        .get(LABEL_AUTO_ALLOCATE)
+        .is_some_and(|v| v.eq_ignore_ascii_case("false"));
+    entry.addresses.is_empty()
+        && !opted_out
+        && !host.starts_with('*')
+        && entry.resolution != SeResolution::None
 }
 
 fn ports_of(we: &WorkloadEntry) -> BTreeMap<String, u16> {
@@ -270,6 +302,7 @@ fn endpoints(
                 health: Health::Healthy,
                 workload: workload.clone(),
                 weight: we.weight.max(1),
+                hostname: None,
             });
         }
     }

@@ -1,6 +1,7 @@
 //! Where clusters and config come from: directories of manifests, Kubernetes API servers, and the
 //! snapshots that stand in for an unreachable remote after a restart.
 
+pub mod allocated;
 pub mod auto_registration;
 pub mod config_files;
 pub mod file;

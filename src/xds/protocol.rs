@@ -19,6 +19,8 @@ pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Li
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 pub const SECRET_TYPE: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+/// Istio's DNS name table, asked for by agents that capture DNS.
+pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum ResourceType {
@@ -32,15 +34,18 @@ pub enum ResourceType {
     Route,
     #[serde(rename = "sds")]
     Secret,
+    #[serde(rename = "nds")]
+    NameTable,
 }
 
 impl ResourceType {
-    pub const ALL: [ResourceType; 5] = [
+    pub const ALL: [ResourceType; 6] = [
         Self::Cluster,
         Self::Endpoint,
         Self::Listener,
         Self::Route,
         Self::Secret,
+        Self::NameTable,
     ];
 
     pub fn from_url(url: &str) -> Option<Self> {
@@ -50,6 +55,7 @@ impl ResourceType {
             LISTENER_TYPE => Self::Listener,
             ROUTE_TYPE => Self::Route,
             SECRET_TYPE => Self::Secret,
+            NAME_TABLE_TYPE => Self::NameTable,
             _ => return None,
         })
     }
@@ -61,6 +67,7 @@ impl ResourceType {
             Self::Listener => LISTENER_TYPE,
             Self::Route => ROUTE_TYPE,
             Self::Secret => SECRET_TYPE,
+            Self::NameTable => NAME_TABLE_TYPE,
         }
     }
 
@@ -76,12 +83,13 @@ impl ResourceType {
             Self::Listener => "lds",
             Self::Route => "rds",
             Self::Secret => "sds",
+            Self::NameTable => "nds",
         }
     }
 
-    /// CDS and LDS subscribe to everything when no names are given.
+    /// CDS, LDS and NDS subscribe to everything when no names are given.
     fn wildcard_capable(self) -> bool {
-        matches!(self, Self::Cluster | Self::Listener)
+        matches!(self, Self::Cluster | Self::Listener | Self::NameTable)
     }
 }
 

@@ -65,6 +65,9 @@ pub struct Proxy {
     /// The stream proved the proxy's namespace (and service account) over the secure port: what
     /// gateway credentials it may read depends on it.
     pub verified: bool,
+    /// Its agent answers the workload's DNS (`ISTIO_META_DNS_CAPTURE`): it resolves ServiceEntry
+    /// hosts to their auto-allocated addresses, so its listeners match those addresses too.
+    pub dns_capture: bool,
 }
 
 impl Proxy {
@@ -154,6 +157,7 @@ impl Proxy {
             locality,
             auto_register_group: meta.string("AUTO_REGISTER_GROUP").filter(|g| !g.is_empty()),
             verified: false,
+            dns_capture: meta.flag("DNS_CAPTURE"),
         })
     }
 }
@@ -169,6 +173,18 @@ impl Metadata<'_> {
         match &self.get(key)?.kind {
             Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
             _ => None,
+        }
+    }
+
+    /// A boolean as Istio's agent writes it: a string Go's `strconv.ParseBool` reads as true, or a
+    /// JSON boolean; anything else is false.
+    fn flag(&self, key: &str) -> bool {
+        match self.get(key).and_then(|v| v.kind.as_ref()) {
+            Some(Kind::BoolValue(b)) => *b,
+            Some(Kind::StringValue(s)) => {
+                matches!(s.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True")
+            }
+            _ => false,
         }
     }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::generate::eds_names_for;
 use super::protocol::{ResourceType, Scope};
-use crate::model::{Change, Hostname};
+use crate::model::{Change, Hostname, MeshSnapshot, Resolution};
 
 /// What a proxy must be brought up to date with.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct PushRequest {
     pub all_endpoints: bool,
     /// Secrets the proxy may hold over SDS changed: its SDS resources are sent again.
     pub secrets: bool,
+    /// Its name table (NDS) may have changed.
+    pub names: bool,
     /// When the earliest change behind this request happened, and when it was offered to the
     /// proxy (the earliest, once merged): convergence and queue times are measured from these.
     pub triggered_at: Option<Instant>,
@@ -36,6 +38,7 @@ impl PushRequest {
         self.services.extend(other.services);
         self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
+        self.names |= other.names;
         self.triggered_at = earliest(self.triggered_at, other.triggered_at);
         self.queued_at = earliest(self.queued_at, other.queued_at);
     }
@@ -152,6 +155,18 @@ impl PushSlot {
     }
 }
 
+/// Whether a change may move name tables: (for the proxies its full part concerns, for every
+/// proxy). Service definitions and the config that names hosts do (`Change::names_kept` says when
+/// not); so do the endpoints of a headless service, whose ready pods are its addresses.
+pub fn moves_names(change: &Change, mesh: &MeshSnapshot) -> (bool, bool) {
+    let headless = change.services.iter().any(|host| {
+        mesh.services
+            .get(host)
+            .is_some_and(|s| s.resolution == Resolution::Passthrough)
+    });
+    (change.full && !change.names_kept, headless)
+}
+
 /// Which types to send, and which of their resources, for a push to a proxy watching `watched`.
 /// `eds_names` are the EDS resources the proxy subscribes to.
 pub fn plan(
@@ -183,7 +198,10 @@ pub fn plan(
         ResourceType::Endpoint => Some((t, endpoints()?)),
         _ => request.full.then_some((t, Scope::All)),
     });
-    planned.chain(secrets).collect()
+    // The agent asks for NDS alone (Envoy never does); it follows the listeners.
+    let names = (request.names && watched.contains(&ResourceType::NameTable))
+        .then_some((ResourceType::NameTable, Scope::All));
+    planned.chain(names).chain(secrets).collect()
 }
 
 #[cfg(test)]
@@ -197,6 +215,7 @@ mod tests {
                 all_endpoints: change.touches_all_endpoints(),
                 services: change.services,
                 secrets: !change.credentials.is_empty(),
+                names: change.full && !change.names_kept,
                 ..Default::default()
             }
         }

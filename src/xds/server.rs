@@ -26,7 +26,7 @@ use super::grpc;
 use super::introspect::DebugViews;
 use super::protocol::{ResourceType, TypeStatus};
 use super::proxy::Proxy;
-use super::push::{PushRequest, PushSlot};
+use super::push::{moves_names, PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use crate::istio::ConfigKey;
@@ -137,6 +137,11 @@ impl Connection {
     fn wants_eds_of(&self, services: &BTreeSet<Hostname>) -> bool {
         let hosts = self.eds_hosts.read();
         services.iter().any(|s| hosts.contains(s))
+    }
+
+    /// Whether the proxy's agent asked for its name table.
+    fn watches_names(&self) -> bool {
+        self.status.lock().contains_key(&ResourceType::NameTable)
     }
 
     pub(super) fn set_eds_names<'a>(&self, names: impl Iterator<Item = &'a String>) {
@@ -327,6 +332,7 @@ impl XdsServer {
         }
         let mut woken = 0;
         let everywhere = change.touches_all_endpoints();
+        let (names_if_full, names_everywhere) = moves_names(&change, &snapshot);
         for conn in self.connections.read().values() {
             let full = change.full && change.audience.admits(&conn.proxy.namespace);
             let all_endpoints =
@@ -337,12 +343,14 @@ impl XdsServer {
                     .credentials
                     .iter()
                     .any(|k| *k.namespace == *conn.proxy.namespace);
-            if full || secrets || all_endpoints || conn.wants_eds_of(&change.services) {
+            let names = (full && names_if_full) || (names_everywhere && conn.watches_names());
+            if full || secrets || all_endpoints || names || conn.wants_eds_of(&change.services) {
                 conn.slot.offer(PushRequest {
                     full,
                     all_endpoints,
                     services: change.services.clone(),
                     secrets,
+                    names,
                     triggered_at: Some(triggered_at),
                     queued_at: Some(queued_at),
                 });

@@ -31,7 +31,7 @@ pub enum Answer {
     /// Build and send this type's resources within the scope (a client request: names it asked
     /// for that do not exist are reported as such).
     Resources(ResourceType, Scope),
-    /// An empty response for a type meshpilot does not serve (Istio's agent asks for NDS, for one):
+    /// An empty response for a type meshpilot does not serve (extension configs, for one):
     /// the client learns there is nothing rather than waiting.
     Empty(Bytes),
     /// The client is misbehaving; the stream ends with this.

@@ -50,8 +50,17 @@ fn put_bytes(buf: &mut BytesMut, tag: u32, bytes: &[u8]) {
     buf.put_slice(bytes);
 }
 
+/// The length of a length-delimited field as written even when empty.
 fn field_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+/// The length of a bytes field as `put_bytes` writes it: nothing when empty.
+fn bytes_field_len(tag: u32, len: usize) -> usize {
+    match len {
+        0 => 0,
+        len => field_len(tag, len),
+    }
 }
 
 /// Resources many proxies receive together, with their SotW encoding (the `resources` fields of a
@@ -191,8 +200,11 @@ pub fn delta_response(
     resources: &[Arc<Resource>],
     removed: &[String],
 ) -> Bytes {
+    // The Any is written even when empty; the name is empty for an unnamed resource (NDS).
     let entry_len = |r: &Resource| {
-        field_len(3, r.name.len()) + field_len(1, r.version.len()) + field_len(2, r.any.len())
+        bytes_field_len(3, r.name.len())
+            + bytes_field_len(1, r.version.len())
+            + field_len(2, r.any.len())
     };
     let size: usize = resources
         .iter()
@@ -298,6 +310,17 @@ mod tests {
             two[1].as_ptr(),
             "one block, referenced twice"
         );
+    }
+
+    #[test]
+    fn an_unnamed_resource_is_framed_to_its_length() {
+        // NDS sends one resource without a name: the entry's length must not count the name.
+        let unnamed = Arc::new(Resource::encode("", &ClusterLoadAssignment::default()));
+        let bytes = delta_response("t", "s1", "n1", &[unnamed.clone(), cla("b")], &[]);
+        let decoded = DeltaDiscoveryResponse::decode(bytes).unwrap();
+        let names: Vec<&str> = decoded.resources.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["", "b"]);
+        assert_eq!(decoded.type_url, "t");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod config_source;
 pub mod gateway_certs;
 pub mod https;
 pub mod jwt;
+pub mod nds;
 pub mod netns;
 pub mod primary;
 pub mod sds;

@@ -35,6 +35,7 @@ fn saved_file() -> Vec<u8> {
                 serving: None,
                 terminating: Some(false),
                 pod: Some("reviews-v1".into()),
+                hostname: None,
             }],
         }],
         pods: vec![PodObj {

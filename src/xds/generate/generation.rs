@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
 use super::cache::ResourceCache;
@@ -81,6 +82,39 @@ impl Generation<'_> {
             .filter(|s| scope.is_none_or(|scope| scope.sees_service(s)))
             .cloned()
             .collect()
+    }
+
+    /// The addresses the proxy knows a service by: its own cluster's VIPs when the service has some
+    /// there, else every cluster's; a ServiceEntry host that declares none by its allocated
+    /// addresses (of the proxy's IP families) when the proxy's agent captures DNS, as it resolves
+    /// the host to them (istiod's rule). Listeners match and the name table resolves these.
+    pub(super) fn service_addresses(&self, service: &Service) -> Vec<IpAddr> {
+        let own = self
+            .proxy
+            .cluster_id
+            .as_ref()
+            .and_then(|c| service.cluster_vips.get(c))
+            .filter(|vips| !vips.is_empty());
+        let mut vips: Vec<IpAddr> = match own {
+            Some(v) => v.clone(),
+            None => service.cluster_vips.values().flatten().copied().collect(),
+        };
+        vips.retain(|ip| !ip.is_unspecified());
+        if vips.is_empty() && self.proxy.dns_capture {
+            let families = |ip: &IpAddr| self.proxy.ips.iter().any(|p| p.is_ipv4() == ip.is_ipv4());
+            vips.extend(service.auto_addresses.iter().filter(|ip| families(ip)));
+        }
+        vips
+    }
+
+    /// What of the proxy decides which allocated addresses it uses (see `service_addresses`): its
+    /// IP families, when its agent captures DNS and some host has allocated addresses.
+    pub(super) fn allocated_view(&self) -> Option<(bool, bool)> {
+        let uses = self.proxy.dns_capture && self.mesh.allocations.entries().next().is_some();
+        uses.then(|| {
+            let v4 = self.proxy.ips.iter().any(|ip| ip.is_ipv4());
+            (v4, self.proxy.ips.iter().any(|ip| ip.is_ipv6()))
+        })
     }
 
     /// The Sidecar resource that applies to a sidecar proxy (Envoy or proxyless), if any.
@@ -175,6 +209,7 @@ impl Generation<'_> {
             },
             sidecar,
             labels: self.rule_labels(),
+            allocated: self.allocated_view(),
         }
     }
 
@@ -230,6 +265,8 @@ pub(super) struct ListScope<'a> {
     sidecar: Option<&'a ConfigKey>,
     /// Where a DestinationRule of the proxy's namespace selects workloads: the proxy's labels.
     labels: Option<&'a BTreeMap<String, String>>,
+    /// Which allocated addresses the proxy's listeners match.
+    allocated: Option<(bool, bool)>,
 }
 
 /// What a cluster name points at for a proxy: the service, its port, the subset (which must exist

@@ -38,7 +38,10 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
                 .filter_map(|n| listener(g, &n))
                 .collect()
         })),
-        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => Listing::default(),
+        ResourceType::Endpoint
+        | ResourceType::Route
+        | ResourceType::Secret
+        | ResourceType::NameTable => Listing::default(),
     }
 }
 
@@ -56,7 +59,7 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
                 || Some(Resource::encode(name, &route_config(name, host, port))),
             )
         }
-        ResourceType::Endpoint | ResourceType::Secret => None,
+        ResourceType::Endpoint | ResourceType::Secret | ResourceType::NameTable => None,
     }
 }
 

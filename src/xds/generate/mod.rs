@@ -12,6 +12,7 @@ pub mod authz;
 mod cache;
 mod clusters;
 mod common;
+pub mod dns;
 mod eds;
 mod filters;
 mod gateway_tls;
@@ -41,6 +42,10 @@ impl Generation<'_> {
     /// Every resource of a wildcard subscription: the list shared by proxies with the same traits,
     /// then the proxy's own.
     pub fn all(&self, ty: ResourceType) -> Listing {
+        if ty == ResourceType::NameTable {
+            let table = self.kind().and_then(|_| dns::table(self));
+            return Listing::own(table.into_iter().collect());
+        }
         match self.kind() {
             Some(ProxyKind::Sidecar) => sidecar::all(self, ty),
             Some(ProxyKind::Router) => router::all(self, ty),
@@ -61,10 +66,17 @@ impl Generation<'_> {
             .collect()
     }
 
+    /// The name table this proxy is sent (for `/debug/ndsz`).
+    pub fn name_table(&self) -> dns::proto::NameTable {
+        dns::build(self)
+    }
+
     fn build(&self, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
         match ty {
             ResourceType::Endpoint => return eds::build(self, name),
             ResourceType::Secret => return sds::build(self, name),
+            // One unnamed table: a name asks for nothing that exists.
+            ResourceType::NameTable => return None,
             ResourceType::Cluster | ResourceType::Listener | ResourceType::Route => {}
         }
         match self.kind()? {

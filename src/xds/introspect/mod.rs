@@ -5,6 +5,7 @@
 //! through [`DebugViews`].
 
 pub mod config_dump;
+pub mod names;
 pub mod sync;
 
 use std::collections::BTreeMap;

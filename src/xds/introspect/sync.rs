@@ -36,14 +36,14 @@ struct SyncRow {
     types: BTreeMap<ResourceType, TypeStatus>,
 }
 
-/// istiod's name of a type in SyncStatus's keys; SDS has none.
+/// istiod's name of a type in SyncStatus's keys; SDS and NDS have none.
 fn sync_prefix(ty: ResourceType) -> Option<&'static str> {
     match ty {
         ResourceType::Cluster => Some("cluster"),
         ResourceType::Listener => Some("listener"),
         ResourceType::Route => Some("route"),
         ResourceType::Endpoint => Some("endpoint"),
-        ResourceType::Secret => None,
+        ResourceType::Secret | ResourceType::NameTable => None,
     }
 }
 

@@ -54,7 +54,10 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
     match ty {
         ResourceType::Cluster => Listing::shared(clusters::list(g, &cluster_needs(g))),
         ResourceType::Listener => Listing::shared(Arc::new(SharedList::new(listeners(g)))),
-        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => Listing::default(),
+        ResourceType::Endpoint
+        | ResourceType::Route
+        | ResourceType::Secret
+        | ResourceType::NameTable => Listing::default(),
     }
 }
 
@@ -63,7 +66,7 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Cluster => clusters::build(g, name),
         ResourceType::Listener => build_listener(g, name),
         ResourceType::Route => build_routes(g, name),
-        ResourceType::Endpoint | ResourceType::Secret => None,
+        ResourceType::Endpoint | ResourceType::Secret | ResourceType::NameTable => None,
     }
 }
 

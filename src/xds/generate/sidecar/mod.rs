@@ -40,7 +40,10 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
             shared: Some(listeners(g)),
             own: vec![Arc::new(inbound::virtual_inbound(g))],
         },
-        ResourceType::Endpoint | ResourceType::Route | ResourceType::Secret => Listing::default(),
+        ResourceType::Endpoint
+        | ResourceType::Route
+        | ResourceType::Secret
+        | ResourceType::NameTable => Listing::default(),
     }
 }
 
@@ -49,7 +52,7 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Cluster => clusters::build(g, name).or_else(|| inbound::cluster(g, name)),
         ResourceType::Listener => listener(g, name),
         ResourceType::Route => route_config::build(g, name),
-        ResourceType::Endpoint | ResourceType::Secret => None,
+        ResourceType::Endpoint | ResourceType::Secret | ResourceType::NameTable => None,
     }
 }
 

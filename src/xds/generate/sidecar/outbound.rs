@@ -60,14 +60,15 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         .iter()
         .filter(|s| s.port(port).is_some_and(|p| !p.protocol.is_http()))
     {
-        let vips: Vec<CidrRange> = vips_for(g, service)
+        let vips: Vec<CidrRange> = g
+            .service_addresses(service)
             .into_iter()
-            .filter(|vip| seen_vips.insert(vip.clone()))
+            .filter(|vip| seen_vips.insert(*vip))
             .map(|vip| CidrRange {
                 prefix_len: Some(UInt32Value {
-                    value: if vip.contains(':') { 128 } else { 32 },
+                    value: if vip.is_ipv6() { 128 } else { 32 },
                 }),
-                address_prefix: vip,
+                address_prefix: vip.to_string(),
             })
             .collect();
         if vips.is_empty() {
@@ -145,21 +146,4 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
         .map(|d| (cluster_for(&ctx, &d.destination), d.weight.unwrap_or(0)))
         .collect();
     weighted_tcp_proxy(cluster, &targets)
-}
-
-/// The VIPs a proxy uses for a service: those of its own cluster when it says which, else all.
-pub(super) fn vips_for(g: &Generation<'_>, service: &Service) -> Vec<String> {
-    let own = g
-        .proxy
-        .cluster_id
-        .as_ref()
-        .and_then(|c| service.cluster_vips.get(c));
-    let vips: Vec<_> = match own {
-        Some(v) => v.iter().collect(),
-        None => service.cluster_vips.values().flatten().collect(),
-    };
-    vips.into_iter()
-        .filter(|ip| !ip.is_unspecified())
-        .map(|ip| ip.to_string())
-        .collect()
 }

@@ -9,7 +9,6 @@ use envoy_types::pb::envoy::config::route::v3::route_action::{hash_policy, HashP
 use envoy_types::pb::envoy::config::route::v3::{route, RouteConfiguration, VirtualHost};
 use envoy_types::pb::google::protobuf::BoolValue;
 
-use super::outbound::vips_for;
 use crate::istio::mesh::OutboundMode;
 use crate::model::{Resolution, Service};
 use crate::xds::generate::generation::Generation;
@@ -36,7 +35,13 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         false => g.rule_labels(),
     };
     let sidecar = g.sidecar_scope().map(|s| &s.key);
-    let variant = g.variant_of(&(&*g.proxy.namespace, g.cluster_id(), labels, sidecar));
+    let variant = g.variant_of(&(
+        &*g.proxy.namespace,
+        g.cluster_id(),
+        labels,
+        sidecar,
+        g.allocated_view(),
+    ));
     g.cache.get_or_build(
         ResourceType::Route,
         name,
@@ -109,7 +114,7 @@ fn domains(g: &Generation<'_>, service: &Service, port: u16) -> Vec<String> {
             names.push(service.name.clone());
         }
     }
-    names.extend(vips_for(g, service));
+    names.extend(g.service_addresses(service).iter().map(|ip| ip.to_string()));
     names
         .iter()
         .flat_map(|n| [n.clone(), format!("{n}:{port}")])

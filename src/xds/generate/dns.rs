@@ -1,0 +1,170 @@
+//! The name table (NDS) Istio's agent answers the workload's DNS from, when it captures DNS: every
+//! host the proxy sees, across clusters, with the addresses its listeners match (istiod's
+//! `pkg/dns/server/name_table.go`; where meshpilot differs, docs/dns.md says why).
+//!
+//! - A service with addresses resolves to those the proxy knows it by (`service_addresses`): its own
+//!   cluster's VIPs, else those of the clusters that have the service — so a service that exists
+//!   only in another cluster resolves, and the proxy's listeners take the connection.
+//! - A ServiceEntry host without addresses resolves to its allocated ones (240.240.0.0/16,
+//!   2001:2::/48); without capture the agent never asks, so nothing is lost.
+//! - A headless service resolves to its ready endpoints on the proxy's network, in every cluster;
+//!   each endpoint with a DNS hostname (a StatefulSet pod) also gets
+//!   `<hostname>.<service>.<namespace>.svc.<domain>`, the proxy's own cluster first.
+//! - Kubernetes services carry `shortname` and `namespace`, from which the agent answers the
+//!   search-path forms (`name`, `name.namespace`, …); a Kubernetes service wins over a
+//!   ServiceEntry of the same host; wildcard hosts are left out.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::generation::Generation;
+use crate::model::{Health, Registry, Resolution, Service};
+use crate::xds::protocol::ResourceType;
+use crate::xds::wire::Resource;
+
+/// The message, generated from proto/nds.proto.
+pub mod proto {
+    #![allow(clippy::all)]
+    tonic::include_proto!("istio.networking.nds.v1");
+
+    impl prost::Name for NameTable {
+        const NAME: &'static str = "NameTable";
+        const PACKAGE: &'static str = "istio.networking.nds.v1";
+
+        fn type_url() -> String {
+            crate::xds::protocol::NAME_TABLE_TYPE.to_string()
+        }
+    }
+}
+
+use proto::name_table::NameInfo;
+use proto::NameTable;
+
+/// Multi-cluster Services' domain: such hosts get no search-path forms (istiod's rule, so they do
+/// not shadow the `cluster.local` service of the same name).
+const CLUSTERSET_SUFFIX: &str = ".clusterset.local";
+
+/// The proxy's table, one unnamed resource as istiod sends it; built once per snapshot for every
+/// proxy that sees the same (cluster, network, scope, allocated addresses).
+pub(super) fn table(g: &Generation<'_>) -> Option<Arc<Resource>> {
+    let variant = g.variant_of(&(g.cluster_id(), &*g.proxy.network, g.list_scope()));
+    let stamp = [
+        g.services_version(),
+        g.mesh.endpoints.version(),
+        0,
+        g.config_version(),
+    ];
+    g.cache
+        .get_or_build(ResourceType::NameTable, "", variant, stamp, || {
+            Some(Resource::encode("", &build(g)))
+        })
+}
+
+/// The table for one proxy.
+pub(super) fn build(g: &Generation<'_>) -> NameTable {
+    let mut table = BTreeMap::new();
+    for service in g.routable_services() {
+        if service.hostname.starts_with('*') {
+            continue;
+        }
+        let addresses = match service.resolution {
+            Resolution::Passthrough => headless(g, &service, &mut table),
+            _ => g.service_addresses(&service),
+        };
+        if addresses.is_empty() {
+            continue;
+        }
+        let info = info(&service, addresses);
+        match table.get_mut(&*service.hostname) {
+            None => {
+                table.insert(service.hostname.to_string(), info);
+            }
+            Some(held) if held.registry != Registry::Kubernetes.as_str() => {
+                if service.registry == Registry::Kubernetes {
+                    *held = info;
+                } else {
+                    held.ips.extend(info.ips);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    NameTable {
+        table,
+        name_info: None,
+    }
+}
+
+fn info(service: &Service, addresses: Vec<IpAddr>) -> NameInfo {
+    let search_forms =
+        service.registry == Registry::Kubernetes && !service.hostname.ends_with(CLUSTERSET_SUFFIX);
+    let (shortname, namespace) = match search_forms {
+        true => (service.name.clone(), service.namespace.to_string()),
+        false => Default::default(),
+    };
+    NameInfo {
+        ips: addresses.iter().map(IpAddr::to_string).collect(),
+        registry: service.registry.as_str().to_string(),
+        shortname,
+        namespace,
+        ..NameInfo::default()
+    }
+}
+
+/// A headless service's ready endpoints on the proxy's network (the name's addresses), after
+/// entering each one's own name in `table`.
+fn headless(
+    g: &Generation<'_>,
+    service: &Service,
+    table: &mut BTreeMap<String, NameInfo>,
+) -> Vec<IpAddr> {
+    let Some(shards) = g.mesh.endpoints.get(&service.key()) else {
+        return Vec::new();
+    };
+    // "<name>.<namespace>.svc.<domain>" → ".<namespace>.svc.<domain>" after a pod's label.
+    let Some(domain) = service.hostname.find('.').map(|i| &service.hostname[i..]) else {
+        return Vec::new();
+    };
+    let mut addresses = Vec::new();
+    let mut named_here = Vec::new();
+    for ep in shards.endpoints() {
+        let network = &g.proxy.network;
+        let local = network.is_empty() || ep.network.is_empty() || ep.network == *network;
+        if ep.health != Health::Healthy || !local {
+            continue;
+        }
+        if !addresses.contains(&ep.address) {
+            addresses.push(ep.address);
+        }
+        let Some(label) = ep.hostname.as_deref().filter(|h| is_dns_label(h)) else {
+            continue;
+        };
+        let name = format!("{label}.{}{domain}", service.name);
+        let own_cluster = ep.cluster_id.as_str() == g.cluster_id();
+        if table.contains_key(&name) && (!own_cluster || named_here.contains(&name)) {
+            continue;
+        }
+        if own_cluster {
+            named_here.push(name.clone());
+        }
+        let short = format!("{label}.{}", service.name);
+        let mut info = info(service, vec![ep.address]);
+        if !info.shortname.is_empty() {
+            info.shortname = short;
+        }
+        table.insert(name, info);
+    }
+    addresses.sort();
+    addresses
+}
+
+/// A name Kubernetes would give a pod (RFC 1123 label): anything else from a file cluster is left
+/// out rather than served as a name no client can ask for.
+fn is_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
