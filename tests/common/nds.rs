@@ -25,16 +25,24 @@ pub enum Protocol {
 
 impl NdsAgent {
     /// An agent for the proxy `node_id` in cluster `cluster` and `network` (may be empty); with
-    /// `dns`, also a DNS server on that address (its bound address in the first line).
+    /// `dns` (network namespace, address), also a DNS server on that address in that namespace
+    /// (its bound address in the first line).
     pub fn start(
         xds: SocketAddr,
         node_id: &str,
         (cluster, network): (&str, &str),
         protocol: Protocol,
-        dns: Option<&str>,
+        dns: Option<(&str, &str)>,
     ) -> Self {
         let namespace = super::node_namespace(node_id);
-        let mut command = Command::new(peer_python());
+        let mut command = match dns {
+            Some((netns, _)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns]).arg(peer_python());
+                c
+            }
+            None => Command::new(peer_python()),
+        };
         command
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
@@ -44,7 +52,7 @@ impl NdsAgent {
         if protocol == Protocol::Delta {
             command.arg("--delta");
         }
-        if let Some(address) = dns {
+        if let Some((_, address)) = dns {
             command.args(["--dns", address]);
         }
         let mut child = command

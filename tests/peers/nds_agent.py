@@ -77,7 +77,7 @@ def name_table(any_bytes):
     return table
 
 
-def struct(values):
+def pb_struct(values):
     entries = b""
     for key, value in values.items():
         entries += field(1, field(1, key.encode()) + field(2, field(3, value.encode())))
@@ -89,7 +89,7 @@ def node(node_id, namespace, cluster, network):
                 "ISTIO_VERSION": "1.26.0"}
     if network:
         metadata["NETWORK"] = network
-    return field(1, node_id.encode()) + field(3, struct(metadata))
+    return field(1, node_id.encode()) + field(3, pb_struct(metadata))
 
 
 class Agent:
@@ -172,8 +172,8 @@ class Agent:
             query, peer = sock.recvfrom(512)
             try:
                 sock.sendto(self.answer(query), peer)
-            except (ValueError, IndexError, struct.error):
-                continue
+            except (ValueError, IndexError, struct.error) as e:
+                print(f"unanswerable query: {e}", file=sys.stderr)
 
     def answer(self, query):
         ident, _flags, qdcount = struct.unpack("!HHH", query[:6])
