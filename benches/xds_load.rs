@@ -34,7 +34,7 @@ use common::wait_for;
 use envoy_types::pb::google::protobuf::Any;
 use harness::ads::{self, contains, Raw, Subscription, CDS, EDS, LDS};
 use harness::naive::{self, NaiveServer};
-use harness::plane::{proc_stats, remote_secret, settled_rss, Plane, DECAY_QUIET, NS};
+use harness::plane::{self, proc_stats, remote_secret, settled_rss, Plane, DECAY_QUIET, NS};
 use parking_lot::Mutex;
 use serde_json::json;
 use test_apiserver::TestApiServer;
@@ -176,39 +176,9 @@ async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usiz
     Plane::kube(servers, &["--debounce-after", &a.debounce]).await
 }
 
-/// A service of cluster `c` as a file cluster's manifest: the Service and its one endpoint.
-fn service_file(i: usize, address: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: svc-{i}, namespace: {NS}}}
-spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: http, port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: svc-{i}-c0, namespace: {NS}, labels: {{kubernetes.io/service-name: svc-{i}}}}}
-addressType: IPv4
-ports: [{{name: http, port: 80}}]
-endpoints: [{{addresses: [\"{address}\"], conditions: {{ready: true}}}}]
-",
-        i / 250,
-        i % 250 + 1
-    )
-}
-
 /// meshpilot serving one file cluster `c0` of `services` files, one service each.
 async fn start_file_plane(a: &Args, services: usize) -> Plane {
-    let files = tempfile::tempdir().unwrap();
-    let cluster = files.path().join("config/clusters/c0");
-    std::fs::create_dir_all(&cluster).unwrap();
-    for i in 0..services {
-        std::fs::write(
-            cluster.join(format!("svc-{i}.yaml")),
-            service_file(i, &ip(0, i)),
-        )
-        .unwrap();
-    }
-    Plane::files(files, &["--debounce-after", &a.debounce]).await
+    plane::file_plane(services, |i| ip(0, i), &["--debounce-after", &a.debounce]).await
 }
 
 /// What the simulated proxies report back.
@@ -961,13 +931,14 @@ async fn single_change(a: &Args) {
         a,
         |r, change| {
             let (file, text) = match change {
-                Change::Endpoint => ("svc-0.yaml".to_string(), service_file(0, &mark(r))),
-                Change::Service => {
-                    let i = a.services + r;
-                    let text = service_file(i, &mark(r))
-                        .replace(&format!("svc-{i}"), &format!("round-{r}"));
-                    (format!("round-{r}.yaml"), text)
-                }
+                Change::Endpoint => (
+                    "svc-0.yaml".to_string(),
+                    plane::service_file("svc-0", 0, &mark(r)),
+                ),
+                Change::Service => (
+                    format!("round-{r}.yaml"),
+                    plane::service_file(&format!("round-{r}"), a.services + r, &mark(r)),
+                ),
             };
             common::write_atomic(&dir.join(file), &text);
         },

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 pub const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 pub const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 pub const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const NDS: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
 
 /// What a proxy asks for on its stream.
 pub struct Subscription {

@@ -30,7 +30,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::ads::{self, Subscription, CDS, EDS};
+use super::ads::{self, Subscription, CDS, EDS, NDS};
 
 /// The subcommand the bench binary runs the anchor under.
 pub const SUBCOMMAND: &str = "naive-serve";
@@ -90,6 +90,11 @@ impl NaiveServer {
     /// A cluster `name` is added, a copy of the first one.
     pub fn add_cluster(&self, name: &str) {
         self.command(&format!("cluster {name}"));
+    }
+
+    /// The name table gains `host` (a Kubernetes service `<name>.<namespace>…`) at `address`.
+    pub fn add_name(&self, host: &str, address: &str) {
+        self.command(&format!("name {host} {address}"));
     }
 
     fn command(&self, line: &str) {
@@ -212,7 +217,7 @@ impl State {
         }
     }
 
-    /// One stdin command: `endpoint <cluster> <address>` or `cluster <name>`.
+    /// One stdin command: `endpoint <cluster> <address>`, `cluster <name>` or `name <host> <address>`.
     fn apply(&self, line: &str) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let changed = match words[..] {
@@ -250,6 +255,23 @@ impl State {
                 clusters.insert(name.to_string(), (1, any));
                 Some((CDS, name))
             }
+            ["name", host, address] => self.update(NDS, "", |any| {
+                use meshpilot::xds::generate::dns::proto::{name_table::NameInfo, NameTable};
+                let mut table = NameTable::decode(&any.value[..]).expect("name table");
+                let mut parts = host.split('.');
+                let (name, namespace) = (parts.next(), parts.next());
+                table.table.insert(
+                    host.to_string(),
+                    NameInfo {
+                        ips: vec![address.to_string()],
+                        registry: "Kubernetes".into(),
+                        shortname: name.unwrap_or_default().into(),
+                        namespace: namespace.unwrap_or_default().into(),
+                        ..Default::default()
+                    },
+                );
+                any.value = table.encode_to_vec();
+            }),
             _ => panic!("unknown command {line:?}"),
         };
         if let Some((type_url, name)) = changed {
@@ -289,6 +311,8 @@ fn resource_name(any: &Any) -> String {
     match any.type_url.as_str() {
         CDS => Cluster::decode(&any.value[..]).map(|c| c.name),
         EDS => ClusterLoadAssignment::decode(&any.value[..]).map(|c| c.cluster_name),
+        // One unnamed table.
+        NDS => return String::new(),
         _ => Listener::decode(&any.value[..]).map(|l| l.name),
     }
     .expect("a resource the harness knows")

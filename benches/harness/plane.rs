@@ -180,6 +180,39 @@ fn start(flags: &[String], [admin, xds, secure]: [SocketAddr; 3]) -> MeshpilotPr
     MeshpilotProcess::spawn(&args)
 }
 
+/// A service `name` of file cluster `c0` as a manifest: the Service (cluster IP `10.96.0.0/16`
+/// numbered `i`) and its one endpoint at `address`.
+pub fn service_file(name: &str, i: usize, address: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {NS}}}
+spec: {{clusterIP: 10.96.{}.{}, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-c0, namespace: {NS}, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 80}}]
+endpoints: [{{addresses: [\"{address}\"], conditions: {{ready: true}}}}]
+",
+        i / 250,
+        i % 250 + 1
+    )
+}
+
+/// meshpilot serving one file cluster `c0` of `services` files (`svc-<i>`, endpoint `ip(i)`).
+pub async fn file_plane(services: usize, ip: impl Fn(usize) -> String, flags: &[&str]) -> Plane {
+    let files = tempfile::tempdir().unwrap();
+    let cluster = files.path().join("config/clusters/c0");
+    std::fs::create_dir_all(&cluster).unwrap();
+    for i in 0..services {
+        let text = service_file(&format!("svc-{i}"), i, &ip(i));
+        std::fs::write(cluster.join(format!("svc-{i}.yaml")), text).unwrap();
+    }
+    Plane::files(files, flags).await
+}
+
 /// A counter of meshpilot's /metrics (without labels), 0 while it has none.
 pub async fn counter(admin: SocketAddr, name: &str) -> u64 {
     let (_, metrics) = common::http_get(admin, "/metrics")
