@@ -9,6 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::config_source::{ConfigFixture, Source};
 use common::nds::{ips, NdsAgent, Protocol};
 use common::*;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
@@ -462,4 +463,70 @@ async fn no_table_for_proxies_that_do_not_ask() {
     assert_eq!(pushed.type_url, LDS, "only what it asked for");
     ads.ack(&pushed, vec![]);
     ads.silence(Duration::from_millis(300)).await;
+}
+
+/// On a config cluster the leader records each entry's allocated addresses in its
+/// `status.addresses`, as istiod 1.25+; addresses an entry's status already records (istiod wrote
+/// them before the mesh moved) are the ones served.
+#[tokio::test]
+async fn allocated_addresses_live_in_the_entries_status_on_a_config_cluster() {
+    let entries = "
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: fresh, namespace: default}
+spec:
+  hosts: [fresh.example.com]
+  ports: [{number: 9000, name: tcp, protocol: TCP}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: migrated, namespace: default}
+spec:
+  hosts: [migrated.example.com]
+  ports: [{number: 9000, name: tcp, protocol: TCP}]
+  resolution: DNS
+status:
+  addresses:
+  - {value: 240.240.9.9, host: migrated.example.com}
+  - {value: '2001:2::909', host: migrated.example.com}
+";
+    let fixture =
+        ConfigFixture::start(Source::ConfigCluster, &[("entries.yaml", entries)], &[]).await;
+    let node = "sidecar~10.1.1.11~client.default~default.svc.cluster.local";
+    let mut agent = NdsAgent::start(
+        fixture.mp.xds_addr,
+        node,
+        ("cluster1", ""),
+        Protocol::Sotw,
+        None,
+    );
+    let table = agent.next_table(BOUND).await;
+    assert_eq!(ips(&table, "migrated.example.com"), ["240.240.9.9"]);
+    let fresh = allocated(&table, "fresh.example.com");
+
+    let api = fixture.api().expect("a config cluster");
+    let recorded = wait_for("fresh's addresses in its status", BOUND, || {
+        let status = api
+            .get("ServiceEntry", "default", "fresh")
+            .map(|o| o["status"].clone());
+        async move {
+            let addresses = status?["addresses"].as_array()?.clone();
+            (!addresses.is_empty()).then_some(addresses)
+        }
+    })
+    .await;
+    let values: Vec<&str> = recorded
+        .iter()
+        .filter_map(|a| a["value"].as_str())
+        .collect();
+    assert_eq!(values.len(), 2, "IPv4 and IPv6: {recorded:?}");
+    assert_eq!(values[0], fresh);
+    assert!(values[1].starts_with("2001:2::"), "{recorded:?}");
+    assert!(recorded.iter().all(|a| a["host"] == "fresh.example.com"));
+    let migrated = api.get("ServiceEntry", "default", "migrated").unwrap();
+    assert_eq!(
+        migrated["status"]["addresses"][0]["value"], "240.240.9.9",
+        "a recorded address is kept"
+    );
 }

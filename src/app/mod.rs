@@ -179,7 +179,15 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         &mut supervisor,
     )
     .await?;
-    trust::leader_work(&args, config_cluster, leader.as_ref(), &ca, &mut supervisor);
+    let mesh = aggregate.mesh();
+    trust::leader_work(
+        &args,
+        config_cluster,
+        leader.as_ref(),
+        &ca,
+        mesh,
+        &mut supervisor,
+    );
     let webhook_addr = serving::webhook(&args, aggregate, serving_cert, &mut supervisor).await?;
     let http_addr =
         serving::admin(&args, &inputs, &xds, ready, metrics, authn, &mut supervisor).await?;

@@ -11,12 +11,14 @@ use super::StartError;
 use crate::config::DiscoveryArgs;
 use crate::leader::{self, Leader, LeaderConfig};
 use crate::metrics::Metrics;
+use crate::model::Mesh;
 use crate::security::authn::Authenticator;
 use crate::security::ca::{CertificateAuthority, TtlPolicy};
 use crate::security::keys::{self, KeySource};
 use crate::security::rotation::{self, SharedCa};
 use crate::security::tls::ServingCert;
 use crate::security::trust;
+use crate::sources::allocation_status;
 use crate::supervise::Supervisor;
 use crate::webhook::ca_bundle;
 
@@ -116,18 +118,20 @@ pub(super) fn serving_cert(
 }
 
 /// While leading: the root published in every namespace's `istio-ca-root-cert`, the webhooks'
-/// caBundles kept current.
+/// caBundles kept current, allocated addresses recorded in ServiceEntries' status.
 pub(super) fn leader_work(
     args: &DiscoveryArgs,
     config_cluster: Option<&ConfigCluster>,
     leader: Option<&Leader>,
     ca: &SharedCa,
+    mesh: &Arc<Mesh>,
     supervisor: &mut Supervisor,
 ) {
     let (Some(c), Some(leader)) = (config_cluster, leader) else {
         return;
     };
     let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
+    let mesh = mesh.clone();
     let namespace = args.system_namespace.clone();
     let roots = ca.roots();
     supervisor.adopt(
@@ -146,6 +150,11 @@ pub(super) fn leader_work(
                 remotes.clone(),
                 namespace.clone(),
                 roots.clone(),
+            ));
+            work.push(allocation_status::keep(
+                client.clone(),
+                id.clone(),
+                mesh.clone(),
             ));
             work
         }),

@@ -75,6 +75,12 @@ pub fn control_plane_role() -> ClusterRole {
             ),
             rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
             rule(&ISTIO_GROUPS, &["*"], READ),
+            // The leader records allocated addresses, as istiod 1.25+.
+            rule(
+                &["networking.istio.io"],
+                &["serviceentries/status"],
+                &["update", "patch"],
+            ),
             // Dry-run only: proves the validation webhook refuses invalid config.
             rule(&["networking.istio.io"], &["destinationrules"], &["create"]),
             rule(

@@ -290,7 +290,11 @@ impl ConfigObject {
             _ => return Err(invalid(ValidationError::at("spec", "must be an object"))),
         };
         let spec = match kind {
-            ConfigKind::ServiceEntry => Spec::ServiceEntry(typed(spec_value).map_err(invalid)?),
+            ConfigKind::ServiceEntry => {
+                let mut entry: ServiceEntry = typed(spec_value).map_err(invalid)?;
+                entry.status_addresses = service_entry::StatusAddress::read(&value["status"]);
+                Spec::ServiceEntry(entry)
+            }
             ConfigKind::WorkloadEntry => Spec::WorkloadEntry(typed(spec_value).map_err(invalid)?),
             ConfigKind::WorkloadGroup => Spec::WorkloadGroup(typed(spec_value).map_err(invalid)?),
             ConfigKind::DestinationRule => {

@@ -22,6 +22,35 @@ pub struct ServiceEntry {
     pub workload_selector: Option<WorkloadSelector>,
     pub export_to: Vec<String>,
     pub subject_alt_names: Vec<String>,
+    /// Addresses allocated to its hosts, as the object's `status.addresses` records them (written
+    /// by the leader of a config cluster, or by istiod 1.25+); not part of the spec.
+    #[serde(skip)]
+    pub status_addresses: Vec<StatusAddress>,
+}
+
+/// One `status.addresses` entry: an allocated address of one host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StatusAddress {
+    pub host: String,
+    pub value: IpAddr,
+}
+
+impl StatusAddress {
+    /// The entries of a ServiceEntry's `status` that name a host and an IP address; others are
+    /// not ours to judge (status is written by controllers, not users) and are passed over.
+    pub fn read(status: &serde_json::Value) -> Vec<StatusAddress> {
+        let Some(list) = status["addresses"].as_array() else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter_map(|a| {
+                Some(StatusAddress {
+                    host: a["host"].as_str()?.to_string(),
+                    value: a["value"].as_str()?.parse().ok()?,
+                })
+            })
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

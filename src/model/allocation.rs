@@ -85,6 +85,26 @@ impl Allocations {
         self.version
     }
 
+    /// Gives `host` the slot recorded for it elsewhere (a ServiceEntry's status), unless another
+    /// host holds that slot; returns whether the host holds it now.
+    pub fn claim(&mut self, host: &Hostname, slot: u16) -> bool {
+        if !(1..=SLOTS).contains(&u32::from(slot)) {
+            return false;
+        }
+        match self.by_host.get(host) {
+            Some(held) if *held == slot => return true,
+            _ if self.taken.contains(&slot) => return false,
+            Some(held) => {
+                self.taken.remove(held);
+            }
+            None => {}
+        }
+        self.by_host.insert(host.clone(), slot);
+        self.taken.insert(slot);
+        self.version += 1;
+        true
+    }
+
     /// Makes `wanted` the hosts defined now, giving a slot to each that has none. Hosts are served
     /// in name order, so two replicas starting from the same state agree.
     pub fn define(&mut self, wanted: &BTreeSet<Hostname>) {
@@ -198,6 +218,23 @@ mod tests {
         let got = slot_of(a.addresses("a.example.com").unwrap()[0]).unwrap();
         assert_eq!(u32::from(got), u32::from(preferred) % SLOTS + 1);
         assert!(a.version() > 0);
+    }
+
+    #[test]
+    fn a_recorded_slot_is_claimed_unless_another_host_holds_it() {
+        let mut a = Allocations::default();
+        let (x, y) = (
+            Hostname::from("x.example.com"),
+            Hostname::from("y.example.com"),
+        );
+        assert!(a.claim(&x, 0x0909));
+        assert!(a.claim(&x, 0x0909), "again: still held");
+        assert!(!a.claim(&y, 0x0909), "held by x");
+        assert!(a.claim(&x, 0x0a0a), "moved");
+        assert!(a.claim(&y, 0x0909), "free again");
+        a.define(&hosts(&["x.example.com", "y.example.com"]));
+        assert_eq!(a.addresses("x.example.com"), Some(slot_addresses(0x0a0a)));
+        assert_eq!(a.addresses("y.example.com"), Some(slot_addresses(0x0909)));
     }
 
     #[test]

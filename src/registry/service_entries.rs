@@ -14,6 +14,7 @@ use tracing::warn;
 
 use crate::istio::service_entry::{Location, Resolution as SeResolution, WorkloadEntry};
 use crate::istio::{ConfigKind, ConfigObject, Origin, ServiceEntry, Spec};
+use crate::model::allocation::slot_of;
 use crate::model::{
     canonical, Change, ClusterId, DnsTarget, Endpoint, Health, Hostname, Locality, MeshNaming,
     MeshSnapshot, Protocol, Provider, PushNeed, Registry, Resolution, Service, ServicePort,
@@ -51,10 +52,21 @@ fn shard(cluster: &ClusterId) -> ShardKey {
 /// What the ServiceEntries define: each host's service and, per config source, its endpoints.
 type Desired = BTreeMap<Hostname, (Service, BTreeMap<ClusterId, Vec<Endpoint>>)>;
 
+/// Hosts that get allocated addresses, with the address their entry's status records.
+type Wanting = BTreeMap<Hostname, Option<IpAddr>>;
+
 /// Brings the services and shards of every ServiceEntry in line with the config store, and gives
 /// addresses to the hosts that declare none.
 pub fn sync(mesh: &mut MeshSnapshot, naming: &MeshNaming, change: &mut Change) {
     let (mut desired, wanting) = desired(mesh, naming);
+    for (host, recorded) in &wanting {
+        let Some(address) = *recorded else { continue };
+        let claimed = slot_of(address).is_some_and(|slot| mesh.allocations.claim(host, slot));
+        if !claimed {
+            warn!(host = %host, %address, "the address a ServiceEntry's status records is outside 240.240.0.0/16 or another host's; allocating anew");
+        }
+    }
+    let wanting: BTreeSet<Hostname> = wanting.into_keys().collect();
     mesh.allocations.define(&wanting);
     for host in &wanting {
         if let (Some((service, _)), Some(addresses)) =
@@ -101,8 +113,9 @@ pub fn sync(mesh: &mut MeshSnapshot, naming: &MeshNaming, change: &mut Change) {
 }
 
 /// Every ServiceEntry's services with their inline and WorkloadEntry endpoints, and the hosts to
-/// allocate addresses to. When two entries define one host, the oldest wins (the others are logged).
-fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> (Desired, BTreeSet<Hostname>) {
+/// allocate addresses to (with the IPv4 address their entry's status records, if any). When two
+/// entries define one host, the oldest wins (the others are logged).
+fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> (Desired, Wanting) {
     let config = &mesh.config;
     let mut entries: Vec<(&Arc<ConfigObject>, &ServiceEntry)> = config
         .of_kind(ConfigKind::ServiceEntry)
@@ -123,7 +136,7 @@ fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> (Desired, BTreeSet<Hostn
         })
         .collect();
     let mut desired = Desired::new();
-    let mut wanting = BTreeSet::new();
+    let mut wanting = Wanting::new();
     let mut taken: BTreeMap<Hostname, &ConfigObject> = BTreeMap::new();
     for (object, entry) in entries {
         let cluster = source_cluster(object);
@@ -151,7 +164,12 @@ fn desired(mesh: &MeshSnapshot, naming: &MeshNaming) -> (Desired, BTreeSet<Hostn
             }
             taken.insert(hostname.clone(), object);
             if wants_addresses(object, entry, &hostname) {
-                wanting.insert(hostname.clone());
+                let recorded = entry
+                    .status_addresses
+                    .iter()
+                    .find(|a| a.value.is_ipv4() && config.qualify(&a.host, namespace) == *hostname)
+                    .map(|a| a.value);
+                wanting.insert(hostname.clone(), recorded);
             }
             let service = service(object, entry, &hostname, &workloads);
             let endpoints = match entry.resolution {

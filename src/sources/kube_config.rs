@@ -94,7 +94,7 @@ pub fn watch(
 }
 
 /// The first version of `kind` the cluster serves; None while its CRD is not installed.
-async fn served_version(client: &Client, kind: ConfigKind) -> Option<ApiResource> {
+pub(super) async fn served_version(client: &Client, kind: ConfigKind) -> Option<ApiResource> {
     for version in kind.versions() {
         let gvk = GroupVersionKind::gvk(kind.group(), version, kind.name());
         let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural());

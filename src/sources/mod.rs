@@ -2,6 +2,7 @@
 //! snapshots that stand in for an unreachable remote after a restart.
 
 pub mod allocated;
+pub mod allocation_status;
 pub mod auto_registration;
 pub mod config_files;
 pub mod file;

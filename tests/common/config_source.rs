@@ -79,6 +79,11 @@ impl ConfigFixture {
         }
     }
 
+    /// The config cluster's API server, when the config comes from one.
+    pub fn api(&self) -> Option<&test_apiserver::TestApiServer> {
+        self.api.as_ref()
+    }
+
     /// Adds or replaces config: the file `file` under config/, or its objects in the API server.
     pub fn apply(&self, file: &str, yaml: &str) {
         match &self.api {

@@ -623,6 +623,29 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             log_write(&shared, &user, verb, &target, &ns, &name);
             json_response(status, &upsert(&shared, target.kind, object))
         }
+        // The status subresource, as custom resources with `subresources.status` have it: a JSON
+        // merge patch of which only `status` is kept.
+        (&Method::PATCH, Some(name), Some(sub)) if sub == "status" => {
+            let patch: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return status_error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string())
+                }
+            };
+            let ns = target.namespace.clone().unwrap_or_default();
+            let _writing = shared.writes.lock();
+            let Some(mut object) = shared.store.lock().get(target.kind, &ns, name) else {
+                return status_error(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("{} \"{name}\" not found", target.kind.resource()),
+                );
+            };
+            json_patch::merge(&mut object["status"], &patch["status"]);
+            count(&shared, format!("patch-status:{}", target.kind.plural));
+            log_write(&shared, &user, "patch-status", &target, &ns, name);
+            json_response(StatusCode::OK, &upsert(&shared, target.kind, object))
+        }
         (&Method::DELETE, Some(name), None) => {
             let ns = target.namespace.clone().unwrap_or_default();
             let deleted = shared.store.lock().delete(target.kind, &ns, name);
