@@ -51,6 +51,9 @@ pub enum ConfigKind {
 }
 
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
+
+/// Where `kubectl apply` puts an object that names no namespace; file manifests are written for it.
+pub const DEFAULT_NAMESPACE: &str = "default";
 pub const SECURITY_GROUP: &str = "security.istio.io";
 
 impl ConfigKind {
@@ -255,13 +258,11 @@ impl ConfigObject {
         if name.is_empty() {
             return Err(ConfigError::Shape(format!("{kind} without metadata.name")));
         }
-        let namespace = metadata["namespace"].as_str().unwrap_or_default();
-        if namespace.is_empty() {
-            return Err(ConfigError::Shape(format!(
-                "{kind} {}: no metadata.namespace",
-                clip(name)
-            )));
-        }
+        // As `kubectl apply` without `-n`: Istio's samples name no namespace.
+        let namespace = match metadata["namespace"].as_str() {
+            Some(ns) if !ns.is_empty() => ns,
+            _ => DEFAULT_NAMESPACE,
+        };
         let key = ConfigKey {
             kind,
             namespace: namespace.into(),

@@ -35,8 +35,6 @@ const LABEL_ZONE: [&str; 2] = [
 pub enum TrimError {
     #[error("{kind} has no metadata.name")]
     NoName { kind: Kind },
-    #[error("{kind} {name} has no metadata.namespace")]
-    NoNamespace { kind: Kind, name: String },
     #[error("{kind} {namespace}/{name}: {detail}")]
     Invalid {
         kind: Kind,
@@ -195,12 +193,17 @@ fn name_of(kind: Kind, meta: &ObjectMeta) -> Result<String, TrimError> {
     meta.name.clone().ok_or(TrimError::NoName { kind })
 }
 
+/// An object without a namespace is in `default`, as `kubectl apply` puts it (manifests in file
+/// clusters are written for kubectl; the API server always names one).
 fn namespaced(kind: Kind, meta: &ObjectMeta) -> Result<(String, String), TrimError> {
     let name = name_of(kind, meta)?;
-    match &meta.namespace {
-        Some(ns) => Ok((ns.clone(), name)),
-        None => Err(TrimError::NoNamespace { kind, name }),
-    }
+    let namespace = meta.namespace.as_deref().filter(|ns| !ns.is_empty());
+    Ok((
+        namespace
+            .unwrap_or(crate::istio::DEFAULT_NAMESPACE)
+            .to_string(),
+        name,
+    ))
 }
 
 fn invalid(kind: Kind, namespace: &str, name: &str, detail: impl Into<String>) -> TrimError {

@@ -19,6 +19,9 @@ const WORKLOAD_KEY: &str = "key.pem";
 pub struct CertsArgs {
     #[command(subcommand)]
     pub command: CertsCommand,
+    /// Replace key files that exist already (their certificates stop verifying what they signed).
+    #[arg(long, global = true)]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -65,6 +68,17 @@ pub enum CertsCommand {
 }
 
 pub fn run(args: &CertsArgs) -> Result<String, CaError> {
+    // The key each command writes.
+    let key = match &args.command {
+        CertsCommand::Root { out, .. } => out.join(ROOT_KEY),
+        CertsCommand::Intermediate { out, .. } => out.join(CA_KEY),
+        CertsCommand::Workload { out, .. } => out.join(WORKLOAD_KEY),
+    };
+    if !args.force && key.exists() {
+        return Err(CaError::KeyExists {
+            path: key.display().to_string(),
+        });
+    }
     match &args.command {
         CertsCommand::Root { out, organization } => {
             let bundle = CaBundle::self_signed_root(organization, super::ca::ROOT_LIFETIME)?;

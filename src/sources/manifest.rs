@@ -198,8 +198,8 @@ items:
     }
 
     #[test]
-    fn object_without_namespace_is_refused() {
-        let err = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n").unwrap_err();
-        assert!(err.to_string().contains("no metadata.namespace"), "{err}");
+    fn object_without_namespace_is_in_default() {
+        let objects = parse("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n").unwrap();
+        assert_eq!(objects[0].key().namespace, "default");
     }
 }

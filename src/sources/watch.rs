@@ -63,8 +63,10 @@ pub fn watch(
     Ok(Watch { _watcher: watcher })
 }
 
-/// Watches one file and calls `reload` after anything in its directory changed (editors and
-/// ConfigMap mounts replace files rather than write them, so the file's own events are not enough).
+/// Watches one file and calls `reload` when it may have changed. The directory is watched, since
+/// editors and ConfigMap mounts replace files rather than write them; but only events naming the
+/// file, or the `..data` links through which a ConfigMap mount swaps its files, count — a log
+/// written beside it must not reload it (a refused file would log again, and again).
 pub fn watch_file(
     path: &Path,
     name: &str,
@@ -74,7 +76,20 @@ pub fn watch_file(
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    watch(dir, false, name, move |_| reload())
+    let file = path.file_name().map(std::ffi::OsString::from);
+    watch(dir, false, name, move |batch| {
+        let concerns = match &batch {
+            Batch::Rescan => true,
+            Batch::Paths(paths) => paths.iter().any(|p| {
+                let name = p.file_name();
+                name == file.as_deref()
+                    || name.is_some_and(|n| n.to_string_lossy().starts_with(".."))
+            }),
+        };
+        if concerns {
+            reload();
+        }
+    })
 }
 
 /// The paths of `first` and of every event arriving within [`SETTLE`] of it (None: rescan).

@@ -53,6 +53,8 @@ pub enum CaError {
     Sign(#[from] rcgen::Error),
     #[error("cannot write CA state to {dir}: {source}")]
     Write { dir: String, source: std::io::Error },
+    #[error("{path} exists: a key is never overwritten (certificates signed with it would stop chaining); give --force to replace it, or another --out")]
+    KeyExists { path: String },
 }
 
 /// Lifetime rules for issued workload certificates.

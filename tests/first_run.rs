@@ -1,0 +1,198 @@
+//! What a new user meets first, as they would meet it: Istio's samples written for `kubectl apply`
+//! (no namespace), the certificate tool run twice, a mesh config file edited next to a log file.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use prost::Message;
+
+const BOUND: Duration = Duration::from_secs(10);
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// Istio's bookinfo `reviews` Service and its DestinationRule, as the samples have them (no
+/// namespace anywhere).
+const REVIEWS: &str = "
+apiVersion: v1
+kind: Service
+metadata:
+  name: reviews
+  labels: {app: reviews, service: reviews}
+spec:
+  clusterIP: 10.96.0.30
+  ports: [{port: 9080, name: http}]
+  selector: {app: reviews}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: reviews-1, labels: {kubernetes.io/service-name: reviews}}
+addressType: IPv4
+ports: [{name: http, port: 9080}]
+endpoints: [{addresses: [10.1.0.30], conditions: {ready: true}}]
+";
+
+const REVIEWS_RULE: &str = "
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata:
+  name: reviews
+spec:
+  host: reviews
+  subsets:
+  - name: v1
+    labels:
+      version: v1
+  - name: v2
+    labels:
+      version: v2
+";
+
+#[tokio::test]
+async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    std::fs::write(dir.path().join("config/reviews.yaml"), REVIEWS_RULE).unwrap();
+    let mp = start_meshpilot(dir.path(), &[]).await;
+
+    let configz = get_json(mp.http_addr, "/debug/configz").await;
+    let rule = configz
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "DestinationRule")
+        .unwrap_or_else(|| panic!("{configz}"));
+    assert_eq!(rule["status"], "accepted", "{rule}");
+    assert_eq!(rule["metadata"]["namespace"], "default");
+
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(
+            "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
+            &[("CLUSTER_ID", "c1")],
+        )),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let clusters: Vec<String> = ads
+        .response(BOUND)
+        .await
+        .resources
+        .iter()
+        .map(|a| Cluster::decode(&a.value[..]).unwrap().name)
+        .collect();
+    for subset in ["v1", "v2"] {
+        let name = format!("outbound|9080|{subset}|reviews.default.svc.cluster.local");
+        assert!(clusters.contains(&name), "{name} in {clusters:?}");
+    }
+}
+
+fn certs(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .arg("certs")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn certs_never_overwrite_a_key_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let root_arg = root.to_str().unwrap();
+    assert!(certs(&["root", "--out", root_arg]).0);
+    let key = std::fs::read_to_string(root.join("root-key.pem")).unwrap();
+
+    let (ok, stderr) = certs(&["root", "--out", root_arg]);
+    assert!(!ok, "a second root over the first must fail");
+    assert!(
+        stderr.contains("root-key.pem") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("root-key.pem")).unwrap(),
+        key
+    );
+
+    let east = dir.path().join("east");
+    let intermediate = |extra: &[&str]| {
+        let mut args = vec!["intermediate", "--root", root_arg, "--name", "east"];
+        args.extend(["--out", east.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        certs(&args)
+    };
+    assert!(intermediate(&[]).0);
+    let (ok, stderr) = intermediate(&[]);
+    assert!(!ok && stderr.contains("ca-key.pem"), "{stderr}");
+
+    assert!(certs(&["root", "--out", root_arg, "--force"]).0);
+    assert_ne!(
+        std::fs::read_to_string(root.join("root-key.pem")).unwrap(),
+        key
+    );
+    assert!(Path::new(&root).join("root-cert.pem").exists());
+}
+
+/// A refused mesh config in a directory that also holds a log: writing the log must not reload the
+/// mesh config (before, each refusal's log line reloaded it: a storm of ~50 lines a second).
+#[tokio::test]
+async fn a_file_written_beside_the_mesh_config_does_not_reload_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    let mesh = dir.path().join("etc/mesh.yaml");
+    std::fs::create_dir_all(mesh.parent().unwrap()).unwrap();
+    std::fs::write(&mesh, "defaultServiceExportTo: ['*']\n").unwrap();
+    let state = dir.path().join("state");
+    let mp = MeshpilotProcess::discovery(
+        &[
+            "--config-dir",
+            dir.path().to_str().unwrap(),
+            "--mesh-config",
+            mesh.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
+    );
+    mp.bound_addr("admin").await;
+    let refusals = |log: &str| log.matches("mesh config refused").count();
+    write_atomic(&mesh, "defaultServiceExportTo: [unclosed\n");
+    wait_for("the bad mesh config refused", BOUND, || {
+        let n = refusals(&mp.log());
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+
+    let log = dir.path().join("etc/meshpilot.log");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let mut i = 0;
+    while tokio::time::Instant::now() < deadline {
+        i += 1;
+        std::fs::write(&log, format!("line {i}\n")).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            refusals(&mp.log()),
+            1,
+            "reloaded by a write to {}",
+            log.display()
+        );
+    }
+
+    // The file's own change is still seen.
+    write_atomic(&mesh, "defaultServiceExportTo: ['.']\n");
+    wait_for("the good mesh config applied", BOUND, || {
+        let applied = mp.log().contains("mesh config changed");
+        async move { applied.then_some(()) }
+    })
+    .await;
+}
