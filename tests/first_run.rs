@@ -196,3 +196,59 @@ async fn a_file_written_beside_the_mesh_config_does_not_reload_it() {
     })
     .await;
 }
+
+/// The CDS cluster names a sidecar of `default` is sent.
+fn cluster_names(
+    response: &envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse,
+) -> Vec<String> {
+    response
+        .resources
+        .iter()
+        .map(|a| Cluster::decode(&a.value[..]).unwrap().name)
+        .collect()
+}
+
+/// A file emptied in place (an editor truncating before it writes, a copy in progress) keeps its
+/// objects through the rewrite; one that stays empty loses them after the grace, config files and
+/// cluster manifests alike.
+#[tokio::test]
+async fn an_emptied_file_keeps_its_objects_until_it_stays_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    let manifest = dir.path().join("clusters/c1/reviews.yaml");
+    let rule = dir.path().join("config/reviews.yaml");
+    std::fs::write(&manifest, REVIEWS).unwrap();
+    std::fs::write(&rule, REVIEWS_RULE).unwrap();
+    let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(
+            "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
+            &[("CLUSTER_ID", "c1")],
+        )),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let first = ads.response(BOUND).await;
+    ads.ack(&first, vec![]);
+    let v1 = "outbound|9080|v1|reviews.default.svc.cluster.local";
+    assert!(cluster_names(&first).contains(&v1.to_string()));
+
+    // Truncated, then written again a moment later: nothing changes, so nothing is pushed.
+    for file in [&rule, &manifest] {
+        let text = std::fs::read_to_string(file).unwrap();
+        std::fs::write(file, "").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(file, text).unwrap();
+    }
+    ads.silence(Duration::from_millis(1500)).await;
+
+    // Left empty: the rule goes after the grace.
+    std::fs::write(&rule, "").unwrap();
+    let pushed = ads.response(BOUND).await;
+    ads.ack(&pushed, vec![]);
+    let names = cluster_names(&pushed);
+    assert!(!names.contains(&v1.to_string()), "{names:?}");
+    assert!(names.contains(&"outbound|9080||reviews.default.svc.cluster.local".to_string()));
+}

@@ -7,12 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Deserialize;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::holders::Holders;
-use super::watch::{self, fingerprint, is_manifest, Batch, Watch};
+use super::watch::{self, fingerprint, is_manifest, Batch, Recheck, Watch, EMPTIED_GRACE};
 use crate::aggregate::Aggregate;
 use crate::istio::{ConfigError, ConfigKey, ConfigObject, Origin};
 use crate::model::{ConfigChange, ConfigSource, Refusal};
@@ -30,6 +31,8 @@ pub struct ConfigFiles {
     /// Which files hold each key; when several do, the last path wins (as a listing's order).
     holders: Holders<ConfigKey>,
     served: BTreeMap<ConfigKey, Arc<ConfigObject>>,
+    /// Emptied files to read again once their grace has passed.
+    recheck: Recheck,
 }
 
 #[derive(Default)]
@@ -37,6 +40,8 @@ struct FileState {
     fingerprint: Option<u64>,
     /// The last good version of each object of the file.
     objects: BTreeMap<ConfigKey, Arc<ConfigObject>>,
+    /// When the file was first read as empty while it held objects.
+    emptied_at: Option<Instant>,
 }
 
 impl ConfigFiles {
@@ -49,6 +54,7 @@ impl ConfigFiles {
             files: BTreeMap::new(),
             holders: Holders::default(),
             served: BTreeMap::new(),
+            recheck: Recheck::new(),
         };
         this.rescan();
         info!(dir = %this.root.display(), objects = this.served.len(), "Istio config loaded from files");
@@ -58,9 +64,12 @@ impl ConfigFiles {
     /// Watches the tree and applies changes until the returned handle is dropped.
     pub fn watch(mut self) -> Result<ConfigFilesWatch, notify::Error> {
         let root = self.root.clone();
-        let watch = watch::watch(&root, true, "config-files", move |batch| match batch {
-            Batch::Rescan => self.rescan(),
-            Batch::Paths(paths) => self.apply_paths(paths),
+        let watch = watch::watch(&root, true, "config-files", move |batch| {
+            match batch {
+                Batch::Rescan => self.rescan(),
+                Batch::Paths(paths) => self.apply_paths(paths),
+            }
+            std::mem::take(&mut self.recheck)
         })?;
         Ok(ConfigFilesWatch { _watch: watch })
     }
@@ -154,6 +163,17 @@ impl ConfigFiles {
         };
         let fingerprint = fingerprint(&text);
         let state = self.files.entry(path.to_path_buf()).or_default();
+        if !state.objects.is_empty() && watch::is_blank(&text) {
+            if watch::hold_emptied(&mut state.emptied_at) {
+                info!(file = %unit, objects = state.objects.len(), "config file emptied; its objects stay unless it is still empty in {EMPTIED_GRACE:?}");
+                self.recheck.insert(path.to_path_buf());
+                return None;
+            }
+            let removed = watch::some_of(state.objects.keys().map(|k| k.to_string()));
+            warn!(file = %unit, %removed, "config file stayed empty; its objects are removed");
+        } else {
+            state.emptied_at = None;
+        }
         if state.fingerprint == Some(fingerprint) {
             return None;
         }

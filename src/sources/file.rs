@@ -8,13 +8,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use thiserror::Error;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::holders::Holders;
 use super::manifest;
-use super::watch::{self, fingerprint, is_manifest, Batch, Watch};
+use super::watch::{self, fingerprint, is_manifest, Batch, Recheck, Watch, EMPTIED_GRACE};
 use crate::aggregate::Aggregate;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::registry::objects::{Object, ObjectChange, ObjectKey};
@@ -44,6 +45,8 @@ struct FileCluster {
     holders: Holders<ObjectKey>,
     /// What this cluster currently serves: the union of every file's last good objects.
     served: HashMap<ObjectKey, Object>,
+    /// Emptied files to read again once their grace has passed.
+    recheck: Recheck,
 }
 
 struct FileState {
@@ -52,6 +55,8 @@ struct FileState {
     /// The objects of the last version of the file that parsed.
     objects: HashMap<ObjectKey, Object>,
     error: Option<String>,
+    /// When the file was first read as empty while it held objects.
+    emptied_at: Option<Instant>,
 }
 
 /// Keeps the directory watched; dropping it stops the watch.
@@ -84,7 +89,11 @@ impl FileClusters {
             source,
         };
         let watch = watch::watch(&root.clone(), true, "file-clusters", move |batch| {
-            self.apply(batch)
+            self.apply(batch);
+            let clusters = self.clusters.values_mut();
+            clusters
+                .flat_map(|c| std::mem::take(&mut c.recheck))
+                .collect()
         })
         .map_err(watch_error)?;
         Ok(FileWatch { _watch: watch })
@@ -198,6 +207,7 @@ impl FileCluster {
             files: BTreeMap::new(),
             holders: Holders::default(),
             served: HashMap::new(),
+            recheck: Recheck::new(),
         }
     }
 
@@ -299,6 +309,22 @@ impl FileCluster {
             .files
             .entry(path.to_path_buf())
             .or_insert_with(FileState::empty);
+        if !state.objects.is_empty() && watch::is_blank(&text) {
+            if watch::hold_emptied(&mut state.emptied_at) {
+                info!(cluster = %cluster, file = %path.display(), objects = state.objects.len(), "manifest emptied; its objects stay unless it is still empty in {EMPTIED_GRACE:?}");
+                self.recheck.insert(path.to_path_buf());
+                return None;
+            }
+            let removed = watch::some_of(
+                state
+                    .objects
+                    .keys()
+                    .map(|k| format!("{} {}/{}", k.kind, k.namespace, k.name)),
+            );
+            warn!(cluster = %cluster, file = %path.display(), %removed, "manifest stayed empty; its objects are removed");
+        } else {
+            state.emptied_at = None;
+        }
         if state.fingerprint == Some(fingerprint) {
             return None;
         }
@@ -326,6 +352,7 @@ impl FileState {
             fingerprint: None,
             objects: HashMap::new(),
             error: None,
+            emptied_at: None,
         }
     }
 }

@@ -15,6 +15,13 @@ use tracing::warn;
 /// directory written without pause is still handled every window.
 pub const SETTLE: Duration = Duration::from_millis(20);
 
+/// How long a manifest that was emptied must stay empty before its objects go: editors that
+/// truncate before they write, and copies in progress, empty a file for a moment.
+pub const EMPTIED_GRACE: Duration = Duration::from_secs(1);
+
+/// Paths a handler wants read again once [`EMPTIED_GRACE`] has passed (emptied files).
+pub type Recheck = BTreeSet<PathBuf>;
+
 /// What one settle window of events asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Batch {
@@ -30,12 +37,13 @@ pub struct Watch {
 }
 
 /// Watches `target` and calls `handle` on a thread named `name`: first with a rescan (what changed
-/// before the watch started), then with each batch of events.
+/// before the watch started), then with each batch of events, and with the paths it asks to have
+/// read again once [`EMPTIED_GRACE`] has passed.
 pub fn watch(
     target: &Path,
     recursive: bool,
     name: &str,
-    mut handle: impl FnMut(Batch) + Send + 'static,
+    mut handle: impl FnMut(Batch) -> Recheck + Send + 'static,
 ) -> Result<Watch, notify::Error> {
     let (tx, rx) = mpsc::channel::<notify::Result<notify::Event>>();
     let mut watcher = notify::recommended_watcher(move |event| {
@@ -50,13 +58,32 @@ pub fn watch(
     std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
-            handle(Batch::Rescan);
-            while let Ok(first) = rx.recv() {
-                match settle(&rx, first) {
+            let mut pending = Pending::default();
+            pending.add(handle(Batch::Rescan));
+            loop {
+                let first = match pending.due {
+                    None => match rx.recv() {
+                        Ok(event) => event,
+                        Err(_) => return,
+                    },
+                    Some(due) => {
+                        match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                            Ok(event) => event,
+                            Err(mpsc::RecvTimeoutError::Timeout) => {
+                                let paths = pending.take();
+                                pending.add(handle(Batch::Paths(paths)));
+                                continue;
+                            }
+                            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    }
+                };
+                let recheck = match settle(&rx, first) {
                     None => handle(Batch::Rescan),
-                    Some(paths) if paths.is_empty() => {}
+                    Some(paths) if paths.is_empty() => Recheck::new(),
                     Some(paths) => handle(Batch::Paths(paths)),
-                }
+                };
+                pending.add(recheck);
             }
         })
         .map_err(notify::Error::io)?;
@@ -89,7 +116,60 @@ pub fn watch_file(
         if concerns {
             reload();
         }
+        Recheck::new()
     })
+}
+
+/// Whether a manifest now read as empty, which held objects, keeps them a while longer (true) or
+/// has stayed empty for [`EMPTIED_GRACE`] and loses them (false). `since` is when it was first seen
+/// empty; the caller clears it whenever the file reads as non-empty.
+pub fn hold_emptied(since: &mut Option<Instant>) -> bool {
+    let first = *since.get_or_insert_with(Instant::now);
+    let held = first.elapsed() < EMPTIED_GRACE;
+    if !held {
+        *since = None;
+    }
+    held
+}
+
+/// A manifest with no document in it: only blank lines, comments and document markers.
+pub fn is_blank(text: &str) -> bool {
+    text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---" || line == "..."
+    })
+}
+
+/// At most a few of `names`, for a log line about what an emptied file removed.
+pub fn some_of(names: impl Iterator<Item = String>) -> String {
+    let names: Vec<String> = names.collect();
+    match names.len() {
+        0..=5 => names.join(", "),
+        n => format!("{} and {} more", names[..5].join(", "), n - 5),
+    }
+}
+
+/// Paths to read again, and when.
+#[derive(Default)]
+struct Pending {
+    due: Option<Instant>,
+    paths: Recheck,
+}
+
+impl Pending {
+    fn add(&mut self, paths: Recheck) {
+        if paths.is_empty() {
+            return;
+        }
+        self.due
+            .get_or_insert_with(|| Instant::now() + EMPTIED_GRACE);
+        self.paths.extend(paths);
+    }
+
+    fn take(&mut self) -> Recheck {
+        self.due = None;
+        std::mem::take(&mut self.paths)
+    }
 }
 
 /// The paths of `first` and of every event arriving within [`SETTLE`] of it (None: rescan).
@@ -151,6 +231,23 @@ pub fn fingerprint(text: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blank_manifest_has_no_document() {
+        assert!(is_blank(""));
+        assert!(is_blank("\n# emptied\n---\n  \n...\n"));
+        assert!(!is_blank("---\napiVersion: v1\n"));
+    }
+
+    #[test]
+    fn an_emptied_file_is_held_for_the_grace() {
+        let mut since = None;
+        assert!(hold_emptied(&mut since), "first seen empty");
+        assert!(since.is_some());
+        since = Some(Instant::now() - EMPTIED_GRACE);
+        assert!(!hold_emptied(&mut since), "empty for the whole grace");
+        assert!(since.is_none());
+    }
 
     fn written(path: &str) -> notify::Result<notify::Event> {
         Ok(
