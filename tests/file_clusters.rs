@@ -304,7 +304,8 @@ async fn files_among_many_are_applied_one_by_one() {
     let opened: Vec<_> = opened.lock().unwrap().iter().cloned().collect();
     assert_eq!(opened, [cluster.join("new.yaml")]);
 
-    // The same objects in a second file: the later path wins; removing it restores the first.
+    // The same objects in a second file: the first keeps serving and the copy is reported;
+    // removing the first lets the copy serve.
     write_atomic(
         &cluster.join("svc-7b.yaml"),
         &service_manifest("svc-7", "10.9.0.7"),
@@ -314,9 +315,17 @@ async fn files_among_many_are_applied_one_by_one() {
         let svc7 = svc7.clone();
         async move { (shard_addresses(admin, &svc7, "big").await == [want]).then_some(()) }
     };
-    wait_for("later file wins", BOUND, || served("10.9.0.7")).await;
-    std::fs::remove_file(cluster.join("svc-7b.yaml")).unwrap();
-    wait_for("earlier file served again", BOUND, || served("10.0.0.8")).await;
+    wait_for("the copy reported", BOUND, || async move {
+        let view = cluster_view(admin, "big").await?;
+        view.to_string().contains("svc-7b.yaml").then_some(())
+    })
+    .await;
+    wait_for("the first file still served", BOUND, || served("10.0.0.8")).await;
+    std::fs::remove_file(cluster.join("svc-7.yaml")).unwrap();
+    wait_for("the copy served once the first is gone", BOUND, || {
+        served("10.9.0.7")
+    })
+    .await;
 
     // A deleted file takes its objects along; the rest stay.
     std::fs::remove_file(cluster.join("svc-3.yaml")).unwrap();

@@ -252,3 +252,97 @@ async fn an_emptied_file_keeps_its_objects_until_it_stays_empty() {
     assert!(!names.contains(&v1.to_string()), "{names:?}");
     assert!(names.contains(&"outbound|9080||reviews.default.svc.cluster.local".to_string()));
 }
+
+/// One DestinationRule in two files: the first read (by path at start) is served, the other is
+/// refused naming it, and stays refused when edited; once the first goes, the other serves.
+#[tokio::test]
+async fn an_object_defined_twice_keeps_the_first_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    // The same Service again in a second file of the cluster, with another address.
+    std::fs::write(
+        dir.path().join("clusters/c1/reviews-copy.yaml"),
+        REVIEWS.replace("10.96.0.30", "10.96.0.99"),
+    )
+    .unwrap();
+    let (first, second) = (
+        dir.path().join("config/a.yaml"),
+        dir.path().join("config/b.yaml"),
+    );
+    std::fs::write(
+        &first,
+        REVIEWS_RULE.replace("- name: v2", "- name: only-in-a"),
+    )
+    .unwrap();
+    std::fs::write(
+        &second,
+        REVIEWS_RULE.replace("- name: v2", "- name: only-in-b"),
+    )
+    .unwrap();
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let admin = mp.http_addr;
+
+    let rule_status = || async move {
+        let configz = get_json(admin, "/debug/configz").await;
+        let entries = configz.as_array().unwrap().clone();
+        let of_rule = |status: &str| {
+            entries
+                .iter()
+                .filter(|o| o["metadata"]["name"] == "reviews" && o["status"] == status)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        (of_rule("accepted"), of_rule("refused"))
+    };
+    let (accepted, refused) = rule_status().await;
+    assert_eq!(accepted.len(), 1);
+    assert!(
+        accepted[0]["spec"].to_string().contains("only-in-a"),
+        "{accepted:?}"
+    );
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    let error = refused[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("b.yaml") && error.contains("a.yaml") && error.contains("served"),
+        "{error}"
+    );
+
+    // Editing the second copy does not make it win.
+    write_atomic(
+        &second,
+        &REVIEWS_RULE.replace("- name: v2", "- name: edited-in-b"),
+    );
+    wait_for("the edited copy refused", BOUND, || async {
+        let (accepted, refused) = rule_status().await;
+        let edited = refused
+            .iter()
+            .any(|r| r["error"].as_str().unwrap_or("").contains("b.yaml"));
+        (edited && accepted[0]["spec"].to_string().contains("only-in-a")).then_some(())
+    })
+    .await;
+
+    // The first goes: the second serves, and nothing is refused any more.
+    std::fs::remove_file(&first).unwrap();
+    wait_for("the second copy served", BOUND, || async {
+        let (accepted, refused) = rule_status().await;
+        let served = accepted
+            .first()
+            .is_some_and(|a| a["spec"].to_string().contains("edited-in-b"));
+        (served && refused.is_empty()).then_some(())
+    })
+    .await;
+
+    // The cluster directory says which Service file is not served.
+    let clusterz = get_json(admin, "/debug/clusterz").await;
+    let text = clusterz.to_string();
+    assert!(
+        text.contains("reviews-copy.yaml") && text.contains("defined in"),
+        "{clusterz}"
+    );
+    assert_eq!(
+        shard_addresses(admin, "reviews.default.svc.cluster.local", "c1").await,
+        ["10.1.0.30"]
+    );
+}

@@ -28,7 +28,7 @@ pub struct ConfigFiles {
     root: PathBuf,
     aggregate: Arc<Aggregate>,
     files: BTreeMap<PathBuf, FileState>,
-    /// Which files hold each key; when several do, the last path wins (as a listing's order).
+    /// Which files hold each key; when several do, the first to hold it serves it.
     holders: Holders<ConfigKey>,
     served: BTreeMap<ConfigKey, Arc<ConfigObject>>,
     /// Emptied files to read again once their grace has passed.
@@ -42,6 +42,8 @@ struct FileState {
     objects: BTreeMap<ConfigKey, Arc<ConfigObject>>,
     /// When the file was first read as empty while it held objects.
     emptied_at: Option<Instant>,
+    /// Why its last read, or objects of it, were refused.
+    refused: Vec<Refusal>,
 }
 
 impl ConfigFiles {
@@ -94,17 +96,14 @@ impl ConfigFiles {
             }
         }
         let mut affected = HashSet::new();
-        let mut refusals = Vec::new();
+        // Files whose refusals are reported again: those read, and those holding a key that moved.
+        let mut reported = BTreeSet::new();
         for path in files {
             let present = is_manifest(&path) && path.is_file();
+            reported.insert(path.clone());
             let old = match present {
-                true => self.refresh(&path, &mut refusals),
-                false => {
-                    if self.files.contains_key(&path) {
-                        refusals.push((path.display().to_string(), Vec::new()));
-                    }
-                    self.files.remove(&path).map(|gone| gone.objects)
-                }
+                true => self.refresh(&path),
+                false => self.files.remove(&path).map(|gone| gone.objects),
             };
             if let Some(old) = old {
                 let current = self.files.get(&path).into_iter();
@@ -113,6 +112,13 @@ impl ConfigFiles {
                     .reindex(&path, old.into_keys(), current, &mut affected);
             }
         }
+        for key in &affected {
+            reported.extend(self.holders.holding(key).iter().cloned());
+        }
+        let refusals: Vec<(String, Vec<Refusal>)> = reported
+            .iter()
+            .map(|path| (path.display().to_string(), self.refusals_of(path)))
+            .collect();
         let mut changes = Vec::new();
         for key in affected {
             let desired = self
@@ -133,7 +139,7 @@ impl ConfigFiles {
                 }
             }
         }
-        if !changes.is_empty() || !refusals.is_empty() {
+        if !changes.is_empty() || !reported.is_empty() {
             if !changes.is_empty() {
                 info!(changes = changes.len(), "applying Istio config from files");
             }
@@ -142,13 +148,35 @@ impl ConfigFiles {
         }
     }
 
+    /// A file's refusals as they stand: its own, and a duplicate refusal for each object another
+    /// file held first (reported on both files: the log names the served one too).
+    fn refusals_of(&self, path: &Path) -> Vec<Refusal> {
+        let Some(state) = self.files.get(path) else {
+            return Vec::new();
+        };
+        let unit = path.display().to_string();
+        let mut out = state.refused.clone();
+        for (key, object) in &state.objects {
+            let Some(first) = self.holders.serving(key).filter(|p| *p != path) else {
+                continue;
+            };
+            let error = format!(
+                "{unit}: {key} is also defined in {}, which was read first and is served; this copy is not",
+                first.display()
+            );
+            warn!(%error, "config object defined twice");
+            let document = match &object.meta.origin {
+                Origin::File { document, .. } => *document,
+                _ => 0,
+            };
+            out.push(refusal(Some(key.clone()), &unit, document, error));
+        }
+        out
+    }
+
     /// Re-reads a file whose content changed; returns the objects it held before (None: nothing
-    /// to re-index). Its refusals (none when all is well) are added to `refusals`.
-    fn refresh(
-        &mut self,
-        path: &Path,
-        refusals: &mut Vec<(String, Vec<Refusal>)>,
-    ) -> Option<BTreeMap<ConfigKey, Arc<ConfigObject>>> {
+    /// to re-index). Its refusals (none when all is well) are kept with it.
+    fn refresh(&mut self, path: &Path) -> Option<BTreeMap<ConfigKey, Arc<ConfigObject>>> {
         let unit = path.display().to_string();
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
@@ -157,7 +185,8 @@ impl ConfigFiles {
             Err(e) => {
                 let error = format!("cannot read {unit}: {e}");
                 error!(%error, "config file unreadable; keeping its last good objects");
-                refusals.push((unit.clone(), vec![refusal(None, &unit, 0, error)]));
+                let state = self.files.entry(path.to_path_buf()).or_default();
+                state.refused = vec![refusal(None, &unit, 0, error)];
                 return None;
             }
         };
@@ -183,7 +212,7 @@ impl ConfigFiles {
             Err((document, message)) => {
                 let error = format!("{unit}: document {document}: {message}");
                 error!(%error, "config file refused; keeping its last good objects");
-                refusals.push((unit.clone(), vec![refusal(None, &unit, document, error)]));
+                state.refused = vec![refusal(None, &unit, document, error)];
                 return None;
             }
         };
@@ -215,7 +244,7 @@ impl ConfigFiles {
                 }
             }
         }
-        refusals.push((unit, refused));
+        state.refused = refused;
         Some(std::mem::replace(&mut state.objects, objects))
     }
 }

@@ -41,12 +41,14 @@ pub struct FileClusters {
 struct FileCluster {
     registry: Arc<ClusterRegistry>,
     files: BTreeMap<PathBuf, FileState>,
-    /// The files holding each object; when several do, the last path wins (as a listing's order).
+    /// The files holding each object; when several do, the first to hold it serves it.
     holders: Holders<ObjectKey>,
     /// What this cluster currently serves: the union of every file's last good objects.
     served: HashMap<ObjectKey, Object>,
     /// Emptied files to read again once their grace has passed.
     recheck: Recheck,
+    /// Objects more than one file defines: why the later copies are not served.
+    duplicates: BTreeMap<ObjectKey, String>,
 }
 
 struct FileState {
@@ -208,6 +210,7 @@ impl FileCluster {
             holders: Holders::default(),
             served: HashMap::new(),
             recheck: Recheck::new(),
+            duplicates: BTreeMap::new(),
         }
     }
 
@@ -250,6 +253,25 @@ impl FileCluster {
 
         let mut changes = Vec::new();
         for key in affected {
+            match self.holders.holding(&key) {
+                [first, rest @ ..] if !rest.is_empty() => {
+                    let copies: Vec<String> =
+                        rest.iter().map(|p| p.display().to_string()).collect();
+                    let error = format!(
+                        "{} {}/{} is defined in {} and again in {}: the first is served, the others are not",
+                        key.kind,
+                        key.namespace,
+                        key.name,
+                        first.display(),
+                        copies.join(", ")
+                    );
+                    warn!(cluster = %id, %error, "object defined twice");
+                    self.duplicates.insert(key.clone(), error);
+                }
+                _ => {
+                    self.duplicates.remove(&key);
+                }
+            }
             let desired = self
                 .holders
                 .serving(&key)
@@ -276,6 +298,7 @@ impl FileCluster {
             .files
             .values()
             .filter_map(|f| f.error.as_deref())
+            .chain(self.duplicates.values().map(String::as_str))
             .collect();
         self.registry
             .set_error((!errors.is_empty()).then(|| errors.join("; ")));
