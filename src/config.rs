@@ -57,9 +57,11 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_CA_DIR")]
     pub ca_dir: Option<PathBuf>,
 
-    /// Where state is kept across restarts: remote clusters' last-known-good snapshots (`remotes/`)
-    /// and, without Kubernetes or --ca-dir, the self-signed root (`ca/`) [default:
-    /// <config-dir>/.meshpilot, else $XDG_STATE_HOME/meshpilot, else ~/.local/state/meshpilot].
+    /// Where state is kept across restarts: remote clusters' last-known-good snapshots (`remotes/`),
+    /// allocated ServiceEntry addresses and, without Kubernetes or --ca-dir, the self-signed root
+    /// (`ca/`) [default: $XDG_STATE_HOME/meshpilot (else ~/.local/state/meshpilot), in a
+    /// subdirectory named after the config dir when there is one; never inside the config dir
+    /// unless no home is known].
     #[arg(long, env = "MESHPILOT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
@@ -276,21 +278,39 @@ impl DiscoveryArgs {
     }
 }
 
-/// `<config-dir>/.meshpilot`, else the XDG state directory (`$XDG_STATE_HOME`, by default
-/// `~/.local/state`); relative values of the variables are ignored, as the XDG spec says.
+/// The XDG state directory (`$XDG_STATE_HOME`, by default `~/.local/state`) + `meshpilot`, and
+/// with a config dir a subdirectory of its own (`<dir name>-<hash of its path>`), so meshes served
+/// from different config dirs keep apart and keys stay out of config trees (which are often
+/// repositories). Relative values of the variables are ignored, as the XDG spec says; with no home
+/// at all, `<config-dir>/.meshpilot`.
 fn default_state_dir(
     config_dir: Option<&Path>,
     xdg_state_home: Option<OsString>,
     home: Option<OsString>,
 ) -> Option<PathBuf> {
-    if let Some(dir) = config_dir {
-        return Some(dir.join(".meshpilot"));
-    }
     let absolute = |v: OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
-    xdg_state_home
+    let base = xdg_state_home
         .and_then(absolute)
         .or_else(|| Some(absolute(home?)?.join(".local").join("state")))
-        .map(|state| state.join("meshpilot"))
+        .map(|state| state.join("meshpilot"));
+    let Some(dir) = config_dir else {
+        return base;
+    };
+    let Some(base) = base else {
+        return Some(dir.join(".meshpilot"));
+    };
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let name = dir
+        .file_name()
+        .map(|n| {
+            n.to_string_lossy().replace(
+                |c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '_',
+                "_",
+            )
+        })
+        .unwrap_or_default();
+    let hash = crate::text::stable_hash(&dir.to_string_lossy());
+    Some(base.join(format!("{name}-{:08x}", hash as u32)))
 }
 
 #[cfg(test)]
@@ -300,9 +320,22 @@ mod tests {
     #[test]
     fn state_dir_does_not_follow_the_working_directory() {
         let home = || Some(OsString::from("/home/u"));
+        let mesh = default_state_dir(Some(Path::new("/etc/mesh")), None, home()).unwrap();
+        assert!(
+            mesh.starts_with("/home/u/.local/state/meshpilot"),
+            "{mesh:?}"
+        );
+        assert!(mesh
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("mesh-"));
+        let other = default_state_dir(Some(Path::new("/srv/mesh")), None, home()).unwrap();
+        assert_ne!(mesh, other, "two config dirs, two state dirs");
         assert_eq!(
-            default_state_dir(Some(Path::new("/etc/mesh")), None, home()),
-            Some(PathBuf::from("/etc/mesh/.meshpilot"))
+            default_state_dir(Some(Path::new("/etc/mesh")), None, None),
+            Some(PathBuf::from("/etc/mesh/.meshpilot")),
+            "no home: beside the config"
         );
         assert_eq!(
             default_state_dir(None, Some("/var/state".into()), home()),

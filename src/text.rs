@@ -41,6 +41,14 @@ impl fmt::Display for Quoted<'_> {
     }
 }
 
+/// FNV-1a of a string: a hash that is the same in every build and on every machine (std's is
+/// neither), for names and choices that must agree across restarts and replicas.
+pub fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

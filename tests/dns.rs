@@ -370,12 +370,9 @@ async fn headless_pods_follow_readiness() {
     assert_eq!(ips(&table, "db.shop.svc.cluster.local"), ["10.21.0.8"]);
 }
 
-/// FNV-1a of a host: the allocator's first choice of slot is this modulo 65,534, plus one.
+/// The allocator's first choice of slot for a host: its stable hash modulo 65,534, plus one.
 fn preferred_slot(host: &str) -> u64 {
-    let hash = host.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    hash % 65534 + 1
+    meshpilot::text::stable_hash(host) % 65534 + 1
 }
 
 /// Two hosts that want the same slot, the first sorting before the second.
@@ -410,7 +407,7 @@ async fn allocated_addresses_survive_a_restart() {
         None,
     );
     let held = allocated(&agent.next_table(BOUND).await, &second);
-    let saved = dir.path().join(".meshpilot/allocated-addresses.json");
+    let saved = dir.path().join(".state/allocated-addresses.json");
     wait_for("the allocation saved", BOUND, || {
         let saved = saved.clone();
         let second = second.clone();

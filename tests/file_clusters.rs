@@ -196,6 +196,8 @@ async fn binary_runs_the_example_and_logs_errors() {
         "127.0.0.1:0",
         "--ca-state-dir",
         state.to_str().unwrap(),
+        "--state-dir",
+        dir.path().join(".state").to_str().unwrap(),
     ]);
     let admin = process.bound_addr("admin").await;
     // Every server takes port 0 and says where it listens.

@@ -346,3 +346,56 @@ async fn an_object_defined_twice_keeps_the_first_and_says_so() {
         ["10.1.0.30"]
     );
 }
+
+/// The README's first command keeps its state (the CA's private key among it) in the user's state
+/// directory, not in the example's tree.
+#[tokio::test]
+async fn state_stays_out_of_the_config_tree() {
+    let config = copy_tree(Path::new(EXAMPLE));
+    let home = tempfile::tempdir().unwrap();
+    let mp = MeshpilotProcess::spawn_with_env(
+        &[
+            "discovery",
+            "--config-dir",
+            config.path().to_str().unwrap(),
+            "--http-addr",
+            "127.0.0.1:0",
+            "--xds-addr",
+            "127.0.0.1:0",
+            "--secure-xds-addr",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("HOME", home.path().to_str().unwrap()),
+            ("XDG_STATE_HOME", ""),
+        ],
+    );
+    mp.bound_addr("admin").await;
+    let state = home.path().join(".local/state/meshpilot");
+    let key = wait_for("the CA's key in the user's state directory", BOUND, || {
+        let found = std::fs::read_dir(&state).ok().and_then(|mut dirs| {
+            let dir = dirs.next()?.ok()?.path();
+            let key = dir.join("ca/ca-key.pem");
+            key.exists().then_some(key)
+        });
+        async move { found }
+    })
+    .await;
+    let name = key.parent().unwrap().parent().unwrap().file_name().unwrap();
+    let tree = config
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    // Named after the config dir (characters other than letters, digits, - and _ replaced).
+    assert!(
+        name.to_string_lossy()
+            .contains(tree.trim_start_matches('.')),
+        "{name:?}"
+    );
+    assert!(
+        !config.path().join(".meshpilot").exists(),
+        "nothing written into the config tree"
+    );
+}

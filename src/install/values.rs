@@ -47,11 +47,11 @@ pub enum ValuesError {
         value: String,
         problem: String,
     },
-    #[error("profile {profile} needs --set {key}=<{what}>")]
+    #[error("profile {profile} needs {needed}")]
     Missing {
         profile: &'static str,
-        key: &'static str,
-        what: &'static str,
+        /// Every missing `--set key=<what>`, in one line.
+        needed: String,
     },
 }
 
@@ -146,28 +146,39 @@ impl Values {
         Ok(())
     }
 
-    /// What a profile cannot do without.
-    pub fn check(&self, profile: Profile) -> Result<(), ValuesError> {
-        let missing = |key, what| ValuesError::Missing {
-            profile: profile.name(),
-            key,
-            what,
-        };
-        let default_cluster = self.cluster_id == Values::default().cluster_id;
+    /// The keys a profile cannot do without: (key, what it names).
+    fn required(profile: Profile) -> &'static [(&'static str, &'static str)] {
         match profile {
-            Profile::Primary => Ok(()),
-            Profile::MultiPrimary if default_cluster => Err(missing("clusterId", "id")),
-            Profile::MultiPrimary => Ok(()),
-            Profile::Remote if self.remote_pilot_address.is_empty() => {
-                Err(missing("remotePilotAddress", "the primary's address"))
-            }
-            Profile::Remote if default_cluster => Err(missing("clusterId", "id")),
-            Profile::Remote => Ok(()),
-            Profile::EastwestGateway if self.network.is_empty() => {
-                Err(missing("network", "network"))
-            }
-            Profile::EastwestGateway if default_cluster => Err(missing("clusterId", "id")),
-            Profile::EastwestGateway => Ok(()),
+            Profile::Primary => &[],
+            Profile::MultiPrimary => &[("clusterId", "id")],
+            Profile::Remote => &[
+                ("remotePilotAddress", "the primary's address"),
+                ("clusterId", "id"),
+            ],
+            Profile::EastwestGateway => &[("network", "network"), ("clusterId", "id")],
+        }
+    }
+
+    /// What a profile cannot do without, every missing key named at once.
+    pub fn check(&self, profile: Profile) -> Result<(), ValuesError> {
+        let defaults = Values::default();
+        let given = |key: &str| match key {
+            "clusterId" => self.cluster_id != defaults.cluster_id,
+            "remotePilotAddress" => !self.remote_pilot_address.is_empty(),
+            "network" => !self.network.is_empty(),
+            _ => true,
+        };
+        let needed: Vec<String> = Self::required(profile)
+            .iter()
+            .filter(|(key, _)| !given(key))
+            .map(|(key, what)| format!("--set {key}=<{what}>"))
+            .collect();
+        match needed.is_empty() {
+            true => Ok(()),
+            false => Err(ValuesError::Missing {
+                profile: profile.name(),
+                needed: needed.join(" "),
+            }),
         }
     }
 
@@ -224,7 +235,7 @@ mod tests {
         let e = Values::default().check(Profile::Remote).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "profile remote needs --set remotePilotAddress=<the primary's address>"
+            "profile remote needs --set remotePilotAddress=<the primary's address> --set clusterId=<id>"
         );
         let e = Values::default().check(Profile::MultiPrimary).unwrap_err();
         assert_eq!(

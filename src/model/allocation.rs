@@ -125,7 +125,7 @@ impl Allocations {
 
     /// The host's preferred slot, or the next free one after it.
     fn free_slot(&self, host: &str) -> Option<u16> {
-        let start = (fnv1a(host.as_bytes()) % u64::from(SLOTS)) as u32;
+        let start = (crate::text::stable_hash(host) % u64::from(SLOTS)) as u32;
         (0..SLOTS)
             .map(|i| ((start + i) % SLOTS + 1) as u16)
             .find(|slot| !self.taken.contains(slot))
@@ -142,13 +142,6 @@ impl Allocations {
         self.taken.remove(&slot);
         Some(slot)
     }
-}
-
-/// FNV-1a: a hash that is the same in every build and on every machine (std's is neither).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

@@ -239,6 +239,10 @@ impl MeshpilotProcess {
                 args.extend([flag, value]);
             }
         }
+        let state = config_state_dir(flags);
+        if let Some(state) = &state {
+            args.extend(["--state-dir", state]);
+        }
         args.extend_from_slice(flags);
         Self::spawn_with_env(&args, env)
     }
@@ -700,8 +704,23 @@ pub async fn try_start_meshpilot(
             argv.extend([flag, value]);
         }
     }
+    let state = config_state_dir(flags);
+    if let Some(state) = &state {
+        argv.extend(["--state-dir", state]);
+    }
     argv.extend_from_slice(flags);
     meshpilot::app::start(Args::parse_from(argv).discovery).await
+}
+
+/// `<config-dir>/.state` when `flags` name a config dir and no state dir: a test's state lives
+/// in its temporary tree and goes with it (by default it would be under the user's home).
+fn config_state_dir(flags: &[&str]) -> Option<String> {
+    if flags.contains(&"--state-dir") {
+        return None;
+    }
+    let at = flags.iter().position(|f| *f == "--config-dir")?;
+    let dir = flags.get(at + 1)?;
+    Some(format!("{dir}/.state"))
 }
 
 pub fn node(id: &str, metadata: &[(&str, &str)]) -> envoy_types::pb::envoy::config::core::v3::Node {
