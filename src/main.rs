@@ -57,8 +57,13 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // A tool reports its own errors in one line; kube's request logs would repeat them raw.
+    let filter = match (&cli.command, cli.log.contains("kube_client")) {
+        (Command::Discovery(_), _) | (_, true) => cli.log.clone(),
+        _ => format!("{},kube_client=off", cli.log),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&cli.log).context("invalid --log filter")?)
+        .with_env_filter(EnvFilter::try_new(&filter).context("invalid --log filter")?)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
@@ -67,13 +72,26 @@ async fn main() -> anyhow::Result<()> {
             // Faults the tests inject (`FAILPOINTS`); nothing unless built with `failpoints`.
             let _faults = fail::FailScenario::setup();
             let stop = shutdown_signal()?;
-            let running = meshpilot::app::start(*args).await?;
+            let running = match meshpilot::app::start(*args).await {
+                Ok(running) => running,
+                // Each error's message carries its causes: printed once, on one line.
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::exit(1);
+                }
+            };
             // A critical task that ended is an error: the process exits non-zero to be restarted.
             running.serve_until(stop).await?;
         }
         Command::Certs(args) => {
             meshpilot::security::install_crypto_provider();
-            eprintln!("{}", meshpilot::security::certs_cmd::run(&args)?);
+            match meshpilot::security::certs_cmd::run(&args) {
+                Ok(done) => eprintln!("{done}"),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         Command::Manifest(args) => match meshpilot::install::generate(&args) {
             Ok(yaml) => print!("{yaml}"),

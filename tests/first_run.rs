@@ -399,3 +399,99 @@ async fn state_stays_out_of_the_config_tree() {
         "nothing written into the config tree"
     );
 }
+
+/// Runs the binary to completion: (success, stderr).
+fn run(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args(args)
+        .env_remove("MESHPILOT_LOG")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Errors a user can act on: one line each, naming what failed, where and why, said once.
+#[test]
+fn start_errors_say_what_where_and_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir");
+    let (ok, stderr) = run(&["discovery", "--config-dir", missing.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("no-such-dir does not exist") && !stderr.contains("clusters/"),
+        "{stderr}"
+    );
+
+    let (ok, stderr) = run(&["discovery", "--kubeconfig", "c1.kubeconfig"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("cannot read kubeconfig c1.kubeconfig: No such file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("'\""), "the path quoted twice: {stderr}");
+
+    std::fs::create_dir_all(dir.path().join("clusters")).unwrap();
+    let ca = dir.path().join("cacerts");
+    std::fs::create_dir_all(&ca).unwrap();
+    let (ok, stderr) = run(&[
+        "discovery",
+        "--config-dir",
+        dir.path().to_str().unwrap(),
+        "--ca-dir",
+        ca.to_str().unwrap(),
+        "--http-addr",
+        "127.0.0.1:0",
+        "--xds-addr",
+        "127.0.0.1:0",
+        "--secure-xds-addr",
+        "127.0.0.1:0",
+        "--state-dir",
+        dir.path().join(".state").to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("ca-cert.pem"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert_eq!(errors[0].matches("ca-cert.pem is missing").count(), 1, "{stderr}");
+    assert!(!stderr.contains("Caused by"), "{stderr}");
+}
+
+/// `remote-secret` against a server that refuses: one line naming the cluster, the server and the
+/// cause, and none of the client library's own log lines.
+#[test]
+fn an_unreachable_remote_is_named_with_its_server_and_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("west.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1
+kind: Config
+clusters: [{name: west, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]
+users: [{name: admin, user: {token: t}}]
+contexts: [{name: west, context: {cluster: west, user: admin}}]
+current-context: west
+",
+    )
+    .unwrap();
+    let (ok, stderr) = run(&[
+        "remote-secret",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--cluster-id",
+        "west",
+    ]);
+    assert!(!ok);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("west")
+            && lines[0].contains("127.0.0.1:1")
+            && lines[0].contains("refused"),
+        "{stderr}"
+    );
+}

@@ -256,7 +256,7 @@ impl State {
                 Some((CDS, name))
             }
             ["name", host, address] => self.update(NDS, "", |any| {
-                use meshpilot::xds::generate::dns::proto::{name_table::NameInfo, NameTable};
+                use meshpilot::xds::name_table::{name_table::NameInfo, NameTable};
                 let mut table = NameTable::decode(&any.value[..]).expect("name table");
                 let mut parts = host.split('.');
                 let (name, namespace) = (parts.next(), parts.next());

@@ -135,6 +135,15 @@ pub fn client_for(config: kube::Config) -> Result<kube::Client, KubeconfigError>
     super::build(config).map_err(|e| KubeconfigError::Client(clip(&e.to_string())))
 }
 
+/// Why kube could not read or use a kubeconfig, in one line: a file that cannot be read is named
+/// by the caller, so only the I/O cause is kept (kube's own message repeats the path, quoted twice).
+pub fn reason(error: &kube::config::KubeconfigError) -> String {
+    match error {
+        kube::config::KubeconfigError::ReadConfig(io, _) => io.to_string(),
+        other => clip(&other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use clap::{ArgAction, Args};
 use kube::config::Kubeconfig;
 use thiserror::Error;
 
-use crate::kube_error::Readable;
+use crate::kube_error::WithCauses;
 use crate::text::{clip, quote};
 use reader::Remote;
 
@@ -55,9 +55,10 @@ pub enum RemoteSecretError {
     Kubeconfig { path: String, message: String },
     #[error("kubeconfig {0}: its current context names no cluster with a server")]
     NoServer(String),
-    #[error("cluster {cluster}: {verb} {object} failed: {}", Readable(.source.as_ref()))]
+    #[error("cluster {cluster} ({server}): {verb} {object} failed: {}", WithCauses(.source.as_ref()))]
     Api {
         cluster: String,
+        server: String,
         verb: &'static str,
         object: String,
         source: Box<kube::Error>,
@@ -78,8 +79,8 @@ pub async fn generate(args: &RemoteSecretArgs) -> Result<String, RemoteSecretErr
         path: path.clone(),
         message: clip(&message),
     };
-    let kubeconfig =
-        Kubeconfig::read_from(&args.kubeconfig).map_err(|e| read_error(e.to_string()))?;
+    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
+        .map_err(|e| read_error(crate::kube_client::kubeconfig::reason(&e)))?;
     let (server, tls_server_name) =
         current_server(&kubeconfig).ok_or_else(|| RemoteSecretError::NoServer(path.clone()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -88,6 +89,7 @@ pub async fn generate(args: &RemoteSecretArgs) -> Result<String, RemoteSecretErr
     let client = crate::kube_client::build(config).map_err(|e| read_error(e.to_string()))?;
     let remote = Remote {
         client,
+        server: server.clone(),
         cluster: args.cluster_id.clone(),
         namespace: args.namespace.clone(),
         account: args.service_account.clone(),

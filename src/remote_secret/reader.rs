@@ -20,8 +20,9 @@ use crate::install::rbac;
 /// One remote cluster, as the tool reaches it.
 pub struct Remote {
     pub client: Client,
-    /// The cluster id, named in every error.
+    /// The cluster id and its API server, named in every error.
     pub cluster: String,
+    pub server: String,
     pub namespace: String,
     pub account: String,
 }
@@ -32,9 +33,10 @@ impl Remote {
         verb: &'static str,
         object: String,
     ) -> impl FnOnce(kube::Error) -> RemoteSecretError {
-        let cluster = self.cluster.clone();
+        let (cluster, server) = (self.cluster.clone(), self.server.clone());
         move |source| RemoteSecretError::Api {
             cluster,
+            server,
             verb,
             object,
             source: Box::new(source),

@@ -23,7 +23,9 @@ use crate::registry::{ClusterRegistry, SyncState};
 
 #[derive(Debug, Error)]
 pub enum FileSourceError {
-    #[error("config directory {0} has no clusters/ sub-directory")]
+    #[error("config directory {0} does not exist")]
+    NoConfigDir(PathBuf),
+    #[error("config directory {0} has no clusters/ sub-directory (one directory of manifests per cluster)")]
     NoClustersDir(PathBuf),
     #[error("cannot watch {path}: {source}")]
     Watch {
@@ -70,10 +72,14 @@ impl FileClusters {
     /// Loads every cluster under `config_dir/clusters`.
     pub fn load(config_dir: &Path, aggregate: Arc<Aggregate>) -> Result<Self, FileSourceError> {
         // Canonical, so the paths of watch events strip to cluster ids.
-        let root = config_dir
-            .join("clusters")
-            .canonicalize()
-            .map_err(|_| FileSourceError::NoClustersDir(config_dir.to_path_buf()))?;
+        let root =
+            config_dir
+                .join("clusters")
+                .canonicalize()
+                .map_err(|_| match config_dir.is_dir() {
+                    true => FileSourceError::NoClustersDir(config_dir.to_path_buf()),
+                    false => FileSourceError::NoConfigDir(config_dir.to_path_buf()),
+                })?;
         let mut this = Self {
             root,
             aggregate,

@@ -26,11 +26,8 @@ use crate::supervise::{OwnedTasks, Supervisor};
 
 #[derive(Debug, Error)]
 pub enum KubeSourceError {
-    #[error("cannot read kubeconfig {path}: {source}")]
-    Kubeconfig {
-        path: String,
-        source: kube::config::KubeconfigError,
-    },
+    #[error("cannot read kubeconfig {path}: {reason}")]
+    Kubeconfig { path: String, reason: String },
     #[error("in-cluster configuration unavailable: {0}")]
     InCluster(#[from] kube::config::InClusterError),
     #[error("cannot build a Kubernetes client: {0}")]
@@ -41,9 +38,9 @@ pub enum KubeSourceError {
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, KubeSourceError> {
     let config = match kubeconfig {
         Some(path) => {
-            let error = |source| KubeSourceError::Kubeconfig {
+            let error = |source: kube::config::KubeconfigError| KubeSourceError::Kubeconfig {
                 path: path.display().to_string(),
-                source,
+                reason: crate::kube_client::kubeconfig::reason(&source),
             };
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(error)?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())

@@ -253,7 +253,7 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
         ResourceType::Listener => equal::<Listener>(&a.any, &b.any),
         ResourceType::Route => equal::<RouteConfiguration>(&a.any, &b.any),
         ResourceType::Secret => equal::<Secret>(&a.any, &b.any),
-        ResourceType::NameTable => equal::<super::dns::proto::NameTable>(&a.any, &b.any),
+        ResourceType::NameTable => equal::<crate::xds::name_table::NameTable>(&a.any, &b.any),
     }
 }
 

@@ -23,23 +23,8 @@ use crate::model::{Health, Registry, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
-/// The message, generated from proto/nds.proto.
-pub mod proto {
-    #![allow(clippy::all)]
-    tonic::include_proto!("istio.networking.nds.v1");
-
-    impl prost::Name for NameTable {
-        const NAME: &'static str = "NameTable";
-        const PACKAGE: &'static str = "istio.networking.nds.v1";
-
-        fn type_url() -> String {
-            crate::xds::protocol::NAME_TABLE_TYPE.to_string()
-        }
-    }
-}
-
-use proto::name_table::NameInfo;
-use proto::NameTable;
+use crate::xds::name_table::name_table::NameInfo;
+use crate::xds::name_table::NameTable;
 
 /// Multi-cluster Services' domain: such hosts get no search-path forms (istiod's rule, so they do
 /// not shadow the `cluster.local` service of the same name).

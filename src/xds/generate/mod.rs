@@ -12,7 +12,7 @@ pub mod authz;
 mod cache;
 mod clusters;
 mod common;
-pub mod dns;
+mod dns;
 mod eds;
 mod filters;
 mod gateway_tls;
@@ -67,7 +67,7 @@ impl Generation<'_> {
     }
 
     /// The name table this proxy is sent (for `/debug/ndsz`).
-    pub fn name_table(&self) -> dns::proto::NameTable {
+    pub fn name_table(&self) -> crate::xds::name_table::NameTable {
         dns::build(self)
     }
 
