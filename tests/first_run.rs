@@ -457,7 +457,11 @@ fn start_errors_say_what_where_and_why_once() {
         .filter(|l| l.contains("ca-cert.pem"))
         .collect();
     assert_eq!(errors.len(), 1, "{stderr}");
-    assert_eq!(errors[0].matches("ca-cert.pem is missing").count(), 1, "{stderr}");
+    assert_eq!(
+        errors[0].matches("ca-cert.pem is missing").count(),
+        1,
+        "{stderr}"
+    );
     assert!(!stderr.contains("Caused by"), "{stderr}");
 }
 
