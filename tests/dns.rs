@@ -75,8 +75,19 @@ endpoints:
 - {addresses: [10.21.0.10], hostname: db-2, conditions: {ready: true}, targetRef: {kind: Pod, name: db-2, namespace: shop}}
 ";
 
-/// Two external TCP services on one port without addresses, a wildcard, and one with an address.
+/// Two external TCP services on one port without addresses, a wildcard, one with an address, and
+/// one naming a Kubernetes service's host (the Kubernetes service wins).
 const ENTRIES: &str = "
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api-decorator, namespace: shop}
+spec:
+  hosts: [api.shop.svc.cluster.local]
+  addresses: [192.0.2.99]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 192.0.2.98}]
+---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: a, namespace: shop}
@@ -167,8 +178,13 @@ async fn sidecars_of_two_clusters_resolve_the_whole_mesh() {
     assert_eq!(web["registry"], "Kubernetes");
     assert_eq!(web["shortname"], "web");
     assert_eq!(web["namespace"], "shop");
-    // A service of both clusters resolves to the proxy's own cluster's address.
+    // A service of both clusters resolves to the proxy's own cluster's address, and a ServiceEntry
+    // of the same host does not displace the Kubernetes service.
     assert_eq!(ips(&table, "api.shop.svc.cluster.local"), ["10.10.0.20"]);
+    assert_eq!(
+        table["api.shop.svc.cluster.local"]["registry"],
+        "Kubernetes"
+    );
     let west_table = west.next_table(BOUND).await;
     assert_eq!(
         ips(&west_table, "api.shop.svc.cluster.local"),

@@ -126,7 +126,8 @@ async fn errors_name_the_cluster_the_object_and_the_verb() {
     let out = remote_secret(&locked, "north", &[]).await;
     let line = one_line(&out);
     assert!(
-        line.contains("cluster north: create ClusterRole meshpilot-reader failed")
+        line.contains("cluster north (https://127.0.0.1:")
+            && line.contains("): create ClusterRole meshpilot-reader failed")
             && line.contains("cannot create resource \"clusterroles\""),
         "{line}"
     );
