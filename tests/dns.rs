@@ -75,9 +75,10 @@ endpoints:
 - {addresses: [10.21.0.10], hostname: db-2, conditions: {ready: true}, targetRef: {kind: Pod, name: db-2, namespace: shop}}
 ";
 
-/// Two external TCP services on one port without addresses, a wildcard, one with an address, and
-/// one naming a Kubernetes service's host (the Kubernetes service wins).
-const ENTRIES: &str = "
+/// Two external TCP services on one port without addresses (`a`, `b`), a wildcard, one with an
+/// address, and one naming a Kubernetes service's host (the Kubernetes service wins).
+fn entries() -> String {
+    let others = "
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: api-decorator, namespace: shop}
@@ -87,22 +88,6 @@ spec:
   ports: [{number: 80, name: http, protocol: HTTP}]
   resolution: STATIC
   endpoints: [{address: 192.0.2.98}]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: a, namespace: shop}
-spec:
-  hosts: [a.example.com]
-  ports: [{number: 9000, name: tcp, protocol: TCP}]
-  resolution: DNS
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: b, namespace: shop}
-spec:
-  hosts: [b.example.com]
-  ports: [{number: 9000, name: tcp, protocol: TCP}]
-  resolution: DNS
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -122,6 +107,12 @@ spec:
   resolution: STATIC
   endpoints: [{address: 192.0.2.51}]
 ";
+    format!(
+        "{}---\n{}---\n{others}",
+        entry("a", "a.example.com"),
+        entry("b", "b.example.com")
+    )
+}
 
 fn mesh_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -131,13 +122,18 @@ fn mesh_dir() -> tempfile::TempDir {
         std::fs::write(path.join("shop.yaml"), text).unwrap();
     }
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(dir.path().join("config/entries.yaml"), ENTRIES).unwrap();
+    std::fs::write(dir.path().join("config/entries.yaml"), entries()).unwrap();
     dir
 }
 
+/// A ServiceEntry of `shop` for an external TCP service on port 9000 without addresses.
 fn entry(name: &str, host: &str) -> String {
+    entry_in(name, "shop", host)
+}
+
+fn entry_in(name: &str, namespace: &str, host: &str) -> String {
     format!(
-        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  hosts: [{host}]\n  ports: [{{number: 9000, name: tcp, protocol: TCP}}]\n  resolution: DNS\n"
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  hosts: [{host}]\n  ports: [{{number: 9000, name: tcp, protocol: TCP}}]\n  resolution: DNS\n"
     )
 }
 
@@ -483,29 +479,18 @@ async fn no_table_for_proxies_that_do_not_ask() {
 /// them before the mesh moved) are the ones served.
 #[tokio::test]
 async fn allocated_addresses_live_in_the_entries_status_on_a_config_cluster() {
-    let entries = "
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: fresh, namespace: default}
-spec:
-  hosts: [fresh.example.com]
-  ports: [{number: 9000, name: tcp, protocol: TCP}]
-  resolution: DNS
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: migrated, namespace: default}
-spec:
-  hosts: [migrated.example.com]
-  ports: [{number: 9000, name: tcp, protocol: TCP}]
-  resolution: DNS
-status:
+    let migrated = "status:
   addresses:
   - {value: 240.240.9.9, host: migrated.example.com}
   - {value: '2001:2::909', host: migrated.example.com}
 ";
+    let entries = format!(
+        "{}---\n{}{migrated}",
+        entry_in("fresh", "default", "fresh.example.com"),
+        entry_in("migrated", "default", "migrated.example.com")
+    );
     let fixture =
-        ConfigFixture::start(Source::ConfigCluster, &[("entries.yaml", entries)], &[]).await;
+        ConfigFixture::start(Source::ConfigCluster, &[("entries.yaml", &entries)], &[]).await;
     let node = "sidecar~10.1.1.11~client.default~default.svc.cluster.local";
     let mut agent = NdsAgent::start(
         fixture.mp.xds_addr,

@@ -94,15 +94,7 @@ async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
 }
 
 fn certs(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
-        .arg("certs")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    run(&[&["certs"], args].concat())
 }
 
 #[test]
