@@ -126,6 +126,14 @@ fn mesh_dir() -> tempfile::TempDir {
     dir
 }
 
+/// meshpilot on the two clusters and their entries, with an agent for a sidecar of east.
+async fn east_agent(protocol: Protocol) -> (tempfile::TempDir, meshpilot::app::Running, NdsAgent) {
+    let dir = mesh_dir();
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let agent = NdsAgent::start(mp.xds_addr, EAST_PROXY, ("east", "net1"), protocol, None);
+    (dir, mp, agent)
+}
+
 /// A ServiceEntry of `shop` for an external TCP service on port 9000 without addresses.
 fn entry(name: &str, host: &str) -> String {
     entry_in(name, "shop", host)
@@ -234,15 +242,7 @@ async fn sidecars_of_two_clusters_resolve_the_whole_mesh() {
 /// services on one port reach their own clusters; a proxy without capture gets none of them.
 #[tokio::test]
 async fn allocated_addresses_name_listener_chains_only_for_dns_capture() {
-    let dir = mesh_dir();
-    let mp = start_meshpilot(dir.path(), &[]).await;
-    let mut agent = NdsAgent::start(
-        mp.xds_addr,
-        EAST_PROXY,
-        ("east", "net1"),
-        Protocol::Sotw,
-        None,
-    );
+    let (_dir, mp, mut agent) = east_agent(Protocol::Sotw).await;
     let table = agent.next_table(BOUND).await;
     let (a, b) = (
         allocated(&table, "a.example.com"),
@@ -302,15 +302,7 @@ async fn allocated_addresses_name_listener_chains_only_for_dns_capture() {
 /// narrows what the namespace sees narrows its table.
 #[tokio::test]
 async fn the_table_follows_services_and_scope_not_routing() {
-    let dir = mesh_dir();
-    let mp = start_meshpilot(dir.path(), &[]).await;
-    let mut agent = NdsAgent::start(
-        mp.xds_addr,
-        EAST_PROXY,
-        ("east", "net1"),
-        Protocol::Delta,
-        None,
-    );
+    let (dir, mp, mut agent) = east_agent(Protocol::Delta).await;
     agent.next_table(BOUND).await;
 
     // Routing moves LDS/RDS but not names: watch a listener client hear the push.
@@ -362,15 +354,7 @@ async fn the_table_follows_services_and_scope_not_routing() {
 /// move names.
 #[tokio::test]
 async fn headless_pods_follow_readiness() {
-    let dir = mesh_dir();
-    let mp = start_meshpilot(dir.path(), &[]).await;
-    let mut agent = NdsAgent::start(
-        mp.xds_addr,
-        EAST_PROXY,
-        ("east", "net1"),
-        Protocol::Sotw,
-        None,
-    );
+    let (dir, _mp, mut agent) = east_agent(Protocol::Sotw).await;
     agent.next_table(BOUND).await;
     let east = dir.path().join("clusters/east/shop.yaml");
     write_atomic(&east, &EAST.replace("ready: true", "ready: false"));

@@ -52,6 +52,20 @@ spec:
       version: v2
 ";
 
+/// A sidecar of `default` in c1 (bookinfo's productpage) subscribed to every cluster.
+async fn productpage_clusters(mp: &meshpilot::app::Running) -> AdsClient {
+    let ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node(
+            "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
+            &[("CLUSTER_ID", "c1")],
+        )),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    ads
+}
+
 #[tokio::test]
 async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
     let dir = tempfile::tempdir().unwrap();
@@ -71,15 +85,7 @@ async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
     assert_eq!(rule["status"], "accepted", "{rule}");
     assert_eq!(rule["metadata"]["namespace"], "default");
 
-    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
-    ads.request(DiscoveryRequest {
-        node: Some(node(
-            "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
-            &[("CLUSTER_ID", "c1")],
-        )),
-        type_url: CDS.into(),
-        ..Default::default()
-    });
+    let mut ads = productpage_clusters(&mp).await;
     let clusters: Vec<String> = ads
         .response(BOUND)
         .await
@@ -213,15 +219,7 @@ async fn an_emptied_file_keeps_its_objects_until_it_stays_empty() {
     std::fs::write(&manifest, REVIEWS).unwrap();
     std::fs::write(&rule, REVIEWS_RULE).unwrap();
     let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;
-    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
-    ads.request(DiscoveryRequest {
-        node: Some(node(
-            "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
-            &[("CLUSTER_ID", "c1")],
-        )),
-        type_url: CDS.into(),
-        ..Default::default()
-    });
+    let mut ads = productpage_clusters(&mp).await;
     let first = ads.response(BOUND).await;
     ads.ack(&first, vec![]);
     let v1 = "outbound|9080|v1|reviews.default.svc.cluster.local";
