@@ -146,8 +146,12 @@ fn istio_endpoint(key: &ServiceKey, e: &Endpoint) -> Value {
         "TLSMode": e.tls_mode,
         "Namespace": key.namespace,
         "WorkloadName": e.workload,
-        "HostName": "",
-        "SubDomain": "",
+        // A slice names an endpoint only under the service it belongs to: that is its subdomain.
+        "HostName": e.hostname.as_deref().unwrap_or_default(),
+        "SubDomain": match e.hostname {
+            Some(_) => key.hostname.split('.').next().unwrap_or_default(),
+            None => "",
+        },
         "HealthStatus": match e.health {
             Health::Healthy => 1,
             Health::Unhealthy => 2,

@@ -91,6 +91,7 @@ pub struct Endpoint {
     pub weight: u32,
     /// The endpoint's own DNS label under its headless service (the EndpointSlice endpoint's
     /// `hostname`, a StatefulSet pod's name): `<hostname>.<service>.<namespace>.svc.<domain>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub hostname: Option<Arc<str>>,
 }
 
