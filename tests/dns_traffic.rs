@@ -7,11 +7,10 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::nds::{NdsAgent, Protocol};
-use common::netns::{link, Netns};
+use common::netns::{link, Netns, ResolvConf};
 use common::*;
 use serde_json::Value;
 
@@ -66,31 +65,6 @@ spec:
   endpoints: [{address: 10.219.3.3}]
 ";
 
-/// `/etc/netns/<name>/resolv.conf`, which `ip netns exec` shows the namespace's programs as
-/// /etc/resolv.conf; removed on drop.
-struct ResolvConf(PathBuf);
-
-impl ResolvConf {
-    fn write(netns: &str) -> Self {
-        let dir = PathBuf::from("/etc/netns").join(netns);
-        std::fs::create_dir_all(&dir).expect("/etc/netns/<name>");
-        std::fs::write(
-            dir.join("resolv.conf"),
-            format!(
-                "nameserver {CLUSTER_DNS}\nsearch shop.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
-            ),
-        )
-        .expect("resolv.conf");
-        Self(dir)
-    }
-}
-
-impl Drop for ResolvConf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The application's GET by name (as its own user: its DNS and TCP are captured): the echo's
 /// answer, or None when the request failed.
 fn get(client: &Netns, url: &str) -> Option<Value> {
@@ -109,7 +83,7 @@ async fn an_application_reaches_a_remote_only_service_by_name() {
     let tag = std::process::id() % 100_000;
     let client = Netns::create(&format!("mpdc{tag}"));
     let mut backend = Netns::create(&format!("mpdb{tag}"));
-    let _resolv = ResolvConf::write(&client.name);
+    let _resolv = ResolvConf::write(&client.name, CLUSTER_DNS, "shop");
     link(
         None,
         &format!("mpdc{tag}h"),
@@ -131,28 +105,7 @@ async fn an_application_reaches_a_remote_only_service_by_name() {
         client.run("ip", &["route", "add", range, "dev", "data"]);
     }
     client.capture_outbound(APP_UID);
-    // Istio's DNS capture: the application's queries to port 53 go to the agent.
-    client.run(
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "udp",
-            "--dport",
-            "53",
-            "-m",
-            "owner",
-            "--uid-owner",
-            APP_UID,
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15053",
-        ],
-    );
+    client.capture_dns(APP_UID);
     backend.serve_http_echo(8080);
 
     let dir = tempfile::tempdir().unwrap();

@@ -4,21 +4,26 @@
 //! Envoy), which passes the TLS through by SNI without terminating it; the backend's own sidecar
 //! terminates it with a meshpilot-issued certificate. The gateway is configured from Istio's
 //! cross-network Gateway (AUTO_PASSTHROUGH) alone: its proxy does not carry the
-//! `istio: eastwestgateway` label meshpilot otherwise falls back to. Needs root (network
-//! namespaces, iptables).
+//! `istio: eastwestgateway` label meshpilot otherwise falls back to. The same backend is also a
+//! headless service's pod (`db-0`): the application resolves its own name through the agent's DNS
+//! (the name table) and reaches it through the gateway too. Needs root (network namespaces,
+//! iptables).
 
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::netns::{link, Netns};
+use common::nds::{NdsAgent, Protocol};
+use common::netns::{link, Netns, ResolvConf};
 use common::*;
 
 const BOUND: Duration = Duration::from_secs(30);
 const ECHO: &str = "echo.default.svc.cluster.local";
 const APP_UID: &str = "1000";
 const GATEWAY_IP: &str = "10.214.1.2";
+const CLIENT: &str = "sidecar~10.214.1.1~client.default~default.svc.cluster.local";
+const POD: &str = "db-0.db.default.svc.cluster.local";
 
 /// Istio's cross-network Gateway (samples/multicluster/expose-services.yaml), selecting the gateway
 /// by a label of its own.
@@ -79,6 +84,22 @@ endpoints:
 - addresses: [10.214.2.2]
   conditions: {{ready: true}}
   targetRef: {{kind: Pod, name: server, namespace: default}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: db, namespace: default}}
+spec: {{clusterIP: None, ports: [{{name: http, port: 8080}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: db-1, namespace: default, labels: {{kubernetes.io/service-name: db}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+- addresses: [10.214.2.2]
+  hostname: db-0
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: server, namespace: default}}
 "
     )
 }
@@ -130,8 +151,12 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         "data",
         "10.214.2.2/24",
     );
-    client_ns.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
+    for range in ["10.96.0.0/16", "240.240.0.0/16"] {
+        client_ns.run("ip", &["route", "add", range, "dev", "data"]);
+    }
     client_ns.capture_outbound(APP_UID);
+    client_ns.capture_dns(APP_UID);
+    let _resolv = ResolvConf::write(&client_ns.name, "10.96.0.10", "default");
     server_ns.capture_inbound("data");
     server_ns.serve_http_echo(8080);
 
@@ -174,8 +199,12 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         &client_ns,
         "10.214.11.2",
         "10.214.11.1",
-        "sidecar~10.214.1.1~client.default~default.svc.cluster.local",
-        &[("CLUSTER_ID", "east"), ("NETWORK", "network1")],
+        CLIENT,
+        &[
+            ("CLUSTER_ID", "east"),
+            ("NETWORK", "network1"),
+            ("DNS_CAPTURE", "true"),
+        ],
         &[],
         "client",
     ))
@@ -281,6 +310,65 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         "the gateway's listener has a TLS context: it would terminate TLS instead of passing it through"
     );
     assert!(server.counter("listener.0.0.0.0_15006.ssl.handshake").await >= 1);
+
+    // The headless pod by its own name: the agent resolves it to an allocated address, which the
+    // client's sidecar sends through the gateway to that one pod.
+    let mut agent = NdsAgent::start(
+        SocketAddr::new("10.214.11.1".parse().unwrap(), mp.xds_addr.port()),
+        CLIENT,
+        ("east", "network1"),
+        Protocol::Sotw,
+        Some((&client_ns.name, "127.0.0.1:15053")),
+    );
+    agent.dns_address(BOUND).await;
+    agent
+        .table_where("with the pod's name", BOUND, |t| {
+            t[POD]["ips"][0]
+                .as_str()
+                .is_some_and(|ip| ip.starts_with("240.240."))
+        })
+        .await;
+    let pod_sni = format!("outbound_.8080_._.{POD}");
+    wait_for(
+        "the pod's service at the client and the gateway",
+        BOUND,
+        || {
+            let (client, gateway, pod_sni) = (&client, &gateway, pod_sni.clone());
+            async move {
+                let at_client = client.endpoints(&format!("outbound|8080||{POD}")).await;
+                let at_gateway = gateway.endpoints(&pod_sni).await;
+                (at_client == [format!("{GATEWAY_IP}:15443")] && at_gateway == ["10.214.2.2:8080"])
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let url = format!("http://{POD}:8080/by-name");
+    let by_name = wait_for("a response from the pod by its name", BOUND, || {
+        let output = client_ns
+            .command("setpriv")
+            .args(["--reuid", APP_UID, "--regid", APP_UID, "--clear-groups"])
+            .args(["curl", "-s", "-m", "3", &url])
+            .output();
+        async move {
+            let body: serde_json::Value = serde_json::from_slice(&output.ok()?.stdout).ok()?;
+            (body["path"] == "/by-name").then_some(body)
+        }
+    })
+    .await;
+    assert!(
+        by_name["headers"]["x-forwarded-client-cert"]
+            .as_str()
+            .is_some_and(|x| x.contains("sa/client")),
+        "{by_name}"
+    );
+    assert!(
+        gateway
+            .counter(&format!("cluster.{pod_sni}.upstream_cx_total"))
+            .await
+            >= 1,
+        "the pod's request did not pass through the gateway"
+    );
     assert_eq!(
         client.rejected_updates().await
             + gateway.rejected_updates().await

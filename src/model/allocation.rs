@@ -39,13 +39,22 @@ pub fn slot_of(address: IpAddr) -> Option<u16> {
     (1..=SLOTS).contains(&u32::from(slot)).then_some(slot)
 }
 
+/// Who asks for addresses: each defines its own set of hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// ServiceEntry hosts that declare none.
+    Entries,
+    /// Pods of headless services on a network, named on their own (`registry/pod_services`).
+    Pods,
+}
+
 /// Which host holds which slot; part of the mesh snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Allocations {
     by_host: imbl::OrdMap<Hostname, u16>,
     taken: imbl::OrdSet<u16>,
-    /// Hosts defined now; the others hold their slot until the range is full.
-    wanted: imbl::OrdSet<Hostname>,
+    /// Hosts defined now, per owner; the others hold their slot until the range is full.
+    wanted: [imbl::OrdSet<Hostname>; 2],
     /// Bumped when a slot is given or taken back: what is saved changed.
     version: u64,
 }
@@ -69,11 +78,14 @@ impl Allocations {
 
     /// The addresses of a host now defined, if it has a slot.
     pub fn addresses(&self, host: &str) -> Option<[IpAddr; 2]> {
-        self.wanted
-            .contains(host)
+        self.wanted(host)
             .then(|| self.by_host.get(host))
             .flatten()
             .map(|slot| slot_addresses(*slot))
+    }
+
+    fn wanted(&self, host: &str) -> bool {
+        self.wanted.iter().any(|set| set.contains(host))
     }
 
     /// Every slot given, to be saved.
@@ -105,10 +117,10 @@ impl Allocations {
         true
     }
 
-    /// Makes `wanted` the hosts defined now, giving a slot to each that has none. Hosts are served
-    /// in name order, so two replicas starting from the same state agree.
-    pub fn define(&mut self, wanted: &BTreeSet<Hostname>) {
-        self.wanted = wanted.iter().cloned().collect();
+    /// Makes `wanted` the hosts `owner` defines now, giving a slot to each that has none. Hosts are
+    /// served in name order, so two replicas starting from the same state agree.
+    pub fn define(&mut self, owner: Owner, wanted: &BTreeSet<Hostname>) {
+        self.wanted[owner as usize] = wanted.iter().cloned().collect();
         for host in wanted {
             if self.by_host.contains_key(host) {
                 continue;
@@ -133,11 +145,7 @@ impl Allocations {
 
     /// Takes back the slot of a host no longer defined (the first by name).
     fn reclaim(&mut self) -> Option<u16> {
-        let host = self
-            .by_host
-            .keys()
-            .find(|h| !self.wanted.contains(*h))?
-            .clone();
+        let host = self.by_host.keys().find(|h| !self.wanted(h))?.clone();
         let slot = self.by_host.remove(&host)?;
         self.taken.remove(&slot);
         Some(slot)
@@ -167,10 +175,16 @@ mod tests {
     #[test]
     fn the_same_hosts_get_the_same_addresses_whatever_came_before() {
         let mut a = Allocations::default();
-        a.define(&hosts(&["api.example.com", "db.example.com"]));
+        a.define(
+            Owner::Entries,
+            &hosts(&["api.example.com", "db.example.com"]),
+        );
         let mut b = Allocations::default();
-        b.define(&hosts(&["db.example.com"]));
-        b.define(&hosts(&["api.example.com", "db.example.com"]));
+        b.define(Owner::Entries, &hosts(&["db.example.com"]));
+        b.define(
+            Owner::Entries,
+            &hosts(&["api.example.com", "db.example.com"]),
+        );
         for host in ["api.example.com", "db.example.com"] {
             assert_eq!(a.addresses(host), b.addresses(host), "{host}");
         }
@@ -183,27 +197,27 @@ mod tests {
     #[test]
     fn a_host_removed_and_defined_again_gets_its_address_back() {
         let mut a = Allocations::default();
-        a.define(&hosts(&["api.example.com"]));
+        a.define(Owner::Entries, &hosts(&["api.example.com"]));
         let first = a.addresses("api.example.com");
-        a.define(&hosts(&[]));
+        a.define(Owner::Entries, &hosts(&[]));
         assert_eq!(
             a.addresses("api.example.com"),
             None,
             "not served while gone"
         );
-        a.define(&hosts(&["api.example.com"]));
+        a.define(Owner::Entries, &hosts(&["api.example.com"]));
         assert_eq!(a.addresses("api.example.com"), first);
     }
 
     #[test]
     fn restored_slots_are_kept_and_collisions_probe_past_them() {
         let mut fresh = Allocations::default();
-        fresh.define(&hosts(&["a.example.com"]));
+        fresh.define(Owner::Entries, &hosts(&["a.example.com"]));
         let [v4, _] = fresh.addresses("a.example.com").unwrap();
         let preferred = slot_of(v4).unwrap();
         // Another host saved in a's preferred slot keeps it; a probes on.
         let mut a = Allocations::restore([(Hostname::from("z.example.com"), preferred)]);
-        a.define(&hosts(&["a.example.com", "z.example.com"]));
+        a.define(Owner::Entries, &hosts(&["a.example.com", "z.example.com"]));
         assert_eq!(
             a.addresses("z.example.com"),
             Some(slot_addresses(preferred))
@@ -225,7 +239,7 @@ mod tests {
         assert!(!a.claim(&y, 0x0909), "held by x");
         assert!(a.claim(&x, 0x0a0a), "moved");
         assert!(a.claim(&y, 0x0909), "free again");
-        a.define(&hosts(&["x.example.com", "y.example.com"]));
+        a.define(Owner::Entries, &hosts(&["x.example.com", "y.example.com"]));
         assert_eq!(a.addresses("x.example.com"), Some(slot_addresses(0x0a0a)));
         assert_eq!(a.addresses("y.example.com"), Some(slot_addresses(0x0909)));
     }
@@ -234,7 +248,7 @@ mod tests {
     fn a_full_range_reuses_the_slots_of_hosts_gone() {
         let entries = (1..=SLOTS as u16).map(|s| (Hostname::from(format!("h{s}.gone")), s));
         let mut a = Allocations::restore(entries);
-        a.define(&hosts(&["new.example.com"]));
+        a.define(Owner::Entries, &hosts(&["new.example.com"]));
         assert!(a.addresses("new.example.com").is_some());
     }
 }

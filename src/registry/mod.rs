@@ -7,6 +7,7 @@
 mod convert;
 mod intern;
 pub mod objects;
+mod pod_services;
 mod pods;
 mod publish;
 mod saved;
@@ -253,6 +254,7 @@ impl ClusterRegistry {
             change
                 .credentials
                 .extend(mesh.credentials.remove_cluster(&self.id));
+            pod_services::sync(mesh, &mut change);
             change
         });
         self.emit(change);

@@ -14,7 +14,7 @@ use tracing::warn;
 
 use crate::istio::service_entry::{Location, Resolution as SeResolution, WorkloadEntry};
 use crate::istio::{ConfigKind, ConfigObject, Origin, ServiceEntry, Spec};
-use crate::model::allocation::slot_of;
+use crate::model::allocation::{slot_of, Owner};
 use crate::model::{
     canonical, Change, ClusterId, DnsTarget, Endpoint, Health, Hostname, Locality, MeshNaming,
     MeshSnapshot, Protocol, Provider, PushNeed, Registry, Resolution, Service, ServicePort,
@@ -67,7 +67,7 @@ pub fn sync(mesh: &mut MeshSnapshot, naming: &MeshNaming, change: &mut Change) {
         }
     }
     let wanting: BTreeSet<Hostname> = wanting.into_keys().collect();
-    mesh.allocations.define(&wanting);
+    mesh.allocations.define(Owner::Entries, &wanting);
     for host in &wanting {
         if let (Some((service, _)), Some(addresses)) =
             (desired.get_mut(host), mesh.allocations.addresses(host))

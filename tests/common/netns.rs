@@ -218,3 +218,56 @@ pub fn plug(lan: &Netns, bridge: &str, ns: &Netns, ifname: &str, cidr: &str) {
     ns.run("ip", &["addr", "add", cidr, "dev", ifname]);
     ns.run("ip", &["link", "set", ifname, "up"]);
 }
+
+/// `/etc/netns/<name>/resolv.conf`, which `ip netns exec` shows the namespace's programs as
+/// /etc/resolv.conf (a pod's: the cluster DNS address, its namespace's search path); removed on
+/// drop.
+pub struct ResolvConf(std::path::PathBuf);
+
+impl ResolvConf {
+    pub fn write(netns: &str, nameserver: &str, namespace: &str) -> Self {
+        let dir = std::path::PathBuf::from("/etc/netns").join(netns);
+        std::fs::create_dir_all(&dir).expect("/etc/netns/<name>");
+        std::fs::write(
+            dir.join("resolv.conf"),
+            format!(
+                "nameserver {nameserver}\nsearch {namespace}.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+            ),
+        )
+        .expect("resolv.conf");
+        Self(dir)
+    }
+}
+
+impl Drop for ResolvConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Netns {
+    /// Istio's DNS capture: the application's (`uid`'s) queries to port 53 go to the agent's 15053.
+    pub fn capture_dns(&self, uid: &str) {
+        self.run(
+            "iptables",
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "udp",
+                "--dport",
+                "53",
+                "-m",
+                "owner",
+                "--uid-owner",
+                uid,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15053",
+            ],
+        );
+    }
+}

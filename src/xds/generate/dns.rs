@@ -9,7 +9,9 @@
 //!   2001:2::/48); without capture the agent never asks, so nothing is lost.
 //! - A headless service resolves to its ready endpoints on the proxy's network, in every cluster;
 //!   each endpoint with a DNS hostname (a StatefulSet pod) also gets
-//!   `<hostname>.<service>.<namespace>.svc.<domain>`, the proxy's own cluster first.
+//!   `<hostname>.<service>.<namespace>.svc.<domain>`, the proxy's own cluster first. A pod on a
+//!   network with a gateway is also a service of its own (`registry/pod_services`), so its name
+//!   resolves, elsewhere, to that service's allocated address, reached through the gateway.
 //! - Kubernetes services carry `shortname` and `namespace`, from which the agent answers the
 //!   search-path forms (`name`, `name.namespace`, …); a Kubernetes service wins over a
 //!   ServiceEntry of the same host; wildcard hosts are left out.
