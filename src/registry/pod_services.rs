@@ -114,3 +114,135 @@ fn pod_service(headless: &Service, label: &str, hostname: Hostname) -> Service {
         auto_addresses: Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Health, Locality, Protocol, ServiceKey, ServicePort, TlsMode};
+
+    fn service(name: &str, resolution: Resolution, labels: &[(&str, &str)]) -> Service {
+        Service {
+            hostname: format!("{name}.shop.svc.cluster.local").into(),
+            name: name.into(),
+            namespace: "shop".into(),
+            registry: crate::model::Registry::Kubernetes,
+            ports: vec![ServicePort {
+                name: "tcp".into(),
+                port: 5432,
+                protocol: Protocol::Tcp,
+                target_port: None,
+            }],
+            cluster_vips: BTreeMap::new(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            resolution,
+            dns_targets: Vec::new(),
+            external_addresses: Vec::new(),
+            mesh_external: false,
+            export_to: Vec::new(),
+            subject_alt_names: Vec::new(),
+            auto_addresses: Vec::new(),
+        }
+    }
+
+    fn pod(address: &str, hostname: &str, network: &str) -> Endpoint {
+        Endpoint {
+            address: address.parse().unwrap(),
+            port: 5432,
+            service_port_name: "tcp".into(),
+            labels: Default::default(),
+            service_account: "spiffe://cluster.local/ns/shop/sa/db".into(),
+            network: network.into(),
+            locality: Locality::default().into(),
+            cluster_id: ClusterId::new("west"),
+            tls_mode: TlsMode::Istio,
+            health: Health::Healthy,
+            workload: hostname.into(),
+            weight: 1,
+            hostname: Some(hostname.into()),
+        }
+    }
+
+    /// A mesh whose network2 has a gateway, and a headless `db` with pods on `networks`.
+    fn mesh(networks: &[&str]) -> MeshSnapshot {
+        let mut mesh = MeshSnapshot::default();
+        let west = ClusterId::new("west");
+        let mut gateway = service(
+            "eastwestgateway",
+            Resolution::ClientSideLb,
+            &[("topology.istio.io/network", "network2")],
+        );
+        gateway.external_addresses = vec!["192.0.2.1".parse().unwrap()];
+        mesh.services.upsert(&west, gateway);
+        mesh.refresh_gateways();
+        let db = service("db", Resolution::Passthrough, &[]);
+        let key = db.key();
+        mesh.services.upsert(&west, db);
+        let pods = networks
+            .iter()
+            .enumerate()
+            .map(|(i, net)| pod(&format!("10.2.0.{i}"), &format!("db-{i}"), net))
+            .collect();
+        let shard = ShardKey {
+            provider: Provider::Kubernetes,
+            cluster: west,
+        };
+        mesh.endpoints.update(&key, &shard, canonical(pods));
+        mesh
+    }
+
+    #[test]
+    fn a_pod_on_a_network_with_a_gateway_is_a_service_of_its_own() {
+        let mut mesh = mesh(&["network2", "network3", ""]);
+        let mut change = Change::default();
+        sync(&mut mesh, &mut change);
+        let host = "db-0.db.shop.svc.cluster.local";
+        let service = mesh.services.get(host).expect("db-0's service");
+        assert_eq!(service.resolution, Resolution::ClientSideLb);
+        assert_eq!(service.name, "db-0.db");
+        assert!(service.auto_addresses[0]
+            .to_string()
+            .starts_with("240.240."));
+        let key = ServiceKey {
+            hostname: host.into(),
+            namespace: "shop".into(),
+        };
+        let endpoints: Vec<_> = mesh
+            .endpoints
+            .get(&key)
+            .unwrap()
+            .endpoints()
+            .cloned()
+            .collect();
+        assert_eq!(endpoints.len(), 1);
+        assert_eq!(endpoints[0].address.to_string(), "10.2.0.0");
+        assert!(change.full && change.services.contains(host));
+        // No gateway for network3, no network at all: nothing to reach through.
+        assert!(mesh
+            .services
+            .get("db-1.db.shop.svc.cluster.local")
+            .is_none());
+        assert!(mesh
+            .services
+            .get("db-2.db.shop.svc.cluster.local")
+            .is_none());
+
+        // The pod goes: so does its service.
+        let db = ServiceKey {
+            hostname: "db.shop.svc.cluster.local".into(),
+            namespace: "shop".into(),
+        };
+        let shard = ShardKey {
+            provider: Provider::Kubernetes,
+            cluster: ClusterId::new("west"),
+        };
+        mesh.endpoints.update(&db, &shard, canonical(Vec::new()));
+        let mut change = Change::default();
+        sync(&mut mesh, &mut change);
+        assert!(mesh.services.get(host).is_none());
+        assert!(mesh.endpoints.get(&key).is_none());
+        assert!(change.full && change.services.contains(host));
+    }
+}
