@@ -73,9 +73,29 @@ async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
     std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
     std::fs::write(dir.path().join("config/reviews.yaml"), REVIEWS_RULE).unwrap();
+    // And one a user forgot to name: refused, its kind still shown.
+    std::fs::write(
+        dir.path().join("config/nameless.yaml"),
+        REVIEWS_RULE.replace("  name: reviews\n", ""),
+    )
+    .unwrap();
     let mp = start_meshpilot(dir.path(), &[]).await;
 
     let configz = get_json(mp.http_addr, "/debug/configz").await;
+    let nameless = configz
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["status"] == "refused")
+        .unwrap_or_else(|| panic!("{configz}"));
+    assert_eq!(nameless["kind"], "DestinationRule", "{nameless}");
+    assert!(
+        nameless["error"]
+            .as_str()
+            .unwrap()
+            .contains("without metadata.name"),
+        "{nameless}"
+    );
     let rule = configz
         .as_array()
         .unwrap()

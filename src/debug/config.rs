@@ -43,7 +43,7 @@ pub(super) fn configz(state: &DebugContext) -> Value {
         .collect();
     out.extend(config.refusals().map(|(source, refusal)| {
         serde_json::json!({
-            "kind": refusal.key.as_ref().map(|k| k.kind),
+            "kind": refusal.kind,
             "metadata": {
                 "name": refusal.key.as_ref().map(|k| &k.name),
                 "namespace": refusal.key.as_ref().map(|k| &k.namespace),

@@ -227,8 +227,9 @@ pub struct ConfigObject {
 /// Why an object is refused; names the object and, where known, the field.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("{0}")]
-    Shape(String),
+    /// The object of this kind cannot even be named (no `metadata.name`).
+    #[error("{0} without metadata.name")]
+    Unnamed(ConfigKind),
     #[error("{}: {error}", clip(&.key.to_string()))]
     Invalid {
         key: ConfigKey,
@@ -256,7 +257,7 @@ impl ConfigObject {
         let metadata = &value["metadata"];
         let name = metadata["name"].as_str().unwrap_or_default();
         if name.is_empty() {
-            return Err(ConfigError::Shape(format!("{kind} without metadata.name")));
+            return Err(ConfigError::Unnamed(kind));
         }
         // As `kubectl apply` without `-n`: Istio's samples name no namespace.
         let namespace = match metadata["namespace"].as_str() {

@@ -231,16 +231,19 @@ impl ConfigFiles {
                     objects.insert(object.key.clone(), Arc::new(object));
                 }
                 Some(Err(e)) => {
-                    let key = match &e {
-                        ConfigError::Invalid { key, .. } => Some(key.clone()),
-                        ConfigError::Shape(_) => None,
+                    let (key, kind) = match &e {
+                        ConfigError::Invalid { key, .. } => (Some(key.clone()), Some(key.kind)),
+                        ConfigError::Unnamed(kind) => (None, Some(*kind)),
                     };
                     let error = format!("{unit}: document {document}: {e}");
                     error!(%error, "config object refused; keeping its last good version");
                     if let Some(last_good) = key.as_ref().and_then(|k| state.objects.get(k)) {
                         objects.insert(last_good.key.clone(), last_good.clone());
                     }
-                    refused.push(refusal(key, &unit, document, error));
+                    refused.push(Refusal {
+                        kind,
+                        ..refusal(key, &unit, document, error)
+                    });
                 }
             }
         }
@@ -251,6 +254,7 @@ impl ConfigFiles {
 
 fn refusal(key: Option<ConfigKey>, path: &str, document: usize, error: String) -> Refusal {
     Refusal {
+        kind: key.as_ref().map(|k| k.kind),
         key,
         origin: Origin::File {
             path: path.to_string(),

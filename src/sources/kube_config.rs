@@ -211,10 +211,11 @@ fn convert(cluster: &ClusterId, object: &DynamicObject) -> Option<(ConfigKey, Co
         Err(e) => {
             let key = match &e {
                 ConfigError::Invalid { key, .. } => key.clone(),
-                ConfigError::Shape(_) => return None,
+                ConfigError::Unnamed(_) => return None,
             };
             error!(error = %e, %origin, "config object refused; keeping its last good version");
             let refusal = Refusal {
+                kind: Some(key.kind),
                 key: Some(key.clone()),
                 origin,
                 error: e.to_string(),

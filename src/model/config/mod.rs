@@ -49,6 +49,8 @@ pub enum ConfigChange {
 pub struct Refusal {
     /// The object, when it got far enough to be named.
     pub key: Option<ConfigKey>,
+    /// Its kind, also when it could not be named.
+    pub kind: Option<ConfigKind>,
     pub origin: Origin,
     pub error: String,
 }
