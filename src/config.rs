@@ -279,10 +279,10 @@ impl DiscoveryArgs {
 }
 
 /// The XDG state directory (`$XDG_STATE_HOME`, by default `~/.local/state`) + `meshpilot`, and
-/// with a config dir a subdirectory of its own (`<dir name>-<hash of its path>`), so meshes served
-/// from different config dirs keep apart and keys stay out of config trees (which are often
-/// repositories). Relative values of the variables are ignored, as the XDG spec says; with no home
-/// at all, `<config-dir>/.meshpilot`.
+/// with a config dir a subdirectory of its own (`<dir name>-<hash of its canonical path>`), so
+/// meshes served from different config dirs keep apart and keys stay out of config trees (which
+/// are often repositories). Relative values of the variables are ignored, as the XDG spec says;
+/// with no home at all, or where earlier releases already keep state, `<config-dir>/.meshpilot`.
 fn default_state_dir(
     config_dir: Option<&Path>,
     xdg_state_home: Option<OsString>,
@@ -296,10 +296,16 @@ fn default_state_dir(
     let Some(dir) = config_dir else {
         return base;
     };
-    let Some(base) = base else {
-        return Some(dir.join(".meshpilot"));
+    // Where earlier releases kept state: an installation that has it keeps its root and snapshots.
+    let legacy = dir.join(".meshpilot");
+    let Some(base) = base.filter(|_| !legacy.is_dir()) else {
+        return Some(legacy);
     };
-    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    // One directory, however its path is spelled (`mesh`, `./mesh/`, a symlink to it).
+    let dir = dir
+        .canonicalize()
+        .or_else(|_| std::path::absolute(dir))
+        .unwrap_or_else(|_| dir.to_path_buf());
     let name = dir
         .file_name()
         .map(|n| {

@@ -54,6 +54,21 @@ enum Command {
     Doctor(Box<DoctorArgs>),
 }
 
+/// An error's message followed by each cause whose text it does not already contain.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let part = e.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = e.source();
+    }
+    text
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -74,9 +89,9 @@ async fn main() -> anyhow::Result<()> {
             let stop = shutdown_signal()?;
             let running = match meshpilot::app::start(*args).await {
                 Ok(running) => running,
-                // Each error's message carries its causes: printed once, on one line.
+                // One line: the message, and the causes it does not already say.
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", with_causes(&e));
                     std::process::exit(1);
                 }
             };

@@ -82,27 +82,19 @@ async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
     let mp = start_meshpilot(dir.path(), &[]).await;
 
     let configz = get_json(mp.http_addr, "/debug/configz").await;
-    let nameless = configz
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["status"] == "refused")
-        .unwrap_or_else(|| panic!("{configz}"));
-    assert_eq!(nameless["kind"], "DestinationRule", "{nameless}");
-    assert!(
-        nameless["error"]
-            .as_str()
+    let rule_with = |status: &str| {
+        configz
+            .as_array()
             .unwrap()
-            .contains("without metadata.name"),
-        "{nameless}"
-    );
-    let rule = configz
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["kind"] == "DestinationRule")
-        .unwrap_or_else(|| panic!("{configz}"));
-    assert_eq!(rule["status"], "accepted", "{rule}");
+            .iter()
+            .find(|o| o["kind"] == "DestinationRule" && o["status"] == status)
+            .unwrap_or_else(|| panic!("no {status} DestinationRule: {configz}"))
+            .clone()
+    };
+    let nameless = rule_with("refused");
+    let error = nameless["error"].as_str().unwrap();
+    assert!(error.contains("without metadata.name"), "{nameless}");
+    let rule = rule_with("accepted");
     assert_eq!(rule["metadata"]["namespace"], "default");
 
     let mut ads = productpage_clusters(&mp).await;

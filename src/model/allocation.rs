@@ -93,23 +93,42 @@ impl Allocations {
         self.by_host.iter().map(|(h, s)| (h, *s))
     }
 
+    /// Whether `owner` defines any host now.
+    pub fn defines_any(&self, owner: Owner) -> bool {
+        !self.wanted[owner as usize].is_empty()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_host.is_empty()
+    }
+
     pub fn version(&self) -> u64 {
         self.version
     }
 
-    /// Gives `host` the slot recorded for it elsewhere (a ServiceEntry's status), unless another
-    /// host holds that slot; returns whether the host holds it now.
+    /// Gives `host` the slot recorded for it elsewhere (a ServiceEntry's status), unless a host
+    /// defined now holds that slot (one no longer defined gives it up: the record is the leader's
+    /// word); returns whether the host holds it now.
     pub fn claim(&mut self, host: &Hostname, slot: u16) -> bool {
         if !(1..=SLOTS).contains(&u32::from(slot)) {
             return false;
         }
-        match self.by_host.get(host) {
-            Some(held) if *held == slot => return true,
-            _ if self.taken.contains(&slot) => return false,
-            Some(held) => {
-                self.taken.remove(held);
+        if self.by_host.get(host) == Some(&slot) {
+            return true;
+        }
+        if self.taken.contains(&slot) {
+            let holder = self.by_host.iter().find(|(_, s)| **s == slot);
+            let Some(holder) = holder.map(|(h, _)| h.clone()) else {
+                return false;
+            };
+            if self.wanted(&holder) {
+                return false;
             }
-            None => {}
+            self.by_host.remove(&holder);
+            self.taken.remove(&slot);
+        }
+        if let Some(held) = self.by_host.get(host) {
+            self.taken.remove(held);
         }
         self.by_host.insert(host.clone(), slot);
         self.taken.insert(slot);
@@ -120,7 +139,10 @@ impl Allocations {
     /// Makes `wanted` the hosts `owner` defines now, giving a slot to each that has none. Hosts are
     /// served in name order, so two replicas starting from the same state agree.
     pub fn define(&mut self, owner: Owner, wanted: &BTreeSet<Hostname>) {
-        self.wanted[owner as usize] = wanted.iter().cloned().collect();
+        let held = &self.wanted[owner as usize];
+        if held.len() != wanted.len() || !held.iter().eq(wanted.iter()) {
+            self.wanted[owner as usize] = wanted.iter().cloned().collect();
+        }
         for host in wanted {
             if self.by_host.contains_key(host) {
                 continue;
@@ -236,11 +258,18 @@ mod tests {
         );
         assert!(a.claim(&x, 0x0909));
         assert!(a.claim(&x, 0x0909), "again: still held");
-        assert!(!a.claim(&y, 0x0909), "held by x");
+        a.define(Owner::Entries, &hosts(&["x.example.com"]));
+        assert!(!a.claim(&y, 0x0909), "held by x, defined now");
         assert!(a.claim(&x, 0x0a0a), "moved");
         assert!(a.claim(&y, 0x0909), "free again");
+        a.define(Owner::Entries, &hosts(&["y.example.com"]));
+        assert!(
+            a.claim(&Hostname::from("z.example.com"), 0x0a0a),
+            "x is gone: z takes its slot"
+        );
+        assert!(a.claim(&x, 0x0a0b));
         a.define(Owner::Entries, &hosts(&["x.example.com", "y.example.com"]));
-        assert_eq!(a.addresses("x.example.com"), Some(slot_addresses(0x0a0a)));
+        assert_eq!(a.addresses("x.example.com"), Some(slot_addresses(0x0a0b)));
         assert_eq!(a.addresses("y.example.com"), Some(slot_addresses(0x0909)));
     }
 

@@ -29,8 +29,17 @@ fn shard() -> ShardKey {
 }
 
 /// Brings the pod services in line with the headless services' endpoints; what changed goes into
-/// `change` (a new or gone pod service is a full push).
+/// `change` (a new or gone pod service is a full push). Costs nothing when the change touched no
+/// headless service and there are no pod services (a gateway arriving lists every service).
 pub fn sync(mesh: &mut MeshSnapshot, change: &mut Change) {
+    let headless_touched = change.services.iter().any(|host| {
+        mesh.services
+            .get(host)
+            .is_some_and(|s| s.resolution == Resolution::Passthrough)
+    });
+    if !headless_touched && !mesh.allocations.defines_any(Owner::Pods) {
+        return;
+    }
     let desired = desired(mesh);
     let hosts: BTreeSet<Hostname> = desired.keys().cloned().collect();
     mesh.allocations.define(Owner::Pods, &hosts);
@@ -194,9 +203,22 @@ mod tests {
     }
 
     #[test]
+    fn nothing_is_derived_when_no_headless_service_changed() {
+        let mut mesh = mesh(&["network2"]);
+        let mut change = Change::default();
+        sync(&mut mesh, &mut change);
+        assert!(mesh
+            .services
+            .get("db-0.db.shop.svc.cluster.local")
+            .is_none());
+        assert!(change.is_empty());
+    }
+
+    #[test]
     fn a_pod_on_a_network_with_a_gateway_is_a_service_of_its_own() {
         let mut mesh = mesh(&["network2", "network3", ""]);
-        let mut change = Change::default();
+        // The registry's change names the headless service whose endpoints it wrote.
+        let mut change = Change::endpoints(["db.shop.svc.cluster.local".into()].into());
         sync(&mut mesh, &mut change);
         let host = "db-0.db.shop.svc.cluster.local";
         let service = mesh.services.get(host).expect("db-0's service");

@@ -54,9 +54,7 @@ impl ClusterRegistry {
                 change.services.extend(mesh.endpoints.hostnames().cloned());
             }
             self.write_secrets(&store, &secrets, mesh, &mut change);
-            if !change.services.is_empty() {
-                super::pod_services::sync(mesh, &mut change);
-            }
+            super::pod_services::sync(mesh, &mut change);
             change
         });
         drop(store);

@@ -254,7 +254,7 @@ fn service(
 
 /// Istio's rule for allocation: a host that is no wildcard, of an entry without `addresses` whose
 /// resolution can honour an address (not NONE), unless the entry opts out.
-fn wants_addresses(object: &ConfigObject, entry: &ServiceEntry, host: &str) -> bool {
+pub fn wants_addresses(object: &ConfigObject, entry: &ServiceEntry, host: &str) -> bool {
     let opted_out = object
         .meta
         .labels

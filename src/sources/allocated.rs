@@ -97,8 +97,11 @@ impl AllocatedFile {
         if let Some(dir) = self.path.parent() {
             tokio::fs::create_dir_all(dir).await?;
         }
+        // Written whole and synced before it replaces the last: a crash leaves one or the other.
         let tmp = self.path.with_extension("json.tmp");
-        tokio::fs::write(&tmp, text).await?;
+        let mut file = tokio::fs::File::create(&tmp).await?;
+        tokio::io::AsyncWriteExt::write_all(&mut file, text.as_bytes()).await?;
+        file.sync_all().await?;
         tokio::fs::rename(&tmp, &self.path).await
     }
 

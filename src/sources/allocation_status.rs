@@ -16,9 +16,14 @@ use tracing::{debug, warn};
 use crate::istio::service_entry::StatusAddress;
 use crate::istio::{ConfigKind, ConfigObject, Origin, Spec};
 use crate::model::{ClusterId, Mesh, MeshSnapshot};
+use crate::registry::service_entries;
 
 /// How often the leader compares what entries record with what is allocated: one snapshot load.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// After a pass that could not write everything (no permission, the API server away): its errors
+/// are logged once a pass, so passes are spaced out.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Keeps the config cluster's ServiceEntries' `status.addresses` current while this replica leads.
 pub fn keep(client: Client, cluster: ClusterId, mesh: Arc<Mesh>) -> JoinHandle<()> {
@@ -40,9 +45,13 @@ pub fn keep(client: Client, cluster: ClusterId, mesh: Arc<Mesh>) -> JoinHandle<(
                 resource =
                     super::kube_config::served_version(&client, ConfigKind::ServiceEntry).await;
             }
-            let Some(resource) = &resource else { continue };
-            if write_all(&client, resource, &cluster, &snapshot).await {
-                done = Some(versions);
+            let written = match &resource {
+                Some(resource) => write_all(&client, resource, &cluster, &snapshot).await,
+                None => false,
+            };
+            match written {
+                true => done = Some(versions),
+                false => tokio::time::sleep(RETRY_AFTER).await,
             }
         }
     })
@@ -87,7 +96,8 @@ async fn write_all(
     all
 }
 
-/// The addresses an entry's status should record, when they differ from what it records.
+/// The addresses an entry's status should record, when they differ from what it records: those
+/// of its hosts, when the entry asks for allocation at all.
 fn wanted(object: &ConfigObject, snapshot: &MeshSnapshot) -> Option<Vec<StatusAddress>> {
     let Spec::ServiceEntry(entry) = &object.spec else {
         return None;
@@ -95,6 +105,7 @@ fn wanted(object: &ConfigObject, snapshot: &MeshSnapshot) -> Option<Vec<StatusAd
     let wanted: Vec<StatusAddress> = entry
         .hosts
         .iter()
+        .filter(|host| service_entries::wants_addresses(object, entry, host))
         .flat_map(|host| {
             let qualified = snapshot.config.qualify(host, &object.key.namespace);
             let addresses = snapshot.allocations.addresses(&qualified);

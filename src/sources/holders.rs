@@ -1,6 +1,7 @@
 //! Which files hold each object, for sources reading objects from many files. When several files
-//! hold one key, the first to hold it serves it (istiod's rule for conflicting config: the oldest
-//! wins); at start files arrive in path order. The others are duplicates, reported by the source.
+//! hold one key, the first to hold it serves it (istiod orders conflicting config oldest first;
+//! a file's objects carry no creation time, so holding first stands for it); at start files
+//! arrive in path order. The others are duplicates, reported by the source.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -31,9 +32,9 @@ impl<K: Hash + Eq + Clone> Holders<K> {
     ) where
         K: 'k,
     {
-        let current: Vec<&K> = current.into_iter().collect();
+        let current: HashSet<&K> = current.into_iter().collect();
         for key in old {
-            if current.contains(&&key) {
+            if current.contains(&key) {
                 affected.insert(key);
                 continue;
             }

@@ -35,7 +35,15 @@ const CLUSTERSET_SUFFIX: &str = ".clusterset.local";
 /// The proxy's table, one unnamed resource as istiod sends it; built once per snapshot for every
 /// proxy that sees the same (cluster, network, scope, allocated addresses).
 pub(super) fn table(g: &Generation<'_>) -> Option<Arc<Resource>> {
-    let variant = g.variant_of(&(g.cluster_id(), &*g.proxy.network, g.list_scope()));
+    // What the table reads of the proxy: its cluster (which VIPs), network (which pods), the
+    // services it sees (namespace where that varies, its Sidecar), its allocated addresses.
+    let namespace = match g.sees_by_namespace() {
+        true => &*g.proxy.namespace,
+        false => "",
+    };
+    let sidecar = g.sidecar_scope().map(|s| &s.key);
+    let traits = (namespace, sidecar, g.allocated_view());
+    let variant = g.variant_of(&(g.cluster_id(), &*g.proxy.network, traits));
     let stamp = [
         g.services_version(),
         g.mesh.endpoints.version(),
@@ -48,35 +56,26 @@ pub(super) fn table(g: &Generation<'_>) -> Option<Arc<Resource>> {
         })
 }
 
-/// The table for one proxy.
+/// The table for one proxy. The service table holds one service per host (a Kubernetes service
+/// already wins over a ServiceEntry of its host there); the names of headless pods on the
+/// proxy's network come last and win over a pod's own service (`registry/pod_services`), whose
+/// allocated address is for proxies elsewhere.
 pub(super) fn build(g: &Generation<'_>) -> NameTable {
     let mut table = BTreeMap::new();
+    let mut pods = BTreeMap::new();
     for service in g.routable_services() {
         if service.hostname.starts_with('*') {
             continue;
         }
         let addresses = match service.resolution {
-            Resolution::Passthrough => headless(g, &service, &mut table),
+            Resolution::Passthrough => headless(g, &service, &mut pods),
             _ => g.service_addresses(&service),
         };
-        if addresses.is_empty() {
-            continue;
-        }
-        let info = info(&service, addresses);
-        match table.get_mut(&*service.hostname) {
-            None => {
-                table.insert(service.hostname.to_string(), info);
-            }
-            Some(held) if held.registry != Registry::Kubernetes.as_str() => {
-                if service.registry == Registry::Kubernetes {
-                    *held = info;
-                } else {
-                    held.ips.extend(info.ips);
-                }
-            }
-            Some(_) => {}
+        if !addresses.is_empty() {
+            table.insert(service.hostname.to_string(), info(&service, addresses));
         }
     }
+    table.extend(pods.into_iter().map(|(name, (_, info))| (name, info)));
     NameTable {
         table,
         name_info: None,
@@ -100,11 +99,12 @@ fn info(service: &Service, addresses: Vec<IpAddr>) -> NameInfo {
 }
 
 /// A headless service's ready endpoints on the proxy's network (the name's addresses), after
-/// entering each one's own name in `table`.
+/// entering each one's own name in `pods` (with whether it is of the proxy's own cluster, which
+/// wins when two clusters have one name).
 fn headless(
     g: &Generation<'_>,
     service: &Service,
-    table: &mut BTreeMap<String, NameInfo>,
+    pods: &mut BTreeMap<String, (bool, NameInfo)>,
 ) -> Vec<IpAddr> {
     let Some(shards) = g.mesh.endpoints.get(&service.key()) else {
         return Vec::new();
@@ -113,36 +113,30 @@ fn headless(
     let Some(domain) = service.hostname.find('.').map(|i| &service.hostname[i..]) else {
         return Vec::new();
     };
+    let network = &g.proxy.network;
     let mut addresses = Vec::new();
-    let mut named_here = Vec::new();
     for ep in shards.endpoints() {
-        let network = &g.proxy.network;
         let local = network.is_empty() || ep.network.is_empty() || ep.network == *network;
         if ep.health != Health::Healthy || !local {
             continue;
         }
-        if !addresses.contains(&ep.address) {
-            addresses.push(ep.address);
-        }
+        addresses.push(ep.address);
         let Some(label) = ep.hostname.as_deref().filter(|h| is_dns_label(h)) else {
             continue;
         };
-        let name = format!("{label}.{}{domain}", service.name);
         let own_cluster = ep.cluster_id.as_str() == g.cluster_id();
-        if table.contains_key(&name) && (!own_cluster || named_here.contains(&name)) {
+        let name = format!("{label}.{}{domain}", service.name);
+        if pods.get(&name).is_some_and(|(own, _)| *own || !own_cluster) {
             continue;
         }
-        if own_cluster {
-            named_here.push(name.clone());
-        }
-        let short = format!("{label}.{}", service.name);
         let mut info = info(service, vec![ep.address]);
         if !info.shortname.is_empty() {
-            info.shortname = short;
+            info.shortname = format!("{label}.{}", service.name);
         }
-        table.insert(name, info);
+        pods.insert(name, (own_cluster, info));
     }
     addresses.sort();
+    addresses.dedup();
     addresses
 }
 

@@ -110,7 +110,7 @@ impl Generation<'_> {
     /// What of the proxy decides which allocated addresses it uses (see `service_addresses`): its
     /// IP families, when its agent captures DNS and some host has allocated addresses.
     pub(super) fn allocated_view(&self) -> Option<(bool, bool)> {
-        let uses = self.proxy.dns_capture && self.mesh.allocations.entries().next().is_some();
+        let uses = self.proxy.dns_capture && !self.mesh.allocations.is_empty();
         uses.then(|| {
             let v4 = self.proxy.ips.iter().any(|ip| ip.is_ipv4());
             (v4, self.proxy.ips.iter().any(|ip| ip.is_ipv6()))
@@ -193,15 +193,8 @@ impl Generation<'_> {
     /// Traits of a wildcard list: the proxy's namespace matters once rules, export limits or a
     /// Sidecar do, and the Sidecar that applies.
     pub(super) fn list_scope(&self) -> ListScope<'_> {
-        let config = &self.mesh.config;
         let sidecar = self.sidecar_scope().map(|s| &s.key);
-        let exports_limited = self.mesh.services.explicit_exports() > 0
-            || !config
-                .mesh()
-                .default_service_export_to
-                .iter()
-                .any(|e| e == "*");
-        let by_namespace = config.has_destination_rules() || exports_limited || sidecar.is_some();
+        let by_namespace = self.mesh.config.has_destination_rules() || self.sees_by_namespace();
         ListScope {
             namespace: match by_namespace {
                 true => &self.proxy.namespace,
@@ -209,8 +202,22 @@ impl Generation<'_> {
             },
             sidecar,
             labels: self.rule_labels(),
-            allocated: self.allocated_view(),
         }
+    }
+
+    /// Whether which services the proxy sees depends on its namespace: some service limits its
+    /// export, the mesh's default does, or a Sidecar applies.
+    pub(super) fn sees_by_namespace(&self) -> bool {
+        let default_export = &self.mesh_config().default_service_export_to;
+        self.mesh.services.explicit_exports() > 0
+            || !default_export.iter().any(|e| e == "*")
+            || self.sidecar_scope().is_some()
+    }
+
+    /// The cache variant of listeners shared by proxies of one kind: its cluster (which VIPs),
+    /// list scope and the allocated addresses it matches.
+    pub(super) fn listener_variant(&self) -> u64 {
+        self.variant_of(&(self.cluster_id(), self.list_scope(), self.allocated_view()))
     }
 
     /// Which generator builds the proxy's configuration; None for a client that is no proxy (a
@@ -243,10 +250,13 @@ impl Generation<'_> {
         &self,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
     ) -> Arc<SharedList> {
-        let variant = self.variant_of(&(self.cluster_id(), self.list_scope()));
         let stamp = [self.services_version(), 0, 0, self.config_version()];
-        self.cache
-            .list(ResourceType::Listener, variant, stamp, build)
+        self.cache.list(
+            ResourceType::Listener,
+            self.listener_variant(),
+            stamp,
+            build,
+        )
     }
 
     /// Traits hash for cache entries that depend on where the proxy sits.
@@ -265,8 +275,6 @@ pub(super) struct ListScope<'a> {
     sidecar: Option<&'a ConfigKey>,
     /// Where a DestinationRule of the proxy's namespace selects workloads: the proxy's labels.
     labels: Option<&'a BTreeMap<String, String>>,
-    /// Which allocated addresses the proxy's listeners match.
-    allocated: Option<(bool, bool)>,
 }
 
 /// What a cluster name points at for a proxy: the service, its port, the subset (which must exist

@@ -88,11 +88,10 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_INBOUND => Some(Arc::new(inbound::virtual_inbound(g))),
         _ => {
             let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
-            let variant = g.variant_of(&(g.cluster_id(), g.list_scope()));
             g.cache.get_or_build(
                 ResourceType::Listener,
                 name,
-                variant,
+                g.listener_variant(),
                 [g.services_version(), 0, 0, g.config_version()],
                 || outbound::port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
             )
