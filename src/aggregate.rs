@@ -32,6 +32,7 @@ const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::PeerAuthentication,
     ConfigKind::AuthorizationPolicy,
     ConfigKind::RequestAuthentication,
+    ConfigKind::Telemetry,
 ];
 
 #[derive(Debug, Error)]

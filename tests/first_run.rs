@@ -349,6 +349,54 @@ async fn an_object_defined_twice_keeps_the_first_and_says_so() {
     );
 }
 
+/// A misspelt field is refused as Istio's own schema would refuse it at `kubectl apply`, with the
+/// field it meant; the rule's last good version keeps serving.
+#[tokio::test]
+async fn a_misspelt_field_is_refused_and_the_last_good_version_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    let rule = dir.path().join("config/reviews.yaml");
+    std::fs::write(&rule, REVIEWS_RULE).unwrap();
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let admin = mp.http_addr;
+
+    let typo = "  trafficPolicy:\n    loadBalancr:\n      simple: RANDOM\n";
+    write_atomic(&rule, &format!("{REVIEWS_RULE}{typo}"));
+    let refused = wait_for("the misspelt rule refused", BOUND, || async {
+        let configz = get_json(admin, "/debug/configz").await;
+        configz
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["kind"] == "DestinationRule" && o["status"] == "refused")
+            .cloned()
+    })
+    .await;
+    let error = refused["error"].as_str().unwrap();
+    for part in [
+        "reviews.yaml",
+        "trafficPolicy.loadBalancr",
+        "unknown field",
+        "did you mean loadBalancer?",
+    ] {
+        assert!(error.contains(part), "{part} in {error}");
+    }
+
+    // The version before the typo still serves its subsets.
+    let mut ads = productpage_clusters(&mp).await;
+    let clusters: Vec<String> = ads
+        .response(BOUND)
+        .await
+        .resources
+        .iter()
+        .map(|a| Cluster::decode(&a.value[..]).unwrap().name)
+        .collect();
+    let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local".to_string();
+    assert!(clusters.contains(&v2), "{clusters:?}");
+}
+
 /// The README's first command keeps its state (the CA's private key among it) in the user's state
 /// directory, not in the example's tree.
 #[tokio::test]

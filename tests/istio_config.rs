@@ -530,6 +530,101 @@ spec:
     assert!(text.contains("x-user"), "{text}");
 }
 
+/// Route features Istio users write that are easy to drop: `mirrors` (in order, a zero share
+/// skipped), the deprecated `mirrorPercent`, `uriRegexRewrite`, the deprecated CORS `allowOrigin`
+/// and `unmatchedPreflights`, each as istiod translates them.
+#[tokio::test]
+async fn mirrors_regex_rewrites_and_legacy_cors_reach_the_route() {
+    let routes = "
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: productpage, namespace: bookinfo}
+spec:
+  hosts: [productpage]
+  http:
+  - match: [{uri: {prefix: /old/}}]
+    rewrite: {uriRegexRewrite: {match: '^/old/(.*)$', rewrite: '/new/\\1'}}
+    route: [{destination: {host: productpage}}]
+  - match: [{uri: {prefix: /legacy}}]
+    mirror: {host: reviews}
+    mirror_percent: 30
+    corsPolicy: {allowOrigin: [https://a.example], unmatchedPreflights: IGNORE}
+    route: [{destination: {host: productpage}}]
+  - mirrors:
+    - {destination: {host: reviews, subset: v1}, percentage: {value: 25}}
+    - {destination: {host: reviews, subset: v3}, percentage: {value: 0}}
+    - {destination: {host: reviews}}
+    route: [{destination: {host: productpage}}]
+";
+    let files = [("rules.yaml", DESTINATION_RULE), ("routes.yaml", routes)];
+    let f = ConfigFixture::start(Source::Files, &files, FLAGS).await;
+    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    clusters(&mut ads, SIDECAR).await;
+    ads.request(DiscoveryRequest {
+        type_url: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration".into(),
+        resource_names: vec!["9080".into()],
+        ..Default::default()
+    });
+    let r = ads.response(BOUND).await;
+    let config = envoy_types::pb::envoy::config::route::v3::RouteConfiguration::decode(
+        &r.resources[0].value[..],
+    )
+    .unwrap();
+    let vhost = config
+        .virtual_hosts
+        .iter()
+        .find(|v| v.name == "productpage.bookinfo.svc.cluster.local:9080")
+        .expect("productpage's virtual host");
+    let action = |i: usize| match &vhost.routes[i].action {
+        Some(envoy_types::pb::envoy::config::route::v3::route::Action::Route(action)) => {
+            action.clone()
+        }
+        other => panic!("route {i} is {other:?}"),
+    };
+    let mirrors = |i: usize| -> Vec<(String, Option<u32>)> {
+        action(i)
+            .request_mirror_policies
+            .iter()
+            .map(|m| {
+                let share = m.runtime_fraction.as_ref().and_then(|f| f.default_value);
+                (m.cluster.clone(), share.map(|p| p.numerator))
+            })
+            .collect()
+    };
+
+    let rewrite = action(0).regex_rewrite.expect("a regex rewrite");
+    assert_eq!(rewrite.pattern.unwrap().regex, "^/old/(.*)$");
+    assert_eq!(rewrite.substitution, "/new/\\1");
+    assert_eq!(action(0).prefix_rewrite, "");
+
+    assert_eq!(
+        mirrors(1),
+        [(format!("outbound|9080||{REVIEWS}"), Some(300_000))]
+    );
+    let cors = &vhost.routes[1].typed_per_filter_config["envoy.filters.http.cors"];
+    let cors = envoy_types::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy::decode(
+        &cors.value[..],
+    )
+    .unwrap();
+    let origins = format!("{:?}", cors.allow_origin_string_match);
+    assert!(
+        origins.contains("Exact(\"https://a.example\")"),
+        "{origins}"
+    );
+    assert_eq!(
+        cors.forward_not_matching_preflights.map(|b| b.value),
+        Some(false)
+    );
+
+    assert_eq!(
+        mirrors(2),
+        [
+            (format!("outbound|9080|v1|{REVIEWS}"), Some(250_000)),
+            (format!("outbound|9080||{REVIEWS}"), None),
+        ]
+    );
+}
+
 const VM_GROUP: &str = "
 apiVersion: networking.istio.io/v1
 kind: WorkloadGroup
@@ -757,7 +852,7 @@ kind: DestinationRule
 metadata: {name: reviews-for-productpage, namespace: bookinfo}
 spec:
   host: reviews
-  workloadSelector: {labels: {app: productpage}}
+  workloadSelector: {matchLabels: {app: productpage}}
   trafficPolicy: {loadBalancer: {simple: RANDOM}}
   subsets: [{name: v9, labels: {version: v9}}]
 ";

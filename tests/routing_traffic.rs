@@ -75,6 +75,12 @@ spec:
   - match: [{uri: {prefix: /retry}}]
     retries: {attempts: 3, retryOn: 5xx}
     route: [{destination: {host: reviews, subset: v1}}]
+  - match: [{uri: {prefix: /old/}}]
+    rewrite: {uriRegexRewrite: {match: '^/old/(.*)$', rewrite: '/new/\\1'}}
+    route: [{destination: {host: reviews, subset: v1}}]
+  - match: [{uri: {prefix: /mirrored}}]
+    mirrors: [{destination: {host: reviews, subset: v2}}]
+    route: [{destination: {host: reviews, subset: v1}}]
   - match: [{uri: {prefix: /slow}}]
     timeout: 300ms
     route: [{destination: {host: reviews, subset: v1}}]
@@ -87,6 +93,7 @@ spec:
 #[derive(serde::Deserialize)]
 struct Answer {
     status: u16,
+    path: Option<String>,
     server: Option<String>,
     seconds: f64,
 }
@@ -135,72 +142,108 @@ fn by_server(answers: &[Answer]) -> BTreeMap<String, usize> {
     out
 }
 
+/// A client application behind its captured sidecar (in `default` of cluster c1) and the two
+/// versions of `reviews`, with `config` as the Istio config and `mesh` as the mesh config file.
+/// Fields drop in order: the sidecar, meshpilot, then the namespaces.
+struct Routed {
+    envoy: Envoy,
+    mp: meshpilot::app::Running,
+    dir: tempfile::TempDir,
+    _backend: Netns,
+    client: Netns,
+    _ports: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Routed {
+    async fn start(tag: &str, config: &str, mesh: &str) -> Routed {
+        let ports = sidecar_ports().await;
+        let tag = format!("{tag}{}", std::process::id() % 100_000);
+        let client = Netns::create(&format!("{tag}c"));
+        let mut backend = Netns::create(&format!("{tag}b"));
+        link(
+            None,
+            &format!("{tag}h"),
+            "10.217.1.1/30",
+            &client,
+            "ctl",
+            "10.217.1.2/30",
+        );
+        link(
+            Some(&client),
+            "data",
+            "10.217.3.1/24",
+            &backend,
+            "data",
+            &format!("{V1}/24"),
+        );
+        backend.run("ip", &["addr", "add", &format!("{V2}/24"), "dev", "data"]);
+        client.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
+        client.capture_outbound(APP_UID);
+        backend.serve_http_echo(8080);
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+        std::fs::create_dir_all(dir.path().join("config")).unwrap();
+        std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), cluster()).unwrap();
+        std::fs::write(dir.path().join("config/reviews.yaml"), config).unwrap();
+        let mesh_file = dir.path().join("mesh.yaml");
+        std::fs::write(&mesh_file, mesh).unwrap();
+        let flags = [
+            "--xds-addr",
+            "0.0.0.0:0",
+            "--mesh-config",
+            mesh_file.to_str().unwrap(),
+        ];
+        let mp = start_meshpilot(dir.path(), &flags).await;
+        let envoy = Envoy::start_with(EnvoyOptions {
+            xds: SocketAddr::new("10.217.1.1".parse().unwrap(), mp.xds_addr.port()),
+            replicas: &[],
+            node_id: "sidecar~10.217.3.1~client.default~default.svc.cluster.local",
+            metadata: &[("CLUSTER_ID", "c1")],
+            labels: &[],
+            mode: AdsMode::Sotw,
+            workload: workload_certs(&mp, "default", "client"),
+            xds_tls: None,
+            netns: Some(InNetns {
+                name: client.name.clone(),
+                ip: "10.217.1.2".parse::<IpAddr>().unwrap(),
+                host_ip: "10.217.1.1".parse().unwrap(),
+            }),
+        })
+        .await;
+        wait_for("both subsets in the sidecar", BOUND, || {
+            let envoy = &envoy;
+            async move {
+                let v1 = envoy.endpoints(&format!("outbound|8080|v1|{HOST}")).await;
+                let v2 = envoy.endpoints(&format!("outbound|8080|v2|{HOST}")).await;
+                (v1 == [format!("{V1}:8080")] && v2 == [format!("{V2}:8080")]).then_some(())
+            }
+        })
+        .await;
+        let routed = Routed {
+            envoy,
+            mp,
+            dir,
+            _backend: backend,
+            client,
+            _ports: ports,
+        };
+        wait_for("the routes in the sidecar", BOUND, || {
+            let ok = requests(&routed.client, "/", 1, &[])[0].status == 200;
+            async move { ok.then_some(()) }
+        })
+        .await;
+        routed
+    }
+}
+
 #[tokio::test]
 async fn virtual_service_routes_real_traffic() {
-    let _ports = sidecar_ports().await;
-    let tag = std::process::id() % 100_000;
-    let client = Netns::create(&format!("mprc{tag}"));
-    let mut backend = Netns::create(&format!("mprb{tag}"));
-    link(
-        None,
-        &format!("mprc{tag}h"),
-        "10.217.1.1/30",
-        &client,
-        "ctl",
-        "10.217.1.2/30",
-    );
-    link(
-        Some(&client),
-        "data",
-        "10.217.3.1/24",
-        &backend,
-        "data",
-        &format!("{V1}/24"),
-    );
-    backend.run("ip", &["addr", "add", &format!("{V2}/24"), "dev", "data"]);
-    client.run("ip", &["route", "add", "10.96.0.0/16", "dev", "data"]);
-    client.capture_outbound(APP_UID);
-    backend.serve_http_echo(8080);
-
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
-    std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), cluster()).unwrap();
-    std::fs::write(dir.path().join("config/reviews.yaml"), CONFIG).unwrap();
-    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
-    let envoy = Envoy::start_with(EnvoyOptions {
-        xds: SocketAddr::new("10.217.1.1".parse().unwrap(), mp.xds_addr.port()),
-        replicas: &[],
-        node_id: "sidecar~10.217.3.1~client.default~default.svc.cluster.local",
-        metadata: &[("CLUSTER_ID", "c1")],
-        labels: &[],
-        mode: AdsMode::Sotw,
-        workload: workload_certs(&mp, "default", "client"),
-        xds_tls: None,
-        netns: Some(InNetns {
-            name: client.name.clone(),
-            ip: "10.217.1.2".parse::<IpAddr>().unwrap(),
-            host_ip: "10.217.1.1".parse().unwrap(),
-        }),
-    })
-    .await;
-    wait_for("both subsets in the sidecar", BOUND, || {
-        let envoy = &envoy;
-        async move {
-            let v1 = envoy.endpoints(&format!("outbound|8080|v1|{HOST}")).await;
-            let v2 = envoy.endpoints(&format!("outbound|8080|v2|{HOST}")).await;
-            (v1 == [format!("{V1}:8080")] && v2 == [format!("{V2}:8080")]).then_some(())
-        }
-    })
-    .await;
-    wait_for("the routes in the sidecar", BOUND, || {
-        let ok = requests(&client, "/", 1, &[])[0].status == 200;
-        async move { ok.then_some(()) }
-    })
-    .await;
+    let routed = Routed::start("mpr", CONFIG, "").await;
+    let (client, envoy) = (&routed.client, &routed.envoy);
 
     // 90/10 over 1,000 requests: v2's share within ±5 points of 10 %.
-    let split = by_server(&requests(&client, "/", 1000, &[]));
+    let split = by_server(&requests(client, "/", 1000, &[]));
     let v2_share = *split.get(V2).unwrap_or(&0) as f64 / 10.0;
     assert!(
         (5.0..=15.0).contains(&v2_share)
@@ -209,26 +252,38 @@ async fn virtual_service_routes_real_traffic() {
     );
 
     // The header sends everything to v2.
-    let jason = by_server(&requests(&client, "/", 50, &["end-user:jason"]));
+    let jason = by_server(&requests(client, "/", 50, &["end-user:jason"]));
     assert_eq!(jason, BTreeMap::from([(V2.to_string(), 50)]), "{jason:?}");
 
     // A 50 % abort answers about half with the configured status.
-    let faults = requests(&client, "/fault", 400, &[]);
+    let faults = requests(client, "/fault", 400, &[]);
     let aborted = faults.iter().filter(|a| a.status == 418).count();
     let served = faults.iter().filter(|a| a.status == 200).count();
     assert_eq!(aborted + served, 400);
     assert!((140..=260).contains(&aborted), "{aborted} of 400 aborted");
 
     // Retries: one request that keeps failing reaches the backend 1 + 3 times.
-    let retried = requests(&client, "/retry?status=503", 1, &[]);
+    let retried = requests(client, "/retry?status=503", 1, &[]);
     assert_eq!(retried[0].status, 503);
-    let counts = requests_counts(&client);
+    let counts = requests_counts(client);
     assert_eq!(counts.get("/retry"), Some(&4), "{counts:?}");
 
     // The timeout fires: a 2 s backend answer is cut at 300 ms.
-    let slow = requests(&client, "/slow?delay=2", 1, &[]);
+    let slow = requests(client, "/slow?delay=2", 1, &[]);
     assert_eq!(slow[0].status, 504);
     assert!(slow[0].seconds < 1.5, "took {}s", slow[0].seconds);
+
+    // A regex rewrite reaches the backend as the new path.
+    let rewritten = requests(client, "/old/page", 1, &[]);
+    assert_eq!(rewritten[0].path.as_deref(), Some("/new/page"));
+
+    // Every mirrored request reaches the backend twice: served by v1, copied to v2.
+    requests(client, "/mirrored", 3, &[]);
+    wait_for("the mirrored copies", BOUND, || {
+        let counts = requests_counts(client);
+        async move { (counts.get("/mirrored") == Some(&6)).then_some(()) }
+    })
+    .await;
 
     assert_eq!(envoy.rejected_updates().await, 0);
 }
@@ -241,4 +296,134 @@ fn requests_counts(client: &Netns) -> BTreeMap<String, u64> {
         .output()
         .expect("curl runs");
     serde_json::from_slice(&output.stdout).expect("counts JSON")
+}
+
+/// Access logs as Istio users configure them, written by the real sidecar: the mesh config's file
+/// in Istio's text format, then its JSON format; a Telemetry for the namespace sending errors
+/// only to a provider's file; one disabling logging; its removal bringing the mesh config's back.
+#[tokio::test]
+async fn access_logs_follow_the_mesh_config_and_telemetry() {
+    let logs = tempfile::tempdir().unwrap();
+    let (text_log, errors_log) = (
+        logs.path().join("access.log"),
+        logs.path().join("errors.log"),
+    );
+    let mesh = |encoding: &str| {
+        format!(
+            "accessLogFile: {}\naccessLogEncoding: {encoding}\nextensionProviders:\n- name: errors\n  envoyFileAccessLog:\n    path: {}\n    logFormat: {{labels: {{path: '%REQ(:PATH)%', code: '%RESPONSE_CODE%'}}}}\n",
+            text_log.display(),
+            errors_log.display()
+        )
+    };
+    let routed = Routed::start("mpl", CONFIG, &mesh("TEXT")).await;
+    let client = &routed.client;
+    let lines = |path: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let logged = |path: &std::path::Path, what: &str| {
+        let path = path.to_path_buf();
+        let what = what.to_string();
+        move || {
+            let line = lines(&path).into_iter().find(|l| l.contains(&what));
+            async move { line }
+        }
+    };
+
+    // Istio's default text format.
+    requests(client, "/one", 1, &[]);
+    let line = wait_for("the text line", BOUND, logged(&text_log, "/one")).await;
+    assert!(line.starts_with('['), "{line}");
+    for part in [
+        "\"GET /one HTTP/1.1\" 200 - via_upstream",
+        "\"10.217.3.",
+        ":8080\" outbound|8080|v",
+        &format!("\"{HOST}\""),
+    ] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+
+    // The mesh config turns to JSON: Istio's keys.
+    let mesh_file = routed.dir.path().join("mesh.yaml");
+    write_atomic(&mesh_file, &mesh("JSON"));
+    let line = wait_for("a JSON line", BOUND, || {
+        requests(client, "/two", 1, &[]);
+        let line = lines(&text_log)
+            .into_iter()
+            .find(|l| l.contains("\"/two\""));
+        async move { line }
+    })
+    .await;
+    let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["response_code"], 200, "{entry}");
+    let cluster = entry["upstream_cluster"].as_str().unwrap_or_default();
+    assert!(
+        cluster.starts_with("outbound|8080|v") && cluster.ends_with(HOST),
+        "{entry}"
+    );
+    assert_eq!(entry.as_object().unwrap().len(), 24, "{entry}");
+
+    // A Telemetry for the namespace: errors only, to the provider's own file and format.
+    let telemetry = routed.dir.path().join("config/telemetry.yaml");
+    write_atomic(
+        &telemetry,
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: errors, namespace: default}\nspec:\n  accessLogging:\n  - providers: [{name: errors}]\n    filter: {expression: 'response.code >= 500'}\n",
+    );
+    let line = wait_for("the error logged by the provider", BOUND, || {
+        requests(client, "/ok", 1, &[]);
+        requests(client, "/bad?status=503", 1, &[]);
+        let line = lines(&errors_log).into_iter().find(|l| l.contains("/bad"));
+        async move { line }
+    })
+    .await;
+    let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["code"], 503, "{entry}");
+    // Same file, written in order: the successful request before it was filtered out.
+    assert!(!lines(&errors_log).iter().any(|l| l.contains("/ok")));
+
+    // Disabled for the namespace: nothing is logged, until the Telemetry goes.
+    write_atomic(
+        &telemetry,
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: errors, namespace: default}\nspec:\n  accessLogging: [{disabled: true}]\n",
+    );
+    wait_for("no access log in the sidecar", BOUND, || {
+        let envoy = &routed.envoy;
+        async move {
+            // Listeners being replaced drain with their old config: only the active ones count.
+            let dump: serde_json::Value =
+                serde_json::from_str(&envoy.get("/config_dump").await).unwrap();
+            let active: Vec<String> = dump["configs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|c| {
+                    c["dynamic_listeners"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .map(|l| l["active_state"].to_string())
+                .collect();
+            let logging = active
+                .iter()
+                .any(|l| l.contains("envoy.access_loggers.file"));
+            (!active.is_empty() && !logging).then_some(())
+        }
+    })
+    .await;
+    requests(client, "/quiet", 1, &[]);
+    std::fs::remove_file(&telemetry).unwrap();
+    wait_for("the mesh config's log back", BOUND, || {
+        requests(client, "/back", 1, &[]);
+        let back = lines(&text_log).iter().any(|l| l.contains("\"/back\""));
+        async move { back.then_some(()) }
+    })
+    .await;
+    assert!(!lines(&text_log).iter().any(|l| l.contains("/quiet")));
+    assert!(!lines(&errors_log).iter().any(|l| l.contains("/quiet")));
+    assert_eq!(routed.envoy.rejected_updates().await, 0);
+    drop(routed.mp);
 }

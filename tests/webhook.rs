@@ -367,10 +367,19 @@ async fn an_invalid_istio_object_is_refused_with_the_stores_message() {
         hook.review("/validate", "v1", &valid).await["allowed"],
         true
     );
-    let other = json!({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
+    // A kind meshpilot does not read is not its to refuse.
+    let other = json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
                        "metadata": {"name": "t", "namespace": "shop"}, "spec": {"x": 1}});
     assert_eq!(
         hook.review("/validate", "v1", &other).await["allowed"],
         true
     );
+    // A misspelt field is refused as Istio's schema refuses it.
+    let misspelt = json!({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
+                          "metadata": {"name": "t", "namespace": "shop"},
+                          "spec": {"accesLogging": [{"disabled": true}]}});
+    let response = hook.review("/validate", "v1", &misspelt).await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("did you mean accessLogging?"), "{message}");
 }

@@ -28,14 +28,17 @@ fn pod_labels() -> BTreeMap<String, String> {
     labels(&[("app", "istiod"), ("istio", "pilot")])
 }
 
-/// The `istio` ConfigMap: mesh config with the trust domain, root namespace and the proxies'
-/// discovery address.
+/// The `istio` ConfigMap: mesh config with the trust domain, root namespace, the proxies'
+/// discovery address and the mesh settings given (`meshConfig.*`).
 pub fn mesh_config(values: &Values) -> Result<ConfigMap, serde_yaml_ng::Error> {
-    let mesh = json!({
+    let mut mesh = json!({
         "trustDomain": values.trust_domain,
         "rootNamespace": values.namespace,
         "defaultConfig": {"discoveryAddress": values.discovery_address()},
     });
+    for (field, value) in &values.mesh {
+        mesh[field] = json!(value);
+    }
     Ok(ConfigMap {
         metadata: meta_labelled(
             MESH_CONFIGMAP,

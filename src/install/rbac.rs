@@ -13,7 +13,7 @@ pub const CONTROL_PLANE_ACCOUNT: &str = "meshpilot";
 pub const READER_ACCOUNT: &str = "istio-reader-service-account";
 pub const READER_ROLE: &str = "meshpilot-reader";
 const REMOTE_WRITER_ROLE: &str = "meshpilot-remote-writer";
-const ISTIO_GROUPS: [&str; 2] = ["networking.istio.io", "security.istio.io"];
+use crate::istio::GROUPS as ISTIO_GROUPS;
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     let strings = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());

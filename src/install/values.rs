@@ -1,12 +1,14 @@
 //! The settings a manifest is rendered with (`--set key=value`), each checked where it is given:
 //! an unknown key, a bad value or a setting a profile needs is an error naming it.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use thiserror::Error;
 
 use super::Profile;
 use crate::inject::DEFAULT_PROXY_IMAGE;
+use crate::istio::MeshConfig;
 
 /// Every key `--set` knows, with what it means (shown when a key is unknown).
 pub const KEYS: &[(&str, &str)] = &[
@@ -33,7 +35,19 @@ pub const KEYS: &[(&str, &str)] = &[
         "controlPlaneClusters",
         "remote: the cluster ids allowed to manage it [*]",
     ),
+    (
+        "meshConfig.accessLogFile",
+        "where proxies write access logs (Istio's demo profile: /dev/stdout) [none]",
+    ),
+    ("meshConfig.accessLogEncoding", "TEXT or JSON [TEXT]"),
+    (
+        "meshConfig.accessLogFormat",
+        "a custom access log format [Istio's]",
+    ),
 ];
+
+/// The mesh config fields `--set meshConfig.<field>=…` sets, as Istio's Helm values name them.
+const MESH_FIELDS: [&str; 3] = ["accessLogFile", "accessLogEncoding", "accessLogFormat"];
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ValuesError {
@@ -68,6 +82,8 @@ pub struct Values {
     pub remote_pilot_address: String,
     pub expose_control_plane: bool,
     pub control_plane_clusters: String,
+    /// Mesh config fields given with `meshConfig.<field>`, checked as the mesh config.
+    pub mesh: BTreeMap<String, String>,
 }
 
 impl Default for Values {
@@ -84,6 +100,7 @@ impl Default for Values {
             remote_pilot_address: String::new(),
             expose_control_plane: false,
             control_plane_clusters: "*".into(),
+            mesh: BTreeMap::new(),
         }
     }
 }
@@ -136,6 +153,18 @@ impl Values {
                     .map_err(|_| invalid("must be true or false"))?
             }
             "controlPlaneClusters" => self.control_plane_clusters = text(value)?,
+            _ if key
+                .strip_prefix("meshConfig.")
+                .is_some_and(|field| MESH_FIELDS.contains(&field)) =>
+            {
+                let field = &key["meshConfig.".len()..];
+                let mut mesh = self.mesh.clone();
+                mesh.insert(field.to_string(), value.to_string());
+                let yaml = serde_yaml_ng::to_string(&mesh).map_err(|e| invalid(&e.to_string()))?;
+                MeshConfig::parse(&yaml, &MeshConfig::default())
+                    .map_err(|e| invalid(&e.to_string()))?;
+                self.mesh = mesh;
+            }
             _ => {
                 return Err(ValuesError::UnknownKey {
                     key: key.to_string(),
@@ -228,6 +257,22 @@ mod tests {
                 entry: "replicas".into()
             }
         );
+    }
+
+    #[test]
+    fn mesh_settings_are_checked_as_the_mesh_config() {
+        let mut values = Values::default();
+        values.set("meshConfig.accessLogFile=/dev/stdout").unwrap();
+        values.set("meshConfig.accessLogEncoding=JSON").unwrap();
+        assert_eq!(values.mesh["accessLogEncoding"], "JSON");
+        let e = values.set("meshConfig.accessLogEncoding=XML").unwrap_err();
+        assert!(e.to_string().contains("accessLogEncoding"), "{e}");
+        let e = values
+            .set("meshConfig.accessLogFormat={not json")
+            .unwrap_err();
+        assert!(e.to_string().contains("JSON object"), "{e}");
+        assert!(values.set("meshConfig.enableTracing=true").is_err());
+        assert_eq!(values.mesh.len(), 2);
     }
 
     #[test]

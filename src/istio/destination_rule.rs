@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::duration::Duration;
-use super::service_entry::WorkloadSelector;
+use super::security::WorkloadSelector;
 use super::validate::{self, ensure, Result};
 use crate::text::Quoted;
 
@@ -244,7 +244,7 @@ impl DestinationRule {
             }
         }
         if let Some(selector) = &self.workload_selector {
-            validate::labels("workloadSelector.labels", &selector.labels)?;
+            validate::labels("workloadSelector.matchLabels", &selector.match_labels)?;
         }
         Ok(())
     }

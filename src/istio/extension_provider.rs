@@ -17,9 +17,46 @@ pub struct ExtensionProvider {
     pub envoy_ext_authz_http: Option<ExtAuthzHttp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envoy_ext_authz_grpc: Option<ExtAuthzGrpc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_file_access_log: Option<FileAccessLog>,
     /// The other provider kinds, untouched.
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The provider Istio's default mesh config defines: the mesh config's access log format, to
+/// standard output.
+pub const BUILT_IN_ENVOY: &str = "envoy";
+
+/// `envoyFileAccessLog`: Envoy's file access log.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FileAccessLog {
+    /// Empty: /dev/stdout.
+    pub path: String,
+    pub log_format: Option<LogFormat>,
+    pub omit_empty_values: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct LogFormat {
+    pub text: String,
+    /// JSON keys and their command operators.
+    pub labels: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl ExtensionProvider {
+    pub fn built_in_envoy() -> Self {
+        Self {
+            name: BUILT_IN_ENVOY.into(),
+            envoy_file_access_log: Some(FileAccessLog {
+                path: "/dev/stdout".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

@@ -27,8 +27,33 @@ pub struct MeshConfig {
     pub default_service_export_to: Vec<String>,
     pub default_virtual_service_export_to: Vec<String>,
     pub default_destination_rule_export_to: Vec<String>,
-    /// ext_authz providers of CUSTOM AuthorizationPolicies (others kept as given).
+    /// ext_authz providers of CUSTOM AuthorizationPolicies and access log providers of
+    /// Telemetries (others kept as given).
     pub extension_providers: Vec<ExtensionProvider>,
+    /// Providers in effect where no Telemetry names one.
+    pub default_providers: DefaultProviders,
+    /// Where the proxies' access log goes when no Telemetry decides (empty: none, Istio's default
+    /// profile; the demo profile's is /dev/stdout).
+    pub access_log_file: String,
+    pub access_log_encoding: AccessLogEncoding,
+    /// A custom format: a text template, or for JSON a JSON object of command operators.
+    pub access_log_format: String,
+    /// Leaves out the log of connections no filter chain matched (the listeners' own).
+    pub disable_envoy_listener_log: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DefaultProviders {
+    pub access_logging: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccessLogEncoding {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for MeshConfig {
@@ -46,6 +71,11 @@ impl Default for MeshConfig {
             default_virtual_service_export_to: vec!["*".into()],
             default_destination_rule_export_to: vec!["*".into()],
             extension_providers: Vec::new(),
+            default_providers: DefaultProviders::default(),
+            access_log_file: String::new(),
+            access_log_encoding: AccessLogEncoding::Text,
+            access_log_format: String::new(),
+            disable_envoy_listener_log: false,
         }
     }
 }
@@ -142,7 +172,35 @@ impl MeshConfig {
             "defaultDestinationRuleExportTo",
             &self.default_destination_rule_export_to,
         )?;
+        if self.access_log_encoding == AccessLogEncoding::Json && !self.access_log_format.is_empty()
+        {
+            // istiod logs this and falls back to its default; refusing keeps the last good config.
+            let parsed = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
+                &self.access_log_format,
+            );
+            ensure(
+                parsed.is_ok(),
+                "accessLogFormat",
+                "with accessLogEncoding JSON it must be a JSON object of command operators",
+            )?;
+        }
         extension_provider::validate(&self.extension_providers)
+    }
+
+    /// An extension provider by name, matched without regard to case as istiod does, with Istio's
+    /// built-in `envoy` (a file access log to /dev/stdout) where the mesh config does not define it.
+    pub fn provider(&self, name: &str) -> Option<std::borrow::Cow<'_, ExtensionProvider>> {
+        let defined = self
+            .extension_providers
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name));
+        match defined {
+            Some(p) => Some(std::borrow::Cow::Borrowed(p)),
+            None if name.eq_ignore_ascii_case(extension_provider::BUILT_IN_ENVOY) => {
+                Some(std::borrow::Cow::Owned(ExtensionProvider::built_in_envoy()))
+            }
+            None => None,
+        }
     }
 }
 

@@ -6,11 +6,13 @@
 pub mod destination_rule;
 pub mod duration;
 pub mod extension_provider;
+mod fields;
 pub mod gateway;
 pub mod mesh;
 pub mod security;
 pub mod service_entry;
 pub mod sidecar;
+pub mod telemetry;
 mod validate;
 pub mod virtual_service;
 
@@ -32,6 +34,7 @@ pub use security::peer::PeerAuthentication;
 pub use security::request::RequestAuthentication;
 pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use sidecar::Sidecar;
+pub use telemetry::Telemetry;
 pub use validate::ValidationError;
 pub use virtual_service::VirtualService;
 
@@ -48,6 +51,7 @@ pub enum ConfigKind {
     PeerAuthentication,
     AuthorizationPolicy,
     RequestAuthentication,
+    Telemetry,
 }
 
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
@@ -55,9 +59,12 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 /// Where `kubectl apply` puts an object that names no namespace; file manifests are written for it.
 pub const DEFAULT_NAMESPACE: &str = "default";
 pub const SECURITY_GROUP: &str = "security.istio.io";
+pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
+/// Every API group of the kinds meshpilot reads.
+pub const GROUPS: [&str; 3] = [NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP];
 
 impl ConfigKind {
-    pub const ALL: [ConfigKind; 10] = [
+    pub const ALL: [ConfigKind; 11] = [
         Self::ServiceEntry,
         Self::WorkloadEntry,
         Self::WorkloadGroup,
@@ -68,6 +75,7 @@ impl ConfigKind {
         Self::PeerAuthentication,
         Self::AuthorizationPolicy,
         Self::RequestAuthentication,
+        Self::Telemetry,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +90,7 @@ impl ConfigKind {
             Self::PeerAuthentication => "PeerAuthentication",
             Self::AuthorizationPolicy => "AuthorizationPolicy",
             Self::RequestAuthentication => "RequestAuthentication",
+            Self::Telemetry => "Telemetry",
         }
     }
 
@@ -98,6 +107,7 @@ impl ConfigKind {
             Self::PeerAuthentication => "peerauthentications",
             Self::AuthorizationPolicy => "authorizationpolicies",
             Self::RequestAuthentication => "requestauthentications",
+            Self::Telemetry => "telemetries",
         }
     }
 
@@ -106,6 +116,7 @@ impl ConfigKind {
             Self::PeerAuthentication | Self::AuthorizationPolicy | Self::RequestAuthentication => {
                 SECURITY_GROUP
             }
+            Self::Telemetry => TELEMETRY_GROUP,
             _ => NETWORKING_GROUP,
         }
     }
@@ -114,6 +125,7 @@ impl ConfigKind {
     pub fn versions(self) -> &'static [&'static str] {
         match self.group() {
             SECURITY_GROUP => &["v1", "v1beta1"],
+            TELEMETRY_GROUP => &["v1", "v1alpha1"],
             _ => &["v1", "v1beta1", "v1alpha3"],
         }
     }
@@ -214,6 +226,7 @@ pub enum Spec {
     PeerAuthentication(PeerAuthentication),
     AuthorizationPolicy(AuthorizationPolicy),
     RequestAuthentication(RequestAuthentication),
+    Telemetry(Telemetry),
 }
 
 /// One validated config object.
@@ -273,6 +286,7 @@ impl ConfigObject {
             key: key.clone(),
             error,
         };
+        fields::undeclared_around_spec(value).map_err(invalid)?;
         let strings = |v: &serde_json::Value| -> Result<BTreeMap<String, String>, ConfigError> {
             match v {
                 serde_json::Value::Null => Ok(BTreeMap::new()),
@@ -293,29 +307,38 @@ impl ConfigObject {
         };
         let spec = match kind {
             ConfigKind::ServiceEntry => {
-                let mut entry: ServiceEntry = typed(spec_value).map_err(invalid)?;
+                let mut entry: ServiceEntry = typed(kind, spec_value).map_err(invalid)?;
                 entry.status_addresses = service_entry::StatusAddress::read(&value["status"]);
                 Spec::ServiceEntry(entry)
             }
-            ConfigKind::WorkloadEntry => Spec::WorkloadEntry(typed(spec_value).map_err(invalid)?),
-            ConfigKind::WorkloadGroup => Spec::WorkloadGroup(typed(spec_value).map_err(invalid)?),
+            ConfigKind::WorkloadEntry => {
+                Spec::WorkloadEntry(typed(kind, spec_value).map_err(invalid)?)
+            }
+            ConfigKind::WorkloadGroup => {
+                Spec::WorkloadGroup(typed(kind, spec_value).map_err(invalid)?)
+            }
             ConfigKind::DestinationRule => {
-                Spec::DestinationRule(Box::new(typed(spec_value).map_err(invalid)?))
+                Spec::DestinationRule(Box::new(typed(kind, spec_value).map_err(invalid)?))
             }
             ConfigKind::VirtualService => {
-                Spec::VirtualService(Box::new(typed(spec_value).map_err(invalid)?))
+                Spec::VirtualService(Box::new(typed(kind, spec_value).map_err(invalid)?))
             }
-            ConfigKind::Gateway => Spec::Gateway(Box::new(typed(spec_value).map_err(invalid)?)),
-            ConfigKind::Sidecar => Spec::Sidecar(Box::new(typed(spec_value).map_err(invalid)?)),
+            ConfigKind::Gateway => {
+                Spec::Gateway(Box::new(typed(kind, spec_value).map_err(invalid)?))
+            }
+            ConfigKind::Sidecar => {
+                Spec::Sidecar(Box::new(typed(kind, spec_value).map_err(invalid)?))
+            }
             ConfigKind::PeerAuthentication => {
-                Spec::PeerAuthentication(typed(spec_value).map_err(invalid)?)
+                Spec::PeerAuthentication(typed(kind, spec_value).map_err(invalid)?)
             }
             ConfigKind::AuthorizationPolicy => {
-                Spec::AuthorizationPolicy(typed(spec_value).map_err(invalid)?)
+                Spec::AuthorizationPolicy(typed(kind, spec_value).map_err(invalid)?)
             }
             ConfigKind::RequestAuthentication => {
-                Spec::RequestAuthentication(typed(spec_value).map_err(invalid)?)
+                Spec::RequestAuthentication(typed(kind, spec_value).map_err(invalid)?)
             }
+            ConfigKind::Telemetry => Spec::Telemetry(typed(kind, spec_value).map_err(invalid)?),
         };
         let object = Self {
             key: key.clone(),
@@ -338,6 +361,7 @@ impl ConfigObject {
             Spec::PeerAuthentication(pa) => pa.validate(),
             Spec::AuthorizationPolicy(ap) => ap.validate(),
             Spec::RequestAuthentication(ra) => ra.validate(),
+            Spec::Telemetry(t) => t.validate(),
         }
     }
 
@@ -362,9 +386,19 @@ impl ConfigObject {
     }
 }
 
-/// Deserializes a spec; the error names the field path serde stopped at.
-fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ValidationError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
+/// Deserializes a spec of `kind`; the error names the field path serde stopped at, a field Istio's
+/// schema does not declare, or one meshpilot's typed spec does not read.
+fn typed<T: DeserializeOwned>(
+    kind: ConfigKind,
+    value: serde_json::Value,
+) -> Result<T, ValidationError> {
+    fields::undeclared(kind, &value)?;
+    let mut unread: Option<Vec<fields::Step>> = None;
+    let mut note = |path: serde_ignored::Path| {
+        unread.get_or_insert_with(|| steps(&path));
+    };
+    let ignoring = serde_ignored::Deserializer::new(value, &mut note);
+    let spec = serde_path_to_error::deserialize(ignoring).map_err(|e| {
         let path = e.path().to_string();
         ValidationError::at(
             if path == "." {
@@ -374,7 +408,27 @@ fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ValidationE
             },
             clip(&e.into_inner().to_string()),
         )
-    })
+    })?;
+    match unread {
+        Some(steps) => Err(fields::not_implemented(&steps)),
+        None => Ok(spec),
+    }
+}
+
+/// The steps from the spec to an ignored field.
+fn steps(path: &serde_ignored::Path) -> Vec<fields::Step> {
+    use serde_ignored::Path;
+    let (parent, step) = match path {
+        Path::Root => return Vec::new(),
+        Path::Seq { parent, index } => (parent, Some(fields::Step::Index(*index))),
+        Path::Map { parent, key } => (parent, Some(fields::Step::Key(key.clone()))),
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => (parent, None),
+    };
+    let mut steps = steps(parent);
+    steps.extend(step);
+    steps
 }
 
 /// A valid object of the kind named `kind` (at its first served version) for unit tests.
@@ -452,17 +506,70 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_tolerated_and_other_kinds_skipped() {
-        let value = serde_json::json!({
-            "apiVersion": "networking.istio.io/v1beta1",
-            "kind": "DestinationRule",
-            "metadata": {"name": "r", "namespace": "shop", "uid": "x"},
-            "spec": {"host": "r.shop.svc.cluster.local", "somethingNew": {"a": 1}}
-        });
-        let object = ConfigObject::from_value(&value, origin()).unwrap().unwrap();
-        assert_eq!(object.key.kind, ConfigKind::DestinationRule);
+    fn other_kinds_are_skipped() {
         let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap"});
         assert!(ConfigObject::from_value(&other, origin()).is_none());
+    }
+
+    fn refusal(value: serde_json::Value) -> String {
+        ConfigObject::from_value(&value, origin())
+            .expect("a kind meshpilot reads")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn fields_istio_does_not_declare_are_refused() {
+        let dr = |spec: serde_json::Value| {
+            serde_json::json!({
+                "apiVersion": "networking.istio.io/v1beta1", "kind": "DestinationRule",
+                "metadata": {"name": "r", "namespace": "shop", "uid": "x"}, "spec": spec
+            })
+        };
+        assert_eq!(
+            refusal(dr(
+                serde_json::json!({"host": "r", "somethingNew": {"a": 1}})
+            )),
+            "DestinationRule shop/r: somethingNew: unknown field \"somethingNew\""
+        );
+        let mut misplaced = dr(serde_json::json!({"host": "r"}));
+        misplaced["metadata"]["namspace"] = "prod".into();
+        assert_eq!(
+            refusal(misplaced),
+            "DestinationRule shop/r: metadata.namspace: unknown field \"namspace\" (did you mean namespace?)"
+        );
+        let mut misspelt = dr(serde_json::json!(null));
+        misspelt["sepc"] = serde_json::json!({"host": "r"});
+        assert!(refusal(misspelt).ends_with("sepc: unknown field \"sepc\" (did you mean spec?)"));
+    }
+
+    #[test]
+    fn istio_fields_meshpilot_does_not_read_are_refused() {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": "v", "namespace": "shop"},
+            "spec": {"hosts": ["a"], "http": [{"route": [{"destination": {"host": "a"}}],
+                "retries": {"attempts": 2, "backoff": "1s"}}]}
+        });
+        assert_eq!(
+            refusal(value),
+            "VirtualService shop/v: http[0].retries.backoff: is an Istio field meshpilot does not \
+             implement; remove it (the object would be applied without it)"
+        );
+    }
+
+    #[test]
+    fn both_spellings_istio_declares_are_read() {
+        let value = serde_json::json!({
+            "apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+            "metadata": {"name": "r", "namespace": "shop"},
+            "spec": {"jwtRules": [{"issuer": "i", "jwks_uri": "https://i.example/keys"}]}
+        });
+        let object = ConfigObject::from_value(&value, origin()).unwrap().unwrap();
+        let Spec::RequestAuthentication(ra) = object.spec else {
+            panic!("{object:?}")
+        };
+        assert_eq!(ra.jwt_rules[0].jwks_uri, "https://i.example/keys");
     }
 
     #[test]

@@ -108,6 +108,10 @@ pub struct WorkloadEntry {
 pub struct WorkloadGroup {
     pub metadata: GroupMetadata,
     pub template: WorkloadEntry,
+    /// The VM's readiness probe: istiod only validates it (pilot/pkg/autoregistration copies
+    /// template and metadata); `istioctl x workload entry configure` writes it into the agent's
+    /// mesh config, and the agent reports health from it. Kept as written, for those tools.
+    pub probe: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

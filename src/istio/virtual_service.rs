@@ -36,6 +36,10 @@ pub struct HttpRoute {
     pub fault: Option<HttpFault>,
     pub mirror: Option<Destination>,
     pub mirror_percentage: Option<Percent>,
+    /// Deprecated integer form of `mirrorPercentage`; Istio's schema spells it both ways.
+    #[serde(alias = "mirror_percent")]
+    pub mirror_percent: Option<u32>,
+    pub mirrors: Vec<HttpMirrorPolicy>,
     pub cors_policy: Option<CorsPolicy>,
     pub headers: Option<Headers>,
 }
@@ -142,9 +146,26 @@ pub struct Delegate {
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
+pub struct HttpMirrorPolicy {
+    pub destination: Destination,
+    pub percentage: Option<Percent>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct HttpRewrite {
     pub uri: String,
     pub authority: String,
+    pub uri_regex_rewrite: Option<RegexRewrite>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct RegexRewrite {
+    /// An RE2 pattern over the path.
+    #[serde(rename = "match")]
+    pub pattern: String,
+    pub rewrite: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -190,11 +211,24 @@ pub struct Percent {
 #[serde(rename_all = "camelCase", default)]
 pub struct CorsPolicy {
     pub allow_origins: Vec<StringMatch>,
+    /// Deprecated exact origins, read when `allowOrigins` is empty (as istiod).
+    pub allow_origin: Vec<String>,
+    /// `IGNORE` answers preflights no origin matches; anything else forwards them upstream.
+    pub unmatched_preflights: UnmatchedPreflights,
     pub allow_methods: Vec<String>,
     pub allow_headers: Vec<String>,
     pub expose_headers: Vec<String>,
     pub max_age: Option<Duration>,
     pub allow_credentials: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum UnmatchedPreflights {
+    #[default]
+    Unspecified,
+    Forward,
+    Ignore,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -423,7 +457,97 @@ impl HttpRoute {
         if let Some(mirror) = &self.mirror {
             validate_destination(mirror, "mirror")?;
         }
+        // pkg/config/validation/virtualservice.go (validateHTTPRouteConflict, validateHTTPMirrors).
+        ensure(
+            self.mirror.is_none() || self.mirrors.is_empty(),
+            "mirrors",
+            "HTTP route cannot contain both mirror and mirrors",
+        )?;
+        ensure(
+            self.mirror_percent.is_none_or(|p| p <= 100),
+            "mirrorPercent",
+            "must be within 0-100",
+        )?;
+        let percentages = self
+            .mirrors
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (format!("mirrors[{i}].percentage"), m.percentage));
+        for (field, percentage) in [("mirrorPercentage".to_string(), self.mirror_percentage)]
+            .into_iter()
+            .chain(percentages)
+        {
+            ensure(
+                percentage.is_none_or(|p| (0.0..=100.0).contains(&p.value)),
+                &field,
+                "must be within 0-100",
+            )?;
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            validate_destination(&m.destination, &format!("mirrors[{i}].destination"))?;
+        }
+        if let Some(rewrite) = &self.rewrite {
+            rewrite.validate().map_err(|e| e.under("rewrite"))?;
+        }
         Ok(())
+    }
+}
+
+impl HttpRoute {
+    /// What the route mirrors and how much of it (None: all), as istiod orders them: `mirror`
+    /// first (`mirrorPercentage`, else the deprecated `mirrorPercent`), then `mirrors`; a share of
+    /// zero or less mirrors nothing.
+    pub fn mirror_policies(&self) -> Vec<(&Destination, Option<Percent>)> {
+        let legacy = self.mirror_percent.map(|p| Percent {
+            value: f64::from(p),
+        });
+        let first = self
+            .mirror
+            .as_ref()
+            .map(|d| (d, self.mirror_percentage.or(legacy)));
+        let rest = self.mirrors.iter().map(|m| (&m.destination, m.percentage));
+        first
+            .into_iter()
+            .chain(rest)
+            .filter(|(_, share)| share.is_none_or(|p| p.value > 0.0))
+            .collect()
+    }
+}
+
+impl HttpRewrite {
+    /// pkg/config/validation/virtualservice.go (validateHTTPRewrite).
+    fn validate(&self) -> Result {
+        ensure(
+            !self.uri.is_empty() || !self.authority.is_empty() || self.uri_regex_rewrite.is_some(),
+            "",
+            "rewrite must specify uri, uriRegexRewrite, or authority",
+        )?;
+        let Some(regex) = &self.uri_regex_rewrite else {
+            return Ok(());
+        };
+        ensure(
+            self.uri.is_empty(),
+            "uriRegexRewrite",
+            "uri and uriRegexRewrite cannot be used together",
+        )?;
+        ensure(
+            !regex.pattern.is_empty(),
+            "uriRegexRewrite.match",
+            "a pattern is required",
+        )?;
+        ensure(
+            !regex.rewrite.is_empty(),
+            "uriRegexRewrite.rewrite",
+            "a rewrite is required",
+        )?;
+        ensure(
+            regex.pattern.len() <= 1024 && regex_ok(&regex.pattern),
+            "uriRegexRewrite.match",
+            format!(
+                "{} is not a valid regular expression",
+                Quoted(&regex.pattern)
+            ),
+        )
     }
 }
 

@@ -15,6 +15,7 @@ mod service;
 mod services;
 mod shards;
 mod sidecar_scope;
+mod telemetry;
 
 pub use allocation::Allocations;
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
@@ -34,6 +35,7 @@ pub use service::{
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
+pub use telemetry::{ActiveLog, AppliedTelemetry, LogDecision};
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -142,6 +142,9 @@ impl ConfigStore {
         if let Some(mirror) = &mut route.mirror {
             self.qualify_destination(mirror, namespace);
         }
+        for mirror in &mut route.mirrors {
+            self.qualify_destination(&mut mirror.destination, namespace);
+        }
         route
     }
 

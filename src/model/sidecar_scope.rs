@@ -184,6 +184,7 @@ impl ConfigStore {
             for route in routes.http.iter().filter(|r| from_here(&r.matches)) {
                 route.route.iter().for_each(|d| add(&d.destination));
                 route.mirror.iter().for_each(&mut add);
+                route.mirrors.iter().for_each(|m| add(&m.destination));
             }
             let tcp = routes.tcp.iter().flat_map(|r| &r.route);
             let tls = routes.tls.iter().flat_map(|r| &r.route);

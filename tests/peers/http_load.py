@@ -1,7 +1,7 @@
 """A client application for traffic tests: sends COUNT GETs for PATH to ADDRESS (host:port) with
 the Host header HOST over one keep-alive connection (reopened if the server closes it) and prints a
-JSON line per response: status, the backend that answered (from the echo peer's body) and the time
-taken.
+JSON line per response: status, the backend that answered and the path it was asked for (from the
+echo peer's body) and the time taken.
 
   http_load.py ADDRESS HOST PATH COUNT [HEADER:VALUE ...]
 """
@@ -37,10 +37,10 @@ def main():
                 conn.close()
             conn = None
         try:
-            server = json.loads(body).get("server")
+            echoed = json.loads(body)
         except ValueError:
-            server = None
-        print(json.dumps({"status": status, "server": server,
+            echoed = {}
+        print(json.dumps({"status": status, "server": echoed.get("server"), "path": echoed.get("path"),
                           "seconds": round(time.monotonic() - started, 3)}), flush=True)
 
 

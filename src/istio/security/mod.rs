@@ -44,7 +44,7 @@ pub fn applies_to(selector: &Option<WorkloadSelector>, labels: &BTreeMap<String,
 
 /// Istio's selector rules: valid label keys and values, no wildcards; `targetRef(s)` (Gateway API
 /// attachment) not together with a selector.
-fn validate_selector(
+pub(crate) fn validate_selector(
     selector: &Option<WorkloadSelector>,
     target_ref: &Option<serde_json::Value>,
     target_refs: &[serde_json::Value],

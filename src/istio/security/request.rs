@@ -22,6 +22,8 @@ pub struct JwtRule {
     pub issuer: String,
     pub audiences: Vec<String>,
     /// Where the keys are; meshpilot fetches them (OpenID discovery from the issuer when empty).
+    /// Istio's schema spells it both ways (the proto field and its JSON name).
+    #[serde(alias = "jwks_uri")]
     pub jwks_uri: String,
     /// Inline keys; win over `jwksUri`.
     pub jwks: String,

@@ -25,6 +25,8 @@ pub(in crate::model) struct Derived {
     pub(super) security: OnceLock<SecurityPolicies>,
     /// Sidecars by namespace: those with a workload selector first, each group oldest first.
     pub(in crate::model) sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>>,
+    /// Telemetries attached to workloads, by namespace, oldest first.
+    pub(in crate::model) telemetries: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
     /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
     pub(in crate::model) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
 }
@@ -80,6 +82,7 @@ impl ConfigStore {
                 source_labels_used,
                 security: OnceLock::new(),
                 sidecars,
+                telemetries: ConfigStore::index_telemetries(sorted(ConfigKind::Telemetry)),
                 sidecar_scopes: Mutex::default(),
             }
         })

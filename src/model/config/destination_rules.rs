@@ -96,7 +96,7 @@ impl ConfigStore {
             Spec::DestinationRule(dr) => dr
                 .workload_selector
                 .as_ref()
-                .is_some_and(|s| s.labels.iter().all(|(k, v)| proxy_labels.get(k) == Some(v))),
+                .is_some_and(|s| s.matches(proxy_labels)),
             _ => false,
         };
         let first = self

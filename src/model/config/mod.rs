@@ -247,7 +247,7 @@ impl ConfigStore {
     }
 
     /// Moves whenever a DestinationRule, VirtualService, Gateway, PeerAuthentication (auto mTLS
-    /// follows DISABLE), Sidecar or the mesh config changes: what clusters, routes, listeners and
+    /// follows DISABLE), Sidecar, Telemetry or the mesh config changes: what clusters, routes, listeners and
     /// assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
         let kinds = [
@@ -256,6 +256,7 @@ impl ConfigStore {
             ConfigKind::Gateway,
             ConfigKind::PeerAuthentication,
             ConfigKind::Sidecar,
+            ConfigKind::Telemetry,
         ];
         kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
     }
@@ -332,7 +333,7 @@ mod tests {
     #[test]
     fn a_selecting_rule_applies_only_to_the_workloads_of_its_namespace_it_selects() {
         let mut store = ConfigStore::default();
-        let selector = |labels: serde_json::Value| serde_json::json!({"host": HOST, "workloadSelector": {"labels": labels}});
+        let selector = |labels: serde_json::Value| serde_json::json!({"host": HOST, "workloadSelector": {"matchLabels": labels}});
         store.apply(
             ConfigSource::Files,
             vec![

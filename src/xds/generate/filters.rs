@@ -1,6 +1,8 @@
 //! Envoy filters the generators assemble listeners from: HTTP connection managers (routes over RDS
-//! or inline), TCP proxies to one cluster or several by weight, listener filters.
+//! or inline), TCP proxies to one cluster or several by weight, listener filters. Connection
+//! managers and TCP proxies write the access logs they are given.
 
+use envoy_types::pb::envoy::config::accesslog::v3::AccessLog;
 use envoy_types::pb::envoy::config::listener::v3::{
     filter, listener_filter, Filter, ListenerFilter,
 };
@@ -16,6 +18,7 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 
 use super::common::ads;
+use super::names::BLACKHOLE;
 
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
 pub const CORS_FILTER: &str = "envoy.filters.http.cors";
@@ -31,10 +34,15 @@ pub(super) fn rds(route_name: &str) -> RouteSpecifier {
 }
 
 /// A connection manager with the router as its only HTTP filter.
-pub(super) fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
+pub(super) fn hcm(
+    stat_prefix: &str,
+    routes: RouteSpecifier,
+    logs: &[AccessLog],
+) -> HttpConnectionManager {
     HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(routes),
+        access_log: logs.to_vec(),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".to_string(),
             config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
@@ -49,8 +57,12 @@ pub(super) fn hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionMa
 /// The HTTP connection manager of outbound and gateway listeners: VirtualService faults and CORS
 /// are per-route settings of these filters, so they come before the router (with nothing to do
 /// where no route configures them).
-pub(super) fn outbound_hcm(stat_prefix: &str, routes: RouteSpecifier) -> HttpConnectionManager {
-    let mut hcm = hcm(stat_prefix, routes);
+pub(super) fn outbound_hcm(
+    stat_prefix: &str,
+    routes: RouteSpecifier,
+    logs: &[AccessLog],
+) -> HttpConnectionManager {
+    let mut hcm = hcm(stat_prefix, routes, logs);
     let filter = |name: &str, config| HttpFilter {
         name: name.to_string(),
         config_type: Some(http_filter::ConfigType::TypedConfig(config)),
@@ -78,22 +90,32 @@ pub(super) fn network_filter(name: &str, config: Any) -> Filter {
     }
 }
 
-pub(super) fn tcp_proxy_filter(stat_prefix: &str, cluster: &str) -> Filter {
+/// A TCP proxy to one cluster; nothing to the black hole is logged, as istiod.
+pub(super) fn tcp_proxy_filter(stat_prefix: &str, cluster: &str, logs: &[AccessLog]) -> Filter {
     let proxy = TcpProxy {
         stat_prefix: stat_prefix.to_string(),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        access_log: match cluster {
+            BLACKHOLE => Vec::new(),
+            _ => logs.to_vec(),
+        },
         ..Default::default()
     };
     network_filter(TCP_PROXY, pack_any(proxy))
 }
 
 /// A TCP proxy to one cluster, or spread over several by weight.
-pub(super) fn weighted_tcp_proxy(stat_prefix: &str, targets: &[(String, u32)]) -> Filter {
+pub(super) fn weighted_tcp_proxy(
+    stat_prefix: &str,
+    targets: &[(String, u32)],
+    logs: &[AccessLog],
+) -> Filter {
     if let [(single, _)] = targets {
-        return tcp_proxy_filter(stat_prefix, single);
+        return tcp_proxy_filter(stat_prefix, single, logs);
     }
     let proxy = TcpProxy {
         stat_prefix: stat_prefix.to_string(),
+        access_log: logs.to_vec(),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
             tcp_proxy::WeightedCluster {
                 clusters: targets

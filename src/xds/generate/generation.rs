@@ -7,12 +7,15 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
+use super::access_log::ProxyLogs;
 use super::cache::ResourceCache;
 use super::names::{self, ClusterName};
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigKey, MeshConfig};
-use crate::model::{AppliedRule, EgressScope, Locality, MeshSnapshot, Service, SidecarScope};
+use crate::model::{
+    AppliedRule, AppliedTelemetry, EgressScope, Locality, MeshSnapshot, Service, SidecarScope,
+};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::{Generator, Proxy, ProxyType};
 use crate::xds::wire::{Resource, SharedList};
@@ -32,6 +35,8 @@ pub struct Generation<'a> {
     pub(super) proxy: &'a Proxy,
     locality: OnceLock<Option<Locality>>,
     scope: OnceLock<Option<Arc<SidecarScope>>>,
+    telemetry: OnceLock<AppliedTelemetry>,
+    logs: OnceLock<ProxyLogs>,
 }
 
 impl<'a> Generation<'a> {
@@ -42,6 +47,8 @@ impl<'a> Generation<'a> {
             proxy,
             locality: OnceLock::new(),
             scope: OnceLock::new(),
+            telemetry: OnceLock::new(),
+            logs: OnceLock::new(),
         }
     }
 }
@@ -215,9 +222,29 @@ impl Generation<'_> {
     }
 
     /// The cache variant of listeners shared by proxies of one kind: its cluster (which VIPs),
-    /// list scope and the allocated addresses it matches.
+    /// list scope, the allocated addresses it matches and the Telemetries that apply.
     pub(super) fn listener_variant(&self) -> u64 {
-        self.variant_of(&(self.cluster_id(), self.list_scope(), self.allocated_view()))
+        self.variant_of(&(
+            self.cluster_id(),
+            self.list_scope(),
+            self.allocated_view(),
+            self.telemetry().keys(),
+        ))
+    }
+
+    /// The Telemetry objects that apply to the proxy.
+    pub(super) fn telemetry(&self) -> &AppliedTelemetry {
+        self.telemetry.get_or_init(|| {
+            self.mesh
+                .config
+                .telemetry_for(&self.proxy.namespace, &self.proxy.labels)
+        })
+    }
+
+    /// The proxy's access logs (from its Telemetries, else the mesh config).
+    pub(super) fn access_logs(&self) -> &ProxyLogs {
+        self.logs
+            .get_or_init(|| ProxyLogs::build(self.mesh_config(), self.telemetry()))
     }
 
     /// Which generator builds the proxy's configuration; None for a client that is no proxy (a

@@ -88,7 +88,8 @@ fn api_listener(name: &str) -> Listener {
     Listener {
         name: name.to_string(),
         api_listener: Some(ApiListener {
-            api_listener: Some(pack_any(hcm(name, rds(name)))),
+            // A gRPC library writes no Envoy access log.
+            api_listener: Some(pack_any(hcm(name, rds(name), &[]))),
         }),
         ..Default::default()
     }

@@ -7,6 +7,7 @@
 //! the versions of the snapshot they were built from; every proxy with the same traits gets the
 //! same encoded bytes.
 
+mod access_log;
 mod authn;
 pub mod authz;
 mod cache;

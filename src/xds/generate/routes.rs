@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
     fault_abort::ErrorType, FaultAbort, HttpFault,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{
-    string_matcher::MatchPattern, RegexMatcher, StringMatcher,
+    string_matcher::MatchPattern, RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
 };
 use envoy_types::pb::envoy::r#type::v3::{fractional_percent::DenominatorType, FractionalPercent};
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration, UInt32Value};
@@ -38,6 +38,7 @@ use super::generation::Generation;
 use super::names::subset_cluster;
 use crate::istio::virtual_service::{
     Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, Percent, StringMatch,
+    UnmatchedPreflights,
 };
 
 /// Where the routes are served: which port's traffic they see, and (at a gateway) which gateway.
@@ -310,19 +311,31 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
         // No timeout unless the route names one, as Istio: long streams must not be cut.
         timeout: Some(route.timeout.map_or(proto_duration(0, 0), |t| t.to_proto())),
         retry_policy: retry_policy(route),
-        prefix_rewrite: rewrite.map(|r| r.uri.clone()).unwrap_or_default(),
+        prefix_rewrite: rewrite
+            .filter(|r| r.uri_regex_rewrite.is_none())
+            .map(|r| r.uri.clone())
+            .unwrap_or_default(),
+        regex_rewrite: rewrite.and_then(|r| r.uri_regex_rewrite.as_ref()).map(|r| {
+            RegexMatchAndSubstitute {
+                pattern: Some(RegexMatcher {
+                    regex: r.pattern.clone(),
+                    ..Default::default()
+                }),
+                substitution: r.rewrite.clone(),
+            }
+        }),
         request_mirror_policies: route
-            .mirror
-            .as_ref()
-            .map(|mirror| RequestMirrorPolicy {
+            .mirror_policies()
+            .into_iter()
+            .map(|(mirror, share)| RequestMirrorPolicy {
                 cluster: cluster_for(ctx, mirror),
-                runtime_fraction: route.mirror_percentage.map(|p| RuntimeFractionalPercent {
+                runtime_fraction: share.map(|p| RuntimeFractionalPercent {
                     default_value: Some(fraction(p)),
                     ..Default::default()
                 }),
+                trace_sampled: Some(BoolValue { value: false }),
                 ..Default::default()
             })
-            .into_iter()
             .collect(),
         ..Default::default()
     };
@@ -443,7 +456,17 @@ fn per_filter_config(route: &HttpRoute) -> HashMap<String, Any> {
         out.insert(
             CORS_FILTER.to_string(),
             pack_any(EnvoyCors {
-                allow_origin_string_match: cors.allow_origins.iter().map(string_matcher).collect(),
+                allow_origin_string_match: match cors.allow_origins.is_empty() {
+                    false => cors.allow_origins.iter().map(string_matcher).collect(),
+                    true => cors
+                        .allow_origin
+                        .iter()
+                        .map(|origin| string_matcher(&StringMatch::Exact(origin.clone())))
+                        .collect(),
+                },
+                forward_not_matching_preflights: Some(BoolValue {
+                    value: cors.unmatched_preflights != UnmatchedPreflights::Ignore,
+                }),
                 allow_methods: cors.allow_methods.join(","),
                 allow_headers: cors.allow_headers.join(","),
                 expose_headers: cors.expose_headers.join(","),

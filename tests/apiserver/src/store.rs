@@ -154,6 +154,13 @@ pub const KINDS: &[ResourceKind] = &[
         namespaced: true,
     },
     ResourceKind {
+        plural: "telemetries",
+        group: "telemetry.istio.io",
+        kind: "Telemetry",
+        api_version: "telemetry.istio.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
         plural: "endpointslices",
         group: "discovery.k8s.io",
         kind: "EndpointSlice",

@@ -28,6 +28,7 @@ use envoy_types::pb::google::protobuf::BoolValue;
 use tracing::debug;
 
 use self::servers::{bound, labelled_east_west, servers, PortServer};
+use super::access_log::Side;
 use super::clusters::{self, ClusterNeeds};
 use super::common::socket;
 use super::filters::{
@@ -143,6 +144,7 @@ fn listener(
             false => Vec::new(),
         },
         filter_chains: chains,
+        access_log: g.access_logs().listener(Side::Gateway),
         ..Default::default()
     };
     Some(Arc::new(Resource::encode(name, &listener)))
@@ -205,7 +207,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
         if let Some(route) = ps.route_name() {
             let chain = FilterChain {
                 name,
-                filters: vec![http_filter(&route, &security)],
+                filters: vec![http_filter(g, &route, &security)],
                 ..Default::default()
             };
             match ps.is_plain_http() {
@@ -284,8 +286,8 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
 
 /// The connection manager of an HTTP server: the workload's security filters, then the
 /// VirtualService filters and the router.
-fn http_filter(route: &str, security: &WorkloadSecurity) -> Filter {
-    let mut hcm = outbound_hcm(route, rds(route));
+fn http_filter(g: &Generation<'_>, route: &str, security: &WorkloadSecurity) -> Filter {
+    let mut hcm = outbound_hcm(route, rds(route), g.access_logs().of(Side::Gateway));
     hcm.http_filters
         .splice(0..0, security.http_filters().iter().cloned());
     hcm_filter(hcm)
@@ -319,7 +321,8 @@ fn tcp_route(g: &Generation<'_>, ps: &PortServer<'_>) -> Option<Vec<Filter>> {
         })
     })?;
     let targets = targets(g, ps, &route.route);
-    Some(vec![weighted_tcp_proxy(&ps.gateway, &targets)])
+    let logs = g.access_logs().of(Side::Gateway);
+    Some(vec![weighted_tcp_proxy(&ps.gateway, &targets, logs)])
 }
 
 /// A PASSTHROUGH server's chains: per bound TLS route, the SNI names it matches (within the
@@ -346,7 +349,8 @@ fn passthrough_routes(g: &Generation<'_>, ps: &PortServer<'_>) -> Vec<(Vec<Strin
             };
             let targets = targets(g, ps, &route.route);
             let stat = format!("{}_tls_{i}", ps.gateway);
-            out.push((names, weighted_tcp_proxy(&stat, &targets)));
+            let logs = g.access_logs().of(Side::Gateway);
+            out.push((names, weighted_tcp_proxy(&stat, &targets, logs)));
         }
     }
     out
@@ -365,7 +369,11 @@ fn auto_passthrough_chains(g: &Generation<'_>) -> Vec<FilterChain> {
                 server_names: vec![sni.clone()],
                 ..Default::default()
             }),
-            filters: vec![tcp_proxy_filter(&sni, &sni)],
+            filters: vec![tcp_proxy_filter(
+                &sni,
+                &sni,
+                g.access_logs().of(Side::Gateway),
+            )],
             ..Default::default()
         })
         .collect()

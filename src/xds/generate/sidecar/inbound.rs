@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::accesslog::v3::AccessLog;
 use envoy_types::pb::envoy::config::core::v3::{TrafficDirection, TransportSocket};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -20,6 +21,7 @@ use envoy_types::util::pack_any;
 use crate::istio::security::peer::MtlsMode;
 use crate::istio::sidecar::IngressEndpoint;
 use crate::model::{IngressPort, Protocol, ServiceKey};
+use crate::xds::generate::access_log::Side;
 use crate::xds::generate::clusters::{assignment_at, pipe, static_cluster};
 use crate::xds::generate::common::socket;
 use crate::xds::generate::filters::{
@@ -86,13 +88,14 @@ pub(super) fn virtual_inbound(g: &Generation<'_>) -> Resource {
 
 fn listener(g: &Generation<'_>) -> Listener {
     let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
+    let logs = g.access_logs().of(Side::SidecarInbound);
     let mut filter_chains: Vec<FilterChain> = Vec::new();
     for (port, protocol) in ports(g) {
         let cluster = inbound_cluster(port);
         for transport in transports(security.mtls.for_port(port)) {
             let filters = match protocol.is_http() {
-                true => vec![http_filter(port, &cluster, &security)],
-                false => with_network(&security, tcp_proxy_filter(&cluster, &cluster)),
+                true => vec![http_filter(port, &cluster, &security, logs)],
+                false => with_network(&security, tcp_proxy_filter(&cluster, &cluster, logs)),
             };
             filter_chains.push(FilterChain {
                 name: format!("{cluster}{}", transport.name()),
@@ -122,7 +125,7 @@ fn listener(g: &Generation<'_>) -> Listener {
         }),
         filters: with_network(
             &security,
-            tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH),
+            tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH, logs),
         ),
         transport_socket: passthrough.socket(),
         ..Default::default()
@@ -139,6 +142,7 @@ fn listener(g: &Generation<'_>) -> Listener {
         ],
         filter_chains,
         traffic_direction: TrafficDirection::Inbound as i32,
+        access_log: g.access_logs().listener(Side::SidecarInbound),
         ..Default::default()
     }
 }
@@ -150,11 +154,17 @@ fn with_network(security: &WorkloadSecurity, last: Filter) -> Vec<Filter> {
     filters
 }
 
-fn http_filter(port: u16, cluster: &str, security: &WorkloadSecurity) -> Filter {
+fn http_filter(
+    port: u16,
+    cluster: &str,
+    security: &WorkloadSecurity,
+    logs: &[AccessLog],
+) -> Filter {
     let route = route_config(port, cluster);
     let mut hcm = hcm(
         &format!("inbound_0.0.0.0_{port}"),
         RouteSpecifier::RouteConfig(route),
+        logs,
     );
     hcm.http_filters
         .splice(0..0, security.http_filters().iter().cloned());

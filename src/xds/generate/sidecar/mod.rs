@@ -78,10 +78,10 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_OUTBOUND => g.cache.get_or_build(
             ResourceType::Listener,
             name,
-            g.variant_of(&g.outbound_fallback()),
+            g.variant_of(&(g.outbound_fallback(), g.telemetry().keys())),
             [0, 0, 0, g.config_version()],
             || {
-                let listener = outbound::virtual_outbound(g.outbound_fallback());
+                let listener = outbound::virtual_outbound(g);
                 Some(Resource::encode(name, &listener))
             },
         ),

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 
 use crate::model::{Resolution, Service};
+use crate::xds::generate::access_log::Side;
 use crate::xds::generate::common::socket;
 use crate::xds::generate::filters::{
     hcm_filter, outbound_hcm, rds, tcp_proxy_filter, weighted_tcp_proxy,
@@ -25,17 +26,24 @@ const OUTBOUND_PORT: u16 = 15001;
 
 /// Connections to addresses no listener claims go to `fallback`: PassthroughCluster with mesh
 /// config `outboundTrafficPolicy: ALLOW_ANY`, BlackHoleCluster with REGISTRY_ONLY.
-pub(super) fn virtual_outbound(fallback: &str) -> Listener {
+pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
+    let fallback = g.outbound_fallback();
+    let logs = g.access_logs();
     Listener {
         name: VIRTUAL_OUTBOUND.to_string(),
         address: Some(socket("0.0.0.0", OUTBOUND_PORT)),
         use_original_dst: Some(BoolValue { value: true }),
         filter_chains: vec![FilterChain {
             name: "virtualOutbound-catchall-tcp".to_string(),
-            filters: vec![tcp_proxy_filter(fallback, fallback)],
+            filters: vec![tcp_proxy_filter(
+                fallback,
+                fallback,
+                logs.of(Side::SidecarOutbound),
+            )],
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Outbound as i32,
+        access_log: logs.listener(Side::SidecarOutbound),
         ..Default::default()
     }
 }
@@ -91,6 +99,7 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
             filters: vec![hcm_filter(outbound_hcm(
                 &format!("outbound_{name}"),
                 rds(&port.to_string()),
+                g.access_logs().of(Side::SidecarOutbound),
             ))],
             ..Default::default()
         }
@@ -98,7 +107,11 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         let fallback = g.outbound_fallback();
         FilterChain {
             name: format!("{name}-fallback"),
-            filters: vec![tcp_proxy_filter(fallback, fallback)],
+            filters: vec![tcp_proxy_filter(
+                fallback,
+                fallback,
+                g.access_logs().of(Side::SidecarOutbound),
+            )],
             ..Default::default()
         }
     };
@@ -132,8 +145,9 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
                 })
         })
     });
+    let logs = g.access_logs().of(Side::SidecarOutbound);
     let Some(route) = route else {
-        return tcp_proxy_filter(cluster, cluster);
+        return tcp_proxy_filter(cluster, cluster, logs);
     };
     let ctx = RouteContext {
         g,
@@ -145,5 +159,5 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
         .iter()
         .map(|d| (cluster_for(&ctx, &d.destination), d.weight.unwrap_or(0)))
         .collect();
-    weighted_tcp_proxy(cluster, &targets)
+    weighted_tcp_proxy(cluster, &targets, logs)
 }

@@ -1,0 +1,297 @@
+//! Which Telemetry objects apply to a proxy, and which access log providers follow from them, as
+//! istiod computes them (pilot/pkg/model/telemetry.go): the root namespace's Telemetry without a
+//! selector, then the proxy namespace's without one, then the oldest one of its namespace whose
+//! selector picks the proxy; each level's providers replace the ones before, entries for the
+//! other side of the connection (`match.mode`) aside.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::config::ConfigStore;
+use crate::istio::telemetry::{AccessLogging, WorkloadMode};
+use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Spec, Telemetry};
+
+/// The Telemetry objects that apply to one proxy, least specific first.
+#[derive(Clone, Debug, Default)]
+pub struct AppliedTelemetry {
+    levels: Vec<Arc<ConfigObject>>,
+}
+
+/// How a proxy logs one side of its traffic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogDecision {
+    /// No Telemetry says anything of access logs and no default provider is set: the mesh
+    /// config's `accessLogFile` decides.
+    MeshConfig,
+    /// The providers in effect, by name; none (every one disabled) means no log.
+    Providers(Vec<ActiveLog>),
+}
+
+/// A provider in effect and the filter of the entry that named it last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveLog {
+    pub provider: String,
+    pub filter: Option<String>,
+}
+
+impl ConfigStore {
+    /// The Telemetry objects that apply to a proxy of `namespace` with `labels`.
+    pub fn telemetry_for(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> AppliedTelemetry {
+        let in_namespace = |ns: &str| {
+            self.derived()
+                .telemetries
+                .get(ns)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+        };
+        let without_selector = |ns: &str| {
+            in_namespace(ns)
+                .iter()
+                .find(|o| telemetry(o).is_some_and(|t| t.selector.is_none()))
+        };
+        let root = self.mesh().root_namespace.as_str();
+        let selecting = in_namespace(namespace).iter().find(|o| {
+            telemetry(o)
+                .and_then(|t| t.selector.as_ref())
+                .is_some_and(|s| s.matches(labels))
+        });
+        let levels = [
+            without_selector(root),
+            without_selector(namespace).filter(|_| namespace != root),
+            selecting,
+        ];
+        AppliedTelemetry {
+            levels: levels.into_iter().flatten().cloned().collect(),
+        }
+    }
+
+    /// Telemetries that attach to workloads, by namespace, oldest first.
+    pub(super) fn index_telemetries(
+        sorted: Vec<Arc<ConfigObject>>,
+    ) -> BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> {
+        let mut out: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
+        for object in sorted {
+            if telemetry(&object).is_some_and(Telemetry::attaches_to_workloads) {
+                out.entry(object.key.namespace.clone())
+                    .or_default()
+                    .push(object);
+            }
+        }
+        out
+    }
+}
+
+/// Of what kind `ConfigKind::Telemetry` objects are.
+fn telemetry(object: &ConfigObject) -> Option<&Telemetry> {
+    match &object.spec {
+        Spec::Telemetry(t) => Some(t),
+        _ => None,
+    }
+}
+
+impl AppliedTelemetry {
+    /// Which objects applied: proxies with the same ones (and mesh config) log alike.
+    pub fn keys(&self) -> Vec<&ConfigKey> {
+        debug_assert!(self
+            .levels
+            .iter()
+            .all(|o| o.key.kind == ConfigKind::Telemetry));
+        self.levels.iter().map(|o| &o.key).collect()
+    }
+
+    /// The access log providers in effect for traffic of `mode`, given the mesh's default ones.
+    pub fn access_logging(&self, defaults: &[String], mode: WorkloadMode) -> LogDecision {
+        let levels: Vec<&[AccessLogging]> = self
+            .levels
+            .iter()
+            .filter_map(|o| telemetry(o))
+            .map(|t| t.access_logging.as_slice())
+            .filter(|entries| !entries.is_empty())
+            .collect();
+        if levels.is_empty() {
+            return match defaults.is_empty() {
+                true => LogDecision::MeshConfig,
+                false => LogDecision::Providers(
+                    defaults
+                        .iter()
+                        .map(|p| ActiveLog {
+                            provider: p.clone(),
+                            filter: None,
+                        })
+                        .collect(),
+                ),
+            };
+        }
+        // Which providers are in scope: each level that names some for this side replaces them;
+        // the filter of a provider is that of the last entry naming it.
+        let mut in_scope: BTreeSet<&str> = defaults.iter().map(String::as_str).collect();
+        let mut filters: BTreeMap<&str, Option<&str>> = BTreeMap::new();
+        for entries in &levels {
+            let mut named = BTreeSet::new();
+            for entry in entries.iter().filter(|e| e.matches(mode)) {
+                for provider in entry.provider_names() {
+                    named.insert(provider);
+                    let filter = entry.filter.as_ref().map(|f| f.expression.as_str());
+                    filters.insert(provider, filter);
+                }
+            }
+            if !named.is_empty() {
+                in_scope = named;
+            }
+        }
+        // What each entry says of them, in order: an entry naming no provider speaks for those
+        // the entry before it named (the defaults for the first).
+        let mut decided: BTreeMap<&str, Option<ActiveLog>> = BTreeMap::new();
+        let mut parent: Vec<&str> = defaults.iter().map(String::as_str).collect();
+        for entry in levels.iter().flat_map(|entries| entries.iter()) {
+            let names = match entry.provider_names() {
+                names if names.is_empty() => parent.clone(),
+                names => names,
+            };
+            parent = names.clone();
+            if !entry.matches(mode) {
+                continue;
+            }
+            for name in names.into_iter().filter(|n| in_scope.contains(n)) {
+                let active = (entry.disabled != Some(true)).then(|| ActiveLog {
+                    provider: name.to_string(),
+                    filter: filters.get(name).copied().flatten().map(str::to_string),
+                });
+                decided.insert(name, active);
+            }
+        }
+        // Some Telemetry spoke: what it left (perhaps nothing) is final, the mesh config aside.
+        LogDecision::Providers(decided.into_values().flatten().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::istio::{test_object, MeshConfig};
+    use crate::model::{ConfigChange, ConfigSource};
+    use serde_json::json;
+
+    fn store(objects: &[(&str, &str, serde_json::Value)]) -> ConfigStore {
+        let mut store = ConfigStore::new("cluster.local", MeshConfig::default());
+        let changes = objects
+            .iter()
+            .enumerate()
+            .map(|(i, (ns, name, spec))| {
+                let created = format!("2024-01-01T00:00:{i:02}Z");
+                ConfigChange::Upsert(test_object("Telemetry", ns, name, &created, spec.clone()))
+            })
+            .collect();
+        store.apply(ConfigSource::Files, changes);
+        store
+    }
+
+    fn labels(app: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([("app".to_string(), app.to_string())])
+    }
+
+    fn providers(decision: LogDecision) -> Vec<(String, Option<String>)> {
+        match decision {
+            LogDecision::Providers(list) => {
+                list.into_iter().map(|l| (l.provider, l.filter)).collect()
+            }
+            LogDecision::MeshConfig => panic!("fell back to the mesh config"),
+        }
+    }
+
+    #[test]
+    fn without_telemetry_the_defaults_or_the_mesh_config_decide() {
+        let store = store(&[]);
+        let applied = store.telemetry_for("shop", &labels("web"));
+        assert_eq!(
+            applied.access_logging(&[], WorkloadMode::Client),
+            LogDecision::MeshConfig
+        );
+        assert_eq!(
+            providers(applied.access_logging(&["otel".into()], WorkloadMode::Client)),
+            [("otel".to_string(), None)]
+        );
+    }
+
+    #[test]
+    fn a_namespace_disables_what_the_root_turned_on() {
+        let store = store(&[
+            (
+                "istio-system",
+                "mesh",
+                json!({"accessLogging": [{"providers": [{"name": "envoy"}]}]}),
+            ),
+            (
+                "shop",
+                "quiet",
+                json!({"accessLogging": [{"disabled": true}]}),
+            ),
+        ]);
+        let shop = store.telemetry_for("shop", &labels("web"));
+        assert_eq!(shop.keys().len(), 2);
+        assert_eq!(
+            shop.access_logging(&[], WorkloadMode::Client),
+            LogDecision::Providers(vec![])
+        );
+        let other = store.telemetry_for("other", &labels("web"));
+        assert_eq!(
+            providers(other.access_logging(&[], WorkloadMode::Server)),
+            [("envoy".to_string(), None)]
+        );
+    }
+
+    #[test]
+    fn disabling_without_providers_turns_the_mesh_config_log_off() {
+        let store = store(&[(
+            "shop",
+            "quiet",
+            json!({"accessLogging": [{"disabled": true}]}),
+        )]);
+        let shop = store.telemetry_for("shop", &labels("web"));
+        assert_eq!(
+            shop.access_logging(&[], WorkloadMode::Client),
+            LogDecision::Providers(vec![])
+        );
+    }
+
+    #[test]
+    fn a_workload_replaces_providers_for_its_side_only() {
+        let store = store(&[
+            (
+                "istio-system",
+                "mesh",
+                json!({"accessLogging": [{"providers": [{"name": "envoy"}]}]}),
+            ),
+            (
+                "shop",
+                "web",
+                json!({
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "accessLogging": [{
+                        "match": {"mode": "SERVER"},
+                        "providers": [{"name": "json-file"}],
+                        "filter": {"expression": "response.code >= 400"}
+                    }]
+                }),
+            ),
+        ]);
+        let web = store.telemetry_for("shop", &labels("web"));
+        assert_eq!(
+            providers(web.access_logging(&[], WorkloadMode::Server)),
+            [(
+                "json-file".to_string(),
+                Some("response.code >= 400".to_string())
+            )]
+        );
+        assert_eq!(
+            providers(web.access_logging(&[], WorkloadMode::Client)),
+            [("envoy".to_string(), None)]
+        );
+        let api = store.telemetry_for("shop", &labels("api"));
+        assert_eq!(api.keys().len(), 1);
+    }
+}
