@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-changed=Cargo.lock");
-    let descriptors = protox::compile(["ca.proto", "nds.proto"], ["proto"])?;
+    let descriptors = protox::compile(
+        ["ca.proto", "nds.proto", "stats.proto", "typed_struct.proto"],
+        ["proto"],
+    )?;
     tonic_prost_build::configure()
         // Sorted maps encode the same table to the same bytes, so an unchanged table is not resent.
         .btree_map(".istio.networking.nds.v1")
@@ -37,6 +40,7 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
         root.join("opentelemetry-proto"),
         root.join("client_model"),
         root.join("ratelimit/api"),
+        PathBuf::from("proto"),
     ];
     let mut compiler = protox::Compiler::new(includes)?;
     compiler.include_imports(true);
@@ -46,6 +50,9 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
     for file in &files {
         let _ = compiler.open_file(file.strip_prefix(&api)?);
     }
+    // Configs meshpilot wraps in Envoy resources for Istio's proxies: printed in config dumps too.
+    compiler.open_file("typed_struct.proto")?;
+    compiler.open_file("stats.proto")?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("envoy_descriptors.bin");
     std::fs::write(out, compiler.encode_file_descriptor_set())?;
     Ok(())

@@ -47,6 +47,18 @@ ports: [{{name: http, port: 8080}}]
 endpoints:
 - {{addresses: [{V1}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: reviews-v1, namespace: default}}}}
 - {{addresses: [{V2}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: reviews-v2, namespace: default}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: zipkin, namespace: istio-system}}
+spec: {{clusterIP: 10.96.9.11, ports: [{{name: http-zipkin, port: 9411}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: zipkin-1, namespace: istio-system, labels: {{kubernetes.io/service-name: zipkin}}}}
+addressType: IPv4
+ports: [{{name: http-zipkin, port: 9411}}]
+endpoints: [{{addresses: [{V1}], conditions: {{ready: true}}}}]
 "
     )
 }
@@ -149,7 +161,7 @@ struct Routed {
     envoy: Envoy,
     mp: meshpilot::app::Running,
     dir: tempfile::TempDir,
-    _backend: Netns,
+    backend: Netns,
     client: Netns,
     _ports: tokio::sync::MutexGuard<'static, ()>,
 }
@@ -224,7 +236,7 @@ impl Routed {
             envoy,
             mp,
             dir,
-            _backend: backend,
+            backend,
             client,
             _ports: ports,
         };
@@ -426,4 +438,52 @@ async fn access_logs_follow_the_mesh_config_and_telemetry() {
     assert!(!lines(&errors_log).iter().any(|l| l.contains("/quiet")));
     assert_eq!(routed.envoy.rejected_updates().await, 0);
     drop(routed.mp);
+}
+
+/// Spans as Istio users ask for them, sent by the real sidecar to a Zipkin collector of the mesh:
+/// the root namespace's Telemetry names the mesh config's `zipkin` provider, samples everything
+/// and adds tags; each span carries them and Istio's own.
+#[tokio::test]
+async fn spans_reach_the_telemetry_s_zipkin_provider() {
+    let mesh = "extensionProviders:\n- name: zipkin\n  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}\n";
+    let telemetry = "
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: mesh-default, namespace: istio-system}
+spec:
+  tracing:
+  - providers: [{name: zipkin}]
+    randomSamplingPercentage: 100
+    customTags:
+      team: {literal: {value: payments}}
+      user: {header: {name: x-user, defaultValue: nobody}}
+";
+    let mut routed = Routed::start("mpt", &format!("{CONFIG}---{telemetry}"), mesh).await;
+    routed.backend.serve_zipkin(9411);
+    let client = &routed.client;
+    let span = wait_for("a span at the collector", BOUND, || {
+        requests(client, "/traced", 1, &["x-user:alice"]);
+        let output = client
+            .command("curl")
+            .args(["-s", &format!("http://{V1}:9411/spans")])
+            .output()
+            .expect("curl runs");
+        let spans: Vec<serde_json::Value> =
+            serde_json::from_slice(&output.stdout).unwrap_or_default();
+        let span = spans.into_iter().find(|s| {
+            s["tags"]["http.url"]
+                .as_str()
+                .is_some_and(|u| u.contains("/traced"))
+        });
+        async move { span }
+    })
+    .await;
+    let tags = &span["tags"];
+    assert_eq!(tags["team"], "payments", "{span}");
+    assert_eq!(tags["user"], "alice", "{span}");
+    assert_eq!(tags["istio.namespace"], "default", "{span}");
+    assert_eq!(tags["istio.cluster_id"], "c1", "{span}");
+    assert_eq!(tags["istio.canonical_service"], "unknown", "{span}");
+    assert_eq!(span["kind"], "CLIENT", "{span}");
+    assert_eq!(routed.envoy.rejected_updates().await, 0);
 }

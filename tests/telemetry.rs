@@ -1,6 +1,8 @@
-//! The Telemetry API's access logging as proxies receive it, decoded from raw ADS responses: the
-//! root namespace's, the namespace's and the workload's Telemetry in Istio's precedence, each
-//! side of the traffic (`match.mode`) on its own listeners, from files and from the config cluster.
+//! Telemetry as proxies receive it, decoded from raw ADS responses: the Telemetry API's access
+//! logging (the root namespace's, the namespace's and the workload's Telemetry in Istio's
+//! precedence, each side of the traffic on its own listeners, from files and from the config
+//! cluster), and Istio's stats and peer metadata filters for Istio's proxies, compared with what
+//! istiod sends.
 
 mod common;
 
@@ -10,15 +12,25 @@ use std::time::Duration;
 use common::config_source::{ConfigFixture, Source};
 use common::*;
 use envoy_types::pb::envoy::config::accesslog::v3::{access_log, AccessLog};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::grpc_service;
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, Listener};
+use envoy_types::pb::envoy::config::trace::v3::tracing::http as tracer_http;
+use envoy_types::pb::envoy::config::trace::v3::OpenTelemetryConfig;
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_filter, HttpConnectionManager,
+};
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use envoy_types::pb::google::protobuf::Any;
+use meshpilot::xds::istio_protos::stats::PluginConfig;
+use meshpilot::xds::istio_protos::udpa::TypedStruct;
 use prost::Message;
 
 const BOUND: Duration = Duration::from_secs(10);
 const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 const MESH: &str = "
 extensionProviders:
@@ -103,23 +115,49 @@ fn listener_logs(listener: &Listener) -> (Vec<Logs>, Logs) {
 
 /// A sidecar's listeners by name.
 async fn listeners(f: &ConfigFixture, id: &str, app: &str) -> BTreeMap<String, Listener> {
+    resources(f, id, app, &[], LDS).await
+}
+
+/// A proxy's resources of one type by name; `metadata` beside its cluster.
+async fn resources<T: Message + Default + Named>(
+    f: &ConfigFixture,
+    id: &str,
+    app: &str,
+    metadata: &[(&str, &str)],
+    type_url: &str,
+) -> BTreeMap<String, T> {
     let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    let mut meta = vec![("CLUSTER_ID", "cluster1")];
+    meta.extend_from_slice(metadata);
     ads.request(DiscoveryRequest {
-        node: Some(labelled_node(
-            id,
-            &[("CLUSTER_ID", "cluster1")],
-            &[("app", app)],
-        )),
-        type_url: LDS.into(),
+        node: Some(labelled_node(id, &meta, &[("app", app)])),
+        type_url: type_url.into(),
         ..Default::default()
     });
     ads.response(BOUND)
         .await
         .resources
         .iter()
-        .map(|a| Listener::decode(&a.value[..]).expect("a listener"))
-        .map(|l| (l.name.clone(), l))
+        .map(|a| T::decode(&a.value[..]).expect("a resource"))
+        .map(|r| (r.name().to_string(), r))
         .collect()
+}
+
+/// Resources by their names.
+trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for Listener {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for Cluster {
+    fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 fn stdout() -> Logs {
@@ -213,3 +251,252 @@ from_both_sources!(
     precedence_from_files,
     precedence_from_the_config_cluster
 );
+
+const REVIEWS_ID: &str = "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local";
+const ISTIO_PROXY: &[(&str, &str)] = &[("ISTIO_VERSION", "1.28.0")];
+
+fn typed(any: &Any, type_url: &str) -> Vec<u8> {
+    assert_eq!(any.type_url, type_url);
+    any.value.clone()
+}
+
+/// A TypedStruct's inner type URL and value, as JSON.
+fn typed_struct(any: &Any) -> (String, serde_json::Value) {
+    let bytes = typed(any, "type.googleapis.com/udpa.type.v1.TypedStruct");
+    let typed = TypedStruct::decode(&bytes[..]).unwrap();
+    let value = typed.value.unwrap_or_default();
+    (typed.type_url, struct_json(&value))
+}
+
+fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+    use prost_types::value::Kind;
+    fn value(v: &prost_types::Value) -> serde_json::Value {
+        match &v.kind {
+            Some(Kind::StringValue(s)) => s.clone().into(),
+            Some(Kind::BoolValue(b)) => (*b).into(),
+            Some(Kind::NumberValue(n)) => (*n).into(),
+            Some(Kind::StructValue(s)) => struct_json(s),
+            Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
+            _ => serde_json::Value::Null,
+        }
+    }
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), value(v)))
+        .collect()
+}
+
+/// An HCM's HTTP filters of a listener's first chain that has one: (name, config).
+fn http_filters(listener: &Listener) -> Vec<(String, Any)> {
+    hcm_of(listener)
+        .http_filters
+        .into_iter()
+        .map(|f| match f.config_type {
+            Some(http_filter::ConfigType::TypedConfig(any)) => (f.name, any),
+            other => panic!("{}: {other:?}", f.name),
+        })
+        .collect()
+}
+
+/// What istiod's `SidecarInboundMetadataFilter` / `SidecarOutboundMetadataFilter` carry
+/// (pilot/pkg/xds/filters/filters.go).
+fn peer_metadata(direction: &str) -> serde_json::Value {
+    serde_json::json!({
+        format!("{direction}_discovery"): [{"istio_headers": {}}, {"workload_discovery": {}}],
+        format!("{direction}_propagation"): [{"istio_headers": {}}],
+    })
+}
+
+/// Istio's proxies get Istio's stats and metadata exchange where istiod puts them, with istiod's
+/// configs; a plain Envoy (no ISTIO_VERSION) gets nothing it could not load.
+#[tokio::test]
+async fn istio_proxies_get_istios_stats_and_plain_envoy_none() {
+    let f = ConfigFixture::start(Source::Files, &[], &["--debounce-after", "0s"]).await;
+    let listeners: BTreeMap<String, Listener> =
+        resources(&f, REVIEWS_ID, "reviews", ISTIO_PROXY, LDS).await;
+
+    // Inbound HTTP: the exchange first, the stats just before the router, istiod's configs.
+    let inbound = http_filters(&listeners["virtualInbound"]);
+    let names: Vec<&str> = inbound.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"istio.metadata_exchange"), "{names:?}");
+    assert_eq!(
+        names[names.len() - 2..],
+        ["istio.stats", "envoy.filters.http.router"]
+    );
+    let (inner, config) = typed_struct(&inbound[0].1);
+    assert_eq!(
+        inner,
+        "type.googleapis.com/io.istio.http.peer_metadata.Config"
+    );
+    assert_eq!(config, peer_metadata("downstream"));
+    let stats = typed(
+        &inbound[names.len() - 2].1,
+        "type.googleapis.com/stats.PluginConfig",
+    );
+    // istiod's own test decodes `MAE=`: disable_host_header_fallback (field 6) only.
+    assert_eq!(stats, [0x30, 0x01]);
+    let decoded = PluginConfig::decode(&stats[..]).unwrap();
+    assert!(decoded.disable_host_header_fallback && decoded.metrics.is_empty());
+
+    // Outbound HTTP: the upstream exchange, an empty stats config.
+    let outbound = http_filters(&listeners["0.0.0.0_9080"]);
+    let names: Vec<&str> = outbound.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"istio.metadata_exchange"), "{names:?}");
+    assert_eq!(typed_struct(&outbound[0].1).1, peer_metadata("upstream"));
+    let stats = &outbound[names.len() - 2];
+    assert_eq!(stats.0, "istio.stats");
+    assert!(typed(&stats.1, "type.googleapis.com/stats.PluginConfig").is_empty());
+
+    // Inbound TCP: the exchange first, the stats just before the TCP proxy.
+    let catch_all = listeners["virtualInbound"]
+        .filter_chains
+        .iter()
+        .find(|c| c.name == "virtualInbound-catchall-tcp")
+        .expect("the inbound catch-all");
+    let names: Vec<&str> = catch_all.filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"istio.metadata_exchange"));
+    assert_eq!(
+        names[names.len() - 2..],
+        ["istio.stats", "envoy.filters.network.tcp_proxy"]
+    );
+    let Some(filter::ConfigType::TypedConfig(exchange)) = &catch_all.filters[0].config_type else {
+        panic!()
+    };
+    let tcp_exchange = (
+        "type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange".to_string(),
+        serde_json::json!({"protocol": "istio-peer-exchange", "enable_discovery": true}),
+    );
+    assert_eq!(typed_struct(exchange), tcp_exchange);
+
+    // Outbound clusters exchange upstream and name their service for the stats.
+    let clusters: BTreeMap<String, Cluster> =
+        resources(&f, REVIEWS_ID, "reviews", ISTIO_PROXY, CDS).await;
+    let reviews = &clusters["outbound|9080||reviews.bookinfo.svc.cluster.local"];
+    assert_eq!(reviews.filters.len(), 1);
+    assert_eq!(reviews.filters[0].name, "istio.metadata_exchange");
+    assert_eq!(
+        typed_struct(reviews.filters[0].typed_config.as_ref().unwrap()),
+        tcp_exchange
+    );
+    let istio = &reviews.metadata.as_ref().unwrap().filter_metadata["istio"];
+    let istio = struct_json(&prost_types::Struct {
+        fields: istio
+            .fields
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    prost_types::Value::decode(&v.encode_to_vec()[..]).unwrap(),
+                )
+            })
+            .collect(),
+    });
+    assert_eq!(
+        istio,
+        serde_json::json!({"services": [{"host": "reviews.bookinfo.svc.cluster.local",
+                                          "name": "reviews", "namespace": "bookinfo"}]})
+    );
+    assert_eq!(clusters["PassthroughCluster"].filters.len(), 1);
+    assert!(clusters["InboundPassthroughCluster"].filters.is_empty());
+
+    // A plain Envoy: none of Istio's own extensions anywhere.
+    let plain: BTreeMap<String, Listener> = resources(&f, REVIEWS_ID, "reviews", &[], LDS).await;
+    let plain_clusters: BTreeMap<String, Cluster> =
+        resources(&f, REVIEWS_ID, "reviews", &[], CDS).await;
+    let text = format!(
+        "{plain:?}{:?}",
+        plain_clusters
+            .values()
+            .map(|c| &c.filters)
+            .collect::<Vec<_>>()
+    );
+    assert!(!text.contains("istio.stats") && !text.contains("istio.metadata_exchange"));
+}
+
+/// The connection manager of a listener's HTTP chain.
+fn hcm_of(listener: &Listener) -> HttpConnectionManager {
+    let chains = listener
+        .filter_chains
+        .iter()
+        .chain(listener.default_filter_chain.iter());
+    chains
+        .flat_map(|c| &c.filters)
+        .find(|f| f.name == "envoy.filters.network.http_connection_manager")
+        .map(|f| match &f.config_type {
+            Some(filter::ConfigType::TypedConfig(any)) => {
+                HttpConnectionManager::decode(&any.value[..]).unwrap()
+            }
+            other => panic!("{other:?}"),
+        })
+        .unwrap_or_else(|| panic!("{} has no HCM", listener.name))
+}
+
+/// Without a Telemetry, Istio's proxies trace through their agent's tracer at the mesh config's
+/// sampling with Istio's tags (a plain Envoy has no agent: nothing); a Telemetry naming an
+/// OpenTelemetry provider sends spans over gRPC to the provider's service, named by the proxy's
+/// service cluster.
+#[tokio::test]
+async fn tracing_from_the_mesh_config_and_a_telemetry() {
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        mesh.path(),
+        "defaultConfig: {tracing: {sampling: 5}}\nextensionProviders:\n- name: otel\n  opentelemetry: {service: bookinfo/reviews.bookinfo.svc.cluster.local, port: 9080}\n",
+    )
+    .unwrap();
+    let flags = [
+        "--debounce-after",
+        "0s",
+        "--mesh-config",
+        mesh.path().to_str().unwrap(),
+    ];
+    let f = ConfigFixture::start(Source::Files, &[], &flags).await;
+    let istio: BTreeMap<String, Listener> =
+        resources(&f, REVIEWS_ID, "reviews", ISTIO_PROXY, LDS).await;
+    let tracing = hcm_of(&istio["0.0.0.0_9080"]).tracing.expect("tracing");
+    assert_eq!(tracing.random_sampling.map(|p| p.value), Some(5.0));
+    assert_eq!(tracing.client_sampling.map(|p| p.value), Some(100.0));
+    assert!(tracing.provider.is_none(), "the agent's tracer");
+    let tags: Vec<&str> = tracing.custom_tags.iter().map(|t| t.tag.as_str()).collect();
+    assert_eq!(
+        tags,
+        [
+            "istio.canonical_revision",
+            "istio.canonical_service",
+            "istio.cluster_id",
+            "istio.mesh_id",
+            "istio.namespace"
+        ]
+    );
+    let plain: BTreeMap<String, Listener> = resources(&f, REVIEWS_ID, "reviews", &[], LDS).await;
+    assert!(hcm_of(&plain["0.0.0.0_9080"]).tracing.is_none());
+
+    f.apply(
+        "tracing.yaml",
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: otel, namespace: bookinfo}\nspec:\n  tracing: [{providers: [{name: otel}], randomSamplingPercentage: 50}]\n",
+    );
+    let tracing = wait_for("the provider in the sidecar", BOUND, || async {
+        let listeners: BTreeMap<String, Listener> =
+            resources(&f, REVIEWS_ID, "reviews", &[], LDS).await;
+        hcm_of(&listeners["0.0.0.0_9080"])
+            .tracing
+            .filter(|t| t.provider.is_some())
+    })
+    .await;
+    assert_eq!(tracing.random_sampling.map(|p| p.value), Some(50.0));
+    let provider = tracing.provider.unwrap();
+    assert_eq!(provider.name, "envoy.tracers.opentelemetry");
+    let Some(tracer_http::ConfigType::TypedConfig(any)) = &provider.config_type else {
+        panic!("{provider:?}")
+    };
+    let otel = OpenTelemetryConfig::decode(&any.value[..]).unwrap();
+    let Some(grpc_service::TargetSpecifier::EnvoyGrpc(grpc)) =
+        otel.grpc_service.and_then(|g| g.target_specifier)
+    else {
+        panic!("a gRPC exporter")
+    };
+    assert_eq!(
+        grpc.cluster_name,
+        "outbound|9080||reviews.bookinfo.svc.cluster.local"
+    );
+    assert_eq!(grpc.authority, "reviews.bookinfo.svc.cluster.local");
+}

@@ -92,6 +92,14 @@ mod tests {
             "envoy.extensions.filters.listener.original_dst.v3.OriginalDst",
             "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector",
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+            "envoy.extensions.formatter.req_without_query.v3.ReqWithoutQuery",
+            "envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig",
+            "envoy.config.trace.v3.ZipkinConfig",
+            "envoy.config.trace.v3.OpenTelemetryConfig",
+            "udpa.type.v1.TypedStruct",
+            "stats.PluginConfig",
         ] {
             assert!(pool.get_message_by_name(name).is_some(), "{name}");
         }

@@ -19,14 +19,35 @@ pub struct ExtensionProvider {
     pub envoy_ext_authz_grpc: Option<ExtAuthzGrpc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envoy_file_access_log: Option<FileAccessLog>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zipkin: Option<TracingService>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opentelemetry: Option<TracingService>,
+    /// Istio's stats, scraped by Prometheus (no settings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<serde_json::Map<String, serde_json::Value>>,
     /// The other provider kinds, untouched.
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,
 }
 
-/// The provider Istio's default mesh config defines: the mesh config's access log format, to
-/// standard output.
+/// The providers Istio's default mesh config defines: a file access log to standard output in the
+/// mesh config's format, and Istio's metrics for Prometheus.
 pub const BUILT_IN_ENVOY: &str = "envoy";
+pub const BUILT_IN_PROMETHEUS: &str = "prometheus";
+
+/// `zipkin` or `opentelemetry`: where spans go, a service of the mesh (`[<namespace>/]<host>`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TracingService {
+    pub service: String,
+    pub port: u32,
+    pub max_tag_length: u32,
+    /// Zipkin: 64-bit trace ids rather than 128.
+    pub enable64bit_trace_id: bool,
+    /// Zipkin: the collector's path (`/api/v2/spans`).
+    pub path: String,
+}
 
 /// `envoyFileAccessLog`: Envoy's file access log.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -47,15 +68,24 @@ pub struct LogFormat {
 }
 
 impl ExtensionProvider {
-    pub fn built_in_envoy() -> Self {
-        Self {
-            name: BUILT_IN_ENVOY.into(),
-            envoy_file_access_log: Some(FileAccessLog {
-                path: "/dev/stdout".into(),
+    /// One of the providers Istio's default mesh config defines, by name (any case).
+    pub fn built_in(name: &str) -> Option<Self> {
+        if name.eq_ignore_ascii_case(BUILT_IN_ENVOY) {
+            return Some(Self {
+                name: BUILT_IN_ENVOY.into(),
+                envoy_file_access_log: Some(FileAccessLog {
+                    path: "/dev/stdout".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
+            });
         }
+        name.eq_ignore_ascii_case(BUILT_IN_PROMETHEUS)
+            .then(|| Self {
+                name: BUILT_IN_PROMETHEUS.into(),
+                prometheus: Some(Default::default()),
+                ..Default::default()
+            })
     }
 }
 
@@ -116,6 +146,15 @@ pub fn validate(providers: &[ExtensionProvider]) -> Result {
         if let Some(http) = &provider.envoy_ext_authz_http {
             http.validate()
                 .map_err(|e| e.under(&format!("{at}.envoyExtAuthzHttp")))?;
+        }
+        for (kind, tracer) in [
+            ("zipkin", &provider.zipkin),
+            ("opentelemetry", &provider.opentelemetry),
+        ] {
+            if let Some(tracer) = tracer {
+                service_and_port(&tracer.service, tracer.port, "")
+                    .map_err(|e| e.under(&format!("{at}.{kind}")))?;
+            }
         }
         if let Some(grpc) = &provider.envoy_ext_authz_grpc {
             service_and_port(&grpc.service, grpc.port, &grpc.status_on_error)
@@ -201,11 +240,16 @@ mod tests {
     fn providers_parse_and_validate() {
         let providers: Vec<ExtensionProvider> = serde_json::from_value(serde_json::json!([
             {"name": "authz", "envoyExtAuthzHttp": {"service": "ext.foo.svc.cluster.local", "port": 8000, "includeRequestHeadersInCheck": ["x-ext-authz"]}},
-            {"name": "otel", "opentelemetry": {"service": "otel", "port": 4317}}
+            {"name": "otel", "opentelemetry": {"service": "otel", "port": 4317}},
+            {"name": "sd", "stackdriver": {}}
         ]))
         .unwrap();
         assert!(validate(&providers).is_ok());
-        assert!(providers[1].other.contains_key("opentelemetry"));
+        assert_eq!(
+            providers[1].opentelemetry.as_ref().map(|o| o.port),
+            Some(4317)
+        );
+        assert!(providers[2].other.contains_key("stackdriver"));
         let mut dup = providers.clone();
         dup[1].name = "authz".into();
         assert_eq!(

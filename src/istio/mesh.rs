@@ -40,12 +40,29 @@ pub struct MeshConfig {
     pub access_log_format: String,
     /// Leaves out the log of connections no filter chain matched (the listeners' own).
     pub disable_envoy_listener_log: bool,
+    /// Istio's proxies trace through the tracer their agent configures when no Telemetry or
+    /// default provider decides (Istio's default: on).
+    pub enable_tracing: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct DefaultProviders {
     pub access_logging: Vec<String>,
+    /// Only the first is used, as istiod.
+    pub tracing: Vec<String>,
+    /// Istio's default mesh config names `prometheus`: Istio's proxies report Istio's metrics.
+    pub metrics: Vec<String>,
+}
+
+impl Default for DefaultProviders {
+    fn default() -> Self {
+        Self {
+            access_logging: Vec::new(),
+            tracing: Vec::new(),
+            metrics: vec![extension_provider::BUILT_IN_PROMETHEUS.into()],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -76,6 +93,7 @@ impl Default for MeshConfig {
             access_log_encoding: AccessLogEncoding::Text,
             access_log_format: String::new(),
             disable_envoy_listener_log: false,
+            enable_tracing: true,
         }
     }
 }
@@ -104,6 +122,24 @@ pub struct ProxyConfig {
     pub discovery_address: String,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ProxyConfig {
+    /// `tracing.sampling` of the proxies' defaults: a percentage, 0 (or absent) meaning unset.
+    pub fn trace_sampling(&self) -> Option<f64> {
+        let sampling = self.rest.get("tracing")?.get("sampling")?.as_f64()?;
+        (sampling != 0.0).then_some(sampling)
+    }
+
+    /// `tracing.maxPathTagLength`, when set.
+    pub fn max_path_tag_length(&self) -> Option<u32> {
+        let length = self
+            .rest
+            .get("tracing")?
+            .get("maxPathTagLength")?
+            .as_u64()?;
+        u32::try_from(length).ok().filter(|l| *l != 0)
+    }
 }
 
 impl MeshConfig {
@@ -188,7 +224,8 @@ impl MeshConfig {
     }
 
     /// An extension provider by name, matched without regard to case as istiod does, with Istio's
-    /// built-in `envoy` (a file access log to /dev/stdout) where the mesh config does not define it.
+    /// built-in `envoy` (a file access log to /dev/stdout) and `prometheus` where the mesh config
+    /// does not define them.
     pub fn provider(&self, name: &str) -> Option<std::borrow::Cow<'_, ExtensionProvider>> {
         let defined = self
             .extension_providers
@@ -196,10 +233,7 @@ impl MeshConfig {
             .find(|p| p.name.eq_ignore_ascii_case(name));
         match defined {
             Some(p) => Some(std::borrow::Cow::Borrowed(p)),
-            None if name.eq_ignore_ascii_case(extension_provider::BUILT_IN_ENVOY) => {
-                Some(std::borrow::Cow::Owned(ExtensionProvider::built_in_envoy()))
-            }
-            None => None,
+            None => ExtensionProvider::built_in(name).map(std::borrow::Cow::Owned),
         }
     }
 }

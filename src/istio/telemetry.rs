@@ -1,6 +1,8 @@
-//! Telemetry (telemetry.istio.io): which access log providers a workload's proxy uses, and for
-//! which traffic. Tracing and metrics are not implemented yet, so a Telemetry naming them is
+//! Telemetry (telemetry.istio.io): which access log and tracing providers a workload's proxy uses,
+//! and for which traffic. Metrics overrides are not implemented yet, so a Telemetry naming them is
 //! refused (by the field check every kind has) rather than applied without them.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +18,56 @@ pub struct Telemetry {
     pub target_ref: Option<serde_json::Value>,
     pub target_refs: Vec<serde_json::Value>,
     pub access_logging: Vec<AccessLogging>,
+    pub tracing: Vec<Tracing>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Tracing {
+    #[serde(rename = "match")]
+    pub matches: Option<WorkloadMatch>,
+    pub providers: Vec<ProviderRef>,
+    pub random_sampling_percentage: Option<f64>,
+    pub disable_span_reporting: Option<bool>,
+    pub custom_tags: BTreeMap<String, CustomTag>,
+    pub use_request_id_for_trace_sampling: Option<bool>,
+    pub enable_istio_tags: Option<bool>,
+}
+
+/// A span tag: a literal, an environment variable of the proxy, or a request header.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CustomTag {
+    pub literal: Option<Literal>,
+    pub environment: Option<FromSource>,
+    pub header: Option<FromSource>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Literal {
+    pub value: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FromSource {
+    pub name: String,
+    pub default_value: String,
+}
+
+impl Tracing {
+    /// Whether the entry is for traffic of `mode` (no `match`: both).
+    pub fn matches(&self, mode: WorkloadMode) -> bool {
+        mode_matches(self.matches.as_ref(), mode)
+    }
+}
+
+fn mode_matches(selector: Option<&WorkloadMatch>, mode: WorkloadMode) -> bool {
+    match selector.map_or(WorkloadMode::ClientAndServer, |m| m.mode) {
+        WorkloadMode::ClientAndServer => true,
+        wanted => wanted == mode,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
@@ -61,14 +113,7 @@ pub struct LogFilter {
 impl AccessLogging {
     /// Whether the entry is for traffic of `mode` (no `match`: both).
     pub fn matches(&self, mode: WorkloadMode) -> bool {
-        match self
-            .matches
-            .as_ref()
-            .map_or(WorkloadMode::ClientAndServer, |m| m.mode)
-        {
-            WorkloadMode::ClientAndServer => true,
-            wanted => wanted == mode,
-        }
+        mode_matches(self.matches.as_ref(), mode)
     }
 
     /// Provider names in the order given.
@@ -98,6 +143,28 @@ impl Telemetry {
                     !filter.expression.trim().is_empty(),
                     &format!("accessLogging[{i}].filter.expression"),
                     "an expression is required",
+                )?;
+            }
+        }
+        for (i, tracing) in self.tracing.iter().enumerate() {
+            let at = format!("tracing[{i}]");
+            ensure(
+                tracing
+                    .random_sampling_percentage
+                    .is_none_or(|p| (0.0..=100.0).contains(&p)),
+                &format!("{at}.randomSamplingPercentage"),
+                "must be in range [0.0, 100.0]",
+            )?;
+            for (name, tag) in &tracing.custom_tags {
+                let kinds = [
+                    tag.literal.is_some(),
+                    tag.environment.is_some(),
+                    tag.header.is_some(),
+                ];
+                ensure(
+                    kinds.iter().filter(|k| **k).count() == 1,
+                    &format!("{at}.customTags.{name}"),
+                    "exactly one of literal, environment or header",
                 )?;
             }
         }

@@ -35,7 +35,7 @@ pub use service::{
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
-pub use telemetry::{ActiveLog, AppliedTelemetry, LogDecision};
+pub use telemetry::{ActiveLog, AppliedTelemetry, LogDecision, TraceDecision, TraceSpec};
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::config::ConfigStore;
-use crate::istio::telemetry::{AccessLogging, WorkloadMode};
+use crate::istio::telemetry::{AccessLogging, CustomTag, WorkloadMode};
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Spec, Telemetry};
 
 /// The Telemetry objects that apply to one proxy, least specific first.
@@ -25,6 +25,28 @@ pub enum LogDecision {
     MeshConfig,
     /// The providers in effect, by name; none (every one disabled) means no log.
     Providers(Vec<ActiveLog>),
+}
+
+/// How a proxy traces one side of its traffic (istiod's `Tracing`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TraceDecision {
+    /// No Telemetry traces and no default provider is set: mesh config `enableTracing` decides,
+    /// with the tracer the proxy's own agent configures.
+    MeshConfig,
+    /// Not traced (span reporting disabled, or no provider).
+    Off,
+    On(TraceSpec),
+}
+
+/// The provider and settings in effect for one side.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceSpec {
+    pub provider: String,
+    /// None: the mesh config's `defaultConfig.tracing.sampling`, else Istio's 1 %.
+    pub sampling: Option<f64>,
+    pub custom_tags: BTreeMap<String, CustomTag>,
+    pub use_request_id_for_trace_sampling: bool,
+    pub istio_tags: bool,
 }
 
 /// A provider in effect and the filter of the entry that named it last.
@@ -94,6 +116,54 @@ fn telemetry(object: &ConfigObject) -> Option<&Telemetry> {
 }
 
 impl AppliedTelemetry {
+    /// The tracing in effect for traffic of `mode`: the first default provider, then each
+    /// Telemetry entry for this side in order (root, namespace, workload) replacing what it sets —
+    /// the first provider it names, span reporting, tags, sampling.
+    pub fn tracing(&self, defaults: &[String], mode: WorkloadMode) -> TraceDecision {
+        let entries: Vec<_> = self
+            .levels
+            .iter()
+            .filter_map(|o| telemetry(o))
+            .flat_map(|t| &t.tracing)
+            .collect();
+        if entries.is_empty() && defaults.is_empty() {
+            return TraceDecision::MeshConfig;
+        }
+        let mut provider = defaults.first().cloned();
+        let mut disabled = false;
+        let mut spec = TraceSpec {
+            provider: String::new(),
+            sampling: None,
+            custom_tags: BTreeMap::new(),
+            use_request_id_for_trace_sampling: true,
+            istio_tags: true,
+        };
+        for entry in entries.into_iter().filter(|e| e.matches(mode)) {
+            if let Some(first) = entry.providers.first() {
+                provider = Some(first.name.clone());
+            }
+            if let Some(off) = entry.disable_span_reporting {
+                disabled = off;
+            }
+            if !entry.custom_tags.is_empty() {
+                spec.custom_tags = entry.custom_tags.clone();
+            }
+            if let Some(sampling) = entry.random_sampling_percentage {
+                spec.sampling = Some(sampling);
+            }
+            if let Some(by_id) = entry.use_request_id_for_trace_sampling {
+                spec.use_request_id_for_trace_sampling = by_id;
+            }
+            if let Some(tags) = entry.enable_istio_tags {
+                spec.istio_tags = tags;
+            }
+        }
+        match provider {
+            Some(provider) if !disabled => TraceDecision::On(TraceSpec { provider, ..spec }),
+            _ => TraceDecision::Off,
+        }
+    }
+
     /// Which objects applied: proxies with the same ones (and mesh config) log alike.
     pub fn keys(&self) -> Vec<&ConfigKey> {
         debug_assert!(self
@@ -255,6 +325,50 @@ mod tests {
         assert_eq!(
             shop.access_logging(&[], WorkloadMode::Client),
             LogDecision::Providers(vec![])
+        );
+    }
+
+    #[test]
+    fn tracing_follows_the_entries_for_its_side() {
+        let store = store(&[
+            (
+                "istio-system",
+                "mesh",
+                json!({"tracing": [{
+                    "providers": [{"name": "zipkin"}], "randomSamplingPercentage": 10.0
+                }]}),
+            ),
+            (
+                "shop",
+                "web",
+                json!({
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "tracing": [{"match": {"mode": "SERVER"}, "disableSpanReporting": true},
+                                {"match": {"mode": "CLIENT"}, "randomSamplingPercentage": 100.0,
+                                 "customTags": {"team": {"literal": {"value": "a"}}}}]
+                }),
+            ),
+        ]);
+        let web = store.telemetry_for("shop", &labels("web"));
+        assert_eq!(web.tracing(&[], WorkloadMode::Server), TraceDecision::Off);
+        let TraceDecision::On(client) = web.tracing(&[], WorkloadMode::Client) else {
+            panic!()
+        };
+        assert_eq!(
+            (client.provider.as_str(), client.sampling),
+            ("zipkin", Some(100.0))
+        );
+        assert!(client.custom_tags.contains_key("team"));
+        let none = store.telemetry_for("other", &labels("web"));
+        let TraceDecision::On(other) = none.tracing(&[], WorkloadMode::Server) else {
+            panic!()
+        };
+        assert_eq!(other.sampling, Some(10.0));
+        assert_eq!(
+            ConfigStore::new("cluster.local", MeshConfig::default())
+                .telemetry_for("shop", &labels("web"))
+                .tracing(&[], WorkloadMode::Client),
+            TraceDecision::MeshConfig
         );
     }
 

@@ -4,6 +4,7 @@ mod debug;
 pub mod generate;
 mod grpc;
 pub mod introspect;
+pub mod istio_protos;
 pub mod name_table;
 pub mod protocol;
 pub mod proxy;

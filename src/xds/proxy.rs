@@ -68,6 +68,10 @@ pub struct Proxy {
     /// Its agent answers the workload's DNS (`ISTIO_META_DNS_CAPTURE`): it resolves ServiceEntry
     /// hosts to their auto-allocated addresses, so its listeners match those addresses too.
     pub dns_capture: bool,
+    /// The mesh it says it belongs to (`MESH_ID`), and its service cluster (the node's `cluster`):
+    /// what its spans are tagged and named with.
+    pub mesh_id: String,
+    pub service_cluster: String,
 }
 
 impl Proxy {
@@ -158,6 +162,8 @@ impl Proxy {
             auto_register_group: meta.string("AUTO_REGISTER_GROUP").filter(|g| !g.is_empty()),
             verified: false,
             dns_capture: meta.flag("DNS_CAPTURE"),
+            mesh_id: meta.string("MESH_ID").unwrap_or_default(),
+            service_cluster: node.cluster.clone(),
         })
     }
 }

@@ -152,6 +152,15 @@ impl Netns {
         self.spawn("python3", &[script, &port.to_string()]);
     }
 
+    /// A Zipkin collector on `port` (`GET /spans` lists what it received).
+    pub fn serve_zipkin(&mut self, port: u16) {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/peers/zipkin_collector.py"
+        );
+        self.spawn("python3", &[script, &port.to_string()]);
+    }
+
     /// The echo over HTTPS with these PEM files, requiring a client certificate `client_ca` signed.
     pub fn serve_https_echo(&mut self, port: u16, cert: &Path, key: &Path, client_ca: &Path) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py");

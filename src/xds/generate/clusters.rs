@@ -10,11 +10,12 @@ use envoy_types::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy,
 };
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::config::core::v3::{address, Address, Locality as EnvoyLocality, Pipe};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints,
 };
-use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, UInt32Value, Value};
 
 use super::common::{ads, seconds, socket};
 use super::gateway_tls;
@@ -52,7 +53,11 @@ pub(super) fn list(g: &Generation<'_>, needs: &ClusterNeeds) -> Arc<SharedList> 
         0,
         g.config_version(),
     ];
-    let variant = g.variant_of(&([needs.sni, needs.outbound, needs.fixed], g.list_scope()));
+    let variant = g.variant_of(&(
+        [needs.sni, needs.outbound, needs.fixed],
+        g.list_scope(),
+        g.istio_stats().is_some(),
+    ));
     g.cache.list(ResourceType::Cluster, variant, stamp, || {
         let mut names = Vec::new();
         for service in g.routable_services() {
@@ -100,8 +105,9 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some(parsed) = parse_outbound(name) {
         let target = g.target(&parsed)?;
         let keys = target.rule.as_ref().map(|r| r.keys.clone());
-        // Routers originate TLS from Secrets that sidecars do not (a rule's credentialName).
-        let variant = g.variant_of(&(keys, g.is_router()));
+        // Routers originate TLS from Secrets that sidecars do not (a rule's credentialName);
+        // Istio's proxies exchange peer metadata upstream.
+        let variant = g.variant_of(&(keys, g.is_router(), g.istio_stats().is_some()));
         // mTLS settings name the destination's identities, which live with its endpoints.
         let shards = g.mesh.endpoints.get(&target.service.key()).cloned();
         let stamp = [
@@ -131,16 +137,20 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             || Some(Resource::encode(name, &sni_cluster(name))),
         );
     }
-    let fixed = match name {
-        BLACKHOLE => Some(static_cluster(name, None)),
-        PASSTHROUGH | INBOUND_PASSTHROUGH => Some(original_dst(name)),
-        _ => None,
+    let mut cluster = match name {
+        BLACKHOLE => static_cluster(name, None),
+        PASSTHROUGH | INBOUND_PASSTHROUGH => original_dst(name),
+        _ => return None,
     };
-    let cluster = fixed?;
+    // As istiod: the passthrough to other destinations exchanges metadata, the inbound one not.
+    let exchange = g.istio_stats().filter(|_| name == PASSTHROUGH);
+    if let Some(stats) = exchange {
+        cluster.filters.push(stats.cluster_filter());
+    }
     g.cache.get_or_build(
         ResourceType::Cluster,
         name,
-        0,
+        g.variant_of(&exchange.is_some()),
         [g.services_version(), 0, 0, 0],
         || Some(Resource::encode(name, &cluster)),
     )
@@ -198,6 +208,10 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
     if cluster.typed_extension_protocol_options.is_empty() && http2 {
         cluster.typed_extension_protocol_options = policy::http2_only();
     }
+    cluster.metadata = Some(telemetry_metadata(service));
+    if let Some(stats) = g.istio_stats() {
+        cluster.filters.push(stats.cluster_filter());
+    }
     if g.proxy.generator == Generator::Envoy {
         let subset = target.subset.as_ref().map_or("", |s| s.name.as_str());
         let sni = outbound_sni(target.port, subset, &service.hostname);
@@ -231,6 +245,36 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
         }
     }
     cluster
+}
+
+/// What Istio's stats read of the destination (istiod's `addTelemetryMetadata`): the service's
+/// host, name and namespace under `istio.services`.
+fn telemetry_metadata(service: &Service) -> Metadata {
+    let text = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    };
+    let entry = Struct {
+        fields: [
+            ("host".to_string(), text(&service.hostname)),
+            ("name".to_string(), text(&service.name)),
+            ("namespace".to_string(), text(&service.namespace)),
+        ]
+        .into(),
+    };
+    let services = Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: vec![Value {
+                kind: Some(Kind::StructValue(entry)),
+            }],
+        })),
+    };
+    let istio = Struct {
+        fields: [("services".to_string(), services)].into(),
+    };
+    Metadata {
+        filter_metadata: [("istio".to_string(), istio)].into(),
+        ..Default::default()
+    }
 }
 
 /// Istio's auto mTLS: to services in the mesh whose endpoints are load-balanced by the proxy, each

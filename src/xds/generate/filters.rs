@@ -18,6 +18,7 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::util::pack_any;
 
 use super::common::ads;
+use super::istio_stats::SideStats;
 use super::names::BLACKHOLE;
 
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
@@ -78,8 +79,12 @@ pub(super) fn outbound_hcm(
     hcm
 }
 
-/// A connection manager as a listener's network filter.
-pub(super) fn hcm_filter(hcm: HttpConnectionManager) -> Filter {
+/// A connection manager as a listener's network filter, with Istio's stats filters when the
+/// proxy gets them.
+pub(super) fn hcm_filter(mut hcm: HttpConnectionManager, stats: Option<&SideStats>) -> Filter {
+    if let Some(stats) = stats {
+        stats.add_to(&mut hcm);
+    }
     network_filter(HTTP_CONNECTION_MANAGER, pack_any(hcm))
 }
 

@@ -7,9 +7,11 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
-use super::access_log::ProxyLogs;
+use super::access_log::{ProxyLogs, Side};
 use super::cache::ResourceCache;
+use super::istio_stats::{IstioStats, SideStats, ISTIO_STATS};
 use super::names::{self, ClusterName};
+use super::tracer::{ProxyTracing, TracingInputs};
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigKey, MeshConfig};
@@ -37,6 +39,7 @@ pub struct Generation<'a> {
     scope: OnceLock<Option<Arc<SidecarScope>>>,
     telemetry: OnceLock<AppliedTelemetry>,
     logs: OnceLock<ProxyLogs>,
+    traces: OnceLock<ProxyTracing>,
 }
 
 impl<'a> Generation<'a> {
@@ -49,6 +52,7 @@ impl<'a> Generation<'a> {
             scope: OnceLock::new(),
             telemetry: OnceLock::new(),
             logs: OnceLock::new(),
+            traces: OnceLock::new(),
         }
     }
 }
@@ -229,7 +233,55 @@ impl Generation<'_> {
             self.list_scope(),
             self.allocated_view(),
             self.telemetry().keys(),
+            self.istio_stats().is_some(),
+            self.tracing_variant(),
         ))
+    }
+
+    /// The proxy's tracing (from its Telemetries, else the mesh config).
+    pub(super) fn tracing(&self) -> &ProxyTracing {
+        self.traces.get_or_init(|| {
+            ProxyTracing::build(&TracingInputs {
+                mesh: self.mesh_config(),
+                telemetry: self.telemetry(),
+                proxy: self.proxy,
+                services: &self.mesh.services,
+            })
+        })
+    }
+
+    /// What of the proxy its spans carry (Istio's tags, its service cluster), when it traces.
+    pub(super) fn tracing_variant(&self) -> Option<impl Hash + '_> {
+        self.tracing().configured().then(|| {
+            let label = |key: &str| self.proxy.labels.get(key);
+            (
+                &*self.proxy.namespace,
+                label("service.istio.io/canonical-name"),
+                label("service.istio.io/canonical-revision"),
+                &self.proxy.mesh_id,
+                &self.proxy.service_cluster,
+                self.proxy.istio_version.is_empty(),
+            )
+        })
+    }
+
+    /// Istio's stats filters, when the proxy is Istio's (it names an ISTIO_VERSION; upstream Envoy
+    /// cannot load them) and a Prometheus metrics provider is in effect (Istio's default).
+    pub(super) fn istio_stats(&self) -> Option<&'static IstioStats> {
+        let istio_proxy =
+            !self.proxy.istio_version.is_empty() && self.proxy.generator == Generator::Envoy;
+        let mesh = self.mesh_config();
+        let prometheus = mesh
+            .default_providers
+            .metrics
+            .iter()
+            .any(|name| mesh.provider(name).is_some_and(|p| p.prometheus.is_some()));
+        (istio_proxy && prometheus).then(|| &*ISTIO_STATS)
+    }
+
+    /// Istio's stats filters of one side of the proxy's traffic, if it gets them.
+    pub(super) fn stats(&self, side: Side) -> Option<&'static SideStats> {
+        self.istio_stats().map(|s| s.of(side))
     }
 
     /// The Telemetry objects that apply to the proxy.

@@ -19,6 +19,7 @@ mod filters;
 mod gateway_tls;
 mod generation;
 mod grpc;
+mod istio_stats;
 mod locality;
 pub mod names;
 mod policy;
@@ -28,6 +29,7 @@ mod sds;
 pub mod security;
 mod sidecar;
 pub mod tls;
+mod tracer;
 
 use std::sync::Arc;
 

@@ -36,6 +36,7 @@ use super::filters::{
 };
 use super::gateway_tls;
 use super::generation::Generation;
+use super::istio_stats::tcp_chain;
 use super::names::{parse_port, port_listener_name};
 use super::routes::{answering_all, cluster_for, http_routes, RouteContext};
 use super::security::WorkloadSecurity;
@@ -244,7 +245,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                 for (names, filter) in passthrough_routes(g, ps) {
                     let chain = FilterChain {
                         name: format!("{name}-{}", names.join(",")),
-                        filters: vec![filter],
+                        filters: tcp_chain(g.stats(Side::Gateway), Vec::new(), filter),
                         ..Default::default()
                     };
                     chains.tls(names, chain);
@@ -288,9 +289,10 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
 /// VirtualService filters and the router.
 fn http_filter(g: &Generation<'_>, route: &str, security: &WorkloadSecurity) -> Filter {
     let mut hcm = outbound_hcm(route, rds(route), g.access_logs().of(Side::Gateway));
+    g.tracing().of(Side::Gateway).apply(&mut hcm);
     hcm.http_filters
         .splice(0..0, security.http_filters().iter().cloned());
-    hcm_filter(hcm)
+    hcm_filter(hcm, g.stats(Side::Gateway))
 }
 
 fn targets(
@@ -322,7 +324,8 @@ fn tcp_route(g: &Generation<'_>, ps: &PortServer<'_>) -> Option<Vec<Filter>> {
     })?;
     let targets = targets(g, ps, &route.route);
     let logs = g.access_logs().of(Side::Gateway);
-    Some(vec![weighted_tcp_proxy(&ps.gateway, &targets, logs)])
+    let proxy = weighted_tcp_proxy(&ps.gateway, &targets, logs);
+    Some(tcp_chain(g.stats(Side::Gateway), Vec::new(), proxy))
 }
 
 /// A PASSTHROUGH server's chains: per bound TLS route, the SNI names it matches (within the
@@ -369,11 +372,11 @@ fn auto_passthrough_chains(g: &Generation<'_>) -> Vec<FilterChain> {
                 server_names: vec![sni.clone()],
                 ..Default::default()
             }),
-            filters: vec![tcp_proxy_filter(
-                &sni,
-                &sni,
-                g.access_logs().of(Side::Gateway),
-            )],
+            filters: tcp_chain(
+                g.stats(Side::Gateway),
+                Vec::new(),
+                tcp_proxy_filter(&sni, &sni, g.access_logs().of(Side::Gateway)),
+            ),
             ..Default::default()
         })
         .collect()

@@ -7,7 +7,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::accesslog::v3::AccessLog;
 use envoy_types::pb::envoy::config::core::v3::{TrafficDirection, TransportSocket};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -28,6 +27,7 @@ use crate::xds::generate::filters::{
     hcm, hcm_filter, listener_filter, tcp_proxy_filter, tls_inspector,
 };
 use crate::xds::generate::generation::Generation;
+use crate::xds::generate::istio_stats::{tcp_chain, SideStats};
 use crate::xds::generate::names::{
     inbound_cluster, parse_port, INBOUND_PASSTHROUGH, VIRTUAL_INBOUND,
 };
@@ -89,13 +89,14 @@ pub(super) fn virtual_inbound(g: &Generation<'_>) -> Resource {
 fn listener(g: &Generation<'_>) -> Listener {
     let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
     let logs = g.access_logs().of(Side::SidecarInbound);
+    let stats = g.stats(Side::SidecarInbound);
     let mut filter_chains: Vec<FilterChain> = Vec::new();
     for (port, protocol) in ports(g) {
         let cluster = inbound_cluster(port);
         for transport in transports(security.mtls.for_port(port)) {
             let filters = match protocol.is_http() {
-                true => vec![http_filter(port, &cluster, &security, logs)],
-                false => with_network(&security, tcp_proxy_filter(&cluster, &cluster, logs)),
+                true => vec![http_filter(g, port, &cluster, &security)],
+                false => with_network(&security, stats, tcp_proxy_filter(&cluster, &cluster, logs)),
             };
             filter_chains.push(FilterChain {
                 name: format!("{cluster}{}", transport.name()),
@@ -125,6 +126,7 @@ fn listener(g: &Generation<'_>) -> Listener {
         }),
         filters: with_network(
             &security,
+            stats,
             tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH, logs),
         ),
         transport_socket: passthrough.socket(),
@@ -147,25 +149,28 @@ fn listener(g: &Generation<'_>) -> Listener {
     }
 }
 
-/// The workload's network filters, then `last`.
-fn with_network(security: &WorkloadSecurity, last: Filter) -> Vec<Filter> {
-    let mut filters = security.network_filters().to_vec();
-    filters.push(last);
-    filters
+/// The workload's network filters, then `last`, with Istio's stats filters around them.
+fn with_network(
+    security: &WorkloadSecurity,
+    stats: Option<&SideStats>,
+    last: Filter,
+) -> Vec<Filter> {
+    tcp_chain(stats, security.network_filters().to_vec(), last)
 }
 
 fn http_filter(
+    g: &Generation<'_>,
     port: u16,
     cluster: &str,
     security: &WorkloadSecurity,
-    logs: &[AccessLog],
 ) -> Filter {
     let route = route_config(port, cluster);
     let mut hcm = hcm(
         &format!("inbound_0.0.0.0_{port}"),
         RouteSpecifier::RouteConfig(route),
-        logs,
+        g.access_logs().of(Side::SidecarInbound),
     );
+    g.tracing().of(Side::SidecarInbound).apply(&mut hcm);
     hcm.http_filters
         .splice(0..0, security.http_filters().iter().cloned());
     // The application learns the caller's verified identity, as with Istio (XFCC).
@@ -174,7 +179,7 @@ fn http_filter(
         uri: true,
         ..Default::default()
     });
-    hcm_filter(hcm)
+    hcm_filter(hcm, g.stats(Side::SidecarInbound))
 }
 
 /// The proxy's own clusters: one `inbound|<port>||` per port of its workload.

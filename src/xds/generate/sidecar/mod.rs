@@ -78,7 +78,12 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_OUTBOUND => g.cache.get_or_build(
             ResourceType::Listener,
             name,
-            g.variant_of(&(g.outbound_fallback(), g.telemetry().keys())),
+            g.variant_of(&(
+                g.outbound_fallback(),
+                g.telemetry().keys(),
+                g.istio_stats().is_some(),
+                g.tracing_variant(),
+            )),
             [0, 0, 0, g.config_version()],
             || {
                 let listener = outbound::virtual_outbound(g);

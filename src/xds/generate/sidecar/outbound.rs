@@ -19,6 +19,7 @@ use crate::xds::generate::filters::{
     hcm_filter, outbound_hcm, rds, tcp_proxy_filter, weighted_tcp_proxy,
 };
 use crate::xds::generate::generation::Generation;
+use crate::xds::generate::istio_stats::tcp_chain;
 use crate::xds::generate::names::{outbound_cluster, VIRTUAL_OUTBOUND};
 use crate::xds::generate::routes::{cluster_for, RouteContext};
 
@@ -35,11 +36,11 @@ pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
         use_original_dst: Some(BoolValue { value: true }),
         filter_chains: vec![FilterChain {
             name: "virtualOutbound-catchall-tcp".to_string(),
-            filters: vec![tcp_proxy_filter(
-                fallback,
-                fallback,
-                logs.of(Side::SidecarOutbound),
-            )],
+            filters: tcp_chain(
+                g.stats(Side::SidecarOutbound),
+                Vec::new(),
+                tcp_proxy_filter(fallback, fallback, logs.of(Side::SidecarOutbound)),
+            ),
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Outbound as i32,
@@ -89,29 +90,33 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
                 prefix_ranges: vips,
                 ..Default::default()
             }),
-            filters: vec![tcp_route(g, service, port, &cluster)],
+            filters: tcp_chain(
+                g.stats(Side::SidecarOutbound),
+                Vec::new(),
+                tcp_route(g, service, port, &cluster),
+            ),
             ..Default::default()
         });
     }
     let default_chain = if has_http {
         FilterChain {
             name: format!("{name}-http"),
-            filters: vec![hcm_filter(outbound_hcm(
-                &format!("outbound_{name}"),
-                rds(&port.to_string()),
-                g.access_logs().of(Side::SidecarOutbound),
-            ))],
+            filters: vec![http_filter(g, name, port)],
             ..Default::default()
         }
     } else {
         let fallback = g.outbound_fallback();
         FilterChain {
             name: format!("{name}-fallback"),
-            filters: vec![tcp_proxy_filter(
-                fallback,
-                fallback,
-                g.access_logs().of(Side::SidecarOutbound),
-            )],
+            filters: tcp_chain(
+                g.stats(Side::SidecarOutbound),
+                Vec::new(),
+                tcp_proxy_filter(
+                    fallback,
+                    fallback,
+                    g.access_logs().of(Side::SidecarOutbound),
+                ),
+            ),
             ..Default::default()
         }
     };
@@ -124,6 +129,18 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         traffic_direction: TrafficDirection::Outbound as i32,
         ..Default::default()
     })
+}
+
+/// The connection manager of a port's HTTP services, routed by RDS route `<port>`.
+fn http_filter(g: &Generation<'_>, name: &str, port: u16) -> Filter {
+    let side = Side::SidecarOutbound;
+    let mut hcm = outbound_hcm(
+        &format!("outbound_{name}"),
+        rds(&port.to_string()),
+        g.access_logs().of(side),
+    );
+    g.tracing().of(side).apply(&mut hcm);
+    hcm_filter(hcm, g.stats(side))
 }
 
 /// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its

@@ -1,0 +1,13 @@
+//! Config messages of Istio's own proxy extensions, generated from proto/: the stats filter's
+//! `stats.PluginConfig` and `udpa.type.v1.TypedStruct`, in which istiod wraps the configs whose
+//! protos upstream Envoy does not carry (peer metadata exchange).
+
+#![allow(clippy::all)]
+
+pub mod stats {
+    tonic::include_proto!("stats");
+}
+
+pub mod udpa {
+    tonic::include_proto!("udpa.r#type.v1");
+}
