@@ -500,3 +500,57 @@ async fn tracing_from_the_mesh_config_and_a_telemetry() {
     );
     assert_eq!(grpc.authority, "reviews.bookinfo.svc.cluster.local");
 }
+
+/// The Telemetry API's metrics overrides shape Istio's stats config as istiod's
+/// `generateStatsConfig`: tags set and removed per metric, the TCP reporting interval, and no
+/// stats filter on a side whose metrics are all disabled.
+#[tokio::test]
+async fn metrics_overrides_shape_the_stats_filter() {
+    let telemetry = "
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: mesh-default, namespace: istio-system}
+spec:
+  metrics:
+  - providers: [{name: prometheus}]
+    reportingInterval: 30s
+    overrides:
+    - match: {metric: REQUEST_COUNT, mode: CLIENT}
+      tagOverrides:
+        request_protocol: {operation: REMOVE}
+        team: {value: \"'payments'\"}
+---
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: quiet-inbound, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  metrics: [{overrides: [{match: {metric: ALL_METRICS, mode: SERVER}, disabled: true}]}]
+";
+    let flags = ["--debounce-after", "0s"];
+    let f = ConfigFixture::start(Source::Files, &[("metrics.yaml", telemetry)], &flags).await;
+    let listeners: BTreeMap<String, Listener> =
+        resources(&f, REVIEWS_ID, "reviews", ISTIO_PROXY, LDS).await;
+    let outbound = http_filters(&listeners["0.0.0.0_9080"]);
+    let (_, stats) = outbound
+        .iter()
+        .find(|(name, _)| name == "istio.stats")
+        .expect("outbound stats");
+    let config =
+        PluginConfig::decode(&typed(stats, "type.googleapis.com/stats.PluginConfig")[..]).unwrap();
+    assert_eq!(config.tcp_reporting_duration.map(|d| d.seconds), Some(30));
+    assert_eq!(config.metrics.len(), 1, "{config:?}");
+    let count = &config.metrics[0];
+    assert_eq!(count.name, "requests_total");
+    assert_eq!(count.tags_to_remove, ["request_protocol"]);
+    assert_eq!(
+        count.dimensions.get("team").map(String::as_str),
+        Some("'payments'")
+    );
+    assert!(!count.drop);
+
+    let inbound = http_filters(&listeners["virtualInbound"]);
+    let names: Vec<&str> = inbound.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(!names.contains(&"istio.stats"), "{names:?}");
+    assert_eq!(names.first(), Some(&"istio.metadata_exchange"));
+}

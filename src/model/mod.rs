@@ -35,7 +35,9 @@ pub use service::{
 pub use services::ServiceTable;
 pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
 pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
-pub use telemetry::{ActiveLog, AppliedTelemetry, LogDecision, TraceDecision, TraceSpec};
+pub use telemetry::{
+    ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,
+};
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::config::ConfigStore;
-use crate::istio::telemetry::{AccessLogging, CustomTag, WorkloadMode};
+use crate::istio::telemetry::{AccessLogging, CustomTag, TagOperation, WorkloadMode};
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Spec, Telemetry};
 
 /// The Telemetry objects that apply to one proxy, least specific first.
@@ -47,6 +47,26 @@ pub struct TraceSpec {
     pub custom_tags: BTreeMap<String, CustomTag>,
     pub use_request_id_for_trace_sampling: bool,
     pub istio_tags: bool,
+}
+
+/// How Istio's proxies report Istio's metrics, once the Telemetries are merged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MetricsPlan {
+    /// Per side (client, server): the metric overrides, sorted by metric; None when every metric
+    /// is disabled there (no stats filter at all).
+    pub client: Option<Vec<MetricOverride>>,
+    pub server: Option<Vec<MetricOverride>>,
+    /// The last `reportingInterval` given.
+    pub reporting_interval: Option<std::time::Duration>,
+}
+
+/// One metric's override: dropped, or its tags added, replaced or removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MetricOverride {
+    pub name: String,
+    pub drop: bool,
+    /// Tag → Some(CEL value) to set, None to remove; sorted by tag.
+    pub tags: BTreeMap<String, Option<String>>,
 }
 
 /// A provider in effect and the filter of the entry that named it last.
@@ -116,6 +136,88 @@ fn telemetry(object: &ConfigObject) -> Option<&Telemetry> {
 }
 
 impl AppliedTelemetry {
+    /// Istio's metrics as istiod's `mergeMetrics` makes them, for the first provider in scope that
+    /// `reports` (Prometheus): the last level naming providers sets which are in scope (the
+    /// defaults first); each entry's overrides apply in order to the metrics and sides they
+    /// select. None when no provider in scope reports.
+    pub fn metrics(
+        &self,
+        defaults: &[String],
+        reports: impl Fn(&str) -> bool,
+    ) -> Option<MetricsPlan> {
+        let entries: Vec<_> = self
+            .levels
+            .iter()
+            .filter_map(|o| telemetry(o))
+            .flat_map(|t| &t.metrics)
+            .collect();
+        let mut in_scope: Vec<&str> = defaults.iter().map(String::as_str).collect();
+        for entry in &entries {
+            if !entry.providers.is_empty() {
+                in_scope = entry.providers.iter().map(|p| p.name.as_str()).collect();
+            }
+        }
+        let provider = *in_scope.iter().find(|p| reports(p))?;
+        let mut plan = MetricsPlan::default();
+        type Overrides = BTreeMap<String, MetricOverride>;
+        let (mut client, mut server): (Overrides, Overrides) = Default::default();
+        let (mut client_off, mut server_off) = (false, false);
+        let mut parent: Vec<&str> = defaults.iter().map(String::as_str).collect();
+        for entry in entries {
+            let names: Vec<&str> = match entry.providers.is_empty() {
+                true => parent.clone(),
+                false => entry.providers.iter().map(|p| p.name.as_str()).collect(),
+            };
+            parent = names.clone();
+            if let Some(interval) = entry.reporting_interval {
+                plan.reporting_interval = Some(interval.as_std());
+            }
+            if !names.contains(&provider) {
+                continue;
+            }
+            for o in &entry.overrides {
+                let selector = o.matches.clone().unwrap_or_default();
+                let sides = [
+                    (WorkloadMode::Client, &mut client, &mut client_off),
+                    (WorkloadMode::Server, &mut server, &mut server_off),
+                ];
+                for (mode, overrides, off) in sides {
+                    if !matches!(selector.mode, WorkloadMode::ClientAndServer)
+                        && selector.mode != mode
+                    {
+                        continue;
+                    }
+                    // Every metric disabled drops the filter; anything later brings it back.
+                    if selector.is_all() && o.disabled == Some(true) {
+                        *off = true;
+                        continue;
+                    }
+                    *off = false;
+                    for name in selector.metric_names() {
+                        let entry =
+                            overrides
+                                .entry(name.clone())
+                                .or_insert_with(|| MetricOverride {
+                                    name,
+                                    ..Default::default()
+                                });
+                        if let Some(disabled) = o.disabled {
+                            entry.drop = disabled;
+                        }
+                        for (tag, edit) in &o.tag_overrides {
+                            let value = (edit.operation == TagOperation::Upsert)
+                                .then(|| edit.value.clone());
+                            entry.tags.insert(tag.clone(), value);
+                        }
+                    }
+                }
+            }
+        }
+        plan.client = (!client_off).then(|| client.into_values().collect());
+        plan.server = (!server_off).then(|| server.into_values().collect());
+        Some(plan)
+    }
+
     /// The tracing in effect for traffic of `mode`: the first default provider, then each
     /// Telemetry entry for this side in order (root, namespace, workload) replacing what it sets —
     /// the first provider it names, span reporting, tags, sampling.
@@ -370,6 +472,51 @@ mod tests {
                 .tracing(&[], WorkloadMode::Client),
             TraceDecision::MeshConfig
         );
+    }
+
+    #[test]
+    fn metric_overrides_merge_per_side() {
+        let store = store(&[
+            (
+                "istio-system",
+                "mesh",
+                json!({"metrics": [{"overrides": [
+                    {"match": {"metric": "REQUEST_COUNT"}, "tagOverrides": {"request_protocol": {"operation": "REMOVE"}}}
+                ]}]}),
+            ),
+            (
+                "shop",
+                "web",
+                json!({
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "metrics": [{"reportingInterval": "30s", "overrides": [
+                        {"match": {"metric": "ALL_METRICS", "mode": "SERVER"}, "disabled": true},
+                        {"match": {"metric": "REQUEST_COUNT", "mode": "CLIENT"},
+                         "tagOverrides": {"team": {"value": "'payments'"}}}
+                    ]}]
+                }),
+            ),
+        ]);
+        let prometheus = |p: &str| p == "prometheus";
+        let defaults = ["prometheus".to_string()];
+        let web = store.telemetry_for("shop", &labels("web"));
+        let plan = web
+            .metrics(&defaults, prometheus)
+            .expect("prometheus in scope");
+        assert_eq!(plan.server, None);
+        let client = plan.client.expect("client metrics");
+        assert_eq!(client.len(), 1);
+        assert_eq!(client[0].name, "requests_total");
+        assert_eq!(client[0].tags["request_protocol"], None);
+        assert_eq!(client[0].tags["team"].as_deref(), Some("'payments'"));
+        assert_eq!(
+            plan.reporting_interval,
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert!(store
+            .telemetry_for("shop", &labels("web"))
+            .metrics(&[], prometheus)
+            .is_none());
     }
 
     #[test]

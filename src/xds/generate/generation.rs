@@ -2,6 +2,7 @@
 //! Sidecar that applies) over one mesh snapshot, and the services, rules and cache variants that
 //! follow from them.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -9,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::access_log::{ProxyLogs, Side};
 use super::cache::ResourceCache;
-use super::istio_stats::{IstioStats, SideStats, ISTIO_STATS};
+use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STATS};
 use super::names::{self, ClusterName};
 use super::tracer::{ProxyTracing, TracingInputs};
 use crate::istio::destination_rule::Subset;
@@ -40,6 +41,7 @@ pub struct Generation<'a> {
     telemetry: OnceLock<AppliedTelemetry>,
     logs: OnceLock<ProxyLogs>,
     traces: OnceLock<ProxyTracing>,
+    istio_stats: OnceLock<Option<Cow<'static, IstioStats>>>,
 }
 
 impl<'a> Generation<'a> {
@@ -53,6 +55,7 @@ impl<'a> Generation<'a> {
             telemetry: OnceLock::new(),
             logs: OnceLock::new(),
             traces: OnceLock::new(),
+            istio_stats: OnceLock::new(),
         }
     }
 }
@@ -266,21 +269,31 @@ impl Generation<'_> {
     }
 
     /// Istio's stats filters, when the proxy is Istio's (it names an ISTIO_VERSION; upstream Envoy
-    /// cannot load them) and a Prometheus metrics provider is in effect (Istio's default).
-    pub(super) fn istio_stats(&self) -> Option<&'static IstioStats> {
-        let istio_proxy =
-            !self.proxy.istio_version.is_empty() && self.proxy.generator == Generator::Envoy;
-        let mesh = self.mesh_config();
-        let prometheus = mesh
-            .default_providers
-            .metrics
-            .iter()
-            .any(|name| mesh.provider(name).is_some_and(|p| p.prometheus.is_some()));
-        (istio_proxy && prometheus).then(|| &*ISTIO_STATS)
+    /// cannot load them) and a Prometheus metrics provider is in effect (Istio's default), shaped
+    /// by its Telemetries' metrics overrides.
+    pub(super) fn istio_stats(&self) -> Option<&IstioStats> {
+        let stats = self.istio_stats.get_or_init(|| {
+            let istio_proxy =
+                !self.proxy.istio_version.is_empty() && self.proxy.generator == Generator::Envoy;
+            if !istio_proxy {
+                return None;
+            }
+            let mesh = self.mesh_config();
+            let prometheus =
+                |name: &str| mesh.provider(name).is_some_and(|p| p.prometheus.is_some());
+            let plan = self
+                .telemetry()
+                .metrics(&mesh.default_providers.metrics, prometheus)?;
+            Some(match plan == default_plan() {
+                true => Cow::Borrowed(&*DEFAULT_ISTIO_STATS),
+                false => Cow::Owned(IstioStats::build(&plan)),
+            })
+        });
+        stats.as_deref()
     }
 
     /// Istio's stats filters of one side of the proxy's traffic, if it gets them.
-    pub(super) fn stats(&self, side: Side) -> Option<&'static SideStats> {
+    pub(super) fn stats(&self, side: Side) -> Option<&SideStats> {
         self.istio_stats().map(|s| s.of(side))
     }
 

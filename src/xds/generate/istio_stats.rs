@@ -1,6 +1,6 @@
 //! Istio's standard metrics for Istio's own proxies (the node names an ISTIO_VERSION), as istiod
-//! sends them with the default `prometheus` metrics provider and no Telemetry overrides
-//! (pilot/pkg/model/telemetry.go, pilot/pkg/xds/filters/filters.go,
+//! sends them with a `prometheus` metrics provider and the Telemetry API's overrides
+//! (pilot/pkg/model/telemetry.go `generateStatsConfig`, pilot/pkg/xds/filters/filters.go,
 //! pilot/pkg/networking/core/listener_builder.go and networkfilter.go): peer metadata exchange
 //! first in every connection manager and inbound TCP chain, `istio.stats` just before the router
 //! or TCP proxy, and the upstream exchange on outbound clusters. Upstream Envoy has none of these
@@ -18,7 +18,8 @@ use prost::Message;
 use prost_types::{value::Kind, ListValue, Struct, Value};
 
 use super::access_log::Side;
-use crate::xds::istio_protos::stats::PluginConfig;
+use crate::model::{MetricOverride, MetricsPlan};
+use crate::xds::istio_protos::stats::{MetricConfig, PluginConfig};
 use crate::xds::istio_protos::udpa::TypedStruct;
 
 const STATS: &str = "istio.stats";
@@ -32,17 +33,17 @@ const TCP_METADATA_EXCHANGE: &str =
 const PEER_EXCHANGE: &str = "istio-peer-exchange";
 
 /// The filters of one side of the traffic.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct SideStats {
     http_exchange: HttpFilter,
-    http_stats: HttpFilter,
+    /// None where every metric is disabled for this side.
+    http_stats: Option<HttpFilter>,
     tcp_exchange: Option<Filter>,
-    tcp_stats: Filter,
+    tcp_stats: Option<Filter>,
 }
 
-/// Every side's filters and the clusters' exchange: the same for every Istio proxy while no
-/// Telemetry overrides metrics.
-#[derive(Debug)]
+/// Every side's filters and the clusters' exchange.
+#[derive(Clone, Debug)]
 pub(super) struct IstioStats {
     outbound: SideStats,
     inbound: SideStats,
@@ -50,18 +51,33 @@ pub(super) struct IstioStats {
     cluster_exchange: ClusterFilter,
 }
 
-pub(super) static ISTIO_STATS: LazyLock<IstioStats> = LazyLock::new(|| IstioStats {
-    outbound: side(Side::SidecarOutbound),
-    inbound: side(Side::SidecarInbound),
-    gateway: side(Side::Gateway),
-    cluster_exchange: ClusterFilter {
-        name: METADATA_EXCHANGE.into(),
-        typed_config: Some(tcp_exchange_config()),
-        ..Default::default()
-    },
-});
+/// What every Istio proxy gets while no Telemetry shapes its metrics.
+pub(super) static DEFAULT_ISTIO_STATS: LazyLock<IstioStats> =
+    LazyLock::new(|| IstioStats::build(&default_plan()));
+
+/// No overrides, both sides reporting.
+pub(super) fn default_plan() -> MetricsPlan {
+    MetricsPlan {
+        client: Some(Vec::new()),
+        server: Some(Vec::new()),
+        reporting_interval: None,
+    }
+}
 
 impl IstioStats {
+    pub(super) fn build(plan: &MetricsPlan) -> Self {
+        Self {
+            outbound: side(Side::SidecarOutbound, plan),
+            inbound: side(Side::SidecarInbound, plan),
+            gateway: side(Side::Gateway, plan),
+            cluster_exchange: ClusterFilter {
+                name: METADATA_EXCHANGE.into(),
+                typed_config: Some(tcp_exchange_config()),
+                ..Default::default()
+            },
+        }
+    }
+
     pub(super) fn of(&self, side: Side) -> &SideStats {
         match side {
             Side::SidecarOutbound => &self.outbound,
@@ -76,16 +92,25 @@ impl IstioStats {
     }
 }
 
-fn side(side: Side) -> SideStats {
+fn side(side: Side, plan: &MetricsPlan) -> SideStats {
     let inbound = side == Side::SidecarInbound;
-    // The destination service is never taken from the Host header where the proxy serves it.
-    let stats = typed_any(
-        STATS_CONFIG,
-        &PluginConfig {
-            disable_host_header_fallback: side != Side::SidecarOutbound,
-            ..Default::default()
-        },
-    );
+    let overrides = match inbound {
+        true => plan.server.as_ref(),
+        false => plan.client.as_ref(),
+    };
+    let stats = overrides.map(|overrides| {
+        typed_any(
+            STATS_CONFIG,
+            &PluginConfig {
+                // The destination service is never taken from the Host header where the proxy
+                // serves it.
+                disable_host_header_fallback: side != Side::SidecarOutbound,
+                tcp_reporting_duration: plan.reporting_interval.and_then(|d| d.try_into().ok()),
+                metrics: overrides.iter().map(metric_config).collect(),
+                ..Default::default()
+            },
+        )
+    });
     let (discovery, propagation) = match inbound {
         true => ("downstream_discovery", "downstream_propagation"),
         false => ("upstream_discovery", "upstream_propagation"),
@@ -109,9 +134,29 @@ fn side(side: Side) -> SideStats {
             METADATA_EXCHANGE,
             typed_struct(HTTP_PEER_METADATA, peer_metadata),
         ),
-        http_stats: http(STATS, stats.clone()),
+        http_stats: stats.clone().map(|s| http(STATS, s)),
         tcp_exchange: inbound.then(|| network(METADATA_EXCHANGE, tcp_exchange_config())),
-        tcp_stats: network(STATS, stats),
+        tcp_stats: stats.map(|s| network(STATS, s)),
+    }
+}
+
+/// A metric's override: dropped, tags set (CEL values) or removed.
+fn metric_config(o: &MetricOverride) -> MetricConfig {
+    MetricConfig {
+        name: o.name.clone(),
+        drop: o.drop,
+        dimensions: o
+            .tags
+            .iter()
+            .filter_map(|(tag, value)| Some((tag.clone(), value.clone()?)))
+            .collect(),
+        tags_to_remove: o
+            .tags
+            .iter()
+            .filter(|(_, value)| value.is_none())
+            .map(|(tag, _)| tag.clone())
+            .collect(),
+        ..Default::default()
     }
 }
 
@@ -131,7 +176,9 @@ impl SideStats {
     /// The exchange first (before the security filters), the stats just before the router.
     pub(super) fn add_to(&self, hcm: &mut HttpConnectionManager) {
         let router = hcm.http_filters.len().saturating_sub(1);
-        hcm.http_filters.insert(router, self.http_stats.clone());
+        if let Some(stats) = &self.http_stats {
+            hcm.http_filters.insert(router, stats.clone());
+        }
         hcm.http_filters.insert(0, self.http_exchange.clone());
     }
 
@@ -140,7 +187,7 @@ impl SideStats {
         if let Some(exchange) = &self.tcp_exchange {
             filters.insert(0, exchange.clone());
         }
-        filters.push(self.tcp_stats.clone());
+        filters.extend(self.tcp_stats.clone());
         filters.push(proxy);
         filters
     }
@@ -221,7 +268,8 @@ fn list(values: Vec<Value>) -> Value {
 mod tests {
     use super::*;
 
-    fn plugin(filter: &HttpFilter) -> PluginConfig {
+    fn plugin(filter: &Option<HttpFilter>) -> PluginConfig {
+        let filter = filter.as_ref().expect("a stats filter");
         let Some(http_filter::ConfigType::TypedConfig(any)) = &filter.config_type else {
             panic!("{filter:?}")
         };
@@ -231,7 +279,7 @@ mod tests {
 
     #[test]
     fn the_stats_config_is_istiods_per_side() {
-        let stats = &*ISTIO_STATS;
+        let stats = &*DEFAULT_ISTIO_STATS;
         // istiod's own tests decode these: empty outbound, `MAE=` (field 6 true) elsewhere.
         let outbound = stats.of(Side::SidecarOutbound);
         assert!(plugin(&outbound.http_stats).encode_to_vec().is_empty());
@@ -247,7 +295,7 @@ mod tests {
 
     #[test]
     fn filters_take_istiods_places() {
-        let stats = &*ISTIO_STATS;
+        let stats = &*DEFAULT_ISTIO_STATS;
         let mut hcm = HttpConnectionManager {
             http_filters: ["envoy.filters.http.rbac", "envoy.filters.http.router"]
                 .map(|name| HttpFilter {
