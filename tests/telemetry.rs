@@ -554,3 +554,87 @@ spec:
     assert!(!names.contains(&"istio.stats"), "{names:?}");
     assert_eq!(names.first(), Some(&"istio.metadata_exchange"));
 }
+
+/// Access log services and the other tracers as istiod builds them: OpenTelemetry's log service
+/// and Envoy's gRPC one (their log names, peer state, the provider's cluster), a Datadog tracer.
+#[tokio::test]
+async fn log_services_and_datadog_as_istiod_builds_them() {
+    use envoy_types::pb::envoy::config::accesslog::v3::access_log;
+    use envoy_types::pb::envoy::config::trace::v3::DatadogConfig;
+    use envoy_types::pb::envoy::extensions::access_loggers::grpc::v3::HttpGrpcAccessLogConfig;
+    use envoy_types::pb::envoy::extensions::access_loggers::open_telemetry::v3::OpenTelemetryAccessLogConfig;
+
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        mesh.path(),
+        "extensionProviders:
+- name: otel-als
+  envoyOtelAls: {service: reviews.bookinfo.svc.cluster.local, port: 9080, logFormat: {labels: {code: '%RESPONSE_CODE%'}}}
+- name: http-als
+  envoyHttpAls: {service: reviews.bookinfo.svc.cluster.local, port: 9080, additionalRequestHeadersToLog: [x-user]}
+- name: dd
+  datadog: {service: reviews.bookinfo.svc.cluster.local, port: 9080}
+",
+    )
+    .unwrap();
+    let telemetry = "
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: mesh-default, namespace: istio-system}
+spec:
+  accessLogging: [{providers: [{name: otel-als}, {name: http-als}]}]
+  tracing: [{providers: [{name: dd}]}]
+";
+    let flags = [
+        "--debounce-after",
+        "0s",
+        "--mesh-config",
+        mesh.path().to_str().unwrap(),
+    ];
+    let f = ConfigFixture::start(Source::Files, &[("t.yaml", telemetry)], &flags).await;
+    let listeners = listeners(&f, REVIEWS_ID, "reviews").await;
+    let hcm = hcm_of(&listeners["0.0.0.0_9080"]);
+    let names: Vec<&str> = hcm.access_log.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.access_loggers.http_grpc",
+            "envoy.access_loggers.open_telemetry"
+        ]
+    );
+    let config = |i: usize| match &hcm.access_log[i].config_type {
+        Some(access_log::ConfigType::TypedConfig(any)) => any.value.clone(),
+        other => panic!("{other:?}"),
+    };
+    let cluster = "outbound|9080||reviews.bookinfo.svc.cluster.local";
+    let http = HttpGrpcAccessLogConfig::decode(&config(0)[..]).unwrap();
+    let common = http.common_config.unwrap();
+    assert_eq!(common.log_name, "http_envoy_accesslog");
+    assert_eq!(
+        common.filter_state_objects_to_log,
+        ["upstream_peer", "downstream_peer"]
+    );
+    assert!(format!("{:?}", common.grpc_service).contains(cluster));
+    assert_eq!(http.additional_request_headers_to_log, ["x-user"]);
+    let otel = OpenTelemetryAccessLogConfig::decode(&config(1)[..]).unwrap();
+    // What istiod sends: the common gRPC config Envoy has since deprecated.
+    #[allow(deprecated)]
+    let common = otel.common_config.unwrap();
+    assert_eq!(common.log_name, "otel_envoy_accesslog");
+    assert_eq!(common.filter_state_objects_to_log.len(), 6);
+    assert!(otel.disable_builtin_labels);
+    assert!(format!("{:?}", otel.body).contains("%START_TIME%"));
+    assert_eq!(otel.attributes.unwrap().values[0].key, "code");
+
+    let provider = hcm.tracing.and_then(|t| t.provider).expect("a tracer");
+    assert_eq!(provider.name, "envoy.tracers.datadog");
+    let Some(tracer_http::ConfigType::TypedConfig(any)) = &provider.config_type else {
+        panic!()
+    };
+    let datadog = DatadogConfig::decode(&any.value[..]).unwrap();
+    assert_eq!(datadog.collector_cluster, cluster);
+    assert_eq!(
+        datadog.collector_hostname,
+        "reviews.bookinfo.svc.cluster.local"
+    );
+}

@@ -23,6 +23,16 @@ pub struct ExtensionProvider {
     pub zipkin: Option<TracingService>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub opentelemetry: Option<TracingService>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datadog: Option<TracingService>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skywalking: Option<TracingService>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_otel_als: Option<OtelAccessLogService>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_http_als: Option<GrpcAccessLogService>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_tcp_als: Option<GrpcAccessLogService>,
     /// Istio's stats, scraped by Prometheus (no settings).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<serde_json::Map<String, serde_json::Value>>,
@@ -47,6 +57,29 @@ pub struct TracingService {
     pub enable64bit_trace_id: bool,
     /// Zipkin: the collector's path (`/api/v2/spans`).
     pub path: String,
+}
+
+/// `envoyOtelAls`: access logs over OpenTelemetry's log service, to a service of the mesh.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OtelAccessLogService {
+    pub service: String,
+    pub port: u32,
+    pub log_name: String,
+    pub log_format: Option<LogFormat>,
+}
+
+/// `envoyHttpAls` / `envoyTcpAls`: Envoy's gRPC access log service.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GrpcAccessLogService {
+    pub service: String,
+    pub port: u32,
+    pub log_name: String,
+    pub filter_state_objects_to_log: Vec<String>,
+    pub additional_request_headers_to_log: Vec<String>,
+    pub additional_response_headers_to_log: Vec<String>,
+    pub additional_response_trailers_to_log: Vec<String>,
 }
 
 /// `envoyFileAccessLog`: Envoy's file access log.
@@ -147,12 +180,51 @@ pub fn validate(providers: &[ExtensionProvider]) -> Result {
             http.validate()
                 .map_err(|e| e.under(&format!("{at}.envoyExtAuthzHttp")))?;
         }
-        for (kind, tracer) in [
-            ("zipkin", &provider.zipkin),
-            ("opentelemetry", &provider.opentelemetry),
-        ] {
-            if let Some(tracer) = tracer {
-                service_and_port(&tracer.service, tracer.port, "")
+        let services = [
+            (
+                "zipkin",
+                provider.zipkin.as_ref().map(|t| (&t.service, t.port)),
+            ),
+            (
+                "opentelemetry",
+                provider
+                    .opentelemetry
+                    .as_ref()
+                    .map(|t| (&t.service, t.port)),
+            ),
+            (
+                "datadog",
+                provider.datadog.as_ref().map(|t| (&t.service, t.port)),
+            ),
+            (
+                "skywalking",
+                provider.skywalking.as_ref().map(|t| (&t.service, t.port)),
+            ),
+            (
+                "envoyOtelAls",
+                provider
+                    .envoy_otel_als
+                    .as_ref()
+                    .map(|a| (&a.service, a.port)),
+            ),
+            (
+                "envoyHttpAls",
+                provider
+                    .envoy_http_als
+                    .as_ref()
+                    .map(|a| (&a.service, a.port)),
+            ),
+            (
+                "envoyTcpAls",
+                provider
+                    .envoy_tcp_als
+                    .as_ref()
+                    .map(|a| (&a.service, a.port)),
+            ),
+        ];
+        for (kind, service) in services {
+            if let Some((service, port)) = service {
+                service_and_port(service, port, "")
                     .map_err(|e| e.under(&format!("{at}.{kind}")))?;
             }
         }

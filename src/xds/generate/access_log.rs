@@ -10,25 +10,52 @@ use envoy_types::pb::envoy::config::accesslog::v3::{
     AndFilter, ExtensionFilter, ResponseFlagFilter,
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    data_source, substitution_format_string::Format, DataSource, JsonFormatOptions,
-    SubstitutionFormatString, TypedExtensionConfig,
+    data_source, substitution_format_string::Format, ApiVersion, DataSource, GrpcService,
+    JsonFormatOptions, SubstitutionFormatString, TypedExtensionConfig,
 };
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{
     file_access_log::AccessLogFormat, FileAccessLog,
 };
 use envoy_types::pb::envoy::extensions::access_loggers::filters::cel::v3::ExpressionFilter;
+use envoy_types::pb::envoy::extensions::access_loggers::grpc::v3::{
+    CommonGrpcAccessLogConfig, HttpGrpcAccessLogConfig, TcpGrpcAccessLogConfig,
+};
+use envoy_types::pb::envoy::extensions::access_loggers::open_telemetry::v3::OpenTelemetryAccessLogConfig;
 use envoy_types::pb::envoy::extensions::formatter::req_without_query::v3::ReqWithoutQuery;
 use envoy_types::pb::google::protobuf::{value, Struct, Value};
+use envoy_types::pb::opentelemetry::proto::common::v1::{
+    any_value, AnyValue, KeyValue, KeyValueList,
+};
 use envoy_types::util::pack_any;
 use tracing::warn;
 
-use crate::istio::extension_provider::{self, FileAccessLog as FileProvider};
+use super::providers::{cluster_of, envoy_grpc};
+use crate::istio::extension_provider::{
+    self, FileAccessLog as FileProvider, GrpcAccessLogService, OtelAccessLogService,
+};
 use crate::istio::mesh::AccessLogEncoding;
 use crate::istio::telemetry::WorkloadMode;
 use crate::istio::MeshConfig;
-use crate::model::{ActiveLog, AppliedTelemetry, LogDecision};
+use crate::model::{ActiveLog, AppliedTelemetry, LogDecision, ServiceTable};
 
 const FILE_LOGGER: &str = "envoy.access_loggers.file";
+const OTEL_LOGGER: &str = "envoy.access_loggers.open_telemetry";
+const GRPC_HTTP_LOGGER: &str = "envoy.access_loggers.http_grpc";
+const GRPC_TCP_LOGGER: &str = "envoy.tcp_grpc_access_log";
+const OTEL_LOG_NAME: &str = "otel_envoy_accesslog";
+const HTTP_LOG_NAME: &str = "http_envoy_accesslog";
+const TCP_LOG_NAME: &str = "tcp_envoy_accesslog";
+/// The peers' metadata the gRPC services log (istiod's `envoyStateToLog`), and with the older
+/// Wasm keys for OpenTelemetry (`envoyWasmStateToLog`).
+const PEER_STATE: [&str; 2] = ["upstream_peer", "downstream_peer"];
+const ALL_PEER_STATE: [&str; 6] = [
+    "upstream_peer",
+    "downstream_peer",
+    "wasm.upstream_peer",
+    "wasm.upstream_peer_id",
+    "wasm.downstream_peer",
+    "wasm.downstream_peer_id",
+];
 const CEL_FILTER: &str = "envoy.access_loggers.extension_filters.cel";
 const REQ_WITHOUT_QUERY: &str = "envoy.formatter.req_without_query";
 const REQ_WITHOUT_QUERY_OPERATOR: &str = "%REQ_WITHOUT_QUERY";
@@ -102,9 +129,13 @@ pub(super) struct ProxyLogs {
 }
 
 impl ProxyLogs {
-    pub(super) fn build(mesh: &MeshConfig, applied: &AppliedTelemetry) -> Self {
+    pub(super) fn build(
+        mesh: &MeshConfig,
+        applied: &AppliedTelemetry,
+        services: &ServiceTable,
+    ) -> Self {
         let defaults = &mesh.default_providers.access_logging;
-        let side = |mode| logs(mesh, &applied.access_logging(defaults, mode));
+        let side = |mode| logs(mesh, services, &applied.access_logging(defaults, mode));
         let (client, server) = (side(WorkloadMode::Client), side(WorkloadMode::Server));
         let listener = |logs: &[AccessLog]| match mesh.disable_envoy_listener_log {
             true => Vec::new(),
@@ -135,41 +166,61 @@ impl ProxyLogs {
     }
 }
 
-fn logs(mesh: &MeshConfig, decision: &LogDecision) -> Vec<AccessLog> {
+fn logs(mesh: &MeshConfig, services: &ServiceTable, decision: &LogDecision) -> Vec<AccessLog> {
     match decision {
         LogDecision::MeshConfig if mesh.access_log_file.is_empty() => Vec::new(),
         LogDecision::MeshConfig => vec![file_log(&mesh.access_log_file, mesh_format(mesh), None)],
         LogDecision::Providers(active) => active
             .iter()
-            .filter_map(|a| provider_log(mesh, a))
+            .filter_map(|a| match provider_log(mesh, services, a) {
+                Ok(log) => Some(log),
+                Err(why) => {
+                    warn!(provider = %a.provider, "not logging to an access log provider: {why}");
+                    None
+                }
+            })
             .collect(),
     }
 }
 
-/// The log of a provider in effect; None (and a warning) for one meshpilot cannot build.
-fn provider_log(mesh: &MeshConfig, active: &ActiveLog) -> Option<AccessLog> {
-    let provider = mesh.provider(&active.provider);
-    let Some(file) = provider
-        .as_ref()
-        .and_then(|p| p.envoy_file_access_log.as_ref())
-    else {
-        warn!(
-            provider = %active.provider,
-            "a Telemetry names an access log provider the mesh config does not define as envoyFileAccessLog; not logging to it"
-        );
-        return None;
+/// The log of a provider in effect, or why meshpilot cannot build it.
+fn provider_log(
+    mesh: &MeshConfig,
+    services: &ServiceTable,
+    active: &ActiveLog,
+) -> Result<AccessLog, String> {
+    let provider = mesh
+        .provider(&active.provider)
+        .ok_or("the mesh config defines no such extension provider")?;
+    let filter = active.filter.as_deref();
+    if let Some(otel) = &provider.envoy_otel_als {
+        let (cluster, host) = cluster_of(services, &otel.service, otel.port)?;
+        return Ok(otel_log(otel, envoy_grpc(cluster, host), filter));
+    }
+    for (logger, als) in [
+        (GRPC_HTTP_LOGGER, &provider.envoy_http_als),
+        (GRPC_TCP_LOGGER, &provider.envoy_tcp_als),
+    ] {
+        if let Some(als) = als {
+            let (cluster, host) = cluster_of(services, &als.service, als.port)?;
+            return Ok(grpc_log(logger, als, envoy_grpc(cluster, host), filter));
+        }
+    }
+    let Some(file) = provider.envoy_file_access_log.as_ref() else {
+        return Err("not an access log provider meshpilot builds (envoyFileAccessLog, envoyOtelAls, envoyHttpAls, envoyTcpAls)".into());
     };
-    let name = provider
-        .as_ref()
-        .map(|p| p.name.as_str())
-        .unwrap_or_default();
     let format = match file {
         // The built-in provider, as given: the mesh config's format at the provider's path.
         FileProvider {
             log_format: None,
             omit_empty_values: false,
             ..
-        } if name.eq_ignore_ascii_case(extension_provider::BUILT_IN_ENVOY) => mesh_format(mesh),
+        } if provider
+            .name
+            .eq_ignore_ascii_case(extension_provider::BUILT_IN_ENVOY) =>
+        {
+            mesh_format(mesh)
+        }
         FileProvider { log_format, .. } => {
             provider_format(log_format.as_ref(), file.omit_empty_values)
         }
@@ -178,7 +229,110 @@ fn provider_log(mesh: &MeshConfig, active: &ActiveLog) -> Option<AccessLog> {
         "" => STDOUT,
         path => path,
     };
-    Some(file_log(path, format, active.filter.as_deref()))
+    Ok(file_log(path, format, filter))
+}
+
+/// `envoyOtelAls`: istiod's body (the text format, Istio's by default), attributes (the labels),
+/// log name and the peer state it logs.
+fn otel_log(otel: &OtelAccessLogService, service: GrpcService, filter: Option<&str>) -> AccessLog {
+    let format = otel.log_format.as_ref();
+    let text = format
+        .map(|f| f.text.as_str())
+        .filter(|t| !t.is_empty())
+        .unwrap_or(DEFAULT_TEXT_FORMAT);
+    let labels = format
+        .and_then(|f| f.labels.as_ref())
+        .filter(|l| !l.is_empty());
+    let any_string = |s: &str| AnyValue {
+        value: Some(any_value::Value::StringValue(s.to_string())),
+    };
+    let attributes = labels.map(|labels| KeyValueList {
+        values: labels
+            .iter()
+            .map(|(key, value)| KeyValue {
+                key: key.clone(),
+                value: Some(any_string(value.as_str().unwrap_or_default())),
+                ..Default::default()
+            })
+            .collect(),
+    });
+    let uses_operator = text.contains(REQ_WITHOUT_QUERY_OPERATOR)
+        || labels.is_some_and(|l| {
+            l.values()
+                .any(|v| v.to_string().contains(REQ_WITHOUT_QUERY_OPERATOR))
+        });
+    // istiod sends the (since deprecated) common gRPC config; Envoy still reads it.
+    #[allow(deprecated)]
+    let config = OpenTelemetryAccessLogConfig {
+        common_config: Some(common_grpc(
+            &otel.log_name,
+            OTEL_LOG_NAME,
+            service,
+            &ALL_PEER_STATE,
+        )),
+        disable_builtin_labels: true,
+        body: Some(any_string(text)),
+        attributes,
+        formatters: formatters(uses_operator),
+        ..Default::default()
+    };
+    AccessLog {
+        name: OTEL_LOGGER.into(),
+        filter: filter.map(cel_filter),
+        config_type: Some(access_log::ConfigType::TypedConfig(pack_any(config))),
+    }
+}
+
+/// `envoyHttpAls` / `envoyTcpAls`: Envoy's gRPC access log service (both kinds go on every
+/// connection manager and TCP proxy, as istiod puts them).
+fn grpc_log(
+    logger: &str,
+    als: &GrpcAccessLogService,
+    service: GrpcService,
+    filter: Option<&str>,
+) -> AccessLog {
+    let state: Vec<&str> = match als.filter_state_objects_to_log.is_empty() {
+        true => PEER_STATE.to_vec(),
+        false => als
+            .filter_state_objects_to_log
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    };
+    let config = match logger {
+        GRPC_HTTP_LOGGER => pack_any(HttpGrpcAccessLogConfig {
+            common_config: Some(common_grpc(&als.log_name, HTTP_LOG_NAME, service, &state)),
+            additional_request_headers_to_log: als.additional_request_headers_to_log.clone(),
+            additional_response_headers_to_log: als.additional_response_headers_to_log.clone(),
+            additional_response_trailers_to_log: als.additional_response_trailers_to_log.clone(),
+        }),
+        _ => pack_any(TcpGrpcAccessLogConfig {
+            common_config: Some(common_grpc(&als.log_name, TCP_LOG_NAME, service, &state)),
+        }),
+    };
+    AccessLog {
+        name: logger.to_string(),
+        filter: filter.map(cel_filter),
+        config_type: Some(access_log::ConfigType::TypedConfig(config)),
+    }
+}
+
+fn common_grpc(
+    log_name: &str,
+    default_name: &str,
+    service: GrpcService,
+    state: &[&str],
+) -> CommonGrpcAccessLogConfig {
+    CommonGrpcAccessLogConfig {
+        log_name: match log_name {
+            "" => default_name.to_string(),
+            name => name.to_string(),
+        },
+        grpc_service: Some(service),
+        transport_api_version: ApiVersion::V3 as i32,
+        filter_state_objects_to_log: state.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
 }
 
 fn mesh_format(mesh: &MeshConfig) -> SubstitutionFormatString {
@@ -356,14 +510,18 @@ mod tests {
         }
     }
 
+    fn logs_of(mesh: &MeshConfig, decision: &LogDecision) -> Vec<AccessLog> {
+        logs(mesh, &ServiceTable::default(), decision)
+    }
+
     fn mesh(yaml: &str) -> MeshConfig {
         MeshConfig::parse(yaml, &MeshConfig::default()).unwrap()
     }
 
     #[test]
     fn the_mesh_config_file_in_istio_formats() {
-        assert!(logs(&mesh(""), &LogDecision::MeshConfig).is_empty());
-        let text = logs(
+        assert!(logs_of(&mesh(""), &LogDecision::MeshConfig).is_empty());
+        let text = logs_of(
             &mesh("accessLogFile: /dev/stdout"),
             &LogDecision::MeshConfig,
         );
@@ -377,7 +535,7 @@ mod tests {
                 DEFAULT_TEXT_FORMAT.into()
             ))
         );
-        let json = logs(
+        let json = logs_of(
             &mesh("accessLogFile: /tmp/a.log\naccessLogEncoding: JSON"),
             &LogDecision::MeshConfig,
         );
@@ -393,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_custom_text_format_ends_its_line_and_gets_its_formatter() {
-        let text = logs(
+        let text = logs_of(
             &mesh("accessLogFile: /dev/stdout\naccessLogFormat: '%REQ_WITHOUT_QUERY(:PATH)% %RESPONSE_CODE%'"),
             &LogDecision::MeshConfig,
         );
@@ -419,7 +577,7 @@ mod tests {
             provider: provider.into(),
             filter: filter.map(str::to_string),
         };
-        let built = logs(
+        let built = logs_of(
             &mesh,
             &LogDecision::Providers(vec![
                 active("Envoy", None),

@@ -308,8 +308,9 @@ impl Generation<'_> {
 
     /// The proxy's access logs (from its Telemetries, else the mesh config).
     pub(super) fn access_logs(&self) -> &ProxyLogs {
-        self.logs
-            .get_or_init(|| ProxyLogs::build(self.mesh_config(), self.telemetry()))
+        self.logs.get_or_init(|| {
+            ProxyLogs::build(self.mesh_config(), self.telemetry(), &self.mesh.services)
+        })
     }
 
     /// Which generator builds the proxy's configuration; None for a client that is no proxy (a

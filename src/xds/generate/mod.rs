@@ -23,6 +23,7 @@ mod istio_stats;
 mod locality;
 pub mod names;
 mod policy;
+mod providers;
 mod router;
 mod routes;
 mod sds;

@@ -9,10 +9,10 @@
 use std::collections::BTreeMap;
 
 use ::tracing::warn;
-use envoy_types::pb::envoy::config::core::v3::{grpc_service, GrpcService};
 use envoy_types::pb::envoy::config::trace::v3::tracing::{http as tracer_http, Http as Tracer};
 use envoy_types::pb::envoy::config::trace::v3::{
-    zipkin_config::CollectorEndpointVersion, OpenTelemetryConfig, ZipkinConfig,
+    zipkin_config::CollectorEndpointVersion, DatadogConfig, OpenTelemetryConfig, SkyWalkingConfig,
+    ZipkinConfig,
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager, HttpConnectionManager, RequestIdExtension,
@@ -24,8 +24,8 @@ use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
 use super::access_log::Side;
-use super::names::outbound_cluster;
-use crate::istio::extension_provider::{split_service, TracingService};
+use super::providers::{cluster_of, envoy_grpc};
+use crate::istio::extension_provider::TracingService;
 use crate::istio::telemetry::{self, WorkloadMode};
 use crate::istio::MeshConfig;
 use crate::model::{AppliedTelemetry, ServiceTable, TraceDecision, TraceSpec};
@@ -33,6 +33,8 @@ use crate::xds::proxy::Proxy;
 
 const ZIPKIN: &str = "envoy.tracers.zipkin";
 const OPENTELEMETRY: &str = "envoy.tracers.opentelemetry";
+const DATADOG: &str = "envoy.tracers.datadog";
+const SKYWALKING: &str = "envoy.tracers.skywalking";
 const ZIPKIN_PATH: &str = "/api/v2/spans";
 /// `PILOT_TRACE_SAMPLING`'s default.
 const DEFAULT_SAMPLING: f64 = 1.0;
@@ -186,23 +188,30 @@ fn provider<'m>(
     } else if let Some(otel) = &defined.opentelemetry {
         let (cluster, host) = collector(inputs, otel)?;
         let config = pack_any(OpenTelemetryConfig {
-            grpc_service: Some(GrpcService {
-                target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
-                    grpc_service::EnvoyGrpc {
-                        cluster_name: cluster,
-                        authority: host,
-                        ..Default::default()
-                    },
-                )),
-                ..Default::default()
-            }),
+            grpc_service: Some(envoy_grpc(cluster, host)),
             service_name: inputs.proxy.service_cluster.clone(),
             ..Default::default()
         });
         (OPENTELEMETRY, otel, config)
+    } else if let Some(datadog) = &defined.datadog {
+        let (cluster, host) = collector(inputs, datadog)?;
+        let config = pack_any(DatadogConfig {
+            collector_cluster: cluster,
+            service_name: inputs.proxy.service_cluster.clone(),
+            collector_hostname: host,
+            ..Default::default()
+        });
+        (DATADOG, datadog, config)
+    } else if let Some(skywalking) = &defined.skywalking {
+        let (cluster, host) = collector(inputs, skywalking)?;
+        let config = pack_any(SkyWalkingConfig {
+            grpc_service: Some(envoy_grpc(cluster, host)),
+            ..Default::default()
+        });
+        (SKYWALKING, skywalking, config)
     } else {
         return Err(format!(
-            "extension provider {name:?} is not a tracer meshpilot builds (zipkin, opentelemetry)"
+            "extension provider {name:?} is not a tracer meshpilot builds (zipkin, opentelemetry, datadog, skywalking)"
         ));
     };
     let http = Tracer {
@@ -212,24 +221,12 @@ fn provider<'m>(
     Ok((http, service))
 }
 
-/// The cluster and host of a provider's service (`[<namespace>/]<host>`), as istiod's
-/// `LookupCluster`: the service must exist (in that namespace, when one is named).
+/// The cluster and host of a tracer's service.
 fn collector(
     inputs: &TracingInputs<'_>,
     provider: &TracingService,
 ) -> Result<(String, String), String> {
-    let (namespace, host) = split_service(&provider.service);
-    let service = inputs
-        .services
-        .get(host)
-        .filter(|s| namespace.is_none_or(|ns| *s.namespace == *ns))
-        .ok_or_else(|| format!("service {:?} is not in the mesh", provider.service))?;
-    let port = u16::try_from(provider.port)
-        .map_err(|_| format!("port {} is not a port", provider.port))?;
-    Ok((
-        outbound_cluster(port, &service.hostname),
-        service.hostname.to_string(),
-    ))
+    cluster_of(inputs.services, &provider.service, provider.port)
 }
 
 /// Istio's tags from the proxy (unless turned off), then the Telemetry's, sorted by name.
