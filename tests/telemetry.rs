@@ -574,6 +574,8 @@ async fn log_services_and_datadog_as_istiod_builds_them() {
   envoyHttpAls: {service: reviews.bookinfo.svc.cluster.local, port: 9080, additionalRequestHeadersToLog: [x-user]}
 - name: dd
   datadog: {service: reviews.bookinfo.svc.cluster.local, port: 9080}
+- name: sw
+  skywalking: {service: reviews.bookinfo.svc.cluster.local, port: 9080}
 ",
     )
     .unwrap();
@@ -584,6 +586,12 @@ metadata: {name: mesh-default, namespace: istio-system}
 spec:
   accessLogging: [{providers: [{name: otel-als}, {name: http-als}]}]
   tracing: [{providers: [{name: dd}]}]
+---
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: skywalking, namespace: other}
+spec:
+  tracing: [{providers: [{name: sw}]}]
 ";
     let flags = [
         "--debounce-after",
@@ -592,8 +600,8 @@ spec:
         mesh.path().to_str().unwrap(),
     ];
     let f = ConfigFixture::start(Source::Files, &[("t.yaml", telemetry)], &flags).await;
-    let listeners = listeners(&f, REVIEWS_ID, "reviews").await;
-    let hcm = hcm_of(&listeners["0.0.0.0_9080"]);
+    let reviews = listeners(&f, REVIEWS_ID, "reviews").await;
+    let hcm = hcm_of(&reviews["0.0.0.0_9080"]);
     let names: Vec<&str> = hcm.access_log.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(
         names,
@@ -637,4 +645,18 @@ spec:
         datadog.collector_hostname,
         "reviews.bookinfo.svc.cluster.local"
     );
+
+    // Another namespace's Telemetry: SkyWalking, which alone gets the upstream span.
+    let other = listeners(
+        &f,
+        "sidecar~10.5.0.5~client.other~other.svc.cluster.local",
+        "client",
+    )
+    .await;
+    let tracing = hcm_of(&other["0.0.0.0_9080"]).tracing.expect("tracing");
+    assert_eq!(
+        tracing.provider.map(|p| p.name).as_deref(),
+        Some("envoy.tracers.skywalking")
+    );
+    assert_eq!(tracing.spawn_upstream_span.map(|b| b.value), Some(true));
 }

@@ -129,7 +129,12 @@ fn side(inputs: &TracingInputs<'_>, decision: &TraceDecision) -> SideTracing {
         .filter(|l| *l != 0)
         .or_else(|| default_config.max_path_tag_length());
     let percent = |value| Some(Percent { value });
+    // SkyWalking needs the upstream span (istiod sets it for that tracer alone).
+    let upstream_span = provider
+        .as_ref()
+        .is_some_and(|(http, _)| http.name == SKYWALKING);
     let tracing = http_connection_manager::Tracing {
+        spawn_upstream_span: upstream_span.then_some(BoolValue { value: true }),
         client_sampling: percent(100.0),
         random_sampling: percent(sampling),
         overall_sampling: percent(100.0),
