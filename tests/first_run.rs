@@ -98,13 +98,7 @@ async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
     assert_eq!(rule["metadata"]["namespace"], "default");
 
     let mut ads = productpage_clusters(&mp).await;
-    let clusters: Vec<String> = ads
-        .response(BOUND)
-        .await
-        .resources
-        .iter()
-        .map(|a| Cluster::decode(&a.value[..]).unwrap().name)
-        .collect();
+    let clusters = cluster_names(&ads.response(BOUND).await);
     for subset in ["v1", "v2"] {
         let name = format!("outbound|9080|{subset}|reviews.default.svc.cluster.local");
         assert!(clusters.contains(&name), "{name} in {clusters:?}");
@@ -207,7 +201,7 @@ async fn a_file_written_beside_the_mesh_config_does_not_reload_it() {
     .await;
 }
 
-/// The CDS cluster names a sidecar of `default` is sent.
+/// The names of the clusters a CDS response carries.
 fn cluster_names(
     response: &envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse,
 ) -> Vec<String> {
@@ -386,13 +380,7 @@ async fn a_misspelt_field_is_refused_and_the_last_good_version_kept() {
 
     // The version before the typo still serves its subsets.
     let mut ads = productpage_clusters(&mp).await;
-    let clusters: Vec<String> = ads
-        .response(BOUND)
-        .await
-        .resources
-        .iter()
-        .map(|a| Cluster::decode(&a.value[..]).unwrap().name)
-        .collect();
+    let clusters = cluster_names(&ads.response(BOUND).await);
     let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local".to_string();
     assert!(clusters.contains(&v2), "{clusters:?}");
 }

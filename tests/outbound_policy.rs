@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::netns::{link, Netns};
+use common::netns::{client_sidecar, link, Netns};
 use common::*;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -87,23 +86,8 @@ impl Setup {
             args.extend(["--mesh-config", mesh_config.to_str().unwrap()]);
         }
         let mp = start_meshpilot(dir.path(), &args).await;
-        let node_id = format!("sidecar~10.{net}.3.1~client.default~default.svc.cluster.local");
-        let envoy = Envoy::start_with(EnvoyOptions {
-            xds: SocketAddr::new(host_ip.parse().unwrap(), mp.xds_addr.port()),
-            replicas: &[],
-            node_id: &node_id,
-            metadata: &[("CLUSTER_ID", "c1")],
-            labels: &[],
-            mode: AdsMode::Sotw,
-            workload: workload_certs(&mp, "default", "client"),
-            xds_tls: None,
-            netns: Some(InNetns {
-                name: client.name.clone(),
-                ip: client_ip.parse::<IpAddr>().unwrap(),
-                host_ip: host_ip.parse().unwrap(),
-            }),
-        })
-        .await;
+        let workload_ip = format!("10.{net}.3.1");
+        let envoy = client_sidecar(&mp, &client, &workload_ip, &client_ip, &host_ip).await;
         Self {
             client,
             outside,

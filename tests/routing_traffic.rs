@@ -6,10 +6,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::netns::{link, Netns};
+use common::netns::{client_sidecar, link, Netns};
 use common::*;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -207,22 +206,7 @@ impl Routed {
             mesh_file.to_str().unwrap(),
         ];
         let mp = start_meshpilot(dir.path(), &flags).await;
-        let envoy = Envoy::start_with(EnvoyOptions {
-            xds: SocketAddr::new("10.217.1.1".parse().unwrap(), mp.xds_addr.port()),
-            replicas: &[],
-            node_id: "sidecar~10.217.3.1~client.default~default.svc.cluster.local",
-            metadata: &[("CLUSTER_ID", "c1")],
-            labels: &[],
-            mode: AdsMode::Sotw,
-            workload: workload_certs(&mp, "default", "client"),
-            xds_tls: None,
-            netns: Some(InNetns {
-                name: client.name.clone(),
-                ip: "10.217.1.2".parse::<IpAddr>().unwrap(),
-                host_ip: "10.217.1.1".parse().unwrap(),
-            }),
-        })
-        .await;
+        let envoy = client_sidecar(&mp, &client, "10.217.3.1", "10.217.1.2", "10.217.1.1").await;
         wait_for("both subsets in the sidecar", BOUND, || {
             let envoy = &envoy;
             async move {

@@ -31,6 +31,7 @@ use prost::Message;
 const BOUND: Duration = Duration::from_secs(10);
 const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const REVIEWS_ID: &str = "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local";
 
 const MESH: &str = "
 extensionProviders:
@@ -181,12 +182,7 @@ async fn telemetry_precedence_reaches_each_side(source: Source) {
 
     // reviews in bookinfo: the root's provider outbound, nothing inbound (its namespace's
     // Telemetry), and the listener's own log only of connections no chain matched.
-    let reviews = listeners(
-        &f,
-        "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local",
-        "reviews",
-    )
-    .await;
+    let reviews = listeners(&f, REVIEWS_ID, "reviews").await;
     let (outbound, own) = listener_logs(&reviews["virtualOutbound"]);
     assert_eq!(outbound, [stdout()]);
     assert_eq!(own, [("/dev/stdout".to_string(), true)]);
@@ -234,12 +230,7 @@ async fn telemetry_precedence_reaches_each_side(source: Source) {
     // The namespace's Telemetry goes: reviews logs inbound again.
     f.delete("telemetry-ns.yaml", "Telemetry", "bookinfo", "no-inbound");
     wait_for("inbound logs back", BOUND, || async {
-        let reviews = listeners(
-            &f,
-            "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local",
-            "reviews",
-        )
-        .await;
+        let reviews = listeners(&f, REVIEWS_ID, "reviews").await;
         let (inbound, _) = listener_logs(&reviews["virtualInbound"]);
         inbound.iter().all(|l| *l == stdout()).then_some(())
     })
@@ -252,7 +243,6 @@ from_both_sources!(
     precedence_from_the_config_cluster
 );
 
-const REVIEWS_ID: &str = "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local";
 const ISTIO_PROXY: &[(&str, &str)] = &[("ISTIO_VERSION", "1.28.0")];
 
 fn typed(any: &Any, type_url: &str) -> Vec<u8> {

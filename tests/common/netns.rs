@@ -280,3 +280,32 @@ impl Netns {
         );
     }
 }
+
+/// The captured sidecar of `client` (namespace `default`, cluster c1) in `netns`: its workload
+/// address `workload_ip` names it, it reaches meshpilot's xDS from `ip` through `host_ip`.
+pub async fn client_sidecar(
+    mp: &meshpilot::app::Running,
+    netns: &Netns,
+    workload_ip: &str,
+    ip: &str,
+    host_ip: &str,
+) -> super::Envoy {
+    let node_id = format!("sidecar~{workload_ip}~client.default~default.svc.cluster.local");
+    let host: std::net::IpAddr = host_ip.parse().expect("an IP");
+    super::Envoy::start_with(super::EnvoyOptions {
+        xds: std::net::SocketAddr::new(host, mp.xds_addr.port()),
+        replicas: &[],
+        node_id: &node_id,
+        metadata: &[("CLUSTER_ID", "c1")],
+        labels: &[],
+        mode: super::AdsMode::Sotw,
+        workload: super::workload_certs(mp, "default", "client"),
+        xds_tls: None,
+        netns: Some(super::InNetns {
+            name: netns.name.clone(),
+            ip: ip.parse().expect("an IP"),
+            host_ip: host,
+        }),
+    })
+    .await
+}
