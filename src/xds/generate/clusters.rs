@@ -208,8 +208,9 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
     if cluster.typed_extension_protocol_options.is_empty() && http2 {
         cluster.typed_extension_protocol_options = policy::http2_only();
     }
-    cluster.metadata = Some(telemetry_metadata(service));
+    // Only Istio's stats read these: plain proxies are not sent the bytes.
     if let Some(stats) = g.istio_stats() {
+        cluster.metadata = Some(telemetry_metadata(service));
         cluster.filters.push(stats.cluster_filter());
     }
     if g.proxy.generator == Generator::Envoy {
@@ -247,8 +248,8 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
     cluster
 }
 
-/// What Istio's stats read of the destination (istiod's `addTelemetryMetadata`): the service's
-/// host, name and namespace under `istio.services`.
+/// What Istio's stats read of the destination (istiod's `addTelemetryMetadata`, which sets it for
+/// every proxy): the service's host, name and namespace under `istio.services`.
 fn telemetry_metadata(service: &Service) -> Metadata {
     let text = |s: &str| Value {
         kind: Some(Kind::StringValue(s.to_string())),
