@@ -52,6 +52,15 @@ spec:
       version: v2
 ";
 
+/// A config dir whose cluster c1 has bookinfo's `reviews` (and an empty `config/`).
+fn reviews_config_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    dir
+}
+
 /// A sidecar of `default` in c1 (bookinfo's productpage) subscribed to every cluster.
 async fn productpage_clusters(mp: &meshpilot::app::Running) -> AdsClient {
     let ads = AdsClient::connect(mp.xds_addr).await.unwrap();
@@ -68,10 +77,7 @@ async fn productpage_clusters(mp: &meshpilot::app::Running) -> AdsClient {
 
 #[tokio::test]
 async fn samples_without_a_namespace_land_in_default_as_with_kubectl() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
-    std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    let dir = reviews_config_dir();
     std::fs::write(dir.path().join("config/reviews.yaml"), REVIEWS_RULE).unwrap();
     // And one a user forgot to name: refused, its kind still shown.
     std::fs::write(
@@ -253,10 +259,7 @@ async fn an_emptied_file_keeps_its_objects_until_it_stays_empty() {
 /// refused naming it, and stays refused when edited; once the first goes, the other serves.
 #[tokio::test]
 async fn an_object_defined_twice_keeps_the_first_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
-    std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    let dir = reviews_config_dir();
     // The same Service again in a second file of the cluster, with another address.
     std::fs::write(
         dir.path().join("clusters/c1/reviews-copy.yaml"),
@@ -347,10 +350,7 @@ async fn an_object_defined_twice_keeps_the_first_and_says_so() {
 /// field it meant; the rule's last good version keeps serving.
 #[tokio::test]
 async fn a_misspelt_field_is_refused_and_the_last_good_version_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("clusters/c1")).unwrap();
-    std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(dir.path().join("clusters/c1/reviews.yaml"), REVIEWS).unwrap();
+    let dir = reviews_config_dir();
     let rule = dir.path().join("config/reviews.yaml");
     std::fs::write(&rule, REVIEWS_RULE).unwrap();
     let mp = start_meshpilot(dir.path(), &[]).await;

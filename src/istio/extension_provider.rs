@@ -46,9 +46,11 @@ pub struct ExtensionProvider {
 pub const BUILT_IN_ENVOY: &str = "envoy";
 pub const BUILT_IN_PROMETHEUS: &str = "prometheus";
 
-/// `zipkin` or `opentelemetry`: where spans go, a service of the mesh (`[<namespace>/]<host>`).
+/// `zipkin`, `opentelemetry`, `datadog` or `skywalking`: where spans go, a service of the mesh
+/// (`[<namespace>/]<host>`). Fields of these providers meshpilot does not build (headers, timeouts,
+/// an HTTP exporter, resource detectors, samplers, access tokens) are refused, not dropped.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct TracingService {
     pub service: String,
     pub port: u32,
@@ -61,7 +63,7 @@ pub struct TracingService {
 
 /// `envoyOtelAls`: access logs over OpenTelemetry's log service, to a service of the mesh.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct OtelAccessLogService {
     pub service: String,
     pub port: u32,
@@ -71,7 +73,7 @@ pub struct OtelAccessLogService {
 
 /// `envoyHttpAls` / `envoyTcpAls`: Envoy's gRPC access log service.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct GrpcAccessLogService {
     pub service: String,
     pub port: u32,
@@ -84,7 +86,7 @@ pub struct GrpcAccessLogService {
 
 /// `envoyFileAccessLog`: Envoy's file access log.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct FileAccessLog {
     /// Empty: /dev/stdout.
     pub path: String,
@@ -93,7 +95,7 @@ pub struct FileAccessLog {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogFormat {
     pub text: String,
     /// JSON keys and their command operators.

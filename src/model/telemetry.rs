@@ -8,13 +8,24 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::config::ConfigStore;
+use crate::istio::security::{applies_to, selects_workloads};
 use crate::istio::telemetry::{AccessLogging, CustomTag, TagOperation, WorkloadMode};
-use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Spec, Telemetry};
+use crate::istio::{ConfigObject, Spec, Telemetry};
 
 /// The Telemetry objects that apply to one proxy, least specific first.
 #[derive(Clone, Debug, Default)]
 pub struct AppliedTelemetry {
     levels: Vec<Arc<ConfigObject>>,
+}
+
+/// By the objects that applied: proxies with the same ones (and mesh config) get the same
+/// telemetry.
+impl std::hash::Hash for AppliedTelemetry {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        for object in &self.levels {
+            object.key.hash(state);
+        }
+    }
 }
 
 /// How a proxy logs one side of its traffic.
@@ -90,16 +101,17 @@ impl ConfigStore {
                 .map(Vec::as_slice)
                 .unwrap_or_default()
         };
+        // An empty selector selects no workload: the Telemetry is namespace-wide, as istiod's
+        // `namespaceWideTelemetryConfig` counts it.
         let without_selector = |ns: &str| {
             in_namespace(ns)
                 .iter()
-                .find(|o| telemetry(o).is_some_and(|t| t.selector.is_none()))
+                .find(|o| telemetry(o).is_some_and(|t| !selects_workloads(&t.selector)))
         };
         let root = self.mesh().root_namespace.as_str();
         let selecting = in_namespace(namespace).iter().find(|o| {
             telemetry(o)
-                .and_then(|t| t.selector.as_ref())
-                .is_some_and(|s| s.matches(labels))
+                .is_some_and(|t| selects_workloads(&t.selector) && applies_to(&t.selector, labels))
         });
         let levels = [
             without_selector(root),
@@ -111,23 +123,21 @@ impl ConfigStore {
         }
     }
 
-    /// Telemetries that attach to workloads, by namespace, oldest first.
+    /// Telemetries by namespace, oldest first.
     pub(super) fn index_telemetries(
         sorted: Vec<Arc<ConfigObject>>,
     ) -> BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> {
         let mut out: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
         for object in sorted {
-            if telemetry(&object).is_some_and(Telemetry::attaches_to_workloads) {
-                out.entry(object.key.namespace.clone())
-                    .or_default()
-                    .push(object);
-            }
+            out.entry(object.key.namespace.clone())
+                .or_default()
+                .push(object);
         }
         out
     }
 }
 
-/// Of what kind `ConfigKind::Telemetry` objects are.
+/// The Telemetry spec of an object, if it is one.
 fn telemetry(object: &ConfigObject) -> Option<&Telemetry> {
     match &object.spec {
         Spec::Telemetry(t) => Some(t),
@@ -145,19 +155,11 @@ impl AppliedTelemetry {
         defaults: &[String],
         reports: impl Fn(&str) -> bool,
     ) -> Option<MetricsPlan> {
-        let entries: Vec<_> = self
-            .levels
+        let entries = self.metrics_entries();
+        let provider = *self
+            .metrics_providers(defaults)
             .iter()
-            .filter_map(|o| telemetry(o))
-            .flat_map(|t| &t.metrics)
-            .collect();
-        let mut in_scope: Vec<&str> = defaults.iter().map(String::as_str).collect();
-        for entry in &entries {
-            if !entry.providers.is_empty() {
-                in_scope = entry.providers.iter().map(|p| p.name.as_str()).collect();
-            }
-        }
-        let provider = *in_scope.iter().find(|p| reports(p))?;
+            .find(|p| reports(p))?;
         let mut plan = MetricsPlan::default();
         type Overrides = BTreeMap<String, MetricOverride>;
         let (mut client, mut server): (Overrides, Overrides) = Default::default();
@@ -218,6 +220,27 @@ impl AppliedTelemetry {
         Some(plan)
     }
 
+    /// The metrics providers in scope: the last level naming some, else the defaults.
+    pub fn metrics_providers<'a>(&'a self, defaults: &'a [String]) -> Vec<&'a str> {
+        let named = self
+            .metrics_entries()
+            .into_iter()
+            .rev()
+            .find(|e| !e.providers.is_empty());
+        match named {
+            Some(entry) => entry.providers.iter().map(|p| p.name.as_str()).collect(),
+            None => defaults.iter().map(String::as_str).collect(),
+        }
+    }
+
+    fn metrics_entries(&self) -> Vec<&crate::istio::telemetry::Metrics> {
+        self.levels
+            .iter()
+            .filter_map(|o| telemetry(o))
+            .flat_map(|t| &t.metrics)
+            .collect()
+    }
+
     /// The tracing in effect for traffic of `mode`: the first default provider, then each
     /// Telemetry entry for this side in order (root, namespace, workload) replacing what it sets —
     /// the first provider it names, span reporting, tags, sampling.
@@ -264,15 +287,6 @@ impl AppliedTelemetry {
             Some(provider) if !disabled => TraceDecision::On(TraceSpec { provider, ..spec }),
             _ => TraceDecision::Off,
         }
-    }
-
-    /// Which objects applied: proxies with the same ones (and mesh config) log alike.
-    pub fn keys(&self) -> Vec<&ConfigKey> {
-        debug_assert!(self
-            .levels
-            .iter()
-            .all(|o| o.key.kind == ConfigKind::Telemetry));
-        self.levels.iter().map(|o| &o.key).collect()
     }
 
     /// The access log providers in effect for traffic of `mode`, given the mesh's default ones.
@@ -404,7 +418,7 @@ mod tests {
             ),
         ]);
         let shop = store.telemetry_for("shop", &labels("web"));
-        assert_eq!(shop.keys().len(), 2);
+        assert_eq!(shop.levels.len(), 2);
         assert_eq!(
             shop.access_logging(&[], WorkloadMode::Client),
             LogDecision::Providers(vec![])
@@ -553,6 +567,6 @@ mod tests {
             [("envoy".to_string(), None)]
         );
         let api = store.telemetry_for("shop", &labels("api"));
-        assert_eq!(api.keys().len(), 1);
+        assert_eq!(api.levels.len(), 1);
     }
 }

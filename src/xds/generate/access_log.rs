@@ -27,9 +27,8 @@ use envoy_types::pb::opentelemetry::proto::common::v1::{
     any_value, AnyValue, KeyValue, KeyValueList,
 };
 use envoy_types::util::pack_any;
-use tracing::warn;
 
-use super::providers::{cluster_of, envoy_grpc};
+use super::providers::{cluster_of, envoy_grpc, report_unbuilt};
 use crate::istio::extension_provider::{
     self, FileAccessLog as FileProvider, GrpcAccessLogService, OtelAccessLogService,
 };
@@ -175,7 +174,7 @@ fn logs(mesh: &MeshConfig, services: &ServiceTable, decision: &LogDecision) -> V
             .filter_map(|a| match provider_log(mesh, services, a) {
                 Ok(log) => Some(log),
                 Err(why) => {
-                    warn!(provider = %a.provider, "not logging to an access log provider: {why}");
+                    report_unbuilt("access logging", &a.provider, &why);
                     None
                 }
             })

@@ -12,6 +12,7 @@ use super::access_log::{ProxyLogs, Side};
 use super::cache::ResourceCache;
 use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STATS};
 use super::names::{self, ClusterName};
+use super::providers::report_unbuilt;
 use super::tracer::{ProxyTracing, TracingInputs};
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
@@ -235,7 +236,7 @@ impl Generation<'_> {
             self.cluster_id(),
             self.list_scope(),
             self.allocated_view(),
-            self.telemetry().keys(),
+            self.telemetry(),
             self.istio_stats().is_some(),
             self.tracing_variant(),
         ))
@@ -281,9 +282,16 @@ impl Generation<'_> {
             let mesh = self.mesh_config();
             let prometheus =
                 |name: &str| mesh.provider(name).is_some_and(|p| p.prometheus.is_some());
-            let plan = self
-                .telemetry()
-                .metrics(&mesh.default_providers.metrics, prometheus)?;
+            let defaults = &mesh.default_providers.metrics;
+            let Some(plan) = self.telemetry().metrics(defaults, prometheus) else {
+                let named = self.telemetry().metrics_providers(defaults);
+                if !named.is_empty() {
+                    let why =
+                        "none of them is a Prometheus provider (the only metrics meshpilot builds)";
+                    report_unbuilt("Istio's metrics", &named.join(", "), why);
+                }
+                return None;
+            };
             Some(match plan == default_plan() {
                 true => Cow::Borrowed(&*DEFAULT_ISTIO_STATS),
                 false => Cow::Owned(IstioStats::build(&plan)),

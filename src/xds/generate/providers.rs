@@ -2,7 +2,12 @@
 //! outbound cluster and host, as istiod's `LookupCluster` finds them — the service
 //! (`[<namespace>/]<host>`) must be in the mesh — and a gRPC service to it.
 
+use std::collections::BTreeSet;
+use std::sync::LazyLock;
+
 use envoy_types::pb::envoy::config::core::v3::{grpc_service, GrpcService};
+use parking_lot::Mutex;
+use tracing::warn;
 
 use super::names::outbound_cluster;
 use crate::istio::extension_provider::split_service;
@@ -24,6 +29,29 @@ pub(super) fn cluster_of(
         outbound_cluster(port, &found.hostname),
         found.hostname.to_string(),
     ))
+}
+
+/// Distinct reports kept before the record starts over.
+const REPORTS_KEPT: usize = 256;
+
+/// Reports a provider meshpilot cannot build, once per use, provider and reason: resources are
+/// generated per proxy and push, and the same reason would otherwise be logged for each of them.
+pub(super) fn report_unbuilt(used_for: &str, provider: &str, why: &str) {
+    static REPORTED: LazyLock<Mutex<BTreeSet<String>>> = LazyLock::new(Mutex::default);
+    let key = format!("{used_for}\n{provider}\n{why}");
+    let first = {
+        let mut reported = REPORTED.lock();
+        if reported.len() >= REPORTS_KEPT {
+            reported.clear();
+        }
+        reported.insert(key)
+    };
+    if first {
+        warn!(
+            provider,
+            "{used_for} not configured for this provider: {why}"
+        );
+    }
 }
 
 /// Envoy's own gRPC client to a cluster, with the host as authority.

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use ::tracing::warn;
 use envoy_types::pb::envoy::config::trace::v3::tracing::{http as tracer_http, Http as Tracer};
 use envoy_types::pb::envoy::config::trace::v3::{
     zipkin_config::CollectorEndpointVersion, DatadogConfig, OpenTelemetryConfig, SkyWalkingConfig,
@@ -24,7 +23,7 @@ use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
 use super::access_log::Side;
-use super::providers::{cluster_of, envoy_grpc};
+use super::providers::{cluster_of, envoy_grpc, report_unbuilt};
 use crate::istio::extension_provider::TracingService;
 use crate::istio::telemetry::{self, WorkloadMode};
 use crate::istio::MeshConfig;
@@ -111,7 +110,7 @@ fn side(inputs: &TracingInputs<'_>, decision: &TraceDecision) -> SideTracing {
         Some(spec) => match provider(inputs, &spec.provider) {
             Ok(provider) => Some(provider),
             Err(why) => {
-                warn!(provider = %spec.provider, proxy = %inputs.proxy.id, "tracing not configured: {why}");
+                report_unbuilt("tracing", &spec.provider, &why);
                 return request_id_only(true);
             }
         },

@@ -80,11 +80,12 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             name,
             g.variant_of(&(
                 g.outbound_fallback(),
-                g.telemetry().keys(),
+                g.telemetry(),
                 g.istio_stats().is_some(),
                 g.tracing_variant(),
             )),
-            [0, 0, 0, g.config_version()],
+            // Its logs may name a log service's cluster, which follows the services.
+            [g.services_version(), 0, 0, g.config_version()],
             || {
                 let listener = outbound::virtual_outbound(g);
                 Some(Resource::encode(name, &listener))
