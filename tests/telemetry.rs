@@ -13,7 +13,10 @@ use common::config_source::{ConfigFixture, Source};
 use common::*;
 use envoy_types::pb::envoy::config::accesslog::v3::{access_log, AccessLog};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress;
 use envoy_types::pb::envoy::config::core::v3::grpc_service;
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, Listener};
 use envoy_types::pb::envoy::config::trace::v3::tracing::http as tracer_http;
 use envoy_types::pb::envoy::config::trace::v3::OpenTelemetryConfig;
@@ -23,6 +26,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use envoy_types::pb::google::protobuf::value::Kind::StringValue;
 use envoy_types::pb::google::protobuf::Any;
 use meshpilot::xds::istio_protos::stats::PluginConfig;
 use meshpilot::xds::istio_protos::udpa::TypedStruct;
@@ -31,6 +35,7 @@ use prost::Message;
 const BOUND: Duration = Duration::from_secs(10);
 const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 const REVIEWS_ID: &str = "sidecar~10.1.1.11~reviews-v1-7f9c8d.bookinfo~bookinfo.svc.cluster.local";
 
 const MESH: &str = "
@@ -388,6 +393,45 @@ async fn istio_proxies_get_istios_stats_and_plain_envoy_none() {
     );
     assert_eq!(clusters["PassthroughCluster"].filters.len(), 1);
     assert!(clusters["InboundPassthroughCluster"].filters.is_empty());
+
+    // Each endpoint names its workload for the stats, in istiod's compressed form.
+    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(labelled_node(
+            REVIEWS_ID,
+            &[("CLUSTER_ID", "cluster1")],
+            &[],
+        )),
+        type_url: EDS.into(),
+        resource_names: vec!["outbound|9080||reviews.bookinfo.svc.cluster.local".into()],
+        ..Default::default()
+    });
+    let assignment =
+        ClusterLoadAssignment::decode(&ads.response(BOUND).await.resources[0].value[..])
+            .expect("an assignment");
+    let workloads: BTreeMap<String, String> = assignment
+        .endpoints
+        .iter()
+        .flat_map(|group| &group.lb_endpoints)
+        .map(|lb| {
+            let Some(HostIdentifier::Endpoint(ep)) = &lb.host_identifier else {
+                panic!("an endpoint address")
+            };
+            let Some(SocketAddress(socket)) = ep.address.as_ref().unwrap().address.as_ref() else {
+                panic!("a socket address")
+            };
+            let istio = &lb.metadata.as_ref().unwrap().filter_metadata["istio"];
+            let Some(StringValue(workload)) = &istio.fields["workload"].kind else {
+                panic!("a string")
+            };
+            (socket.address.clone(), workload.clone())
+        })
+        .collect();
+    assert_eq!(
+        workloads.get("10.1.1.11").map(String::as_str),
+        Some("reviews-v1-7f9c8d;bookinfo;reviews;v1;cluster1"),
+        "{workloads:?}"
+    );
 
     // A plain Envoy: none of Istio's own extensions anywhere.
     let plain: BTreeMap<String, Listener> = resources(&f, REVIEWS_ID, "reviews", &[], LDS).await;

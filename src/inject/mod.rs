@@ -9,7 +9,6 @@ pub mod offline;
 mod pod;
 mod policy;
 mod sidecar;
-mod workload;
 
 use std::sync::Arc;
 
@@ -19,10 +18,10 @@ use thiserror::Error;
 use crate::istio::MeshConfig;
 use crate::text::Quoted;
 
+pub use crate::registry::workload::Workload;
 pub use pod::{inject, Outcome};
 pub use policy::injection_required;
 pub use sidecar::gateway_pod_spec;
-pub use workload::Workload;
 
 /// Istio's proxy image of the release meshpilot is compatible with.
 pub const DEFAULT_PROXY_IMAGE: &str = "docker.io/istio/proxyv2:1.27.0";

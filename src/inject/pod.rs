@@ -13,6 +13,7 @@ use super::annotations::{Settings, PROXY_OVERRIDES, STATUS};
 use super::policy::injection_required;
 use super::sidecar::{build, Placement, INIT_CONTAINER, PROXY_CONTAINER};
 use super::{InjectConfig, InjectError, Overrides, Workload};
+use crate::registry::workload::canonical_service;
 
 const NETWORK_LABEL: &str = "topology.istio.io/network";
 
@@ -113,22 +114,9 @@ pub fn inject(
     volumes.retain(|v| !volume_names.contains(&v.name));
     volumes.extend(sidecar.volumes);
 
-    let canonical_name = [
-        "service.istio.io/canonical-name",
-        "app.kubernetes.io/name",
-        "app",
-    ]
-    .iter()
-    .find_map(|k| labels.get(*k).filter(|v| !v.is_empty()).cloned())
-    .unwrap_or_else(|| workload.name.clone());
-    let canonical_revision = [
-        "service.istio.io/canonical-revision",
-        "app.kubernetes.io/version",
-        "version",
-    ]
-    .iter()
-    .find_map(|k| labels.get(*k).filter(|v| !v.is_empty()).cloned())
-    .unwrap_or_else(|| "latest".into());
+    let (canonical_name, canonical_revision) = canonical_service(&labels, &workload.name);
+    let (canonical_name, canonical_revision) =
+        (canonical_name.to_string(), canonical_revision.to_string());
     let pod_labels = meta.labels.get_or_insert_with(BTreeMap::new);
     pod_labels
         .entry("security.istio.io/tlsMode".into())

@@ -218,7 +218,11 @@ impl<'a> EndpointContext<'a> {
                 TlsMode::Disabled
             },
             health,
-            workload: pod.map_or_else(|| shared.name(""), |p| p.name.clone()),
+            workload: match pod {
+                Some(p) if p.workload.is_empty() => p.name.clone(),
+                Some(p) => p.workload.clone(),
+                None => shared.name(""),
+            },
             weight: 1,
             hostname: None,
         }

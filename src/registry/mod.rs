@@ -15,6 +15,7 @@ mod selection;
 pub mod service_entries;
 mod status;
 mod store;
+pub mod workload;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -452,6 +453,22 @@ endpoints:
             &*eps[1].network, "ns-net",
             "the system namespace labels the cluster's network"
         );
+    }
+
+    #[test]
+    fn endpoints_name_the_pods_workload() {
+        let (reg, _rx) = registry();
+        let pod = POD.replace(
+            "metadata: {name: web-1,",
+            "metadata: {ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: web-5c9d, \
+             uid: u1, controller: true}], name: web-5c9d-x2x,",
+        )
+        .replace("labels: {app: web,", "labels: {pod-template-hash: 5c9d, app: web,");
+        let slice = SLICE.replace("name: web-1", "name: web-5c9d-x2x");
+        apply(&reg, &[SERVICE, NODE, &pod, &slice].join("---"));
+        let eps = endpoints(&reg);
+        let workloads: Vec<&str> = eps.iter().map(|e| &*e.workload).collect();
+        assert!(workloads.contains(&"web"), "{workloads:?}");
     }
 
     #[test]

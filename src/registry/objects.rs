@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::workload::Workload;
 use crate::model::{Labels, Locality, Protocol, SecretMaterial, ServicePort};
 
 pub const LABEL_NETWORK: &str = "topology.istio.io/network";
@@ -167,6 +168,10 @@ pub struct PodObj {
     /// The strings are shared: with the registry's indexes, other pods and the pod's endpoints.
     pub name: Arc<str>,
     pub namespace: Arc<str>,
+    /// The workload the pod belongs to (its Deployment, …), as istiod names endpoints' workloads;
+    /// empty in snapshots saved before it was kept, which stands for the pod's own name.
+    #[serde(default)]
+    pub workload: Arc<str>,
     pub labels: Labels,
     pub service_account: Arc<str>,
     pub node: Option<Arc<str>>,
@@ -372,6 +377,7 @@ pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
         addrs = status.map(|s| ips(s.pod_ip.iter())).unwrap_or_default();
     }
     Ok(Object::Pod(PodObj {
+        workload: Workload::of_pod(&pod.metadata, &namespace).name.into(),
         labels: Arc::new(pod.metadata.labels.clone().unwrap_or_default()),
         service_account: spec
             .and_then(|s| s.service_account_name.as_deref())

@@ -86,6 +86,7 @@ impl PodIndex {
     pub fn insert(&mut self, mut pod: PodObj) -> Option<PodObj> {
         let replaced = self.remove(&pod.namespace, &pod.name);
         pod.service_account = self.names.intern(pod.service_account);
+        pod.workload = self.names.intern(pod.workload);
         pod.node = pod.node.map(|node| self.names.intern(node));
         pod.labels = self.labels.intern(pod.labels);
         let (namespace, pods) = self.namespace_mut(&pod.namespace);
@@ -189,6 +190,7 @@ mod tests {
         PodObj {
             name: name.into(),
             namespace: namespace.into(),
+            workload: name.into(),
             labels: Arc::new(BTreeMap::from([("app".into(), "web".into())])),
             service_account: "default".into(),
             node: Some(node.into()),

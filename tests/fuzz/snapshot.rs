@@ -41,6 +41,7 @@ fn saved_file() -> Vec<u8> {
         pods: vec![PodObj {
             name: "reviews-v1".into(),
             namespace: "shop".into(),
+            workload: "reviews-v1".into(),
             labels: Default::default(),
             service_account: "bookinfo-reviews".into(),
             node: Some("n1".into()),

@@ -31,6 +31,7 @@ use crate::model::{
     Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
     TlsMode,
 };
+use crate::registry::workload::{canonical_service, DEFAULT_REVISION};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
@@ -222,9 +223,7 @@ fn assignment(
                 weight: scale.saturating_mul(u64::from(ep.weight.max(1))),
                 metadata: endpoint_metadata(
                     security.endpoint_tls(&service.namespace, ep),
-                    &ep.workload,
-                    ep.cluster_id.as_str(),
-                    &ep.network,
+                    &telemetry_workload(ep, &service.namespace),
                 ),
             }));
     }
@@ -242,11 +241,10 @@ fn assignment(
                     address: gw.address,
                     port: gw.port,
                     weight: share,
+                    // A gateway stands for no one workload: only its cluster is known.
                     metadata: endpoint_metadata(
                         TlsMode::Istio,
-                        "",
-                        gw.cluster.as_ref().map_or("", |c| c.as_str()),
-                        network,
+                        &format!(";;;;{}", gw.cluster.as_ref().map_or("", |c| c.as_str())),
                     ),
                 }),
             }
@@ -355,7 +353,24 @@ fn lb_endpoint(sent: Sent) -> LbEndpoint {
     }
 }
 
-fn endpoint_metadata(tls: TlsMode, workload: &str, cluster: &str, network: &str) -> Metadata {
+/// The endpoint's workload as Istio's stats read it when the peer sent no metadata of its own (no
+/// sidecar, or the request failed before the exchange): `name;namespace;canonical service;
+/// canonical revision;cluster`, the revision left empty when it is the default `latest`
+/// (istiod's `AppendLbEndpointMetadata`, pilot/pkg/networking/util/util.go).
+fn telemetry_workload(ep: &Endpoint, namespace: &str) -> String {
+    let (name, revision) = canonical_service(&ep.labels, &ep.workload);
+    let revision = if revision == DEFAULT_REVISION {
+        ""
+    } else {
+        revision
+    };
+    format!(
+        "{};{namespace};{name};{revision};{}",
+        ep.workload, ep.cluster_id
+    )
+}
+
+fn endpoint_metadata(tls: TlsMode, workload: &str) -> Metadata {
     let mut filter_metadata = std::collections::HashMap::new();
     if tls == TlsMode::Istio {
         // Selects the ISTIO_MUTUAL transport socket of the cluster's transport-socket matches.
@@ -364,14 +379,7 @@ fn endpoint_metadata(tls: TlsMode, workload: &str, cluster: &str, network: &str)
             strings(&[(TLS_MODE_KEY, "istio")]),
         );
     }
-    filter_metadata.insert(
-        "istio".to_string(),
-        strings(&[
-            ("workload", workload),
-            ("cluster", cluster),
-            ("network", network),
-        ]),
-    );
+    filter_metadata.insert("istio".to_string(), strings(&[("workload", workload)]));
     Metadata {
         filter_metadata,
         ..Default::default()

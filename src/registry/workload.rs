@@ -1,8 +1,41 @@
-//! The workload a pod belongs to (ISTIO_META_WORKLOAD_NAME, ISTIO_META_OWNER, the canonical
-//! service name), found from its controller as istiod does: a ReplicaSet named after the pod's
-//! `pod-template-hash` stands for its Deployment.
+//! The workload a pod belongs to (ISTIO_META_WORKLOAD_NAME, ISTIO_META_OWNER, the endpoint's
+//! `istio.workload` metadata), found from its controller as istiod does: a ReplicaSet named after
+//! the pod's `pod-template-hash` stands for its Deployment. And its canonical service, as Istio's
+//! `kubelabels.CanonicalService` derives it from the labels.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+const CANONICAL_NAME_LABELS: [&str; 3] = [
+    "service.istio.io/canonical-name",
+    "app.kubernetes.io/name",
+    "app",
+];
+const CANONICAL_REVISION_LABELS: [&str; 3] = [
+    "service.istio.io/canonical-revision",
+    "app.kubernetes.io/version",
+    "version",
+];
+/// The revision of a workload whose labels name none.
+pub const DEFAULT_REVISION: &str = "latest";
+
+/// A workload's canonical service name and revision: the first label of each list that is set,
+/// else the workload's name and `latest`.
+pub fn canonical_service<'a>(
+    labels: &'a BTreeMap<String, String>,
+    workload: &'a str,
+) -> (&'a str, &'a str) {
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| labels.get(*k).filter(|v| !v.is_empty()))
+            .map(String::as_str)
+    };
+    (
+        first(&CANONICAL_NAME_LABELS).unwrap_or(workload),
+        first(&CANONICAL_REVISION_LABELS).unwrap_or(DEFAULT_REVISION),
+    )
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
@@ -101,5 +134,16 @@ mod tests {
             "shop",
         );
         assert_eq!(bare.owner(), "kubernetes://apis/v1/namespaces/shop/pods/p");
+    }
+
+    #[test]
+    fn canonical_service_from_the_first_label_set() {
+        let labels = BTreeMap::from([
+            ("app".to_string(), "reviews".to_string()),
+            ("app.kubernetes.io/version".to_string(), "v2".to_string()),
+            ("version".to_string(), "v1".to_string()),
+        ]);
+        assert_eq!(canonical_service(&labels, "w"), ("reviews", "v2"));
+        assert_eq!(canonical_service(&BTreeMap::new(), "w"), ("w", "latest"));
     }
 }
