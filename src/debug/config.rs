@@ -21,11 +21,12 @@ pub(super) fn networkz(state: &DebugContext) -> Value {
 pub(super) fn configz(state: &DebugContext) -> Value {
     let snapshot = state.aggregate.mesh().snapshot();
     let config = &snapshot.config;
+    let gateway_api = config.gateway_api();
     let mut out: Vec<serde_json::Value> = config
         .accepted()
         .map(|object| {
             let key = &object.key;
-            serde_json::json!({
+            let mut entry = serde_json::json!({
                 "kind": key.kind,
                 "apiVersion": format!("{}/{}", key.kind.group(), key.kind.versions()[0]),
                 "metadata": {
@@ -38,7 +39,15 @@ pub(super) fn configz(state: &DebugContext) -> Value {
                 "spec": object.spec,
                 "source": object.meta.origin,
                 "status": "accepted",
-            })
+            });
+            // What the Gateway API's status subresource would say (written there by the leader
+            // when the object comes from the config cluster).
+            if let Some(status) = gateway_api.status.get(key) {
+                let mut status = status.clone();
+                status.check_backends(|host| snapshot.services.get(host).is_some());
+                entry["gatewayApiStatus"] = serde_json::json!(status);
+            }
+            entry
         })
         .collect();
     out.extend(config.refusals().map(|(source, refusal)| {

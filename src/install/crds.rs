@@ -1,5 +1,6 @@
 //! The CustomResourceDefinitions of the Istio kinds the config store reads, from
-//! [`ConfigKind::ALL`]: namespaced, every listed version served, the first one stored, schemas
+//! [`ConfigKind::ALL`] (the Gateway API's CRDs are the API's own, installed by users as for
+//! istiod): namespaced, every listed version served, the first one stored, schemas
 //! that keep unknown fields (validation is the webhook's, with the store's rules).
 
 use std::collections::BTreeMap;
@@ -14,7 +15,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::istio::ConfigKind;
 
 pub fn all() -> Vec<CustomResourceDefinition> {
-    ConfigKind::ALL.into_iter().map(crd).collect()
+    ConfigKind::ALL
+        .into_iter()
+        .filter(|k| !k.is_gateway_api())
+        .map(crd)
+        .collect()
 }
 
 fn open_object() -> JSONSchemaProps {

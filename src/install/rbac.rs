@@ -13,7 +13,7 @@ pub const CONTROL_PLANE_ACCOUNT: &str = "meshpilot";
 pub const READER_ACCOUNT: &str = "istio-reader-service-account";
 pub const READER_ROLE: &str = "meshpilot-reader";
 const REMOTE_WRITER_ROLE: &str = "meshpilot-remote-writer";
-use crate::istio::GROUPS as ISTIO_GROUPS;
+use crate::istio::GROUPS as CONFIG_GROUPS;
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     let strings = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());
@@ -74,11 +74,24 @@ pub fn control_plane_role() -> ClusterRole {
                 &["get", "list", "watch", "create", "update"],
             ),
             rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
-            rule(&ISTIO_GROUPS, &["*"], READ),
+            rule(&CONFIG_GROUPS, &["*"], READ),
             // The leader records allocated addresses, as istiod 1.25+.
             rule(
                 &["networking.istio.io"],
                 &["serviceentries/status"],
+                &["update", "patch"],
+            ),
+            // ... and the Gateway API's status of the objects it implements.
+            rule(
+                &[crate::istio::gateway_api::GROUP],
+                &[
+                    "gatewayclasses/status",
+                    "gateways/status",
+                    "httproutes/status",
+                    "grpcroutes/status",
+                    "tcproutes/status",
+                    "tlsroutes/status",
+                ],
                 &["update", "patch"],
             ),
             // Dry-run only: proves the validation webhook refuses invalid config.
@@ -150,7 +163,7 @@ pub fn reader_role() -> ClusterRole {
                 READ,
             ),
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
-            rule(&ISTIO_GROUPS, &["*"], READ),
+            rule(&CONFIG_GROUPS, &["*"], READ),
             rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
         ]),
         ..Default::default()

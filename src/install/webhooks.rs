@@ -147,7 +147,12 @@ pub fn injector(
 pub fn validator(namespace: &str, endpoint: &Endpoint<'_>) -> ValidatingWebhookConfiguration {
     let rules = vec![RuleWithOperations {
         operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-        api_groups: Some(crate::istio::GROUPS.iter().map(|g| g.to_string()).collect()),
+        api_groups: Some(
+            crate::istio::ISTIO_GROUPS
+                .iter()
+                .map(|g| g.to_string())
+                .collect(),
+        ),
         api_versions: Some(vec!["*".into()]),
         resources: Some(vec!["*".into()]),
         scope: None,

@@ -8,6 +8,7 @@ pub mod duration;
 pub mod extension_provider;
 mod fields;
 pub mod gateway;
+pub mod gateway_api;
 pub mod mesh;
 pub mod security;
 pub mod service_entry;
@@ -28,6 +29,9 @@ use crate::text::clip;
 
 pub use destination_rule::DestinationRule;
 pub use gateway::Gateway;
+pub use gateway_api::{
+    GatewayClass, GrpcRoute, HttpRoute, KubernetesGateway, ReferenceGrant, TcpRoute, TlsRoute,
+};
 pub use mesh::MeshConfig;
 pub use security::authorization::AuthorizationPolicy;
 pub use security::peer::PeerAuthentication;
@@ -38,8 +42,8 @@ pub use telemetry::Telemetry;
 pub use validate::ValidationError;
 pub use virtual_service::VirtualService;
 
-/// An Istio resource kind meshpilot stores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// A resource kind meshpilot stores: Istio's, and the Gateway API's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ConfigKind {
     ServiceEntry,
     WorkloadEntry,
@@ -52,6 +56,14 @@ pub enum ConfigKind {
     AuthorizationPolicy,
     RequestAuthentication,
     Telemetry,
+    GatewayClass,
+    /// The Gateway API's Gateway (`gateway.networking.k8s.io`), beside Istio's.
+    KubernetesGateway,
+    HttpRoute,
+    GrpcRoute,
+    TcpRoute,
+    TlsRoute,
+    ReferenceGrant,
 }
 
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
@@ -60,11 +72,19 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 pub const DEFAULT_NAMESPACE: &str = "default";
 pub const SECURITY_GROUP: &str = "security.istio.io";
 pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
-/// Every API group of the kinds meshpilot reads.
-pub const GROUPS: [&str; 3] = [NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP];
+/// The API groups of Istio's own kinds (whose CRDs meshpilot installs and whose objects its
+/// webhook validates).
+pub const ISTIO_GROUPS: [&str; 3] = [NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP];
+/// Every API group of the kinds meshpilot reads: Istio's and the Gateway API.
+pub const GROUPS: [&str; 4] = [
+    NETWORKING_GROUP,
+    SECURITY_GROUP,
+    TELEMETRY_GROUP,
+    gateway_api::GROUP,
+];
 
 impl ConfigKind {
-    pub const ALL: [ConfigKind; 11] = [
+    pub const ALL: [ConfigKind; 18] = [
         Self::ServiceEntry,
         Self::WorkloadEntry,
         Self::WorkloadGroup,
@@ -76,6 +96,13 @@ impl ConfigKind {
         Self::AuthorizationPolicy,
         Self::RequestAuthentication,
         Self::Telemetry,
+        Self::GatewayClass,
+        Self::KubernetesGateway,
+        Self::HttpRoute,
+        Self::GrpcRoute,
+        Self::TcpRoute,
+        Self::TlsRoute,
+        Self::ReferenceGrant,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +118,13 @@ impl ConfigKind {
             Self::AuthorizationPolicy => "AuthorizationPolicy",
             Self::RequestAuthentication => "RequestAuthentication",
             Self::Telemetry => "Telemetry",
+            Self::GatewayClass => "GatewayClass",
+            Self::KubernetesGateway => "Gateway",
+            Self::HttpRoute => "HTTPRoute",
+            Self::GrpcRoute => "GRPCRoute",
+            Self::TcpRoute => "TCPRoute",
+            Self::TlsRoute => "TLSRoute",
+            Self::ReferenceGrant => "ReferenceGrant",
         }
     }
 
@@ -108,6 +142,13 @@ impl ConfigKind {
             Self::AuthorizationPolicy => "authorizationpolicies",
             Self::RequestAuthentication => "requestauthentications",
             Self::Telemetry => "telemetries",
+            Self::GatewayClass => "gatewayclasses",
+            Self::KubernetesGateway => "gateways",
+            Self::HttpRoute => "httproutes",
+            Self::GrpcRoute => "grpcroutes",
+            Self::TcpRoute => "tcproutes",
+            Self::TlsRoute => "tlsroutes",
+            Self::ReferenceGrant => "referencegrants",
         }
     }
 
@@ -117,12 +158,33 @@ impl ConfigKind {
                 SECURITY_GROUP
             }
             Self::Telemetry => TELEMETRY_GROUP,
+            k if k.is_gateway_api() => gateway_api::GROUP,
             _ => NETWORKING_GROUP,
         }
     }
 
+    /// A kind of the Kubernetes Gateway API rather than Istio's own.
+    pub fn is_gateway_api(self) -> bool {
+        self >= Self::GatewayClass
+    }
+
+    /// Cluster-scoped rather than namespaced.
+    pub fn is_cluster_scoped(self) -> bool {
+        self == Self::GatewayClass
+    }
+
     /// The API versions users have, newest first: the first is the one meshpilot watches.
     pub fn versions(self) -> &'static [&'static str] {
+        match self {
+            Self::GatewayClass | Self::KubernetesGateway | Self::HttpRoute => {
+                return &["v1", "v1beta1"]
+            }
+            Self::GrpcRoute => return &["v1", "v1alpha2"],
+            Self::TcpRoute => return &["v1alpha2"],
+            Self::TlsRoute => return &["v1", "v1alpha3", "v1alpha2"],
+            Self::ReferenceGrant => return &["v1", "v1beta1", "v1alpha2"],
+            _ => {}
+        }
         match self.group() {
             SECURITY_GROUP => &["v1", "v1beta1"],
             TELEMETRY_GROUP => &["v1", "v1alpha1"],
@@ -151,9 +213,20 @@ impl ConfigKind {
     }
 }
 
+/// As the API names it (`kind:`); its group tells the two Gateways apart.
+impl Serialize for ConfigKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
 impl fmt::Display for ConfigKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            // Told apart from Istio's Gateway, as kubectl names it.
+            Self::KubernetesGateway => write!(f, "Gateway.{}", gateway_api::GROUP),
+            _ => f.write_str(self.name()),
+        }
     }
 }
 
@@ -227,6 +300,13 @@ pub enum Spec {
     AuthorizationPolicy(AuthorizationPolicy),
     RequestAuthentication(RequestAuthentication),
     Telemetry(Telemetry),
+    GatewayClass(GatewayClass),
+    KubernetesGateway(Box<KubernetesGateway>),
+    HttpRoute(Box<HttpRoute>),
+    GrpcRoute(Box<GrpcRoute>),
+    TcpRoute(TcpRoute),
+    TlsRoute(TlsRoute),
+    ReferenceGrant(ReferenceGrant),
 }
 
 /// One validated config object.
@@ -274,6 +354,7 @@ impl ConfigObject {
         }
         // As `kubectl apply` without `-n`: Istio's samples name no namespace.
         let namespace = match metadata["namespace"].as_str() {
+            _ if kind.is_cluster_scoped() => "",
             Some(ns) if !ns.is_empty() => ns,
             _ => DEFAULT_NAMESPACE,
         };
@@ -339,6 +420,23 @@ impl ConfigObject {
                 Spec::RequestAuthentication(typed(kind, spec_value).map_err(invalid)?)
             }
             ConfigKind::Telemetry => Spec::Telemetry(typed(kind, spec_value).map_err(invalid)?),
+            ConfigKind::GatewayClass => {
+                Spec::GatewayClass(typed(kind, spec_value).map_err(invalid)?)
+            }
+            ConfigKind::KubernetesGateway => {
+                Spec::KubernetesGateway(Box::new(typed(kind, spec_value).map_err(invalid)?))
+            }
+            ConfigKind::HttpRoute => {
+                Spec::HttpRoute(Box::new(typed(kind, spec_value).map_err(invalid)?))
+            }
+            ConfigKind::GrpcRoute => {
+                Spec::GrpcRoute(Box::new(typed(kind, spec_value).map_err(invalid)?))
+            }
+            ConfigKind::TcpRoute => Spec::TcpRoute(typed(kind, spec_value).map_err(invalid)?),
+            ConfigKind::TlsRoute => Spec::TlsRoute(typed(kind, spec_value).map_err(invalid)?),
+            ConfigKind::ReferenceGrant => {
+                Spec::ReferenceGrant(typed(kind, spec_value).map_err(invalid)?)
+            }
         };
         let object = Self {
             key: key.clone(),
@@ -362,6 +460,13 @@ impl ConfigObject {
             Spec::AuthorizationPolicy(ap) => ap.validate(),
             Spec::RequestAuthentication(ra) => ra.validate(),
             Spec::Telemetry(t) => t.validate(),
+            Spec::GatewayClass(c) => c.validate(),
+            Spec::KubernetesGateway(g) => g.validate(),
+            Spec::HttpRoute(r) => r.validate(),
+            Spec::GrpcRoute(r) => r.validate(),
+            Spec::TcpRoute(r) => r.validate(),
+            Spec::TlsRoute(r) => r.validate(),
+            Spec::ReferenceGrant(g) => g.validate(),
         }
     }
 
@@ -410,7 +515,7 @@ fn typed<T: DeserializeOwned>(
         )
     })?;
     match unread {
-        Some(steps) => Err(fields::not_implemented(&steps)),
+        Some(steps) => Err(fields::not_implemented(kind, &steps)),
         None => Ok(spec),
     }
 }

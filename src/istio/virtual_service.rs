@@ -69,6 +69,9 @@ pub enum StringMatch {
     Exact(String),
     Prefix(String),
     Regex(String),
+    /// A path prefix of whole segments (`/a` matches `/a` and `/a/b`, not `/ab`): the Gateway
+    /// API's `PathPrefix`, never written in a VirtualService.
+    PathSeparatedPrefix(String),
 }
 
 /// The protobuf `oneof` as it is written: a map with one of the keys.
@@ -118,6 +121,10 @@ pub struct PortSelector {
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpRedirect {
     pub uri: String,
+    /// `uri` replaces the prefix the route matched rather than the whole path (the Gateway API's
+    /// `ReplacePrefixMatch`; a VirtualService cannot say it).
+    #[serde(skip)]
+    pub uri_replaces_prefix: bool,
     pub authority: String,
     pub port: Option<u32>,
     pub scheme: String,

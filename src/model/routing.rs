@@ -152,20 +152,35 @@ impl ConfigStore {
         destination.host = self.qualify(&destination.host, namespace);
     }
 
-    /// Every Gateway selecting a proxy with `labels` (in any namespace, as istiod by default), with
-    /// the VirtualServices bound to it (`<namespace>/<name>`, or `<name>` in the VirtualService's
+    /// Every Gateway selecting a proxy with `labels` (in any namespace, as istiod by default), and
+    /// every Gateway API listener it serves (by the Gateway's name label in the proxy's
+    /// `namespace`, or as a workload of the Service the Gateway names: `serves`), with the
+    /// VirtualServices bound to it (`<namespace>/<name>`, or `<name>` in the VirtualService's
     /// namespace).
-    pub fn gateways_for(&self, labels: &BTreeMap<String, String>) -> Vec<BoundGateway> {
+    pub fn gateways_for(
+        &self,
+        labels: &BTreeMap<String, String>,
+        namespace: &str,
+        serves: &dyn Fn(&str) -> bool,
+    ) -> Vec<BoundGateway> {
         let derived = self.derived();
-        derived
+        let selected = derived.gateways.iter().filter(|o| match &o.spec {
+            Spec::Gateway(gw) => {
+                !gw.selector.is_empty() && gw.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+            }
+            _ => false,
+        });
+        let compiled = derived
+            .gateway_api
             .gateways
             .iter()
+            .filter(|c| c.selects(labels, namespace, serves))
+            .map(|c| &c.object);
+        selected
+            .chain(compiled)
             .filter_map(|o| match &o.spec {
                 Spec::Gateway(gw) => Some((o, gw)),
                 _ => None,
-            })
-            .filter(|(_, gw)| {
-                !gw.selector.is_empty() && gw.selector.iter().all(|(k, v)| labels.get(k) == Some(v))
             })
             .map(|(object, gateway)| {
                 let full = format!("{}/{}", object.key.namespace, object.key.name);
@@ -334,9 +349,11 @@ mod tests {
             object("VirtualService", "shop", "front", vs, "1"),
         ]);
         let labels = BTreeMap::from([("istio".to_string(), "ingressgateway".to_string())]);
-        let bound = s.gateways_for(&labels);
+        let bound = s.gateways_for(&labels, "ingress", &|_| false);
         assert_eq!(bound.len(), 1);
         assert_eq!(bound[0].virtual_services.len(), 1);
-        assert!(s.gateways_for(&BTreeMap::new()).is_empty());
+        assert!(s
+            .gateways_for(&BTreeMap::new(), "ingress", &|_| false)
+            .is_empty());
     }
 }

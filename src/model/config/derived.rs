@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::destination_rules::{self, NamespaceRules};
+use super::gateway_api::{self, GatewayApi};
 use super::ConfigStore;
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Sidecar, Spec};
 use crate::model::policies::SecurityPolicies;
@@ -16,9 +17,11 @@ use crate::model::sidecar_scope::SidecarScope;
 pub(in crate::model) struct Derived {
     /// DestinationRules by namespace, indexed by host.
     pub(super) destination_rules: BTreeMap<Arc<str>, NamespaceRules>,
-    /// VirtualServices and Gateways, oldest first.
+    /// VirtualServices (those the Gateway API compiles to among them) and Gateways, oldest first.
     pub(in crate::model) virtual_services: Vec<Arc<ConfigObject>>,
     pub(in crate::model) gateways: Vec<Arc<ConfigObject>>,
+    /// The Gateway API, compiled: its listeners' Istio Gateways and its status.
+    pub(in crate::model) gateway_api: GatewayApi,
     /// Whether some VirtualService matches on the client's labels.
     pub(in crate::model) source_labels_used: bool,
     /// Security policies, indexed when first asked for.
@@ -43,7 +46,10 @@ impl ConfigStore {
                 all.sort_by(oldest_first);
                 all
             };
-            let virtual_services = sorted(ConfigKind::VirtualService);
+            let mut gateway_api = gateway_api::compile(self);
+            let mut virtual_services = sorted(ConfigKind::VirtualService);
+            virtual_services.append(&mut gateway_api.virtual_services);
+            virtual_services.sort_by(oldest_first);
             let source_labels_used = virtual_services.iter().any(|o| match &o.spec {
                 Spec::VirtualService(vs) => {
                     let http = vs.http.iter().flat_map(|r| &r.matches);
@@ -79,6 +85,7 @@ impl ConfigStore {
                 destination_rules,
                 virtual_services,
                 gateways: sorted(ConfigKind::Gateway),
+                gateway_api,
                 source_labels_used,
                 security: OnceLock::new(),
                 sidecars,

@@ -8,6 +8,7 @@
 
 mod derived;
 mod destination_rules;
+pub mod gateway_api;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
@@ -189,6 +190,8 @@ impl ConfigStore {
                     | ConfigKind::WorkloadGroup
                     | ConfigKind::Gateway
             )
+            // Routes attach across namespaces, and mesh routes reach other namespaces' clients.
+            || key.kind.is_gateway_api()
             || (key.kind == ConfigKind::PeerAuthentication
                 && policies::reaches_clients(self, object));
         let export_to = match object.export_to() {
@@ -247,8 +250,8 @@ impl ConfigStore {
     }
 
     /// Moves whenever a DestinationRule, VirtualService, Gateway, PeerAuthentication (auto mTLS
-    /// follows DISABLE), Sidecar, Telemetry or the mesh config changes: what clusters, routes, listeners and
-    /// assignments depend on beyond the services.
+    /// follows DISABLE), Sidecar, Telemetry, an object of the Gateway API or the mesh config
+    /// changes: what clusters, routes, listeners and assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
         let kinds = [
             ConfigKind::DestinationRule,
@@ -258,7 +261,18 @@ impl ConfigStore {
             ConfigKind::Sidecar,
             ConfigKind::Telemetry,
         ];
-        kinds.iter().map(|k| self.versions[k.index()]).sum::<u64>() + self.mesh_version
+        let gateway_api = ConfigKind::ALL.iter().filter(|k| k.is_gateway_api());
+        kinds
+            .iter()
+            .chain(gateway_api)
+            .map(|k| self.versions[k.index()])
+            .sum::<u64>()
+            + self.mesh_version
+    }
+
+    /// The Gateway API, compiled (its status included).
+    pub fn gateway_api(&self) -> &gateway_api::GatewayApi {
+        &self.derived().gateway_api
     }
 
     /// Moves whenever what decides an endpoint's TLS mode for clients changes: PeerAuthentications

@@ -179,6 +179,9 @@ fn route_match(ctx: &RouteContext<'_, '_>, m: &HttpMatch) -> Option<RouteMatch> 
         Some(StringMatch::Exact(path)) => route_match::PathSpecifier::Path(path.clone()),
         Some(StringMatch::Prefix(prefix)) => route_match::PathSpecifier::Prefix(prefix.clone()),
         Some(StringMatch::Regex(re)) => route_match::PathSpecifier::SafeRegex(regex(re)),
+        Some(StringMatch::PathSeparatedPrefix(prefix)) => {
+            route_match::PathSpecifier::PathSeparatedPrefix(prefix.clone())
+        }
     });
     let mut headers: Vec<HeaderMatcher> = Vec::new();
     for (name, value) in [
@@ -232,7 +235,9 @@ fn string_matcher(value: &StringMatch) -> StringMatcher {
     StringMatcher {
         match_pattern: Some(match value {
             StringMatch::Exact(v) => MatchPattern::Exact(v.clone()),
-            StringMatch::Prefix(v) => MatchPattern::Prefix(v.clone()),
+            StringMatch::Prefix(v) | StringMatch::PathSeparatedPrefix(v) => {
+                MatchPattern::Prefix(v.clone())
+            }
             StringMatch::Regex(v) => MatchPattern::SafeRegex(regex(v)),
         }),
         ..Default::default()
@@ -252,8 +257,12 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
         return route::Action::Redirect(RedirectAction {
             host_redirect: redirect.authority.clone(),
             port_redirect: redirect.port.unwrap_or(0),
-            path_rewrite_specifier: (!redirect.uri.is_empty())
-                .then(|| PathRewriteSpecifier::PathRedirect(redirect.uri.clone())),
+            path_rewrite_specifier: (!redirect.uri.is_empty()).then(|| {
+                match redirect.uri_replaces_prefix {
+                    true => PathRewriteSpecifier::PrefixRewrite(redirect.uri.clone()),
+                    false => PathRewriteSpecifier::PathRedirect(redirect.uri.clone()),
+                }
+            }),
             scheme_rewrite_specifier: (!redirect.scheme.is_empty())
                 .then(|| SchemeRewriteSpecifier::SchemeRedirect(redirect.scheme.clone())),
             response_code: match redirect.redirect_code.unwrap_or(301) {
