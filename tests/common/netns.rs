@@ -291,15 +291,28 @@ pub async fn client_sidecar(
     host_ip: &str,
 ) -> super::Envoy {
     let node_id = format!("sidecar~{workload_ip}~client.default~default.svc.cluster.local");
+    proxy_in(mp, netns, &node_id, &[], "client", (ip, host_ip)).await
+}
+
+/// An Envoy in `netns` as `node_id` (cluster c1) with `labels` and the certificate of `account`
+/// in the node's namespace, reaching meshpilot's plaintext xDS from `ip` through `host_ip`.
+pub async fn proxy_in(
+    mp: &meshpilot::app::Running,
+    netns: &Netns,
+    node_id: &str,
+    labels: &[(&str, &str)],
+    account: &str,
+    (ip, host_ip): (&str, &str),
+) -> super::Envoy {
     let host: std::net::IpAddr = host_ip.parse().expect("an IP");
     super::Envoy::start_with(super::EnvoyOptions {
         xds: std::net::SocketAddr::new(host, mp.xds_addr.port()),
         replicas: &[],
-        node_id: &node_id,
+        node_id,
         metadata: &[("CLUSTER_ID", "c1")],
-        labels: &[],
+        labels,
         mode: super::AdsMode::Sotw,
-        workload: super::workload_certs(mp, "default", "client"),
+        workload: super::workload_certs(mp, &super::node_namespace(node_id), account),
         xds_tls: None,
         netns: Some(super::InNetns {
             name: netns.name.clone(),

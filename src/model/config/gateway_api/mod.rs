@@ -111,12 +111,14 @@ impl RouteCtx<'_> {
         let host = match (backend.group(), backend.kind()) {
             ("", "Service") => self.store.qualify(&backend.name, namespace),
             (crate::istio::NETWORKING_GROUP, "Hostname") => backend.name.clone(),
-            (group, kind) => return Err(Refusal::new(
-                "InvalidKind",
-                format!(
+            (group, kind) => {
+                return Err(Refusal::new(
+                    "InvalidKind",
+                    format!(
                     "backends are Services or networking.istio.io Hostnames, not {group}/{kind}"
                 ),
-            )),
+                ))
+            }
         };
         if namespace != self.namespace
             && !self.granted(namespace, backend.group(), backend.kind(), &backend.name)
