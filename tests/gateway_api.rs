@@ -317,3 +317,56 @@ async fn a_mesh_route_changes_where_a_sidecars_requests_go() {
         "other services keep their default routes"
     );
 }
+
+/// From a config cluster: the leader writes each route's and Gateway's status to its status
+/// subresource (with the API's transition times), again only when it changes.
+#[tokio::test]
+async fn the_leader_writes_the_status_of_config_cluster_objects() {
+    use common::config_source::{ConfigFixture, Source};
+    let objects = format!("{CLUSTER}---{CONFIG}");
+    let fixture =
+        ConfigFixture::start(Source::ConfigCluster, &[("gateway.yaml", &objects)], &[]).await;
+    let api = fixture.api().expect("a config cluster");
+    let resolved = |api: &test_apiserver::TestApiServer| {
+        let route = api.get("HTTPRoute", "front", "reviews")?;
+        let conditions = &route["status"]["parents"][0]["conditions"];
+        conditions.as_array()?;
+        Some((
+            condition(conditions, "ResolvedRefs"),
+            route["status"].clone(),
+        ))
+    };
+    let (refs, status) = wait_for("the reviews route's status", BOUND, || async {
+        resolved(api)
+    })
+    .await;
+    assert_eq!(refs, ("False".into(), "RefNotPermitted".into()));
+    let parent = &status["parents"][0];
+    assert_eq!(parent["controllerName"], "istio.io/gateway-controller");
+    assert_eq!(parent["parentRef"]["name"], "web");
+    assert!(
+        parent["conditions"][0]["lastTransitionTime"].is_string(),
+        "{status}"
+    );
+
+    let web = wait_for("the Gateway's status", BOUND, || async {
+        let web = api.get("Gateway.gateway.networking.k8s.io", "shop", "web")?;
+        web["status"]["listeners"].is_array().then_some(web)
+    })
+    .await;
+    assert_eq!(web["status"]["listeners"][0]["attachedRoutes"], 2, "{web}");
+    assert_eq!(
+        web["status"]["listeners"][0]["supportedKinds"][0]["kind"],
+        "HTTPRoute"
+    );
+
+    // The grant resolves the reference; the status follows, and nothing else is rewritten.
+    let writes = api.request_count("patch-status:gateways");
+    api.apply_yaml(GRANT);
+    wait_for("the granted reference resolved", BOUND, || async {
+        let (refs, _) = resolved(api)?;
+        (refs.0 == "True").then_some(())
+    })
+    .await;
+    assert_eq!(api.request_count("patch-status:gateways"), writes);
+}

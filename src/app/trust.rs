@@ -18,7 +18,7 @@ use crate::security::keys::{self, KeySource};
 use crate::security::rotation::{self, SharedCa};
 use crate::security::tls::ServingCert;
 use crate::security::trust;
-use crate::sources::allocation_status;
+use crate::sources::{allocation_status, gateway_status};
 use crate::supervise::Supervisor;
 use crate::webhook::ca_bundle;
 
@@ -152,6 +152,11 @@ pub(super) fn leader_work(
                 roots.clone(),
             ));
             work.push(allocation_status::keep(
+                client.clone(),
+                id.clone(),
+                mesh.clone(),
+            ));
+            work.push(gateway_status::keep(
                 client.clone(),
                 id.clone(),
                 mesh.clone(),

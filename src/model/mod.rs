@@ -18,6 +18,7 @@ mod sidecar_scope;
 mod telemetry;
 
 pub use allocation::Allocations;
+pub use config::gateway_api;
 pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
 pub use credentials::{
     CredentialError, CredentialKey, Credentials, SecretMaterial, CA_SUFFIX as CREDENTIAL_CA_SUFFIX,

@@ -6,6 +6,7 @@ pub mod allocation_status;
 pub mod auto_registration;
 pub mod config_files;
 pub mod file;
+pub mod gateway_status;
 mod holders;
 pub mod jwks;
 pub mod kube;

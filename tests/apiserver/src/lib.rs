@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use store::{kind_by_name, kind_by_plural, Filter, ResourceKind, Store, WatchStart};
+use store::{kind_by_name, kind_by_plural, kind_of, Filter, ResourceKind, Store, WatchStart};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -269,9 +269,12 @@ impl TestApiServer {
     }
 
     pub fn apply(&self, object: Value) -> Value {
-        let kind_name = object["kind"].as_str().unwrap_or_default().to_string();
-        let kind =
-            kind_by_name(&kind_name).unwrap_or_else(|| panic!("unsupported kind {kind_name}"));
+        let kind = kind_of(&object).unwrap_or_else(|| {
+            panic!(
+                "unsupported kind {} {}",
+                object["apiVersion"], object["kind"]
+            )
+        });
         upsert(&self.shared, kind, object)
     }
 

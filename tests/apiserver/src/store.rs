@@ -160,6 +160,56 @@ pub const KINDS: &[ResourceKind] = &[
         api_version: "telemetry.istio.io/v1",
         namespaced: true,
     },
+    // The Gateway API, at the versions its users commonly have installed.
+    ResourceKind {
+        plural: "gatewayclasses",
+        group: "gateway.networking.k8s.io",
+        kind: "GatewayClass",
+        api_version: "gateway.networking.k8s.io/v1",
+        namespaced: false,
+    },
+    ResourceKind {
+        plural: "gateways",
+        group: "gateway.networking.k8s.io",
+        kind: "Gateway",
+        api_version: "gateway.networking.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "httproutes",
+        group: "gateway.networking.k8s.io",
+        kind: "HTTPRoute",
+        api_version: "gateway.networking.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "grpcroutes",
+        group: "gateway.networking.k8s.io",
+        kind: "GRPCRoute",
+        api_version: "gateway.networking.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "tcproutes",
+        group: "gateway.networking.k8s.io",
+        kind: "TCPRoute",
+        api_version: "gateway.networking.k8s.io/v1alpha2",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "tlsroutes",
+        group: "gateway.networking.k8s.io",
+        kind: "TLSRoute",
+        api_version: "gateway.networking.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "referencegrants",
+        group: "gateway.networking.k8s.io",
+        kind: "ReferenceGrant",
+        api_version: "gateway.networking.k8s.io/v1beta1",
+        namespaced: true,
+    },
     ResourceKind {
         plural: "endpointslices",
         group: "discovery.k8s.io",
@@ -198,8 +248,29 @@ pub fn kind_by_plural(group_version: &str, plural: &str) -> Option<ResourceKind>
         .find(|k| k.plural == plural && k.api_version == group_version)
 }
 
+/// A kind by name, the first served of that name; `<Kind>.<group>` names one of another group
+/// (`Gateway.gateway.networking.k8s.io` beside Istio's Gateway).
 pub fn kind_by_name(kind: &str) -> Option<ResourceKind> {
-    KINDS.iter().copied().find(|k| k.kind == kind)
+    match kind.split_once('.') {
+        Some((kind, group)) => KINDS
+            .iter()
+            .copied()
+            .find(|k| k.kind == kind && k.group == group),
+        None => KINDS.iter().copied().find(|k| k.kind == kind),
+    }
+}
+
+/// The kind an object's `apiVersion` and `kind` name.
+pub fn kind_of(object: &serde_json::Value) -> Option<ResourceKind> {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let Some(api_version) = object["apiVersion"].as_str() else {
+        return kind_by_name(kind);
+    };
+    let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.kind == kind && k.group == group)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
