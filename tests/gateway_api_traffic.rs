@@ -1,6 +1,8 @@
 //! The Gateway API with real traffic: a real Envoy as the gateway of a Gateway in its own network
 //! namespace, plain backends behind it. HTTPRoutes route by host, path and header, split by
-//! weight (measured), redirect, rewrite and edit headers; a TCPRoute proxies a port.
+//! weight (measured), redirect, rewrite and edit headers; a TCPRoute proxies a port; an HTTPS
+//! listener serves its certificateRef's Secret, rotated without a restart; a TLSRoute passes TLS
+//! through by SNI; a GRPCRoute routes grpcio's calls by method.
 //!
 //! Needs root (network namespaces).
 
@@ -8,6 +10,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::gateway_certs::{issue, tls_secret};
 use common::netns::{link, proxy_in, Netns};
 use common::*;
 
@@ -60,6 +63,8 @@ spec:
     backendRefs: [{name: cart, port: 8080, weight: 50}, {name: cart-v2, port: 8080, weight: 50}]
   - matches: [{headers: [{name: x-version, value: v2}]}]
     backendRefs: [{name: cart-v2, port: 8080}]
+  - matches: [{path: {type: Exact, value: /missing}}]
+    backendRefs: [{name: no-such-service, port: 8080}]
   - matches: [{path: {type: Exact, value: /old}}]
     filters:
     - type: RequestRedirect
@@ -103,46 +108,74 @@ fn curl(url: &str, headers: &[&str]) -> (u16, String, serde_json::Value) {
     (status, head.to_ascii_lowercase(), body)
 }
 
-#[tokio::test]
-async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
-    let tag = std::process::id() % 100_000;
+/// The gateway's network namespace (reached from the host at `<net>.11.2`) and the backends'
+/// (`<net>.1.2` and `<net>.1.3` on the gateway's data link, `<net>.1.1`); `tag` keeps names apart.
+fn lan(tag: &str, net: &str) -> (Netns, Netns) {
     let gateway_ns = Netns::create(&format!("gai{tag}"));
-    let mut backend_ns = Netns::create(&format!("gab{tag}"));
+    let backend_ns = Netns::create(&format!("gab{tag}"));
     link(
         None,
         &format!("gai{tag}h"),
-        "10.221.11.1/30",
+        &format!("{net}.11.1/30"),
         &gateway_ns,
         "ctl",
-        "10.221.11.2/30",
+        &format!("{net}.11.2/30"),
     );
     link(
         Some(&gateway_ns),
         "data",
-        "10.221.1.1/24",
+        &format!("{net}.1.1/24"),
         &backend_ns,
         "data",
-        "10.221.1.2/24",
+        &format!("{net}.1.2/24"),
     );
-    backend_ns.run("ip", &["addr", "add", "10.221.1.3/24", "dev", "data"]);
-    backend_ns.serve_http_echo(8080);
+    backend_ns.run(
+        "ip",
+        &["addr", "add", &format!("{net}.1.3/24"), "dev", "data"],
+    );
+    (gateway_ns, backend_ns)
+}
 
+/// A file-mode mesh of `cluster` objects and `config`, and the Gateway `web`'s Envoy in the
+/// gateway namespace of [`lan`]`(_, net)`.
+async fn gateway_of(
+    gateway_ns: &Netns,
+    net: &str,
+    cluster: &[&str],
+    config: &str,
+) -> (meshpilot::app::Running, tempfile::TempDir, Envoy) {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = dir.path().join("clusters/c1");
-    std::fs::create_dir_all(&cluster).unwrap();
+    let cluster_dir = dir.path().join("clusters/c1");
+    std::fs::create_dir_all(&cluster_dir).unwrap();
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
-    std::fs::write(cluster.join("backends.yaml"), BACKENDS).unwrap();
-    std::fs::write(dir.path().join("config/routes.yaml"), ROUTES).unwrap();
-    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
-    let gateway = proxy_in(
-        &mp,
-        &gateway_ns,
-        "router~10.221.1.1~web-7c9d-1.shop~shop.svc.cluster.local",
-        &[("gateway.networking.k8s.io/gateway-name", "web")],
-        "web-istio",
-        ("10.221.11.2", "10.221.11.1"),
+    for (i, manifest) in cluster.iter().enumerate() {
+        std::fs::write(cluster_dir.join(format!("{i}.yaml")), manifest).unwrap();
+    }
+    std::fs::write(dir.path().join("config/routes.yaml"), config).unwrap();
+    let mp = start_meshpilot(
+        dir.path(),
+        &["--xds-addr", "0.0.0.0:0", "--secure-xds-addr", "0.0.0.0:0"],
     )
     .await;
+    let gateway = proxy_in(
+        &mp,
+        gateway_ns,
+        &format!("router~{net}.1.1~web-7c9d-1.shop~shop.svc.cluster.local"),
+        &[("gateway.networking.k8s.io/gateway-name", "web")],
+        "web-istio",
+        (&format!("{net}.11.2"), &format!("{net}.11.1")),
+        true,
+    )
+    .await;
+    (mp, dir, gateway)
+}
+
+#[tokio::test]
+async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
+    let tag = format!("{}h", std::process::id() % 100_000);
+    let (gateway_ns, mut backend_ns) = lan(&tag, "10.221");
+    backend_ns.serve_http_echo(8080);
+    let (_mp, _dir, gateway) = gateway_of(&gateway_ns, "10.221", &[BACKENDS], ROUTES).await;
 
     let url = |path: &str| format!("http://10.221.11.2:8080{path}");
     let host = "host: shop.example.com";
@@ -162,6 +195,11 @@ async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
     let (_, _, body) = curl(&url("/"), &[host, "x-version: v2"]);
     assert_eq!(body["server"], "10.221.1.3", "the header match");
 
+    assert_eq!(
+        curl(&url("/missing"), &[host]).0,
+        500,
+        "a backend not found"
+    );
     let (status, head, _) = curl(&url("/old"), &[host]);
     assert_eq!(status, 301);
     assert!(
@@ -194,5 +232,199 @@ async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
     // The TCPRoute: the port's bytes go to cart-v2.
     let (status, _, body) = curl("http://10.221.11.2:9000/raw", &["host: anything"]);
     assert_eq!((status, body["server"].as_str()), (200, Some("10.221.1.3")));
+    assert_eq!(gateway.rejected_updates().await, 0);
+}
+
+const SECURE_BACKENDS: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: vault, namespace: shop}
+spec: {clusterIP: 10.96.71.1, ports: [{name: https, port: 8443}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: vault-1, namespace: shop, labels: {kubernetes.io/service-name: vault}}
+addressType: IPv4
+ports: [{name: https, port: 8443}]
+endpoints: [{addresses: [10.222.1.2], conditions: {ready: true}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-v1, namespace: shop}
+spec: {clusterIP: 10.96.71.2, ports: [{name: grpc, port: 7070}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-v1-1, namespace: shop, labels: {kubernetes.io/service-name: echo-v1}}
+addressType: IPv4
+ports: [{name: grpc, port: 7070}]
+endpoints: [{addresses: [10.222.1.2], conditions: {ready: true}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-v2, namespace: shop}
+spec: {clusterIP: 10.96.71.3, ports: [{name: grpc, port: 7070}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-v2-1, namespace: shop, labels: {kubernetes.io/service-name: echo-v2}}
+addressType: IPv4
+ports: [{name: grpc, port: 7070}]
+endpoints: [{addresses: [10.222.1.3], conditions: {ready: true}}]
+";
+
+const SECURE_ROUTES: &str = "
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: shop}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: https
+    port: 8443
+    protocol: HTTPS
+    hostname: shop.example.com
+    tls: {certificateRefs: [{name: shop-cert}]}
+  - name: passthrough
+    port: 9443
+    protocol: TLS
+    tls: {mode: Passthrough}
+  - {name: grpc, port: 8080, protocol: HTTP}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: shop, namespace: shop}
+spec:
+  parentRefs: [{name: web, sectionName: https}]
+  rules: [{backendRefs: [{name: echo-v1, port: 7070}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TLSRoute
+metadata: {name: vault, namespace: shop}
+spec:
+  parentRefs: [{name: web, sectionName: passthrough}]
+  hostnames: [vault.example.com]
+  rules: [{backendRefs: [{name: vault, port: 8443}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: echo, namespace: shop}
+spec:
+  parentRefs: [{name: web, sectionName: grpc}]
+  hostnames: [grpc.example.com]
+  rules:
+  - matches: [{method: {service: echo.Echo, method: Say}}]
+    backendRefs: [{name: echo-v2, port: 7070}]
+  - matches: [{method: {service: echo.Echo}}]
+    backendRefs: [{name: echo-v1, port: 7070}]
+";
+
+/// A gRPC call through the gateway: the reply, or None when it failed.
+fn grpc_call(method: &str, authority: &str) -> Option<String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/grpc_echo.py");
+    let output = std::process::Command::new("timeout")
+        .arg("5")
+        .arg(peer_python())
+        .args([script, "call", "10.222.11.2:8080", "hi", method, authority])
+        .output()
+        .expect("python3 runs");
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[tokio::test]
+async fn https_certificates_rotate_tls_passes_through_and_grpc_routes_by_method() {
+    let tag = format!("{}s", std::process::id() % 100_000);
+    let (gateway_ns, mut backend_ns) = lan(&tag, "10.222");
+    let grpc_echo = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/grpc_echo.py");
+    let python = peer_python();
+    let python = python.to_str().unwrap();
+    backend_ns.spawn(python, &[grpc_echo, "serve", "10.222.1.2:7070", "v1"]);
+    backend_ns.spawn(python, &[grpc_echo, "serve", "10.222.1.3:7070", "v2"]);
+    let certs = tempfile::tempdir().unwrap();
+    let file = |name: &str, pem: &str| {
+        let path = certs.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    // The passed-through backend terminates TLS itself, for vault.example.com.
+    let vault = issue("vault.example.com");
+    let (vault_ca, vault_chain, vault_key) = (
+        file("vault-ca.pem", &vault.0),
+        file("vault.pem", &vault.1),
+        file("vault-key.pem", &vault.2),
+    );
+    backend_ns.serve_https_echo(8443, &vault_chain, &vault_key, &vault_ca);
+
+    let first = issue("shop.example.com");
+    let secret =
+        |cert: &(String, String, String)| tls_secret("shop", "shop-cert", &cert.1, &cert.2);
+    let (_mp, dir, gateway) = gateway_of(
+        &gateway_ns,
+        "10.222",
+        &[SECURE_BACKENDS, &secret(&first)],
+        SECURE_ROUTES,
+    )
+    .await;
+
+    // gRPC by method: Say to v2, the service's other methods to v1.
+    let say = wait_for("a gRPC call through the gateway", BOUND, || async {
+        grpc_call("/echo.Echo/Say", "grpc.example.com")
+    })
+    .await;
+    assert_eq!(say, "v2:hi");
+    assert_eq!(
+        grpc_call("/echo.Echo/Other", "grpc.example.com").as_deref(),
+        Some("v1:hi")
+    );
+
+    // TLS passed through by SNI: the backend's own certificate answers.
+    let vault_ca = vault_ca.to_str().unwrap().to_string();
+    let (cert, key) = (vault_chain.to_str().unwrap(), vault_key.to_str().unwrap());
+    let through = wait_for("TLS passed through to vault", BOUND, || {
+        let output = std::process::Command::new("curl")
+            .args([
+                "-s", "-m", "3", "--cacert", &vault_ca, "--cert", cert, "--key", key,
+            ])
+            .args(["--resolve", "vault.example.com:9443:10.222.11.2"])
+            .arg("https://vault.example.com:9443/sealed")
+            .output()
+            .expect("curl runs");
+        let body: Option<serde_json::Value> = serde_json::from_slice(&output.stdout).ok();
+        async move { body.filter(|b| b["path"] == "/sealed") }
+    })
+    .await;
+    assert_eq!(through["server"], "10.222.1.2");
+
+    // HTTPS with the certificateRef's Secret, then the Secret rotated under a running gateway.
+    let https = |ca: &std::path::Path| {
+        std::process::Command::new("curl")
+            .args(["-s", "-m", "3", "-o", "/dev/null", "--cacert"])
+            .arg(ca)
+            .args(["--resolve", "shop.example.com:8443:10.222.11.2"])
+            .arg("https://shop.example.com:8443/")
+            .status()
+            .expect("curl runs")
+            .code()
+    };
+    let first_ca = file("first-ca.pem", &first.0);
+    wait_for("HTTPS with the first certificate", BOUND, || async {
+        (https(&first_ca) == Some(0)).then_some(())
+    })
+    .await;
+    let second = issue("shop.example.com");
+    let second_ca = file("second-ca.pem", &second.0);
+    write_atomic(&dir.path().join("clusters/c1/1.yaml"), &secret(&second));
+    wait_for("HTTPS with the rotated certificate", BOUND, || async {
+        (https(&second_ca) == Some(0)).then_some(())
+    })
+    .await;
+    assert_ne!(
+        https(&first_ca),
+        Some(0),
+        "the old certificate is still served"
+    );
     assert_eq!(gateway.rejected_updates().await, 0);
 }

@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::gateway_certs::{issue, tls_secret, tls_secret_with_ca};
-use common::netns::{link, Netns};
+use common::netns::{link, proxy_in, Netns};
 use common::*;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -30,48 +29,6 @@ fn mesh_dir(cluster: &[String], config: &str) -> tempfile::TempDir {
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
     std::fs::write(dir.path().join("config/gateway.yaml"), config).unwrap();
     dir
-}
-
-/// An Envoy in `ns` reaching meshpilot at `host_ip`, as `node_id` with `labels`.
-#[allow(clippy::too_many_arguments)]
-async fn proxy(
-    mp: &meshpilot::app::Running,
-    ns: &Netns,
-    ctl_ip: &str,
-    host_ip: &str,
-    node_id: &str,
-    labels: &[(&str, &str)],
-    account: &str,
-    secure: bool,
-) -> Envoy {
-    let workload = workload_certs(mp, &node_namespace(node_id), account);
-    let (port, xds_tls) = match secure {
-        true => (
-            mp.secure_xds_addr.port(),
-            Some(XdsTls {
-                client: Some((workload.chain.clone(), workload.key.clone())),
-                root: workload.root.clone(),
-                sni: "istiod.istio-system.svc".into(),
-            }),
-        ),
-        false => (mp.xds_addr.port(), None),
-    };
-    Envoy::start_with(EnvoyOptions {
-        xds: SocketAddr::new(host_ip.parse().unwrap(), port),
-        replicas: &[],
-        node_id,
-        metadata: &[("CLUSTER_ID", "c1")],
-        labels,
-        mode: AdsMode::Sotw,
-        workload,
-        xds_tls,
-        netns: Some(InNetns {
-            name: ns.name.clone(),
-            ip: ctl_ip.parse::<IpAddr>().unwrap(),
-            host_ip: host_ip.parse().unwrap(),
-        }),
-    })
-    .await
 }
 
 /// curl from the host: (exit code, body).
@@ -174,25 +131,23 @@ async fn ingress_serves_a_secrets_certificate_and_routes_to_the_mesh_over_mtls()
         &["--xds-addr", "0.0.0.0:0", "--secure-xds-addr", "0.0.0.0:0"],
     )
     .await;
-    let gateway = proxy(
+    let gateway = proxy_in(
         &mp,
         &gateway_ns,
-        "10.219.11.2",
-        "10.219.11.1",
         "router~10.219.1.1~istio-ingressgateway-0.istio-system~istio-system.svc.cluster.local",
         &[("istio", "ingressgateway")],
         "istio-ingressgateway-service-account",
+        ("10.219.11.2", "10.219.11.1"),
         true,
     )
     .await;
-    let backend = proxy(
+    let backend = proxy_in(
         &mp,
         &backend_ns,
-        "10.219.13.2",
-        "10.219.13.1",
         "sidecar~10.219.1.2~echo-1.default~default.svc.cluster.local",
         &[("app", "echo")],
         "echo",
+        ("10.219.13.2", "10.219.13.1"),
         false,
     )
     .await;
@@ -385,31 +340,29 @@ impl EgressHosts {
     /// The client sidecar (plaintext xDS) and the egress gateway (secure xDS when `secure`), once
     /// the gateway listens on its Service's target port.
     async fn proxies(&self, mp: &meshpilot::app::Running, secure: bool) -> (Envoy, Envoy) {
-        let client = proxy(
+        let client = proxy_in(
             mp,
             &self.client,
-            &self.ip("11.2"),
-            &self.ip("11.1"),
             &format!(
                 "sidecar~{}~client.default~default.svc.cluster.local",
                 self.ip("1.1")
             ),
             &[("app", "client")],
             "client",
+            (&self.ip("11.2"), &self.ip("11.1")),
             false,
         )
         .await;
-        let gateway = proxy(
+        let gateway = proxy_in(
             mp,
             &self.gateway,
-            &self.ip("12.2"),
-            &self.ip("12.1"),
             &format!(
                 "router~{}~istio-egressgateway-0.istio-system~istio-system.svc.cluster.local",
                 self.ip("1.2")
             ),
             &[("istio", "egressgateway")],
             "istio-egressgateway-service-account",
+            (&self.ip("12.2"), &self.ip("12.1")),
             secure,
         )
         .await;

@@ -42,6 +42,10 @@ pub struct HttpRoute {
     pub mirrors: Vec<HttpMirrorPolicy>,
     pub cors_policy: Option<CorsPolicy>,
     pub headers: Option<Headers>,
+    /// The Gateway API's semantics: a backend with no cluster (not found, or a reference refused)
+    /// answers 500 rather than Envoy's 503. Never written in a VirtualService.
+    #[serde(skip)]
+    pub gateway_semantics: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

@@ -291,11 +291,12 @@ pub async fn client_sidecar(
     host_ip: &str,
 ) -> super::Envoy {
     let node_id = format!("sidecar~{workload_ip}~client.default~default.svc.cluster.local");
-    proxy_in(mp, netns, &node_id, &[], "client", (ip, host_ip)).await
+    proxy_in(mp, netns, &node_id, &[], "client", (ip, host_ip), false).await
 }
 
 /// An Envoy in `netns` as `node_id` (cluster c1) with `labels` and the certificate of `account`
-/// in the node's namespace, reaching meshpilot's plaintext xDS from `ip` through `host_ip`.
+/// in the node's namespace, reaching meshpilot's xDS from `ip` through `host_ip`: plaintext, or
+/// `secure` with that certificate (as gateways must, to be served Secrets).
 pub async fn proxy_in(
     mp: &meshpilot::app::Running,
     netns: &Netns,
@@ -303,17 +304,30 @@ pub async fn proxy_in(
     labels: &[(&str, &str)],
     account: &str,
     (ip, host_ip): (&str, &str),
+    secure: bool,
 ) -> super::Envoy {
     let host: std::net::IpAddr = host_ip.parse().expect("an IP");
+    let workload = super::workload_certs(mp, &super::node_namespace(node_id), account);
+    let (port, xds_tls) = match secure {
+        true => (
+            mp.secure_xds_addr.port(),
+            Some(super::XdsTls {
+                client: Some((workload.chain.clone(), workload.key.clone())),
+                root: workload.root.clone(),
+                sni: "istiod.istio-system.svc".into(),
+            }),
+        ),
+        false => (mp.xds_addr.port(), None),
+    };
     super::Envoy::start_with(super::EnvoyOptions {
-        xds: std::net::SocketAddr::new(host, mp.xds_addr.port()),
+        xds: std::net::SocketAddr::new(host, port),
         replicas: &[],
         node_id,
         metadata: &[("CLUSTER_ID", "c1")],
         labels,
         mode: super::AdsMode::Sotw,
-        workload: super::workload_certs(mp, &super::node_namespace(node_id), account),
-        xds_tls: None,
+        workload,
+        xds_tls,
         netns: Some(super::InNetns {
             name: netns.name.clone(),
             ip: ip.parse().expect("an IP"),

@@ -348,6 +348,10 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
             .collect(),
         ..Default::default()
     };
+    if route.gateway_semantics {
+        action.cluster_not_found_response_code =
+            route_action::ClusterNotFoundResponseCode::InternalServerError as i32;
+    }
     if let Some(authority) = rewrite
         .map(|r| r.authority.as_str())
         .filter(|a| !a.is_empty())

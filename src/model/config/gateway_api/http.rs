@@ -13,9 +13,13 @@ use crate::istio::gateway_api::route::{
     PathModifier, ValueMatch,
 };
 use crate::istio::virtual_service::{
-    DirectResponse, HeaderOperations, Headers, HttpMatch, HttpMirrorPolicy, HttpRedirect,
-    HttpRetry, HttpRewrite, HttpRoute, HttpRouteDestination, Percent, RegexRewrite, StringMatch,
+    Destination, DirectResponse, HeaderOperations, Headers, HttpMatch, HttpMirrorPolicy,
+    HttpRedirect, HttpRetry, HttpRewrite, HttpRoute, HttpRouteDestination, Percent, PortSelector,
+    RegexRewrite, StringMatch,
 };
+
+/// The host of a backend that cannot be used: no cluster has it, so its requests answer 500.
+const UNKNOWN_SERVICE: &str = "UnknownService";
 
 /// The API's precedence among routes for one host: exact paths, then longer prefixes, then
 /// regular expressions; a method; more headers; more query parameters; then the older route (by
@@ -44,22 +48,26 @@ pub(super) struct Compiled {
 pub(super) fn http_rule(ctx: &RouteCtx<'_>, index: usize, rule: &HttpRule) -> Compiled {
     let mut out = Compiled::default();
     let mut base = common(ctx, index, &rule.filters, &rule.backend_refs, &mut out);
-    if let Some(t) = &rule.timeouts {
-        base.timeout = t.request;
-        if let Some(per_try) = t.backend_request {
-            base.retries
-                .get_or_insert_with(default_retries)
-                .per_try_timeout = Some(per_try);
-        }
-    }
+    // As istiod: without `retry` the mesh's default retries stay; `retry` retries connection
+    // failures and its codes; `backendRequest` bounds each try when retrying, else the request.
     if let Some(retry) = &rule.retry {
-        let retries = base.retries.get_or_insert_with(default_retries);
-        if let Some(attempts) = retry.attempts {
-            retries.attempts = i32::try_from(attempts).unwrap_or(i32::MAX);
-        }
-        if !retry.codes.is_empty() {
-            let codes: Vec<String> = retry.codes.iter().map(u32::to_string).collect();
-            retries.retry_on = codes.join(",");
+        let codes = retry.codes.iter().map(|c| format!(",{c}"));
+        base.retries = Some(HttpRetry {
+            attempts: retry
+                .attempts
+                .map_or(2, |a| i32::try_from(a).unwrap_or(i32::MAX)),
+            retry_on: std::iter::once(GATEWAY_RETRY_ON.to_string())
+                .chain(codes)
+                .collect(),
+            ..Default::default()
+        });
+    }
+    if let Some(t) = &rule.timeouts {
+        base.timeout = t.request.filter(|d| !d.0.is_zero());
+        match (&mut base.retries, t.backend_request) {
+            (Some(retries), Some(per_try)) => retries.per_try_timeout = Some(per_try),
+            (None, Some(per_try)) => base.timeout = Some(per_try),
+            (_, None) => {}
         }
     }
     let implied = [ApiMatch::default()];
@@ -164,6 +172,7 @@ fn common(
 ) -> HttpRoute {
     let mut route = HttpRoute {
         name: format!("{}.{}.{index}", ctx.namespace, ctx.name),
+        gateway_semantics: true,
         ..Default::default()
     };
     let mut headers = Headers::default();
@@ -218,7 +227,21 @@ fn common(
                     headers: (edits.request.is_some() || edits.response.is_some()).then_some(edits),
                 });
             }
-            Err(refusal) => out.refusal = out.refusal.take().or(Some(refusal)),
+            // Its share of the requests answers 500, as the API requires (istiod's cluster).
+            Err(refusal) => {
+                out.refusal = out.refusal.take().or(Some(refusal));
+                route.route.push(HttpRouteDestination {
+                    destination: Destination {
+                        host: UNKNOWN_SERVICE.into(),
+                        port: backend.port.map(|number| PortSelector {
+                            number: u32::from(number),
+                        }),
+                        ..Default::default()
+                    },
+                    weight: Some(backend.weight()),
+                    headers: None,
+                });
+            }
         }
     }
     if route.route.iter().all(|d| d.weight == Some(0)) {
@@ -231,12 +254,8 @@ fn common(
     route
 }
 
-fn default_retries() -> HttpRetry {
-    HttpRetry {
-        attempts: 2,
-        ..Default::default()
-    }
-}
+/// What a Gateway API `retry` retries besides its codes (istiod's `convertHTTPRoute`).
+const GATEWAY_RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled";
 
 /// The redirect's or rewrite's path, which depends on the prefix a match matched.
 fn path_edits(route: &mut HttpRoute, filters: &[Filter], kind: &str, matched: &str) {
