@@ -328,11 +328,15 @@ async fn a_mesh_route_changes_where_a_sidecars_requests_go() {
 }
 
 /// From a config cluster: the leader writes each route's and Gateway's status to its status
-/// subresource (with the API's transition times), again only when it changes.
+/// subresource (with the API's transition times), again only when it changes; and deploys the
+/// Gateway (updated with it, removed with it by the garbage collector).
 #[tokio::test]
 async fn the_leader_writes_the_status_of_config_cluster_objects() {
     use common::config_source::{ConfigFixture, Source};
-    let objects = format!("{CLUSTER}---{CONFIG}");
+    let namespaces = ["shop", "front", "books"]
+        .map(|ns| format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"))
+        .join("---\n");
+    let objects = format!("{namespaces}---{CLUSTER}---{CONFIG}");
     let fixture =
         ConfigFixture::start(Source::ConfigCluster, &[("gateway.yaml", &objects)], &[]).await;
     let api = fixture.api().expect("a config cluster");
@@ -378,4 +382,51 @@ async fn the_leader_writes_the_status_of_config_cluster_objects() {
     })
     .await;
     assert_eq!(api.request_count("patch-status:gateways"), writes);
+
+    // Automated deployment: the Gateway's ServiceAccount, Deployment and Service, owned by it.
+    let uid = web["metadata"]["uid"].clone();
+    let service = wait_for("the deployed Service", BOUND, || async {
+        api.get("Service", "shop", "web-istio")
+    })
+    .await;
+    assert_eq!(service["metadata"]["ownerReferences"][0]["uid"], uid);
+    let ports: Vec<i64> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ports, [15021, 8080, 5432]);
+    let deployment = api
+        .get("Deployment", "shop", "web-istio")
+        .expect("a Deployment");
+    let pod = &deployment["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"],
+        "web"
+    );
+    assert_eq!(pod["spec"]["serviceAccountName"], "web-istio");
+    assert!(api.get("ServiceAccount", "shop", "web-istio").is_some());
+
+    // A new listener updates the Service; deleting the Gateway takes its objects with it.
+    let mut gateway = web.clone();
+    gateway["spec"]["listeners"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "admin", "port": 9901, "protocol": "HTTP"}));
+    gateway.as_object_mut().unwrap().remove("status");
+    api.apply(gateway);
+    wait_for("the Service's new port", BOUND, || async {
+        let service = api.get("Service", "shop", "web-istio")?;
+        let ports = service["spec"]["ports"].as_array()?.clone();
+        ports.iter().any(|p| p["port"] == 9901).then_some(())
+    })
+    .await;
+    api.delete("Gateway.gateway.networking.k8s.io", "shop", "web");
+    for kind in ["Service", "Deployment", "ServiceAccount"] {
+        assert!(
+            api.get(kind, "shop", "web-istio").is_none(),
+            "{kind} left behind"
+        );
+    }
 }

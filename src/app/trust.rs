@@ -9,6 +9,7 @@ use tracing::info;
 use super::inputs::ConfigCluster;
 use super::StartError;
 use crate::config::DiscoveryArgs;
+use crate::install::gateway_deployment;
 use crate::leader::{self, Leader, LeaderConfig};
 use crate::metrics::Metrics;
 use crate::model::Mesh;
@@ -118,7 +119,8 @@ pub(super) fn serving_cert(
 }
 
 /// While leading: the root published in every namespace's `istio-ca-root-cert`, the webhooks'
-/// caBundles kept current, allocated addresses recorded in ServiceEntries' status.
+/// caBundles kept current, allocated addresses recorded in ServiceEntries' status, the Gateway
+/// API's status written and its managed Gateways deployed.
 pub(super) fn leader_work(
     args: &DiscoveryArgs,
     config_cluster: Option<&ConfigCluster>,
@@ -134,6 +136,12 @@ pub(super) fn leader_work(
     let mesh = mesh.clone();
     let namespace = args.system_namespace.clone();
     let roots = ca.roots();
+    let inject = args.inject.config(
+        &args.cluster_id,
+        &args.system_namespace,
+        &args.domain_suffix,
+        mesh.snapshot().config.mesh().clone(),
+    );
     supervisor.adopt(
         "leader work",
         leader::run_while_leading(leader.leading(), move || {
@@ -160,6 +168,12 @@ pub(super) fn leader_work(
                 client.clone(),
                 id.clone(),
                 mesh.clone(),
+            ));
+            work.push(gateway_deployment::keep(
+                client.clone(),
+                id.clone(),
+                mesh.clone(),
+                inject.clone(),
             ));
             work
         }),

@@ -5,6 +5,7 @@
 mod control_plane;
 mod crds;
 mod gateway;
+pub mod gateway_deployment;
 mod istio_objects;
 mod object;
 pub mod rbac;

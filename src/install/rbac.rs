@@ -81,6 +81,13 @@ pub fn control_plane_role() -> ClusterRole {
                 &["serviceentries/status"],
                 &["update", "patch"],
             ),
+            // ... and deploys managed Gateways, as istiod's deployment controller.
+            rule(&["apps"], &["deployments"], &["get", "create", "update"]),
+            rule(
+                &[""],
+                &["services", "serviceaccounts"],
+                &["get", "create", "update"],
+            ),
             // ... and the Gateway API's status of the objects it implements.
             rule(
                 &[crate::istio::gateway_api::GROUP],

@@ -282,6 +282,8 @@ pub struct ConfigMeta {
     pub annotations: BTreeMap<String, String>,
     /// RFC 3339; orders objects the way istiod does (oldest first), then by namespace and name.
     pub creation_timestamp: Option<String>,
+    /// The API server's id of the object (owner references name it); None in files.
+    pub uid: Option<String>,
     pub origin: Origin,
 }
 
@@ -379,6 +381,7 @@ impl ConfigObject {
             labels: strings(&metadata["labels"])?,
             annotations: strings(&metadata["annotations"])?,
             creation_timestamp: metadata["creationTimestamp"].as_str().map(str::to_string),
+            uid: metadata["uid"].as_str().map(str::to_string),
             origin,
         };
         let spec_value = match &value["spec"] {

@@ -92,6 +92,7 @@ impl ProxyRegistrar for AutoRegistration {
                 labels,
                 annotations: group.metadata.annotations.clone(),
                 creation_timestamp: None,
+                uid: None,
                 origin: Origin::AutoRegistered {
                     proxy: proxy.id.clone(),
                 },

@@ -139,9 +139,13 @@ impl Listener {
 
     fn validate(&self) -> Result {
         ensure(
-            super::super::validate::is_dns1123_label(&self.name),
+            self.name.len() <= 253
+                && self
+                    .name
+                    .split('.')
+                    .all(super::super::validate::is_dns1123_label),
             "name",
-            "must be a DNS label (lowercase letters, digits, '-')",
+            "must be a DNS subdomain (lowercase letters, digits, '-' and '.')",
         )?;
         ensure(self.port != 0, "port", "must be 1-65535")?;
         ensure(

@@ -160,6 +160,13 @@ pub const KINDS: &[ResourceKind] = &[
         api_version: "telemetry.istio.io/v1",
         namespaced: true,
     },
+    ResourceKind {
+        plural: "deployments",
+        group: "apps",
+        kind: "Deployment",
+        api_version: "apps/v1",
+        namespaced: true,
+    },
     // The Gateway API, at the versions its users commonly have installed.
     ResourceKind {
         plural: "gatewayclasses",
@@ -402,6 +409,8 @@ impl Store {
             .cloned()
     }
 
+    /// Deletes an object and, as the garbage collector's background propagation, every object
+    /// its `ownerReferences` tie to it.
     pub fn delete(&mut self, kind: ResourceKind, namespace: &str, name: &str) -> Option<Value> {
         let mut object =
             self.objects
@@ -409,6 +418,22 @@ impl Store {
         self.rv += 1;
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         self.record(kind.plural, EventType::Deleted, object.clone());
+        let uid = object["metadata"]["uid"].clone();
+        let owned: Vec<(&'static str, String, String)> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (plural, ns, name) in owned {
+            if let Some(dependent) = KINDS.iter().find(|k| k.plural == plural) {
+                self.delete(*dependent, &ns, &name);
+            }
+        }
         Some(object)
     }
 

@@ -1,0 +1,430 @@
+//! Automated deployment of Gateway API Gateways, as istiod's deployment controller
+//! (pilot/pkg/config/kube/gateway/deploymentcontroller.go, with its kube-gateway.yaml template):
+//! for every Gateway of a class meshpilot implements that names no address of its own, the leader
+//! keeps a ServiceAccount, a Deployment of Istio's proxy as a router, and a Service, all named
+//! `<gateway>-<class>` in the Gateway's namespace, labelled with the Gateway's name, and owned by
+//! the Gateway, so that the API server's garbage collector removes them with it. An object of that
+//! name that meshpilot did not make (no `gateway.istio.io/managed` label) is left alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    ContainerPort, PodTemplateSpec, Service, ServiceAccount, ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::discovery::ApiResource;
+use kube::Client;
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::inject::{gateway_pod_spec, InjectConfig};
+use crate::istio::gateway_api::{KubernetesGateway, GATEWAY_NAME_LABEL, GROUP};
+use crate::istio::{ConfigObject, Origin, Spec};
+use crate::model::gateway_api::status::ObjectStatus;
+use crate::model::{ClusterId, Mesh, MeshSnapshot};
+
+/// The label on what meshpilot deploys, with istiod's value: objects without it are not its own.
+const MANAGED_LABEL: &str = "gateway.istio.io/managed";
+const MANAGED: &str = "istio.io-gateway-controller";
+/// The Gateway's annotations istiod reads to name what it deploys, and the Service's type.
+const NAME_OVERRIDE: &str = "gateway.istio.io/name-override";
+const SERVICE_ACCOUNT: &str = "gateway.istio.io/service-account";
+const SERVICE_TYPE: &str = "networking.istio.io/service-type";
+const STATUS_PORT: i32 = 15021;
+
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+/// How long one call to the API server may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What one Gateway deploys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifests {
+    pub service_account: ServiceAccount,
+    pub deployment: Deployment,
+    pub service: Service,
+}
+
+/// The objects a managed Gateway deploys; None for a Gateway that names its own address (a
+/// manual deployment) or has no API server id to be owned by.
+pub fn manifests(object: &ConfigObject, config: &InjectConfig) -> Option<Manifests> {
+    let Spec::KubernetesGateway(gateway) = &object.spec else {
+        return None;
+    };
+    if !gateway.addresses.is_empty() {
+        return None;
+    }
+    let uid = object.meta.uid.clone()?;
+    let annotation = |key: &str| object.meta.annotations.get(key).cloned();
+    let name = annotation(NAME_OVERRIDE)
+        .unwrap_or_else(|| format!("{}-{}", object.key.name, gateway.gateway_class_name));
+    let account = annotation(SERVICE_ACCOUNT).unwrap_or_else(|| name.clone());
+    let namespace = object.key.namespace.to_string();
+    let selector = BTreeMap::from([(GATEWAY_NAME_LABEL.to_string(), object.key.name.to_string())]);
+    let mut labels = selector.clone();
+    labels.insert(MANAGED_LABEL.into(), MANAGED.into());
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(namespace.clone()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![OwnerReference {
+            api_version: format!("{GROUP}/v1beta1"),
+            kind: "Gateway".into(),
+            name: object.key.name.to_string(),
+            uid: uid.clone(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    Some(Manifests {
+        service_account: ServiceAccount {
+            metadata: meta(&account),
+            ..Default::default()
+        },
+        deployment: deployment(meta(&name), &name, &account, &selector, gateway, config),
+        service: service(
+            meta(&name),
+            &selector,
+            gateway,
+            annotation(SERVICE_TYPE).unwrap_or_else(|| "LoadBalancer".into()),
+        ),
+    })
+}
+
+fn deployment(
+    metadata: ObjectMeta,
+    name: &str,
+    account: &str,
+    selector: &BTreeMap<String, String>,
+    gateway: &KubernetesGateway,
+    config: &InjectConfig,
+) -> Deployment {
+    let discovery = format!("istiod.{}.svc:15012", config.system_namespace);
+    let proxy_config = serde_json::json!({ "discoveryAddress": discovery }).to_string();
+    let mut ports = vec![
+        container_port("status-port", STATUS_PORT),
+        container_port("http-envoy-prom", 15090),
+    ];
+    ports.extend(unique_ports(gateway).map(|(name, port, _)| container_port(&name, port)));
+    let spec = gateway_pod_spec(config, account, &[("PROXY_CONFIG", &proxy_config)], ports);
+    let mut pod_labels = selector.clone();
+    pod_labels.extend([
+        (MANAGED_LABEL.to_string(), MANAGED.to_string()),
+        ("sidecar.istio.io/inject".to_string(), "false".to_string()),
+        (
+            "service.istio.io/canonical-name".to_string(),
+            name.to_string(),
+        ),
+        (
+            "service.istio.io/canonical-revision".to_string(),
+            "latest".to_string(),
+        ),
+    ]);
+    let pod_annotations = BTreeMap::from([
+        (
+            "prometheus.io/path".to_string(),
+            "/stats/prometheus".to_string(),
+        ),
+        ("prometheus.io/port".to_string(), "15020".to_string()),
+        ("prometheus.io/scrape".to_string(), "true".to_string()),
+    ]);
+    Deployment {
+        metadata,
+        spec: DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(spec),
+            },
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+/// The gateway's Service, as istiod's: the status port first, then one port per listener port
+/// (named after its first listener, its protocol as the app protocol).
+fn service(
+    metadata: ObjectMeta,
+    selector: &BTreeMap<String, String>,
+    gateway: &KubernetesGateway,
+    type_: String,
+) -> Service {
+    let port = |name: String, number: i32, app: String| ServicePort {
+        name: Some(name),
+        port: number,
+        protocol: Some("TCP".into()),
+        app_protocol: Some(app),
+        ..Default::default()
+    };
+    let mut ports = vec![port("status-port".into(), STATUS_PORT, "tcp".into())];
+    ports.extend(unique_ports(gateway).map(|(name, number, app)| port(name, number, app)));
+    Service {
+        metadata,
+        spec: Some(ServiceSpec {
+            type_: Some(type_),
+            ip_family_policy: Some("PreferDualStack".into()),
+            selector: Some(selector.clone()),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// Each listener port once: (name, port, lower-case protocol).
+fn unique_ports(gateway: &KubernetesGateway) -> impl Iterator<Item = (String, i32, String)> + '_ {
+    let mut seen = Vec::new();
+    gateway.listeners.iter().filter_map(move |l| {
+        if seen.contains(&l.port) {
+            return None;
+        }
+        seen.push(l.port);
+        let mut name = l.name.replace('.', "-");
+        name.truncate(63);
+        Some((name, i32::from(l.port), l.protocol.to_ascii_lowercase()))
+    })
+}
+
+fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_string()),
+        container_port: port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+/// Keeps the deployments of the config cluster's managed Gateways while this replica leads.
+pub fn keep(
+    client: Client,
+    cluster: ClusterId,
+    mesh: Arc<Mesh>,
+    config: InjectConfig,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        // What was last applied, by (plural, namespace, name): applied again only when it changes.
+        let mut applied: HashMap<(&'static str, String, String), Value> = HashMap::new();
+        let mut last: Option<Arc<MeshSnapshot>> = None;
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            let snapshot = mesh.snapshot();
+            if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
+                continue;
+            }
+            let config = InjectConfig {
+                mesh: snapshot.config.mesh().clone(),
+                ..config.clone()
+            };
+            match apply_all(&client, &cluster, &snapshot, &config, &mut applied).await {
+                true => last = Some(snapshot),
+                false => tokio::time::sleep(RETRY_AFTER).await,
+            }
+        }
+    })
+}
+
+/// Applies what every managed Gateway deploys; whether every call succeeded.
+async fn apply_all(
+    client: &Client,
+    cluster: &ClusterId,
+    snapshot: &MeshSnapshot,
+    config: &InjectConfig,
+    applied: &mut HashMap<(&'static str, String, String), Value>,
+) -> bool {
+    let mut all = true;
+    let ours = &snapshot.config.gateway_api().status;
+    for (key, status) in ours {
+        let Some(object) = snapshot.config.get(key) else {
+            continue;
+        };
+        let from_cluster = matches!(&object.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str());
+        if !from_cluster || !matches!(status, ObjectStatus::Gateway(_)) {
+            continue;
+        }
+        let Some(manifests) = manifests(object, config) else {
+            continue;
+        };
+        let objects = [
+            (
+                resource("", "v1", "ServiceAccount", "serviceaccounts"),
+                json(&manifests.service_account),
+            ),
+            (
+                resource("apps", "v1", "Deployment", "deployments"),
+                json(&manifests.deployment),
+            ),
+            (
+                resource("", "v1", "Service", "services"),
+                json(&manifests.service),
+            ),
+        ];
+        for ((plural, resource), wanted) in objects {
+            let Some(wanted) = wanted else { continue };
+            let name = wanted["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let slot = (plural, key.namespace.to_string(), name.clone());
+            if applied.get(&slot) == Some(&wanted) {
+                continue;
+            }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &key.namespace, &resource);
+            match apply(&api, &name, &wanted).await {
+                Ok(()) => {
+                    info!(gateway = %key, object = %format!("{plural}/{name}"), "gateway deployment applied");
+                    applied.insert(slot, wanted);
+                }
+                Err(e) => {
+                    warn!(gateway = %key, object = %format!("{plural}/{name}"), error = %e, "cannot apply the gateway's deployment; retrying");
+                    all = false;
+                }
+            }
+        }
+    }
+    all
+}
+
+fn resource(
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &'static str,
+) -> (&'static str, ApiResource) {
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+    (plural, ApiResource::from_gvk_with_plural(&gvk, plural))
+}
+
+fn json<T: serde::Serialize>(object: &T) -> Option<Value> {
+    serde_json::to_value(object).ok()
+}
+
+/// Creates the object, or replaces it when meshpilot made it; refuses to touch another's.
+async fn apply(api: &Api<DynamicObject>, name: &str, wanted: &Value) -> Result<(), String> {
+    let readable = |e: kube::Error| crate::kube_error::Readable(&e).to_string();
+    let bounded = |what: &str| format!("{what} timed out after {CALL_TIMEOUT:?}");
+    let existing = tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name))
+        .await
+        .map_err(|_| bounded("get"))?
+        .map_err(readable)?;
+    let mut object: DynamicObject =
+        serde_json::from_value(wanted.clone()).map_err(|e| e.to_string())?;
+    let params = PostParams::default();
+    match existing {
+        None => {
+            tokio::time::timeout(CALL_TIMEOUT, api.create(&params, &object))
+                .await
+                .map_err(|_| bounded("create"))?
+                .map_err(readable)?;
+        }
+        Some(current) => {
+            let managed = current
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_LABEL))
+                .is_some();
+            if !managed {
+                return Err(format!(
+                    "{name} exists and is not meshpilot's ({MANAGED_LABEL} unset)"
+                ));
+            }
+            object.metadata.resource_version = current.metadata.resource_version;
+            tokio::time::timeout(CALL_TIMEOUT, api.replace(name, &params, &object))
+                .await
+                .map_err(|_| bounded("replace"))?
+                .map_err(readable)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::istio::Origin;
+
+    fn gateway(addresses: &str) -> ConfigObject {
+        let value: Value = serde_yaml_ng::from_str(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: web, namespace: shop, uid: u-1}}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {{name: http, port: 80, protocol: HTTP}}
+  - {{name: http.alt, port: 80, protocol: HTTP, hostname: a.example.com}}
+  - {{name: tls, port: 443, protocol: TLS, tls: {{mode: Passthrough}}}}
+{addresses}"
+        ))
+        .unwrap();
+        let origin = Origin::File {
+            path: "gw.yaml".into(),
+            document: 1,
+        };
+        ConfigObject::from_value(&value, origin).unwrap().unwrap()
+    }
+
+    fn config() -> InjectConfig {
+        InjectConfig {
+            proxy_image: "proxyv2".into(),
+            cluster_id: "c1".into(),
+            network: String::new(),
+            mesh_id: String::new(),
+            system_namespace: "istio-system".into(),
+            domain_suffix: "cluster.local".into(),
+            mesh: Arc::new(crate::istio::MeshConfig::default()),
+        }
+    }
+
+    #[test]
+    fn a_managed_gateway_deploys_as_istiod_names_and_labels_it() {
+        let m = manifests(&gateway(""), &config()).expect("managed");
+        let service = m.service.spec.unwrap();
+        let ports: Vec<(String, i32, String)> = service
+            .ports
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name.unwrap(), p.port, p.app_protocol.unwrap()))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("status-port".to_string(), 15021, "tcp".to_string()),
+                ("http".to_string(), 80, "http".to_string()),
+                ("tls".to_string(), 443, "tls".to_string()),
+            ]
+        );
+        assert_eq!(service.type_.as_deref(), Some("LoadBalancer"));
+        assert_eq!(m.deployment.metadata.name.as_deref(), Some("web-istio"));
+        let owner = &m.deployment.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Gateway", "u-1")
+        );
+        let pod = m.deployment.spec.template;
+        let labels = pod.metadata.unwrap().labels.unwrap();
+        assert_eq!(labels[GATEWAY_NAME_LABEL], "web");
+        assert_eq!(labels["sidecar.istio.io/inject"], "false");
+        assert_eq!(
+            pod.spec.unwrap().service_account_name.as_deref(),
+            Some("web-istio")
+        );
+        let manual = "  addresses: [{type: Hostname, value: ingress.shop.svc.cluster.local}]";
+        assert!(manifests(&gateway(manual), &config()).is_none());
+    }
+}
