@@ -2,7 +2,8 @@
 //! namespace, plain backends behind it. HTTPRoutes route by host, path and header, split by
 //! weight (measured), redirect, rewrite and edit headers; a TCPRoute proxies a port; an HTTPS
 //! listener serves its certificateRef's Secret, rotated without a restart; a TLSRoute passes TLS
-//! through by SNI; a GRPCRoute routes grpcio's calls by method.
+//! through by SNI; a GRPCRoute routes grpcio's calls by method; an AuthorizationPolicy attached to
+//! the Gateway by `targetRefs` applies at its proxy.
 //!
 //! Needs root (network namespaces).
 
@@ -80,6 +81,16 @@ spec:
     - type: ResponseHeaderModifier
       responseHeaderModifier: {add: [{name: x-served-by, value: meshpilot}]}
     backendRefs: [{name: cart, port: 8080}]
+---
+# A policy attached to the Gateway by targetRefs: its proxies deny /admin.
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-admin, namespace: shop}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: web}]
+  action: DENY
+  # The port keeps the rule off the TCP listener, which a DENY with HTTP-only fields would close.
+  rules: [{to: [{operation: {ports: ['8080'], paths: [/admin]}}]}]
 ---
 apiVersion: gateway.networking.k8s.io/v1alpha2
 kind: TCPRoute
@@ -189,6 +200,7 @@ async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
     assert!(body["headers"].get("x-drop").is_none(), "{body}");
     assert!(head.contains("x-served-by: meshpilot"), "{head}");
 
+    assert_eq!(curl(&url("/admin"), &[host]).0, 403, "the targeted policy");
     // Another host of the listener's wildcard matches no route; one outside it no listener host.
     assert_eq!(curl(&url("/"), &["host: other.example.com"]).0, 404);
 
@@ -362,7 +374,7 @@ async fn https_certificates_rotate_tls_passes_through_and_grpc_routes_by_method(
     let first = issue("shop.example.com");
     let secret =
         |cert: &(String, String, String)| tls_secret("shop", "shop-cert", &cert.1, &cert.2);
-    let (_mp, dir, gateway) = gateway_of(
+    let (mp, dir, gateway) = gateway_of(
         &gateway_ns,
         "10.222",
         &[SECURE_BACKENDS, &secret(&first)],
@@ -376,10 +388,11 @@ async fn https_certificates_rotate_tls_passes_through_and_grpc_routes_by_method(
         match grpc_call("/echo.Echo/Say", "grpc.example.com") {
             Ok(reply) => break reply,
             Err(e) if std::time::Instant::now() > deadline => {
-                let routes = gateway
-                    .get("/config_dump?resource=dynamic_route_configs")
-                    .await;
-                panic!("no gRPC answer through the gateway: {e}\nroutes: {routes}");
+                let listeners = gateway.get("/listeners").await;
+                let sync = get_json(mp.http_addr, "/debug/syncz").await;
+                panic!(
+                    "no gRPC answer through the gateway: {e}\nlisteners: {listeners}\nsync: {sync}"
+                );
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }

@@ -471,3 +471,60 @@ spec:
     assert_eq!(span["kind"], "CLIENT", "{span}");
     assert_eq!(routed.envoy.rejected_updates().await, 0);
 }
+
+/// GAMMA: an HTTPRoute whose parent is the reviews Service, applied at the client's sidecar.
+const MESH_ROUTE: &str = "
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews, namespace: default}
+spec:
+  parentRefs: [{group: '', kind: Service, name: reviews, port: 8080}]
+  rules:
+  - matches: [{headers: [{name: end-user, value: tester}]}]
+    backendRefs: [{name: reviews-canary, port: 8080}]
+  - backendRefs: [{name: reviews, port: 8080}]
+";
+
+/// The canary: a Service of reviews' v2 pod alone.
+const CANARY: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-canary, namespace: default}
+spec: {clusterIP: 10.96.55.56, ports: [{name: http, port: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: reviews-canary-1, namespace: default, labels: {kubernetes.io/service-name: reviews-canary}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.217.3.3], conditions: {ready: true}, targetRef: {kind: Pod, name: reviews-v2, namespace: default}}
+";
+
+#[tokio::test]
+async fn a_mesh_http_route_changes_where_the_sidecars_requests_go() {
+    let routed = Routed::start("mpg", MESH_ROUTE, "").await;
+    write_atomic(&routed.dir.path().join("clusters/c1/canary.yaml"), CANARY);
+    let client = &routed.client;
+    wait_for("the tester's requests at the canary", BOUND, || {
+        let canary = by_server(&requests(client, "/", 20, &["end-user:tester"]));
+        async move { (canary == BTreeMap::from([(V2.to_string(), 20)])).then_some(()) }
+    })
+    .await;
+    // Everyone else still reaches both versions through the route's default rule.
+    let others = by_server(&requests(client, "/", 100, &[]));
+    assert!(
+        others.get(V1).is_some_and(|n| *n > 10) && others.get(V2).is_some_and(|n| *n > 10),
+        "{others:?}"
+    );
+    assert_eq!(routed.envoy.rejected_updates().await, 0);
+}

@@ -6,15 +6,17 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::duration::Duration;
-use super::security::WorkloadSelector;
+use super::security::{Attachment, PolicyTargetRef, WorkloadSelector};
 use super::validate::{ensure, Result};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Telemetry {
-    /// `targetRef(s)` (Gateway API gateways and waypoints, which meshpilot does not serve yet)
-    /// are not read: a Telemetry naming them is refused as not implemented.
     pub selector: Option<WorkloadSelector>,
+    /// A Gateway API Gateway whose proxies it applies to (at the workload level), instead of a
+    /// selector.
+    pub target_ref: Option<PolicyTargetRef>,
+    pub target_refs: Vec<PolicyTargetRef>,
     pub access_logging: Vec<AccessLogging>,
     pub tracing: Vec<Tracing>,
     pub metrics: Vec<Metrics>,
@@ -206,8 +208,17 @@ impl AccessLogging {
 }
 
 impl Telemetry {
+    /// How it attaches: by selector or by target.
+    pub fn attachment(&self) -> Attachment<'_> {
+        Attachment {
+            selector: &self.selector,
+            target_ref: &self.target_ref,
+            target_refs: &self.target_refs,
+        }
+    }
+
     pub fn validate(&self) -> Result {
-        super::security::validate_selector(&self.selector, &None, &[])?;
+        self.attachment().validate()?;
         for (i, logging) in self.access_logging.iter().enumerate() {
             for (j, provider) in logging.providers.iter().enumerate() {
                 ensure(

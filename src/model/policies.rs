@@ -187,7 +187,10 @@ impl SecurityPolicies {
             let Spec::AuthorizationPolicy(policy) = &object.spec else {
                 continue;
             };
-            if !policy.attaches_to_workloads() || !applies_to(&policy.selector, labels) {
+            if !policy
+                .attachment()
+                .applies(&object.key.namespace, ns, labels)
+            {
                 continue;
             }
             let list = match policy.action {
@@ -210,7 +213,7 @@ impl SecurityPolicies {
             .flat_map(|n| &n.request)
             .filter_map(|o| match &o.spec {
                 Spec::RequestAuthentication(ra)
-                    if ra.attaches_to_workloads() && applies_to(&ra.selector, labels) =>
+                    if ra.attachment().applies(&o.key.namespace, ns, labels) =>
                 {
                     Some(&ra.jwt_rules)
                 }

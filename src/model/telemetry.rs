@@ -104,14 +104,21 @@ impl ConfigStore {
         // An empty selector selects no workload: the Telemetry is namespace-wide, as istiod's
         // `namespaceWideTelemetryConfig` counts it.
         let without_selector = |ns: &str| {
-            in_namespace(ns)
-                .iter()
-                .find(|o| telemetry(o).is_some_and(|t| !selects_workloads(&t.selector)))
+            in_namespace(ns).iter().find(|o| {
+                telemetry(o)
+                    .is_some_and(|t| !selects_workloads(&t.selector) && !t.attachment().by_target())
+            })
         };
         let root = self.mesh().root_namespace.as_str();
+        // A workload's own: by selector, or as the proxy of a Gateway it targets.
         let selecting = in_namespace(namespace).iter().find(|o| {
-            telemetry(o)
-                .is_some_and(|t| selects_workloads(&t.selector) && applies_to(&t.selector, labels))
+            telemetry(o).is_some_and(|t| {
+                let attached = t.attachment();
+                match attached.by_target() {
+                    true => attached.applies(&o.key.namespace, namespace, labels),
+                    false => selects_workloads(&t.selector) && applies_to(&t.selector, labels),
+                }
+            })
         });
         let levels = [
             without_selector(root),

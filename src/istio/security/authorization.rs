@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{non_empty_values, validate_selector, WorkloadSelector};
+use super::{non_empty_values, Attachment, PolicyTargetRef, WorkloadSelector};
 use crate::istio::validate::{ensure, Result, ValidationError};
 use crate::text::{clip, Quoted};
 
@@ -10,9 +10,10 @@ use crate::text::{clip, Quoted};
 #[serde(rename_all = "camelCase", default)]
 pub struct AuthorizationPolicy {
     pub selector: Option<WorkloadSelector>,
-    /// Gateway API attachment: such policies apply to what they target, never to sidecars.
-    pub target_ref: Option<serde_json::Value>,
-    pub target_refs: Vec<serde_json::Value>,
+    /// Gateway API attachment: such policies apply to the targeted Gateway's proxies, never to
+    /// sidecars.
+    pub target_ref: Option<PolicyTargetRef>,
+    pub target_refs: Vec<PolicyTargetRef>,
     /// None and empty alike: no rules (an ALLOW policy then allows nothing).
     pub rules: Option<Vec<Rule>>,
     pub action: Action,
@@ -106,13 +107,17 @@ impl AuthorizationPolicy {
         self.rules.as_deref().unwrap_or_default()
     }
 
-    /// Whether it attaches to workloads by selector or namespace (not by Gateway API target).
-    pub fn attaches_to_workloads(&self) -> bool {
-        self.target_ref.is_none() && self.target_refs.is_empty()
+    /// How it attaches: by selector (or namespace) or by Gateway API target.
+    pub fn attachment(&self) -> Attachment<'_> {
+        Attachment {
+            selector: &self.selector,
+            target_ref: &self.target_ref,
+            target_refs: &self.target_refs,
+        }
     }
 
     pub fn validate(&self) -> Result {
-        validate_selector(&self.selector, &self.target_ref, &self.target_refs)?;
+        self.attachment().validate()?;
         let no_rules = self.rules().is_empty();
         match self.action {
             Action::Custom => {

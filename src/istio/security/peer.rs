@@ -40,7 +40,7 @@ pub enum MtlsMode {
 
 impl PeerAuthentication {
     pub fn validate(&self) -> Result {
-        validate_selector(&self.selector, &None, &[])?;
+        validate_selector(&self.selector)?;
         let Some(ports) = &self.port_level_mtls else {
             return Ok(());
         };

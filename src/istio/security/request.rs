@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{jwks, non_empty_values, validate_selector, WorkloadSelector};
+use super::{jwks, non_empty_values, Attachment, PolicyTargetRef, WorkloadSelector};
 use crate::istio::duration::Duration;
 use crate::istio::validate::{ensure, Result, ValidationError};
 use crate::text::Quoted;
@@ -11,8 +11,9 @@ use crate::text::Quoted;
 #[serde(rename_all = "camelCase", default)]
 pub struct RequestAuthentication {
     pub selector: Option<WorkloadSelector>,
-    pub target_ref: Option<serde_json::Value>,
-    pub target_refs: Vec<serde_json::Value>,
+    /// Gateway API attachment: the targeted Gateway's proxies, never sidecars.
+    pub target_ref: Option<PolicyTargetRef>,
+    pub target_refs: Vec<PolicyTargetRef>,
     pub jwt_rules: Vec<JwtRule>,
 }
 
@@ -52,12 +53,17 @@ pub struct ClaimToHeader {
 }
 
 impl RequestAuthentication {
-    pub fn attaches_to_workloads(&self) -> bool {
-        self.target_ref.is_none() && self.target_refs.is_empty()
+    /// How it attaches: by selector (or namespace) or by Gateway API target.
+    pub fn attachment(&self) -> Attachment<'_> {
+        Attachment {
+            selector: &self.selector,
+            target_ref: &self.target_ref,
+            target_refs: &self.target_refs,
+        }
     }
 
     pub fn validate(&self) -> Result {
-        validate_selector(&self.selector, &self.target_ref, &self.target_refs)?;
+        self.attachment().validate()?;
         for (i, rule) in self.jwt_rules.iter().enumerate() {
             rule.validate()
                 .map_err(|e| e.under(&format!("jwtRules[{i}]")))?;
