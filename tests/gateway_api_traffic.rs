@@ -17,31 +17,26 @@ use common::*;
 
 const BOUND: Duration = Duration::from_secs(30);
 
-const BACKENDS: &str = "
-apiVersion: v1
-kind: Service
-metadata: {name: cart, namespace: shop}
-spec: {clusterIP: 10.96.70.1, ports: [{name: http, port: 8080}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: cart-v2, namespace: shop}
-spec: {clusterIP: 10.96.70.2, ports: [{name: http, port: 8080}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: cart-1, namespace: shop, labels: {kubernetes.io/service-name: cart}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: [10.221.1.2], conditions: {ready: true}}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: cart-v2-1, namespace: shop, labels: {kubernetes.io/service-name: cart-v2}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: [10.221.1.3], conditions: {ready: true}}]
-";
+/// Two plain backends: cart and its v2, each an echo server.
+fn backends() -> String {
+    [
+        service_yaml(
+            "shop",
+            "cart",
+            "10.96.70.1",
+            ("http", 8080),
+            &["10.221.1.2"],
+        ),
+        service_yaml(
+            "shop",
+            "cart-v2",
+            "10.96.70.2",
+            ("http", 8080),
+            &["10.221.1.3"],
+        ),
+    ]
+    .join("---\n")
+}
 
 const ROUTES: &str = "
 apiVersion: gateway.networking.k8s.io/v1
@@ -186,7 +181,7 @@ async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
     let tag = format!("{}h", std::process::id() % 100_000);
     let (gateway_ns, mut backend_ns) = lan(&tag, "10.221");
     backend_ns.serve_http_echo(8080);
-    let (_mp, _dir, gateway) = gateway_of(&gateway_ns, "10.221", &[BACKENDS], ROUTES).await;
+    let (_mp, _dir, gateway) = gateway_of(&gateway_ns, "10.221", &[&backends()], ROUTES).await;
 
     let url = |path: &str| format!("http://10.221.11.2:8080{path}");
     let host = "host: shop.example.com";
@@ -247,43 +242,33 @@ async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
     assert_eq!(gateway.rejected_updates().await, 0);
 }
 
-const SECURE_BACKENDS: &str = "
-apiVersion: v1
-kind: Service
-metadata: {name: vault, namespace: shop}
-spec: {clusterIP: 10.96.71.1, ports: [{name: https, port: 8443}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: vault-1, namespace: shop, labels: {kubernetes.io/service-name: vault}}
-addressType: IPv4
-ports: [{name: https, port: 8443}]
-endpoints: [{addresses: [10.222.1.2], conditions: {ready: true}}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo-v1, namespace: shop}
-spec: {clusterIP: 10.96.71.2, ports: [{name: grpc, port: 7070}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: echo-v1-1, namespace: shop, labels: {kubernetes.io/service-name: echo-v1}}
-addressType: IPv4
-ports: [{name: grpc, port: 7070}]
-endpoints: [{addresses: [10.222.1.2], conditions: {ready: true}}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo-v2, namespace: shop}
-spec: {clusterIP: 10.96.71.3, ports: [{name: grpc, port: 7070}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: echo-v2-1, namespace: shop, labels: {kubernetes.io/service-name: echo-v2}}
-addressType: IPv4
-ports: [{name: grpc, port: 7070}]
-endpoints: [{addresses: [10.222.1.3], conditions: {ready: true}}]
-";
+/// vault (TLS of its own) and the two versions of a gRPC echo service.
+fn secure_backends() -> String {
+    [
+        service_yaml(
+            "shop",
+            "vault",
+            "10.96.71.1",
+            ("https", 8443),
+            &["10.222.1.2"],
+        ),
+        service_yaml(
+            "shop",
+            "echo-v1",
+            "10.96.71.2",
+            ("grpc", 7070),
+            &["10.222.1.2"],
+        ),
+        service_yaml(
+            "shop",
+            "echo-v2",
+            "10.96.71.3",
+            ("grpc", 7070),
+            &["10.222.1.3"],
+        ),
+    ]
+    .join("---\n")
+}
 
 const SECURE_ROUTES: &str = "
 apiVersion: gateway.networking.k8s.io/v1
@@ -377,7 +362,7 @@ async fn https_certificates_rotate_tls_passes_through_and_grpc_routes_by_method(
     let (mp, dir, gateway) = gateway_of(
         &gateway_ns,
         "10.222",
-        &[SECURE_BACKENDS, &secret(&first)],
+        &[&secure_backends(), &secret(&first)],
         SECURE_ROUTES,
     )
     .await;

@@ -494,26 +494,18 @@ spec:
   - backendRefs: [{name: reviews, port: 8080}]
 ";
 
-/// The canary: a Service of reviews' v2 pod alone.
-const CANARY: &str = "
-apiVersion: v1
-kind: Service
-metadata: {name: reviews-canary, namespace: default}
-spec: {clusterIP: 10.96.55.56, ports: [{name: http, port: 8080}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: reviews-canary-1, namespace: default, labels: {kubernetes.io/service-name: reviews-canary}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints:
-- {addresses: [10.217.3.3], conditions: {ready: true}, targetRef: {kind: Pod, name: reviews-v2, namespace: default}}
-";
-
 #[tokio::test]
 async fn a_mesh_http_route_changes_where_the_sidecars_requests_go() {
     let routed = Routed::start("mpg", MESH_ROUTE, "").await;
-    write_atomic(&routed.dir.path().join("clusters/c1/canary.yaml"), CANARY);
+    // The canary: a Service of reviews' v2 address alone.
+    let canary = service_yaml(
+        "default",
+        "reviews-canary",
+        "10.96.55.56",
+        ("http", 8080),
+        &[V2],
+    );
+    write_atomic(&routed.dir.path().join("clusters/c1/canary.yaml"), &canary);
     let client = &routed.client;
     wait_for("the tester's requests at the canary", BOUND, || {
         let canary = by_server(&requests(client, "/", 20, &["end-user:tester"]));

@@ -182,6 +182,36 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A Service of one port (`name`, `port`) at `cluster_ip` and its EndpointSlice of ready
+/// `addresses` (no pods), as YAML for a file cluster or the test API server.
+pub fn service_yaml(
+    namespace: &str,
+    name: &str,
+    cluster_ip: &str,
+    (port_name, port): (&str, u16),
+    addresses: &[&str],
+) -> String {
+    let endpoints: Vec<String> = addresses
+        .iter()
+        .map(|a| format!("{{addresses: [{a}], conditions: {{ready: true}}}}"))
+        .collect();
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {namespace}}}
+spec: {{clusterIP: {cluster_ip}, ports: [{{name: {port_name}, port: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: {port_name}, port: {port}}}]
+endpoints: [{}]
+",
+        endpoints.join(", ")
+    )
+}
+
 /// Writes a file atomically (write + rename), as editors and config tooling do.
 pub fn write_atomic(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp~");
