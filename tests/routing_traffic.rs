@@ -472,6 +472,61 @@ spec:
     assert_eq!(routed.envoy.rejected_updates().await, 0);
 }
 
+/// OpenTelemetry as Istio users set it up: the namespace's Telemetry names the mesh config's
+/// `opentelemetry` provider; the real sidecar exports its spans over OTLP/gRPC to a collector
+/// speaking the collector's own protos, with the sampling, custom tags and service name asked for.
+#[tokio::test]
+async fn spans_reach_the_telemetry_s_opentelemetry_collector() {
+    let mesh = "extensionProviders:\n- name: otel\n  opentelemetry: {service: otel-collector.istio-system.svc.cluster.local, port: 4317}\n";
+    let telemetry = "
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: traced, namespace: default}
+spec:
+  tracing:
+  - providers: [{name: otel}]
+    randomSamplingPercentage: 100
+    customTags:
+      tier: {literal: {value: gold}}
+      user: {header: {name: x-user, defaultValue: nobody}}
+";
+    let mut routed = Routed::start("mpo", &format!("{CONFIG}---{telemetry}"), mesh).await;
+    let spans = routed.dir.path().join("spans.jsonl");
+    routed.backend.serve_otel(4317, &spans);
+    let collector = service_yaml(
+        "istio-system",
+        "otel-collector",
+        "10.96.9.12",
+        ("grpc-otlp", 4317),
+        &[V1],
+    );
+    write_atomic(&routed.dir.path().join("clusters/c1/otel.yaml"), &collector);
+    let client = &routed.client;
+    let span = wait_for("a span at the collector", BOUND, || {
+        requests(client, "/exported", 1, &["x-user:bob"]);
+        let text = std::fs::read_to_string(&spans).unwrap_or_default();
+        let span = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|s| {
+                s["attributes"]["http.url"]
+                    .as_str()
+                    .is_some_and(|u| u.contains("/exported"))
+            });
+        async move { span }
+    })
+    .await;
+    let tags = &span["attributes"];
+    assert_eq!(tags["tier"], "gold", "{span}");
+    assert_eq!(tags["user"], "bob", "{span}");
+    assert_eq!(tags["istio.namespace"], "default", "{span}");
+    assert_eq!(tags["istio.cluster_id"], "c1", "{span}");
+    // The proxy's service cluster names the service (the node's `cluster`), as istiod sets it.
+    assert_eq!(span["service"], "test", "{span}");
+    assert_eq!(span["kind"], 3, "a client span: {span}");
+    assert_eq!(routed.envoy.rejected_updates().await, 0);
+}
+
 /// GAMMA: an HTTPRoute whose parent is the reviews Service, applied at the client's sidecar.
 const MESH_ROUTE: &str = "
 apiVersion: networking.istio.io/v1

@@ -161,6 +161,18 @@ impl Netns {
         self.spawn("python3", &[script, &port.to_string()]);
     }
 
+    /// An OpenTelemetry trace collector (OTLP over gRPC) on `port`, writing what it receives to
+    /// `spans` as JSON lines.
+    pub fn serve_otel(&mut self, port: u16, spans: &Path) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/otel_collector.py");
+        let python = super::peer_python();
+        let spans = spans.to_str().expect("utf-8 path");
+        self.spawn(
+            python.to_str().expect("utf-8 path"),
+            &[script, &port.to_string(), spans],
+        );
+    }
+
     /// The echo over HTTPS with these PEM files, requiring a client certificate `client_ca` signed.
     pub fn serve_https_echo(&mut self, port: u16, cert: &Path, key: &Path, client_ca: &Path) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py");
