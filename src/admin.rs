@@ -115,8 +115,18 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
             }
         })
         .collect();
-    let services = state.aggregate.mesh().snapshot().services.len();
-    let body = state.metrics.render(&clusters, services);
+    let snapshot = state.aggregate.mesh().snapshot();
+    let failing_patches: Vec<(String, String)> =
+        crate::xds::generate::envoy_filter_failures(&snapshot.config)
+            .into_iter()
+            .map(|f| {
+                let key = &f.filter;
+                (format!("{}/{}", key.namespace, key.name), f.target)
+            })
+            .collect();
+    let body = state
+        .metrics
+        .render(&clusters, snapshot.services.len(), &failing_patches);
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
 

@@ -33,6 +33,8 @@ const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::AuthorizationPolicy,
     ConfigKind::RequestAuthentication,
     ConfigKind::Telemetry,
+    ConfigKind::EnvoyFilter,
+    ConfigKind::WasmPlugin,
 ];
 
 #[derive(Debug, Error)]

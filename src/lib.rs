@@ -8,6 +8,7 @@ pub mod app;
 pub mod config;
 pub mod debug;
 pub mod doctor;
+pub mod envoy_api;
 pub mod inject;
 pub mod install;
 pub mod istio;

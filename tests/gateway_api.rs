@@ -12,7 +12,6 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::{
     route, route_action::ClusterSpecifier, route_match::PathSpecifier, RouteConfiguration,
 };
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use prost::Message;
 use serde_json::Value;
 
@@ -132,19 +131,8 @@ async fn fetch<T: Message + Default>(
     type_url: &str,
     names: &[&str],
 ) -> Vec<T> {
-    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
-    ads.request(DiscoveryRequest {
-        node: Some(labelled_node(id, &[("CLUSTER_ID", "c1")], labels)),
-        type_url: type_url.into(),
-        resource_names: names.iter().map(|n| n.to_string()).collect(),
-        ..Default::default()
-    });
-    ads.response(BOUND)
-        .await
-        .resources
-        .iter()
-        .map(|a| T::decode(&a.value[..]).expect("a resource"))
-        .collect()
+    let node = labelled_node(id, &[("CLUSTER_ID", "c1")], labels);
+    common::ads::fetch(mp.xds_addr, node, type_url, names).await
 }
 
 const GATEWAY_LABELS: &[(&str, &str)] = &[("gateway.networking.k8s.io/gateway-name", "web")];

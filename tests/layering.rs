@@ -11,6 +11,8 @@ const LAYERS: &[&[&str]] = &[
     &["text"],
     // Parsing and process plumbing.
     &["yaml", "kube_error", "listen", "supervise"],
+    // Envoy's API by reflection: descriptors, protobuf JSON, merge, deterministic bytes.
+    &["envoy_api"],
     // Istio's API: the kinds, their validation, mesh config.
     &["istio"],
     // The model: services, endpoint shards, config store, snapshots.

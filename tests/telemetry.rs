@@ -132,21 +132,11 @@ async fn resources<T: Message + Default + Named>(
     metadata: &[(&str, &str)],
     type_url: &str,
 ) -> BTreeMap<String, T> {
-    let mut ads = AdsClient::connect(f.mp.xds_addr).await.unwrap();
     let mut meta = vec![("CLUSTER_ID", "cluster1")];
     meta.extend_from_slice(metadata);
-    ads.request(DiscoveryRequest {
-        node: Some(labelled_node(id, &meta, &[("app", app)])),
-        type_url: type_url.into(),
-        ..Default::default()
-    });
-    ads.response(BOUND)
-        .await
-        .resources
-        .iter()
-        .map(|a| T::decode(&a.value[..]).expect("a resource"))
-        .map(|r| (r.name().to_string(), r))
-        .collect()
+    let node = labelled_node(id, &meta, &[("app", app)]);
+    let all: Vec<T> = common::ads::fetch(f.mp.xds_addr, node, type_url, &[]).await;
+    all.into_iter().map(|r| (r.name().to_string(), r)).collect()
 }
 
 /// Resources by their names.

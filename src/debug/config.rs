@@ -22,6 +22,7 @@ pub(super) fn configz(state: &DebugContext) -> Value {
     let snapshot = state.aggregate.mesh().snapshot();
     let config = &snapshot.config;
     let gateway_api = config.gateway_api();
+    let patch_failures = crate::xds::generate::envoy_filter_failures(config);
     let mut out: Vec<serde_json::Value> = config
         .accepted()
         .map(|object| {
@@ -46,6 +47,11 @@ pub(super) fn configz(state: &DebugContext) -> Value {
                 let mut status = status.clone();
                 status.check_backends(|host| snapshot.services.get(host).is_some());
                 entry["gatewayApiStatus"] = serde_json::json!(status);
+            }
+            // EnvoyFilter patches that could not apply to what meshpilot generated.
+            let failed: Vec<_> = patch_failures.iter().filter(|f| f.filter == *key).collect();
+            if !failed.is_empty() {
+                entry["patchFailures"] = serde_json::json!(failed);
             }
             entry
         })

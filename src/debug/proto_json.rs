@@ -2,29 +2,14 @@
 //! Envoy's admin and istiod print config dumps. Descriptors of Envoy's API are compiled in by
 //! build.rs and loaded on first use.
 
-use std::sync::OnceLock;
-
 use prost::{Message, Name};
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
+use prost_reflect::SerializeOptions;
 
-static ENVOY_DESCRIPTORS: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/envoy_descriptors.bin"));
-
-fn pool() -> Result<&'static DescriptorPool, String> {
-    static POOL: OnceLock<Result<DescriptorPool, String>> = OnceLock::new();
-    POOL.get_or_init(|| DescriptorPool::decode(ENVOY_DESCRIPTORS).map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(Clone::clone)
-}
+use crate::envoy_api;
 
 /// Encodes `message` as protobuf JSON.
 pub fn to_json<M: Message + Name>(message: &M) -> Result<Vec<u8>, String> {
-    let pool = pool()?;
-    let descriptor = pool
-        .get_message_by_name(&M::full_name())
-        .ok_or_else(|| format!("no descriptor for {}", M::full_name()))?;
-    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
-        .map_err(|e| e.to_string())?;
+    let dynamic = envoy_api::to_dynamic(message).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let mut serializer = serde_json::Serializer::new(&mut out);
     dynamic
@@ -68,7 +53,7 @@ mod tests {
 
     #[test]
     fn every_type_meshpilot_embeds_has_a_descriptor() {
-        let pool = pool().expect("descriptors load");
+        let pool = envoy_api::pool().expect("descriptors load");
         for name in [
             "envoy.admin.v3.ConfigDump",
             "envoy.config.cluster.v3.Cluster",

@@ -5,17 +5,20 @@
 
 pub mod destination_rule;
 pub mod duration;
+pub mod envoy_filter;
 pub mod extension_provider;
 mod fields;
 pub mod gateway;
 pub mod gateway_api;
 pub mod mesh;
+pub mod proxy_config;
 pub mod security;
 pub mod service_entry;
 pub mod sidecar;
 pub mod telemetry;
 mod validate;
 pub mod virtual_service;
+pub mod wasm_plugin;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,11 +31,13 @@ use thiserror::Error;
 use crate::text::clip;
 
 pub use destination_rule::DestinationRule;
+pub use envoy_filter::EnvoyFilter;
 pub use gateway::Gateway;
 pub use gateway_api::{
     GatewayClass, GrpcRoute, HttpRoute, KubernetesGateway, ReferenceGrant, TcpRoute, TlsRoute,
 };
 pub use mesh::MeshConfig;
+pub use proxy_config::ProxyConfig;
 pub use security::authorization::AuthorizationPolicy;
 pub use security::peer::PeerAuthentication;
 pub use security::request::RequestAuthentication;
@@ -41,6 +46,7 @@ pub use sidecar::Sidecar;
 pub use telemetry::Telemetry;
 pub use validate::ValidationError;
 pub use virtual_service::VirtualService;
+pub use wasm_plugin::WasmPlugin;
 
 /// A resource kind meshpilot stores: Istio's, and the Gateway API's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,6 +62,9 @@ pub enum ConfigKind {
     AuthorizationPolicy,
     RequestAuthentication,
     Telemetry,
+    EnvoyFilter,
+    WasmPlugin,
+    ProxyConfig,
     GatewayClass,
     /// The Gateway API's Gateway (`gateway.networking.k8s.io`), beside Istio's.
     KubernetesGateway,
@@ -72,19 +81,26 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 pub const DEFAULT_NAMESPACE: &str = "default";
 pub const SECURITY_GROUP: &str = "security.istio.io";
 pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
+pub const EXTENSIONS_GROUP: &str = "extensions.istio.io";
 /// The API groups of Istio's own kinds (whose CRDs meshpilot installs and whose objects its
 /// webhook validates).
-pub const ISTIO_GROUPS: [&str; 3] = [NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP];
-/// Every API group of the kinds meshpilot reads: Istio's and the Gateway API.
-pub const GROUPS: [&str; 4] = [
+pub const ISTIO_GROUPS: [&str; 4] = [
     NETWORKING_GROUP,
     SECURITY_GROUP,
     TELEMETRY_GROUP,
+    EXTENSIONS_GROUP,
+];
+/// Every API group of the kinds meshpilot reads: Istio's and the Gateway API.
+pub const GROUPS: [&str; 5] = [
+    NETWORKING_GROUP,
+    SECURITY_GROUP,
+    TELEMETRY_GROUP,
+    EXTENSIONS_GROUP,
     gateway_api::GROUP,
 ];
 
 impl ConfigKind {
-    pub const ALL: [ConfigKind; 18] = [
+    pub const ALL: [ConfigKind; 21] = [
         Self::ServiceEntry,
         Self::WorkloadEntry,
         Self::WorkloadGroup,
@@ -96,6 +112,9 @@ impl ConfigKind {
         Self::AuthorizationPolicy,
         Self::RequestAuthentication,
         Self::Telemetry,
+        Self::EnvoyFilter,
+        Self::WasmPlugin,
+        Self::ProxyConfig,
         Self::GatewayClass,
         Self::KubernetesGateway,
         Self::HttpRoute,
@@ -118,6 +137,9 @@ impl ConfigKind {
             Self::AuthorizationPolicy => "AuthorizationPolicy",
             Self::RequestAuthentication => "RequestAuthentication",
             Self::Telemetry => "Telemetry",
+            Self::EnvoyFilter => "EnvoyFilter",
+            Self::WasmPlugin => "WasmPlugin",
+            Self::ProxyConfig => "ProxyConfig",
             Self::GatewayClass => "GatewayClass",
             Self::KubernetesGateway => "Gateway",
             Self::HttpRoute => "HTTPRoute",
@@ -142,6 +164,9 @@ impl ConfigKind {
             Self::AuthorizationPolicy => "authorizationpolicies",
             Self::RequestAuthentication => "requestauthentications",
             Self::Telemetry => "telemetries",
+            Self::EnvoyFilter => "envoyfilters",
+            Self::WasmPlugin => "wasmplugins",
+            Self::ProxyConfig => "proxyconfigs",
             Self::GatewayClass => "gatewayclasses",
             Self::KubernetesGateway => "gateways",
             Self::HttpRoute => "httproutes",
@@ -158,6 +183,7 @@ impl ConfigKind {
                 SECURITY_GROUP
             }
             Self::Telemetry => TELEMETRY_GROUP,
+            Self::WasmPlugin => EXTENSIONS_GROUP,
             k if k.is_gateway_api() => gateway_api::GROUP,
             _ => NETWORKING_GROUP,
         }
@@ -183,6 +209,9 @@ impl ConfigKind {
             Self::TcpRoute => return &["v1alpha2"],
             Self::TlsRoute => return &["v1", "v1alpha3", "v1alpha2"],
             Self::ReferenceGrant => return &["v1", "v1beta1", "v1alpha2"],
+            Self::EnvoyFilter => return &["v1alpha3"],
+            Self::ProxyConfig => return &["v1beta1"],
+            Self::WasmPlugin => return &["v1alpha1"],
             _ => {}
         }
         match self.group() {
@@ -302,6 +331,9 @@ pub enum Spec {
     AuthorizationPolicy(AuthorizationPolicy),
     RequestAuthentication(RequestAuthentication),
     Telemetry(Telemetry),
+    EnvoyFilter(Box<EnvoyFilter>),
+    WasmPlugin(Box<WasmPlugin>),
+    ProxyConfig(ProxyConfig),
     GatewayClass(GatewayClass),
     KubernetesGateway(Box<KubernetesGateway>),
     HttpRoute(Box<HttpRoute>),
@@ -423,6 +455,15 @@ impl ConfigObject {
                 Spec::RequestAuthentication(typed(kind, spec_value).map_err(invalid)?)
             }
             ConfigKind::Telemetry => Spec::Telemetry(typed(kind, spec_value).map_err(invalid)?),
+            ConfigKind::EnvoyFilter => {
+                let mut filter: EnvoyFilter = typed(kind, spec_value).map_err(invalid)?;
+                filter.compile().map_err(invalid)?;
+                Spec::EnvoyFilter(Box::new(filter))
+            }
+            ConfigKind::WasmPlugin => {
+                Spec::WasmPlugin(Box::new(typed(kind, spec_value).map_err(invalid)?))
+            }
+            ConfigKind::ProxyConfig => Spec::ProxyConfig(typed(kind, spec_value).map_err(invalid)?),
             ConfigKind::GatewayClass => {
                 Spec::GatewayClass(typed(kind, spec_value).map_err(invalid)?)
             }
@@ -463,6 +504,10 @@ impl ConfigObject {
             Spec::AuthorizationPolicy(ap) => ap.validate(),
             Spec::RequestAuthentication(ra) => ra.validate(),
             Spec::Telemetry(t) => t.validate(),
+            // Validated as its patches were read.
+            Spec::EnvoyFilter(_) => Ok(()),
+            Spec::WasmPlugin(p) => p.validate(),
+            Spec::ProxyConfig(p) => p.validate(),
             Spec::GatewayClass(c) => c.validate(),
             Spec::KubernetesGateway(g) => g.validate(),
             Spec::HttpRoute(r) => r.validate(),

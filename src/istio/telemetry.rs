@@ -176,7 +176,9 @@ pub struct WorkloadMatch {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum WorkloadMode {
+    /// UNDEFINED matches both sides, as istiod reads it.
     #[default]
+    #[serde(alias = "UNDEFINED")]
     ClientAndServer,
     Client,
     Server,

@@ -68,6 +68,7 @@ pub struct Metrics {
     cluster_endpoints: IntGaugeVec,
     cluster_errors: IntGaugeVec,
     stale_age: IntGaugeVec,
+    envoy_filter_status: IntGaugeVec,
     xds: XdsMetrics,
     push: PushMetrics,
     ca: CaMetrics,
@@ -158,6 +159,11 @@ impl Metrics {
                 "Age of the last-known-good snapshot a remote cluster is served from until it syncs",
                 &["cluster"],
             ),
+            envoy_filter_status: gauge_vec(
+                "pilot_envoy_filter_status",
+                "1 for each EnvoyFilter patch that failed to apply (result=error)",
+                &["name", "patch", "result"],
+            ),
             xds: XdsMetrics::new(&registry),
             push: PushMetrics::new(&registry),
             ca: CaMetrics::new(&registry),
@@ -183,9 +189,21 @@ impl Metrics {
         self.ca.clone()
     }
 
-    /// Refreshes the model gauges from `clusters` and the merged service count, and renders every
-    /// metric in Prometheus' text format.
-    pub fn render(&self, clusters: &[ClusterGauges], services: usize) -> String {
+    /// Refreshes the model gauges from `clusters`, the merged service count and the EnvoyFilter
+    /// patches failing (`<namespace>/<name>` and the patch's target), and renders every metric in
+    /// Prometheus' text format.
+    pub fn render(
+        &self,
+        clusters: &[ClusterGauges],
+        services: usize,
+        failing_patches: &[(String, String)],
+    ) -> String {
+        self.envoy_filter_status.reset();
+        for (name, target) in failing_patches {
+            self.envoy_filter_status
+                .with_label_values(&[name.as_str(), target.as_str(), "error"])
+                .set(1);
+        }
         self.clusters_by_state.reset();
         self.cluster_endpoints.reset();
         self.cluster_errors.reset();

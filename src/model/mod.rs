@@ -7,6 +7,7 @@ pub mod allocation;
 mod config;
 mod credentials;
 mod endpoint;
+mod envoy_filters;
 mod jwks;
 mod networks;
 pub mod policies;
@@ -24,6 +25,7 @@ pub use credentials::{
     CredentialError, CredentialKey, Credentials, SecretMaterial, CA_SUFFIX as CREDENTIAL_CA_SUFFIX,
 };
 pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
+pub use envoy_filters::envoy_filter;
 pub use jwks::{JwksEntry, JwksTable};
 pub use networks::{
     Gateway, Gateways, MeshNetworks, NetworksError, DEFAULT_GATEWAY_PORT, LABEL_GATEWAY_PORT,

@@ -72,6 +72,8 @@ pub struct Proxy {
     /// what its spans are tagged and named with.
     pub mesh_id: String,
     pub service_cluster: String,
+    /// Its string-valued node metadata, which EnvoyFilters may match on.
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl Proxy {
@@ -164,6 +166,7 @@ impl Proxy {
             dns_capture: meta.flag("DNS_CAPTURE"),
             mesh_id: meta.string("MESH_ID").unwrap_or_default(),
             service_cluster: node.cluster.clone(),
+            metadata: meta.strings(),
         })
     }
 }
@@ -173,6 +176,16 @@ struct Metadata<'a>(Option<&'a Struct>);
 impl Metadata<'_> {
     fn get(&self, key: &str) -> Option<&Value> {
         self.0?.fields.get(key)
+    }
+
+    fn strings(&self) -> BTreeMap<String, String> {
+        let fields = self.0.iter().flat_map(|m| &m.fields);
+        fields
+            .filter_map(|(k, v)| match &v.kind {
+                Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
+                _ => None,
+            })
+            .collect()
     }
 
     fn string(&self, key: &str) -> Option<String> {

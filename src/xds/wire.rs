@@ -26,8 +26,11 @@ pub struct Resource {
 
 impl Resource {
     pub fn encode<M: Message + Name>(name: impl Into<Arc<str>>, message: &M) -> Self {
-        let value = message.encode_to_vec();
-        let type_url = M::type_url();
+        Self::from_encoded(name, &M::type_url(), message.encode_to_vec())
+    }
+
+    /// A resource of `type_url` whose message is already encoded as `value`.
+    pub fn from_encoded(name: impl Into<Arc<str>>, type_url: &str, value: Vec<u8>) -> Self {
         let mut any = BytesMut::with_capacity(value.len() + type_url.len() + 16);
         put_bytes(&mut any, 1, type_url.as_bytes());
         put_bytes(&mut any, 2, &value);

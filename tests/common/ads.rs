@@ -15,6 +15,29 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
+/// The resources of one type `node` is sent over a new stream: the ones `names` names, or every
+/// one (wildcard) when it names none; decoded.
+pub async fn fetch<T: prost::Message + Default>(
+    xds: SocketAddr,
+    node: envoy_types::pb::envoy::config::core::v3::Node,
+    type_url: &str,
+    names: &[&str],
+) -> Vec<T> {
+    let mut ads = AdsClient::connect(xds).await.expect("ADS connects");
+    ads.request(DiscoveryRequest {
+        node: Some(node),
+        type_url: type_url.into(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    });
+    ads.response(Duration::from_secs(10))
+        .await
+        .resources
+        .iter()
+        .map(|a| T::decode(&a.value[..]).expect("a resource of the type asked for"))
+        .collect()
+}
+
 /// One ADS stream seen from the proxy's side.
 pub struct AdsStream<Req, Resp> {
     requests: UnboundedSender<Req>,

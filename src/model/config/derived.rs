@@ -30,6 +30,8 @@ pub(in crate::model) struct Derived {
     pub(in crate::model) sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>>,
     /// Telemetries attached to workloads, by namespace, oldest first.
     pub(in crate::model) telemetries: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// EnvoyFilters by namespace.
+    pub(in crate::model) envoy_filters: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
     /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
     pub(in crate::model) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
 }
@@ -90,6 +92,7 @@ impl ConfigStore {
                 security: OnceLock::new(),
                 sidecars,
                 telemetries: ConfigStore::index_telemetries(sorted(ConfigKind::Telemetry)),
+                envoy_filters: self.index_envoy_filters(),
                 sidecar_scopes: Mutex::default(),
             }
         })

@@ -250,8 +250,8 @@ impl ConfigStore {
     }
 
     /// Moves whenever a DestinationRule, VirtualService, Gateway, PeerAuthentication (auto mTLS
-    /// follows DISABLE), Sidecar, Telemetry, an object of the Gateway API or the mesh config
-    /// changes: what clusters, routes, listeners and assignments depend on beyond the services.
+    /// follows DISABLE), Sidecar, Telemetry, EnvoyFilter, WasmPlugin, an object of the Gateway API
+    /// or the mesh config changes: what clusters, routes, listeners and assignments depend on beyond the services.
     pub fn rules_version(&self) -> u64 {
         let kinds = [
             ConfigKind::DestinationRule,
@@ -260,6 +260,8 @@ impl ConfigStore {
             ConfigKind::PeerAuthentication,
             ConfigKind::Sidecar,
             ConfigKind::Telemetry,
+            ConfigKind::EnvoyFilter,
+            ConfigKind::WasmPlugin,
         ];
         let gateway_api = ConfigKind::ALL.iter().filter(|k| k.is_gateway_api());
         kinds

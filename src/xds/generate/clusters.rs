@@ -58,7 +58,7 @@ pub(super) fn list(g: &Generation<'_>, needs: &ClusterNeeds) -> Arc<SharedList> 
         g.list_scope(),
         g.istio_stats().is_some(),
     ));
-    g.cache.list(ResourceType::Cluster, variant, stamp, || {
+    g.cached_list(ResourceType::Cluster, variant, stamp, || {
         let mut names = Vec::new();
         for service in g.routable_services() {
             if needs.outbound {
@@ -116,20 +116,18 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             0,
             g.config_version(),
         ];
-        return g
-            .cache
-            .get_or_build(ResourceType::Cluster, name, variant, stamp, || {
-                let sans: Vec<String> = shards
-                    .iter()
-                    .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
-                    .chain(target.service.subject_alt_names.iter().cloned())
-                    .collect();
-                Some(Resource::encode(name, &outbound(g, name, &target, &sans)))
-            });
+        return g.cached(ResourceType::Cluster, name, variant, stamp, || {
+            let sans: Vec<String> = shards
+                .iter()
+                .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
+                .chain(target.service.subject_alt_names.iter().cloned())
+                .collect();
+            Some(Resource::encode(name, &outbound(g, name, &target, &sans)))
+        });
     }
     if let Some(parsed) = parse_sni_cluster(name) {
         g.target(&parsed)?;
-        return g.cache.get_or_build(
+        return g.cached(
             ResourceType::Cluster,
             name,
             0,
@@ -147,7 +145,7 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some(stats) = exchange {
         cluster.filters.push(stats.cluster_filter());
     }
-    g.cache.get_or_build(
+    g.cached(
         ResourceType::Cluster,
         name,
         g.variant_of(&exchange.is_some()),

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::access_log::{ProxyLogs, Side};
 use super::cache::ResourceCache;
+use super::envoy_filter::ProxyPatches;
 use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STATS};
 use super::names::{self, ClusterName};
 use super::providers::report_unbuilt;
@@ -43,6 +44,7 @@ pub struct Generation<'a> {
     logs: OnceLock<ProxyLogs>,
     traces: OnceLock<ProxyTracing>,
     istio_stats: OnceLock<Option<Cow<'static, IstioStats>>>,
+    envoy_filters: OnceLock<ProxyPatches>,
 }
 
 impl<'a> Generation<'a> {
@@ -57,6 +59,7 @@ impl<'a> Generation<'a> {
             logs: OnceLock::new(),
             traces: OnceLock::new(),
             istio_stats: OnceLock::new(),
+            envoy_filters: OnceLock::new(),
         }
     }
 }
@@ -314,6 +317,12 @@ impl Generation<'_> {
         })
     }
 
+    /// The EnvoyFilter patches that apply to the proxy.
+    pub(super) fn envoy_filters(&self) -> &ProxyPatches {
+        self.envoy_filters
+            .get_or_init(|| ProxyPatches::for_proxy(self))
+    }
+
     /// The proxy's access logs (from its Telemetries, else the mesh config).
     pub(super) fn access_logs(&self) -> &ProxyLogs {
         self.logs.get_or_init(|| {
@@ -352,7 +361,7 @@ impl Generation<'_> {
         build: impl FnOnce() -> Vec<Arc<Resource>>,
     ) -> Arc<SharedList> {
         let stamp = [self.services_version(), 0, 0, self.config_version()];
-        self.cache.list(
+        self.cached_list(
             ResourceType::Listener,
             self.listener_variant(),
             stamp,

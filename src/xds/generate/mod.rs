@@ -15,6 +15,7 @@ mod clusters;
 mod common;
 mod dns;
 mod eds;
+mod envoy_filter;
 mod filters;
 mod gateway_tls;
 mod generation;
@@ -35,6 +36,7 @@ mod tracer;
 use std::sync::Arc;
 
 pub use cache::{ResourceCache, DEFAULT_CACHE_ENTRIES};
+pub use envoy_filter::{failures as envoy_filter_failures, PatchFailure};
 pub use generation::Generation;
 pub use names::{cluster_host, eds_names_for};
 
@@ -50,12 +52,14 @@ impl Generation<'_> {
             let table = self.kind().and_then(|_| dns::table(self));
             return Listing::own(table.into_iter().collect());
         }
-        match self.kind() {
+        let mut listing = match self.kind() {
             Some(ProxyKind::Sidecar) => sidecar::all(self, ty),
             Some(ProxyKind::Router) => router::all(self, ty),
             Some(ProxyKind::ProxylessGrpc) => grpc::all(self, ty),
             None => Listing::default(),
-        }
+        };
+        listing.own.extend(self.added(ty));
+        listing
     }
 
     /// The named resources that exist, in the order given.
@@ -83,10 +87,11 @@ impl Generation<'_> {
             ResourceType::NameTable => return None,
             ResourceType::Cluster | ResourceType::Listener | ResourceType::Route => {}
         }
-        match self.kind()? {
+        let built = match self.kind()? {
             ProxyKind::Sidecar => sidecar::build(self, ty, name),
             ProxyKind::Router => router::build(self, ty, name),
             ProxyKind::ProxylessGrpc => grpc::build(self, ty, name),
-        }
+        };
+        built.or_else(|| self.added(ty).into_iter().find(|r| *r.name == *name))
     }
 }

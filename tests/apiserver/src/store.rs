@@ -161,6 +161,27 @@ pub const KINDS: &[ResourceKind] = &[
         namespaced: true,
     },
     ResourceKind {
+        plural: "envoyfilters",
+        group: "networking.istio.io",
+        kind: "EnvoyFilter",
+        api_version: "networking.istio.io/v1alpha3",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "proxyconfigs",
+        group: "networking.istio.io",
+        kind: "ProxyConfig",
+        api_version: "networking.istio.io/v1beta1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "wasmplugins",
+        group: "extensions.istio.io",
+        kind: "WasmPlugin",
+        api_version: "extensions.istio.io/v1alpha1",
+        namespaced: true,
+    },
+    ResourceKind {
         plural: "deployments",
         group: "apps",
         kind: "Deployment",

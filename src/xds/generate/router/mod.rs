@@ -148,7 +148,7 @@ fn listener(
         access_log: g.access_logs().listener(Side::Gateway),
         ..Default::default()
     };
-    Some(Arc::new(Resource::encode(name, &listener)))
+    g.finish(ResourceType::Listener, Resource::encode(name, &listener))
 }
 
 /// Filter chains whose matches Envoy would reject as duplicates are left out (logged): the first
@@ -429,7 +429,7 @@ fn build_routes(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
     };
-    Some(Arc::new(Resource::encode(name, &config)))
+    g.finish(ResourceType::Route, Resource::encode(name, &config))
 }
 
 /// A host with and without a port in the Host header (wildcards as they are: Envoy allows one `*`).

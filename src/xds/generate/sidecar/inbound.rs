@@ -35,6 +35,7 @@ use crate::xds::generate::policy;
 use crate::xds::generate::routes::virtual_host;
 use crate::xds::generate::security::WorkloadSecurity;
 use crate::xds::generate::tls;
+use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
 const INBOUND_PORT: u16 = 15006;
@@ -81,9 +82,13 @@ impl Transport {
     }
 }
 
-/// `virtualInbound`, with the workload's ports: the proxy's own listener.
-pub(super) fn virtual_inbound(g: &Generation<'_>) -> Resource {
-    Resource::encode(VIRTUAL_INBOUND, &listener(g))
+/// `virtualInbound`, with the workload's ports: the proxy's own listener (patched; None when an
+/// EnvoyFilter removes it).
+pub(super) fn virtual_inbound(g: &Generation<'_>) -> Option<Arc<Resource>> {
+    g.finish(
+        ResourceType::Listener,
+        Resource::encode(VIRTUAL_INBOUND, &listener(g)),
+    )
 }
 
 fn listener(g: &Generation<'_>) -> Listener {
@@ -210,7 +215,7 @@ pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if protocol.is_http() && protocol != Protocol::Http {
         cluster.typed_extension_protocol_options = policy::http2_only();
     }
-    Some(Arc::new(Resource::encode(name, &cluster)))
+    g.finish(ResourceType::Cluster, Resource::encode(name, &cluster))
 }
 
 /// The ingress ports of the proxy's Sidecar (none without one, or one declaring none).

@@ -38,7 +38,7 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         },
         ResourceType::Listener => Listing {
             shared: Some(listeners(g)),
-            own: vec![Arc::new(inbound::virtual_inbound(g))],
+            own: inbound::virtual_inbound(g).into_iter().collect(),
         },
         ResourceType::Endpoint
         | ResourceType::Route
@@ -75,7 +75,7 @@ fn listeners(g: &Generation<'_>) -> Arc<SharedList> {
 
 fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     match name {
-        VIRTUAL_OUTBOUND => g.cache.get_or_build(
+        VIRTUAL_OUTBOUND => g.cached(
             ResourceType::Listener,
             name,
             g.variant_of(&(
@@ -91,10 +91,10 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 Some(Resource::encode(name, &listener))
             },
         ),
-        VIRTUAL_INBOUND => Some(Arc::new(inbound::virtual_inbound(g))),
+        VIRTUAL_INBOUND => inbound::virtual_inbound(g),
         _ => {
             let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
-            g.cache.get_or_build(
+            g.cached(
                 ResourceType::Listener,
                 name,
                 g.listener_variant(),

@@ -23,10 +23,10 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     // The route of a port the proxy has no listener for (a name it made up, or one its listener
     // has just gone from) is answered as istiod does, but not cached: such names are unbounded.
     if !super::has_port_listener(g, port) {
-        return Some(Arc::new(Resource::encode(
-            name,
-            &sidecar_routes(g, name, port),
-        )));
+        return g.finish(
+            ResourceType::Route,
+            Resource::encode(name, &sidecar_routes(g, name, port)),
+        );
     }
     // Routes depend on the client's labels only where a VirtualService matches on them, or a
     // DestinationRule (hash policies) selects workloads.
@@ -42,7 +42,7 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         sidecar,
         g.allocated_view(),
     ));
-    g.cache.get_or_build(
+    g.cached(
         ResourceType::Route,
         name,
         variant,
