@@ -1,7 +1,8 @@
-//! VirtualService routing with real traffic: an application behind an Istio-style captured sidecar
-//! calls a service with two versions; the sidecar splits 90/10 across subsets, routes a header to
-//! v2, injects faults, retries, and times out, as the VirtualService says. Needs root (network
-//! namespaces, iptables).
+//! A real sidecar's routing with real traffic: an application behind an Istio-style captured
+//! sidecar calls a service with two versions; the sidecar splits 90/10 across subsets, routes a
+//! header to v2, injects faults, retries, and times out, as the VirtualService says; writes access
+//! logs and spans as Telemetry says; follows a mesh HTTPRoute; runs the Lua filters EnvoyFilters
+//! add. Needs root (network namespaces, iptables).
 
 mod common;
 
@@ -106,6 +107,10 @@ struct Answer {
     status: u16,
     path: Option<String>,
     server: Option<String>,
+    /// The request headers the backend saw.
+    seen: BTreeMap<String, String>,
+    /// The response's headers.
+    headers: BTreeMap<String, String>,
     seconds: f64,
 }
 
@@ -525,6 +530,148 @@ spec:
     assert_eq!(span["service"], "test", "{span}");
     assert_eq!(span["kind"], 3, "a client span: {span}");
     assert_eq!(routed.envoy.rejected_updates().await, 0);
+}
+
+/// An EnvoyFilter adding a Lua filter before the router of every outbound connection manager:
+/// it appends `letter` to the request's `x-order` header and marks the response `x-lua-<letter>`.
+fn lua_filter(namespace: &str, name: &str, priority: i32, letter: &str) -> String {
+    format!(
+        r#"
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  priority: {priority}
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {{name: envoy.filters.http.router}}
+    patch:
+      operation: INSERT_BEFORE
+      value: {value}
+"#,
+        value = lua_value(name, letter)
+    )
+}
+
+/// A Lua HTTP filter named `name` (the value of a patch), as JSON.
+fn lua_value(name: &str, letter: &str) -> String {
+    let code = format!(
+        "function envoy_on_request(h) local v = h:headers():get('x-order') or ''; h:headers():replace('x-order', v .. '{letter}') end\n\
+         function envoy_on_response(h) h:headers():add('x-lua-{letter}', '1') end"
+    );
+    serde_json::json!({
+        "name": name,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+            "defaultSourceCode": {"inlineString": code},
+        }
+    })
+    .to_string()
+}
+
+/// `x-order` as the backend saw it on one request, once it has `len` letters.
+async fn order(client: &Netns, len: usize) -> String {
+    wait_for(&format!("{len} Lua filters on the request"), BOUND, || {
+        let answer = requests(client, "/lua", 1, &[]).remove(0);
+        let order = answer.seen.get("x-order").cloned().unwrap_or_default();
+        async move { (order.len() == len).then_some(order) }
+    })
+    .await
+}
+
+/// EnvoyFilters on a real sidecar: Lua filters inserted in priority order change real requests
+/// and responses; a REMOVE and a REPLACE of them; a cluster MERGE changing connection settings
+/// (Envoy's config dump); an invalid new version refused while the proxy keeps its last good
+/// config.
+#[tokio::test]
+async fn envoy_filters_patch_a_real_sidecar() {
+    let routed = Routed::start("mpe", CONFIG, "").await;
+    let (client, envoy) = (&routed.client, &routed.envoy);
+    let config = routed.dir.path().join("config");
+
+    // The namespace's filter (priority -1) is placed before the root namespace's (0).
+    let filters = [
+        lua_filter("istio-system", "root-lua", 0, "r"),
+        lua_filter("default", "ns-lua", -1, "n"),
+    ];
+    write_atomic(&config.join("lua.yaml"), &filters.join("---"));
+    assert_eq!(order(client, 2).await, "nr");
+    let answer = requests(client, "/lua", 1, &[]).remove(0);
+    assert_eq!(answer.headers.get("x-lua-r").map(String::as_str), Some("1"));
+    assert_eq!(answer.status, 200);
+
+    // A later EnvoyFilter removes the namespace's Lua filter and replaces the root's.
+    let edits = format!(
+        r#"
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: edits, namespace: default}}
+spec:
+  priority: 10
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener: {{filterChain: {{filter: {{name: envoy.filters.network.http_connection_manager, subFilter: {{name: ns-lua}}}}}}}}
+    patch: {{operation: REMOVE}}
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener: {{filterChain: {{filter: {{name: envoy.filters.network.http_connection_manager, subFilter: {{name: root-lua}}}}}}}}
+    patch: {{operation: REPLACE, value: {replacement}}}
+  - applyTo: CLUSTER
+    match: {{context: SIDECAR_OUTBOUND, cluster: {{service: {HOST}, portNumber: 8080, subset: v1}}}}
+    patch:
+      operation: MERGE
+      value: {{per_connection_buffer_limit_bytes: 32768, circuit_breakers: {{thresholds: [{{max_connections: 7}}]}}}}
+"#,
+        replacement = lua_value("root-lua", "z")
+    );
+    write_atomic(&config.join("edits.yaml"), &edits);
+    assert_eq!(order(client, 1).await, "z");
+
+    let v1 = format!("outbound|8080|v1|{HOST}");
+    let cluster = wait_for("the merged cluster in Envoy", BOUND, || async {
+        let dump: serde_json::Value =
+            serde_json::from_str(&envoy.get("/config_dump?resource=dynamic_active_clusters").await)
+                .ok()?;
+        let cluster = dump["configs"]
+            .as_array()?
+            .iter()
+            .map(|c| &c["cluster"])
+            .find(|c| c["name"] == v1.as_str())?
+            .clone();
+        (cluster["per_connection_buffer_limit_bytes"] == 32768).then_some(cluster)
+    })
+    .await;
+    let thresholds = cluster["circuit_breakers"]["thresholds"].as_array().unwrap();
+    assert!(
+        thresholds.iter().any(|t| t["max_connections"] == 7),
+        "{cluster}"
+    );
+
+    // A misspelt field in a new version is refused: the last good version stays in force.
+    write_atomic(
+        &config.join("edits.yaml"),
+        &edits.replace("per_connection_buffer_limit_bytes", "per_connection_buffer_limits"),
+    );
+    wait_for("the refusal", BOUND, || async {
+        let configz = get_json(routed.mp.http_addr, "/debug/configz").await;
+        configz.as_array()?.iter().find_map(|o| {
+            let refused = o["status"] == "refused"
+                && o["error"].as_str()?.contains("per_connection_buffer_limits");
+            refused.then_some(())
+        })
+    })
+    .await;
+    assert_eq!(requests(client, "/lua", 1, &[])[0].seen["x-order"], "z");
+    assert_eq!(envoy.rejected_updates().await, 0);
 }
 
 /// GAMMA: an HTTPRoute whose parent is the reviews Service, applied at the client's sidecar.

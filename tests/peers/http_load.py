@@ -1,7 +1,7 @@
 """A client application for traffic tests: sends COUNT GETs for PATH to ADDRESS (host:port) with
 the Host header HOST over one keep-alive connection (reopened if the server closes it) and prints a
-JSON line per response: status, the backend that answered and the path it was asked for (from the
-echo peer's body) and the time taken.
+JSON line per response: status, the backend that answered, the path and request headers it saw (from
+the echo peer's body), the response's headers and the time taken.
 
   http_load.py ADDRESS HOST PATH COUNT [HEADER:VALUE ...]
 """
@@ -28,11 +28,12 @@ def main():
             response = conn.getresponse()
             body = response.read()
             status = response.status
+            received = {k.lower(): v for k, v in response.getheaders()}
             if response.getheader("connection", "").lower() == "close":
                 conn.close()
                 conn = None
         except (OSError, http.client.HTTPException) as error:
-            status, body = 0, str(error).encode()
+            status, body, received = 0, str(error).encode(), {}
             if conn is not None:
                 conn.close()
             conn = None
@@ -41,6 +42,7 @@ def main():
         except ValueError:
             echoed = {}
         print(json.dumps({"status": status, "server": echoed.get("server"), "path": echoed.get("path"),
+                          "seen": echoed.get("headers", {}), "headers": received,
                           "seconds": round(time.monotonic() - started, 3)}), flush=True)
 
 
