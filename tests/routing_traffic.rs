@@ -638,9 +638,12 @@ spec:
 
     let v1 = format!("outbound|8080|v1|{HOST}");
     let cluster = wait_for("the merged cluster in Envoy", BOUND, || async {
-        let dump: serde_json::Value =
-            serde_json::from_str(&envoy.get("/config_dump?resource=dynamic_active_clusters").await)
-                .ok()?;
+        let dump: serde_json::Value = serde_json::from_str(
+            &envoy
+                .get("/config_dump?resource=dynamic_active_clusters")
+                .await,
+        )
+        .ok()?;
         let cluster = dump["configs"]
             .as_array()?
             .iter()
@@ -650,7 +653,9 @@ spec:
         (cluster["per_connection_buffer_limit_bytes"] == 32768).then_some(cluster)
     })
     .await;
-    let thresholds = cluster["circuit_breakers"]["thresholds"].as_array().unwrap();
+    let thresholds = cluster["circuit_breakers"]["thresholds"]
+        .as_array()
+        .unwrap();
     assert!(
         thresholds.iter().any(|t| t["max_connections"] == 7),
         "{cluster}"
@@ -659,19 +664,89 @@ spec:
     // A misspelt field in a new version is refused: the last good version stays in force.
     write_atomic(
         &config.join("edits.yaml"),
-        &edits.replace("per_connection_buffer_limit_bytes", "per_connection_buffer_limits"),
+        &edits.replace(
+            "per_connection_buffer_limit_bytes",
+            "per_connection_buffer_limits",
+        ),
     );
     wait_for("the refusal", BOUND, || async {
         let configz = get_json(routed.mp.http_addr, "/debug/configz").await;
         configz.as_array()?.iter().find_map(|o| {
             let refused = o["status"] == "refused"
-                && o["error"].as_str()?.contains("per_connection_buffer_limits");
+                && o["error"]
+                    .as_str()?
+                    .contains("per_connection_buffer_limits");
             refused.then_some(())
         })
     })
     .await;
     assert_eq!(requests(client, "/lua", 1, &[])[0].seen["x-order"], "z");
     assert_eq!(envoy.rejected_updates().await, 0);
+}
+
+/// A proxy-wasm filter (ABI 0.2.1): marks each request and response `x-wasm: ran`.
+const HEADERS_WAT: &str = r#"
+(module
+  (import "env" "proxy_add_header_map_value"
+    (func $add (param i32 i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (data (i32.const 16) "x-wasm")
+  (data (i32.const 32) "ran")
+  (global $heap (mut i32) (i32.const 1024))
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "proxy_on_memory_allocate") (param $size i32) (result i32)
+    (local $at i32)
+    (local.set $at (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $size)))
+    (local.get $at))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  ;; Header maps: 0 the request's, 2 the response's; 0 is Continue.
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+    (drop (call $add (i32.const 0) (i32.const 16) (i32.const 6) (i32.const 32) (i32.const 3)))
+    (i32.const 0))
+  (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32)
+    (drop (call $add (i32.const 2) (i32.const 16) (i32.const 6) (i32.const 32) (i32.const 3)))
+    (i32.const 0))
+  (func (export "proxy_on_done") (param i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_log") (param i32))
+  (func (export "proxy_on_delete") (param i32)))
+"#;
+
+/// A WasmPlugin run by a real sidecar: its filter's config discovered over ECDS, its module (a
+/// local file, which Envoy loads without Istio's agent) changing real requests and responses.
+#[tokio::test]
+async fn a_wasm_plugin_runs_in_a_real_sidecar() {
+    let routed = Routed::start("mpw", CONFIG, "").await;
+    let module = routed.dir.path().join("headers.wasm");
+    std::fs::write(
+        &module,
+        wat::parse_str(HEADERS_WAT).expect("the module assembles"),
+    )
+    .unwrap();
+    let plugin = format!(
+        "
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {{name: headers, namespace: default}}
+spec:
+  url: file://{}
+  match: [{{mode: CLIENT}}]
+",
+        module.display()
+    );
+    write_atomic(&routed.dir.path().join("config/plugin.yaml"), &plugin);
+    let client = &routed.client;
+    let answer = wait_for("the plugin on a request", BOUND, || {
+        let answer = requests(client, "/wasm", 1, &[]).remove(0);
+        async move { answer.headers.contains_key("x-wasm").then_some(answer) }
+    })
+    .await;
+    assert_eq!(answer.headers["x-wasm"], "ran");
+    assert_eq!(answer.seen.get("x-wasm").map(String::as_str), Some("ran"));
+    assert_eq!(answer.status, 200);
+    assert_eq!(routed.envoy.rejected_updates().await, 0);
 }
 
 /// GAMMA: an HTTPRoute whose parent is the reviews Service, applied at the client's sidecar.

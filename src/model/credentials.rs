@@ -1,5 +1,6 @@
 //! Gateway credentials: the TLS material of Secrets, per cluster, that gateways name by
-//! `credentialName` and receive over SDS (`kubernetes://<name>`, `kubernetes://<name>-cacert`).
+//! `credentialName` and receive over SDS (`kubernetes://<name>`, `kubernetes://<name>-cacert`);
+//! and the registry credentials (`kubernetes.io/dockerconfigjson`) WasmPlugins pull modules with.
 //!
 //! Lookups follow istiod: the proxy's own cluster first, then the cluster meshpilot runs in; a CA
 //! comes from a `<name>-cacert` Secret, else from the `<name>` Secret's CA key.
@@ -21,6 +22,8 @@ pub struct SecretMaterial {
     pub certificate: Option<(Bytes, Bytes)>,
     /// CA bundle: generic `cacert`, else `ca.crt`.
     pub ca: Option<Bytes>,
+    /// A `kubernetes.io/dockerconfigjson` Secret's `.dockerconfigjson`.
+    pub docker_config: Option<Bytes>,
 }
 
 impl fmt::Debug for SecretMaterial {
@@ -29,6 +32,7 @@ impl fmt::Debug for SecretMaterial {
         f.debug_struct("SecretMaterial")
             .field("certificate", &self.certificate.is_some())
             .field("ca", &self.ca.is_some())
+            .field("docker_config", &self.docker_config.is_some())
             .finish()
     }
 }
@@ -159,6 +163,17 @@ impl Credentials {
             })
     }
 
+    /// The registry credentials of Secret `name` (a `kubernetes.io/dockerconfigjson` one), searched
+    /// in `clusters` in order.
+    pub fn docker_config(
+        &self,
+        clusters: &[&ClusterId],
+        namespace: &str,
+        name: &str,
+    ) -> Option<Bytes> {
+        self.find(clusters, namespace, name)?.docker_config.clone()
+    }
+
     /// The CA bundle for SDS name `<base>-cacert`: Secret `<base>-cacert`, else Secret `<base>`.
     pub fn ca(
         &self,
@@ -209,6 +224,7 @@ mod tests {
         Some(Arc::new(SecretMaterial {
             certificate: cert.map(|c| (Bytes::from(c.to_string()), Bytes::from("key"))),
             ca: ca.map(|c| Bytes::from(c.to_string())),
+            docker_config: None,
         }))
     }
 

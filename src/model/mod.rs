@@ -17,6 +17,7 @@ mod services;
 mod shards;
 mod sidecar_scope;
 mod telemetry;
+mod wasm_plugins;
 
 pub use allocation::Allocations;
 pub use config::gateway_api;
@@ -41,6 +42,7 @@ pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
 pub use telemetry::{
     ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,
 };
+pub use wasm_plugins::wasm_plugin;
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -417,7 +417,10 @@ pub fn node(node: &core::Node) -> Result<Object, TrimError> {
 pub const UNWATCHED_SECRET_TYPES: [&str; 2] =
     ["helm.sh/release.v1", "kubernetes.io/service-account-token"];
 
-/// Keeps only the keys istiod serves to gateways (`stringData`, as written in files, overrides
+/// The Secret type of registry credentials (WasmPlugin `imagePullSecret`).
+const DOCKER_CONFIG_TYPE: &str = "kubernetes.io/dockerconfigjson";
+
+/// Keeps only the keys istiod serves to gateways (and WasmPlugins' registry credentials) (`stringData`, as written in files, overrides
 /// `data`, as the API server merges them).
 pub fn secret(secret: &core::Secret) -> Result<Object, TrimError> {
     let (namespace, name) = namespaced(Kind::Secret, &secret.metadata)?;
@@ -430,11 +433,14 @@ pub fn secret(secret: &core::Secret) -> Result<Object, TrimError> {
         (!bytes.is_empty()).then_some(bytes)
     };
     let pair = |cert: &str, key: &str| Some((value(cert)?, value(key)?));
+    let docker = secret.type_.as_deref() == Some(DOCKER_CONFIG_TYPE);
     let material = SecretMaterial {
         certificate: pair("cert", "key").or_else(|| pair("tls.crt", "tls.key")),
         ca: value("cacert").or_else(|| value("ca.crt")),
+        docker_config: docker.then(|| value(".dockerconfigjson")).flatten(),
     };
-    let useful = material.certificate.is_some() || material.ca.is_some();
+    let useful =
+        material.certificate.is_some() || material.ca.is_some() || material.docker_config.is_some();
     Ok(Object::Secret(SecretObj {
         name,
         namespace,

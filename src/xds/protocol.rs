@@ -21,6 +21,9 @@ pub const SECRET_TYPE: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 /// Istio's DNS name table, asked for by agents that capture DNS.
 pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+/// Extension configs (ECDS): the filter configs listeners discover by name (WasmPlugins).
+pub const EXTENSION_CONFIG_TYPE: &str =
+    "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum ResourceType {
@@ -36,16 +39,19 @@ pub enum ResourceType {
     Secret,
     #[serde(rename = "nds")]
     NameTable,
+    #[serde(rename = "ecds")]
+    ExtensionConfig,
 }
 
 impl ResourceType {
-    pub const ALL: [ResourceType; 6] = [
+    pub const ALL: [ResourceType; 7] = [
         Self::Cluster,
         Self::Endpoint,
         Self::Listener,
         Self::Route,
         Self::Secret,
         Self::NameTable,
+        Self::ExtensionConfig,
     ];
 
     pub fn from_url(url: &str) -> Option<Self> {
@@ -56,6 +62,7 @@ impl ResourceType {
             ROUTE_TYPE => Self::Route,
             SECRET_TYPE => Self::Secret,
             NAME_TABLE_TYPE => Self::NameTable,
+            EXTENSION_CONFIG_TYPE => Self::ExtensionConfig,
             _ => return None,
         })
     }
@@ -68,6 +75,7 @@ impl ResourceType {
             Self::Route => ROUTE_TYPE,
             Self::Secret => SECRET_TYPE,
             Self::NameTable => NAME_TABLE_TYPE,
+            Self::ExtensionConfig => EXTENSION_CONFIG_TYPE,
         }
     }
 
@@ -84,6 +92,7 @@ impl ResourceType {
             Self::Route => "rds",
             Self::Secret => "sds",
             Self::NameTable => "nds",
+            Self::ExtensionConfig => "ecds",
         }
     }
 

@@ -201,7 +201,16 @@ pub fn plan(
     // The agent asks for NDS alone (Envoy never does); it follows the listeners.
     let names = (request.names && watched.contains(&ResourceType::NameTable))
         .then_some((ResourceType::NameTable, Scope::All));
-    planned.chain(names).chain(secrets).collect()
+    // Extension configs follow the config (and a Wasm module's pull secret), after the listeners
+    // that name them.
+    let extensions = ((request.full || request.secrets)
+        && watched.contains(&ResourceType::ExtensionConfig))
+    .then_some((ResourceType::ExtensionConfig, Scope::All));
+    planned
+        .chain(extensions)
+        .chain(names)
+        .chain(secrets)
+        .collect()
 }
 
 #[cfg(test)]

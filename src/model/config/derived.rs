@@ -32,6 +32,8 @@ pub(in crate::model) struct Derived {
     pub(in crate::model) telemetries: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
     /// EnvoyFilters by namespace.
     pub(in crate::model) envoy_filters: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// WasmPlugins by namespace, oldest first.
+    pub(in crate::model) wasm_plugins: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
     /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
     pub(in crate::model) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
 }
@@ -93,6 +95,7 @@ impl ConfigStore {
                 sidecars,
                 telemetries: ConfigStore::index_telemetries(sorted(ConfigKind::Telemetry)),
                 envoy_filters: self.index_envoy_filters(),
+                wasm_plugins: ConfigStore::index_wasm_plugins(sorted(ConfigKind::WasmPlugin)),
                 sidecar_scopes: Mutex::default(),
             }
         })

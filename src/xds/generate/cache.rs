@@ -226,6 +226,7 @@ fn off_worker<R>(work: impl FnOnce() -> R) -> R {
 /// so only same-length encodings are decoded and compared.
 fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use envoy_types::pb::envoy::config::listener::v3::Listener;
     use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -254,6 +255,7 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
         ResourceType::Route => equal::<RouteConfiguration>(&a.any, &b.any),
         ResourceType::Secret => equal::<Secret>(&a.any, &b.any),
         ResourceType::NameTable => equal::<crate::xds::name_table::NameTable>(&a.any, &b.any),
+        ResourceType::ExtensionConfig => equal::<TypedExtensionConfig>(&a.any, &b.any),
     }
 }
 

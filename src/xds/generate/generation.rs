@@ -15,6 +15,7 @@ use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STAT
 use super::names::{self, ClusterName};
 use super::providers::report_unbuilt;
 use super::tracer::{ProxyTracing, TracingInputs};
+use super::wasm::ProxyPlugins;
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigKey, MeshConfig};
@@ -45,6 +46,7 @@ pub struct Generation<'a> {
     traces: OnceLock<ProxyTracing>,
     istio_stats: OnceLock<Option<Cow<'static, IstioStats>>>,
     envoy_filters: OnceLock<ProxyPatches>,
+    wasm_plugins: OnceLock<ProxyPlugins>,
 }
 
 impl<'a> Generation<'a> {
@@ -60,6 +62,7 @@ impl<'a> Generation<'a> {
             traces: OnceLock::new(),
             istio_stats: OnceLock::new(),
             envoy_filters: OnceLock::new(),
+            wasm_plugins: OnceLock::new(),
         }
     }
 }
@@ -242,6 +245,7 @@ impl Generation<'_> {
             self.telemetry(),
             self.istio_stats().is_some(),
             self.tracing_variant(),
+            self.wasm_plugins(),
         ))
     }
 
@@ -321,6 +325,12 @@ impl Generation<'_> {
     pub(super) fn envoy_filters(&self) -> &ProxyPatches {
         self.envoy_filters
             .get_or_init(|| ProxyPatches::for_proxy(self))
+    }
+
+    /// The WasmPlugins that apply to the proxy.
+    pub(super) fn wasm_plugins(&self) -> &ProxyPlugins {
+        self.wasm_plugins
+            .get_or_init(|| ProxyPlugins::for_proxy(self))
     }
 
     /// The proxy's access logs (from its Telemetries, else the mesh config).

@@ -41,7 +41,8 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         ResourceType::Endpoint
         | ResourceType::Route
         | ResourceType::Secret
-        | ResourceType::NameTable => Listing::default(),
+        | ResourceType::NameTable
+        | ResourceType::ExtensionConfig => Listing::default(),
     }
 }
 
@@ -59,7 +60,10 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
                 || Some(Resource::encode(name, &route_config(name, host, port))),
             )
         }
-        ResourceType::Endpoint | ResourceType::Secret | ResourceType::NameTable => None,
+        ResourceType::Endpoint
+        | ResourceType::Secret
+        | ResourceType::NameTable
+        | ResourceType::ExtensionConfig => None,
     }
 }
 

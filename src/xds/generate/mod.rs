@@ -32,6 +32,7 @@ pub mod security;
 mod sidecar;
 pub mod tls;
 mod tracer;
+mod wasm;
 
 use std::sync::Arc;
 
@@ -85,6 +86,9 @@ impl Generation<'_> {
             ResourceType::Secret => return sds::build(self, name),
             // One unnamed table: a name asks for nothing that exists.
             ResourceType::NameTable => return None,
+            ResourceType::ExtensionConfig => {
+                return wasm::build(self, name).or_else(|| self.added_extension(name))
+            }
             ResourceType::Cluster | ResourceType::Listener | ResourceType::Route => {}
         }
         let built = match self.kind()? {

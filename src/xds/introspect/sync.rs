@@ -43,6 +43,7 @@ fn sync_prefix(ty: ResourceType) -> Option<&'static str> {
         ResourceType::Listener => Some("listener"),
         ResourceType::Route => Some("route"),
         ResourceType::Endpoint => Some("endpoint"),
+        ResourceType::ExtensionConfig => Some("extensionconfig"),
         ResourceType::Secret | ResourceType::NameTable => None,
     }
 }

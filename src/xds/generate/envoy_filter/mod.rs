@@ -22,6 +22,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use prost::{Message, Name};
@@ -320,6 +321,20 @@ impl Generation<'_> {
             }
         }
         by_name.into_values().map(Arc::new).collect()
+    }
+}
+
+impl Generation<'_> {
+    /// An extension config an EnvoyFilter ADDs (EXTENSION_CONFIG patches name theirs; they
+    /// match every proxy they select, whatever their context).
+    pub(super) fn added_extension(&self, name: &str) -> Option<Arc<Resource>> {
+        let patches = self.envoy_filters();
+        patches
+            .of(ApplyTo::ExtensionConfig)
+            .filter(|p| p.operation() == Operation::Add)
+            .filter_map(|p| p.typed::<TypedExtensionConfig>())
+            .find(|c| c.name == name)
+            .map(|c| Arc::new(encode(name.to_string(), &c)))
     }
 }
 

@@ -40,6 +40,7 @@ use super::istio_stats::tcp_chain;
 use super::names::{parse_port, port_listener_name};
 use super::routes::{answering_all, cluster_for, http_routes, RouteContext};
 use super::security::WorkloadSecurity;
+use super::wasm::ListenerClass;
 use crate::istio::gateway::ServerTlsMode;
 use crate::istio::virtual_service::RouteDestination;
 use crate::model::Resolution;
@@ -59,7 +60,8 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         ResourceType::Endpoint
         | ResourceType::Route
         | ResourceType::Secret
-        | ResourceType::NameTable => Listing::default(),
+        | ResourceType::NameTable
+        | ResourceType::ExtensionConfig => Listing::default(),
     }
 }
 
@@ -68,7 +70,10 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Cluster => clusters::build(g, name),
         ResourceType::Listener => build_listener(g, name),
         ResourceType::Route => build_routes(g, name),
-        ResourceType::Endpoint | ResourceType::Secret | ResourceType::NameTable => None,
+        ResourceType::Endpoint
+        | ResourceType::Secret
+        | ResourceType::NameTable
+        | ResourceType::ExtensionConfig => None,
     }
 }
 
@@ -202,13 +207,17 @@ impl Chains {
 fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -> Vec<FilterChain> {
     let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
     let mut chains = Chains::default();
+    let plugins = g.wasm_plugins();
     for ps in servers {
         let name = format!("{listener}-{}", ps.server.port.name);
         let mode = ps.mode();
+        let port = ps.number();
         if let Some(route) = ps.route_name() {
+            let mut filters = plugins.network(ListenerClass::Gateway, port).all();
+            filters.push(http_filter(g, &route, port, &security));
             let chain = FilterChain {
                 name,
-                filters: vec![http_filter(g, &route, &security)],
+                filters,
                 ..Default::default()
             };
             match ps.is_plain_http() {
@@ -255,7 +264,8 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                 let Some(mut filters) = tcp_route(g, ps) else {
                     continue;
                 };
-                filters.splice(0..0, security.network_filters().iter().cloned());
+                let wasm = plugins.network(ListenerClass::Gateway, port);
+                filters.splice(0..0, security.network_filters(wasm));
                 let socket = ps
                     .server
                     .tls
@@ -273,7 +283,8 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                 let Some(mut filters) = tcp_route(g, ps) else {
                     continue;
                 };
-                filters.splice(0..0, security.network_filters().iter().cloned());
+                let wasm = plugins.network(ListenerClass::Gateway, port);
+                filters.splice(0..0, security.network_filters(wasm));
                 chains.plaintext(FilterChain {
                     name,
                     filters,
@@ -285,13 +296,13 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
     chains.chains
 }
 
-/// The connection manager of an HTTP server: the workload's security filters, then the
-/// VirtualService filters and the router.
-fn http_filter(g: &Generation<'_>, route: &str, security: &WorkloadSecurity) -> Filter {
+/// The connection manager of an HTTP server: the workload's security filters and WasmPlugins,
+/// then the VirtualService filters and the router.
+fn http_filter(g: &Generation<'_>, route: &str, port: u16, security: &WorkloadSecurity) -> Filter {
     let mut hcm = outbound_hcm(route, rds(route), g.access_logs().of(Side::Gateway));
     g.tracing().of(Side::Gateway).apply(&mut hcm);
-    hcm.http_filters
-        .splice(0..0, security.http_filters().iter().cloned());
+    let wasm = g.wasm_plugins().http(ListenerClass::Gateway, port);
+    hcm.http_filters.splice(0..0, security.http_filters(wasm));
     hcm_filter(hcm, g.stats(Side::Gateway))
 }
 

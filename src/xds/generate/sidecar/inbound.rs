@@ -35,6 +35,7 @@ use crate::xds::generate::policy;
 use crate::xds::generate::routes::virtual_host;
 use crate::xds::generate::security::WorkloadSecurity;
 use crate::xds::generate::tls;
+use crate::xds::generate::wasm::{ListenerClass, Phased};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
@@ -99,9 +100,19 @@ fn listener(g: &Generation<'_>) -> Listener {
     for (port, protocol) in ports(g) {
         let cluster = inbound_cluster(port);
         for transport in transports(security.mtls.for_port(port)) {
+            let wasm = g.wasm_plugins().network(ListenerClass::Inbound, port);
             let filters = match protocol.is_http() {
-                true => vec![http_filter(g, port, &cluster, &security)],
-                false => with_network(&security, stats, tcp_proxy_filter(&cluster, &cluster, logs)),
+                true => {
+                    let mut filters = wasm.all();
+                    filters.push(http_filter(g, port, &cluster, &security));
+                    filters
+                }
+                false => with_network(
+                    &security,
+                    wasm,
+                    stats,
+                    tcp_proxy_filter(&cluster, &cluster, logs),
+                ),
             };
             filter_chains.push(FilterChain {
                 name: format!("{cluster}{}", transport.name()),
@@ -131,6 +142,7 @@ fn listener(g: &Generation<'_>) -> Listener {
         }),
         filters: with_network(
             &security,
+            Phased::default(),
             stats,
             tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH, logs),
         ),
@@ -154,13 +166,15 @@ fn listener(g: &Generation<'_>) -> Listener {
     }
 }
 
-/// The workload's network filters, then `last`, with Istio's stats filters around them.
+/// The workload's network filters and WasmPlugins, then `last`, with Istio's stats filters
+/// around them.
 fn with_network(
     security: &WorkloadSecurity,
+    wasm: Phased<Filter>,
     stats: Option<&SideStats>,
     last: Filter,
 ) -> Vec<Filter> {
-    tcp_chain(stats, security.network_filters().to_vec(), last)
+    tcp_chain(stats, security.network_filters(wasm), last)
 }
 
 fn http_filter(
@@ -176,8 +190,8 @@ fn http_filter(
         g.access_logs().of(Side::SidecarInbound),
     );
     g.tracing().of(Side::SidecarInbound).apply(&mut hcm);
-    hcm.http_filters
-        .splice(0..0, security.http_filters().iter().cloned());
+    let wasm = g.wasm_plugins().http(ListenerClass::Inbound, port);
+    hcm.http_filters.splice(0..0, security.http_filters(wasm));
     // The application learns the caller's verified identity, as with Istio (XFCC).
     hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
     hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {

@@ -43,7 +43,8 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         ResourceType::Endpoint
         | ResourceType::Route
         | ResourceType::Secret
-        | ResourceType::NameTable => Listing::default(),
+        | ResourceType::NameTable
+        | ResourceType::ExtensionConfig => Listing::default(),
     }
 }
 
@@ -52,7 +53,10 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Cluster => clusters::build(g, name).or_else(|| inbound::cluster(g, name)),
         ResourceType::Listener => listener(g, name),
         ResourceType::Route => route_config::build(g, name),
-        ResourceType::Endpoint | ResourceType::Secret | ResourceType::NameTable => None,
+        ResourceType::Endpoint
+        | ResourceType::Secret
+        | ResourceType::NameTable
+        | ResourceType::ExtensionConfig => None,
     }
 }
 

@@ -22,6 +22,7 @@ use crate::xds::generate::generation::Generation;
 use crate::xds::generate::istio_stats::tcp_chain;
 use crate::xds::generate::names::{outbound_cluster, VIRTUAL_OUTBOUND};
 use crate::xds::generate::routes::{cluster_for, RouteContext};
+use crate::xds::generate::wasm::ListenerClass;
 
 const OUTBOUND_PORT: u16 = 15001;
 
@@ -92,16 +93,23 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
             }),
             filters: tcp_chain(
                 g.stats(Side::SidecarOutbound),
-                Vec::new(),
+                g.wasm_plugins()
+                    .network(ListenerClass::Outbound, port)
+                    .all(),
                 tcp_route(g, service, port, &cluster),
             ),
             ..Default::default()
         });
     }
     let default_chain = if has_http {
+        let mut filters = g
+            .wasm_plugins()
+            .network(ListenerClass::Outbound, port)
+            .all();
+        filters.push(http_filter(g, name, port));
         FilterChain {
             name: format!("{name}-http"),
-            filters: vec![http_filter(g, name, port)],
+            filters,
             ..Default::default()
         }
     } else {
@@ -140,6 +148,8 @@ fn http_filter(g: &Generation<'_>, name: &str, port: u16) -> Filter {
         g.access_logs().of(side),
     );
     g.tracing().of(side).apply(&mut hcm);
+    let wasm = g.wasm_plugins().http(ListenerClass::Outbound, port).all();
+    hcm.http_filters.splice(0..0, wasm);
     hcm_filter(hcm, g.stats(side))
 }
 
