@@ -43,7 +43,16 @@ struct Webhook {
 
 impl Webhook {
     async fn start() -> Self {
+        Self::start_with_config("").await
+    }
+
+    /// With `config` (Istio objects) among the config files.
+    async fn start_with_config(config: &str) -> Self {
         let dir = copy_tree(Path::new(EXAMPLE));
+        if !config.is_empty() {
+            std::fs::create_dir_all(dir.path().join("config")).unwrap();
+            std::fs::write(dir.path().join("config/injection.yaml"), config).unwrap();
+        }
         let mp = start_meshpilot(dir.path(), FLAGS).await;
         Self { mp, _dir: dir }
     }
@@ -367,13 +376,22 @@ async fn an_invalid_istio_object_is_refused_with_the_stores_message() {
         hook.review("/validate", "v1", &valid).await["allowed"],
         true
     );
-    // A kind meshpilot does not read is not its to refuse.
-    let other = json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+    // A kind meshpilot does not read (a newer Istio's) is not its to refuse.
+    let other = json!({"apiVersion": "extensions.istio.io/v1alpha1", "kind": "TrafficExtension",
                        "metadata": {"name": "t", "namespace": "shop"}, "spec": {"x": 1}});
     assert_eq!(
         hook.review("/validate", "v1", &other).await["allowed"],
         true
     );
+    // An EnvoyFilter whose patch value Envoy's API does not have is refused, naming the field.
+    let filter = json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+                        "metadata": {"name": "t", "namespace": "shop"},
+                        "spec": {"configPatches": [{"applyTo": "CLUSTER",
+                                 "patch": {"operation": "MERGE", "value": {"conect_timeout": "1s"}}}]}});
+    let response = hook.review("/validate", "v1", &filter).await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("conect_timeout"), "{message}");
     // A misspelt field is refused as Istio's schema refuses it.
     let misspelt = json!({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
                           "metadata": {"name": "t", "namespace": "shop"},
@@ -382,4 +400,78 @@ async fn an_invalid_istio_object_is_refused_with_the_stores_message() {
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("did you mean accessLogging?"), "{message}");
+}
+
+/// ProxyConfigs of the root namespace, a namespace and a workload, with a pod's
+/// `proxy.istio.io/config` between the namespace's and the workload's (istiod's precedence).
+const PROXY_CONFIGS: &str = "
+apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
+metadata: {name: mesh, namespace: istio-system}
+spec: {concurrency: 1, environmentVariables: {LEVEL: root, ROOT_ONLY: 'yes'}}
+---
+apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
+metadata: {name: shop, namespace: shop}
+spec: {concurrency: 2, environmentVariables: {LEVEL: namespace}, image: {imageType: debug}}
+---
+apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
+metadata: {name: reviews, namespace: shop}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  concurrency: 4
+  image: {imageType: distroless}
+";
+
+#[tokio::test]
+async fn proxy_configs_apply_in_istiods_precedence() {
+    let hook = Webhook::start_with_config(PROXY_CONFIGS).await;
+    let proxy_config = |pod: &Value| -> Value {
+        let proxy = container(pod, "containers", "istio-proxy");
+        serde_json::from_str(env(proxy, "PROXY_CONFIG").as_str().unwrap()).unwrap()
+    };
+    let image = |pod: &Value| {
+        container(pod, "containers", "istio-proxy")["image"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    // The workload's ProxyConfig outranks the pod's annotation, which outranks the namespace's;
+    // environment variables merge by name.
+    let reviews: Value = serde_json::from_str(POD).unwrap();
+    let injected = hook.inject("/inject", &reviews).await;
+    let config = proxy_config(&injected);
+    assert_eq!(config["concurrency"], 4, "{config}");
+    let metadata = &config["proxyMetadata"];
+    assert_eq!(metadata["LEVEL"], "namespace", "{config}");
+    assert_eq!(metadata["ROOT_ONLY"], "yes", "{config}");
+    assert_eq!(metadata["ISTIO_META_DNS_CAPTURE"], "true", "{config}");
+    let proxy = container(&injected, "containers", "istio-proxy");
+    assert_eq!(env(proxy, "LEVEL"), "namespace");
+    assert!(
+        image(&injected).ends_with("-distroless"),
+        "{}",
+        image(&injected)
+    );
+
+    // Another workload of the namespace: its annotation over the namespace's.
+    let mut ratings = reviews.clone();
+    ratings["metadata"]["name"] = json!("ratings-v1-5b4c-x1");
+    ratings["metadata"]["labels"] = json!({"app": "ratings"});
+    ratings["metadata"]["annotations"] = json!({"proxy.istio.io/config": "concurrency: 3"});
+    let injected = hook.inject("/inject", &ratings).await;
+    assert_eq!(proxy_config(&injected)["concurrency"], 3);
+    assert!(image(&injected).ends_with("-debug"), "{}", image(&injected));
+
+    // Another namespace: the root namespace's alone; the plain image.
+    let mut books = ratings.clone();
+    books["metadata"]["namespace"] = json!("books");
+    books["metadata"]["annotations"] = json!({});
+    let injected = hook.inject("/inject", &books).await;
+    let config = proxy_config(&injected);
+    assert_eq!(config["concurrency"], 1, "{config}");
+    assert_eq!(config["proxyMetadata"]["LEVEL"], "root", "{config}");
+    assert!(!image(&injected).contains("-debug") && !image(&injected).contains("-distroless"));
 }

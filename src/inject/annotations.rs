@@ -8,6 +8,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Map, Value};
 
 use super::{InjectConfig, InjectError};
+use crate::istio::ProxyConfig;
+use crate::model::AppliedProxyConfigs;
 use crate::text::{clip, Quoted};
 
 pub const INJECT: &str = "sidecar.istio.io/inject";
@@ -16,6 +18,7 @@ pub const PROXY_CONFIG: &str = "proxy.istio.io/config";
 pub const PROXY_OVERRIDES: &str = "proxy.istio.io/overrides";
 const INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
 const PROXY_IMAGE: &str = "sidecar.istio.io/proxyImage";
+const PROXY_IMAGE_TYPE: &str = "sidecar.istio.io/proxyImageType";
 const LOG_LEVEL: &str = "sidecar.istio.io/logLevel";
 const COMPONENT_LOG_LEVEL: &str = "sidecar.istio.io/componentLogLevel";
 const AGENT_LOG_LEVEL: &str = "sidecar.istio.io/agentLogLevel";
@@ -68,12 +71,20 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The settings of a pod of `namespace` with these annotations and labels.
     pub fn read(
         annotations: &BTreeMap<String, String>,
         config: &InjectConfig,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
     ) -> Result<Self, InjectError> {
         let get = |name: &str| lookup(annotations, name);
-        let proxy_config = proxy_config(get(PROXY_CONFIG), config)?;
+        let proxy_configs = config.proxy_configs.applied(namespace, labels);
+        let proxy_config = proxy_config(get(PROXY_CONFIG), config, &proxy_configs)?;
+        let image_type = get(PROXY_IMAGE_TYPE).map(str::to_string).or_else(|| {
+            let image = proxy_config.get("image")?;
+            image.get("imageType")?.as_str().map(str::to_string)
+        });
         let mode_default = proxy_config
             .get("interceptionMode")
             .and_then(Value::as_str)
@@ -129,10 +140,10 @@ impl Settings {
             readiness_delay: seconds(READINESS_DELAY, 0)?,
             readiness_period: seconds(READINESS_PERIOD, 15)?,
             readiness_failures: seconds(READINESS_FAILURES, 4)?,
-            proxy_image: get(PROXY_IMAGE)
-                .filter(|i| i.contains('/'))
-                .unwrap_or(&config.proxy_image)
-                .to_string(),
+            proxy_image: match get(PROXY_IMAGE).filter(|i| i.contains('/')) {
+                Some(image) => image.to_string(),
+                None => with_image_type(&config.proxy_image, image_type.as_deref()),
+            },
             log_level: get(LOG_LEVEL).unwrap_or("warning").to_string(),
             component_log_level: get(COMPONENT_LOG_LEVEL).unwrap_or("misc:error").to_string(),
             agent_log_level: get(AGENT_LOG_LEVEL).unwrap_or("default:info").to_string(),
@@ -172,11 +183,58 @@ fn invalid(name: &str, value: &str, problem: &str) -> InjectError {
     }
 }
 
-/// The mesh's `defaultConfig` (discovery address defaulted to this control plane) with the
-/// annotation's fields merged over it, objects field by field.
+/// The proxy image of a variant (`debug`, `distroless`, …) as Istio tags them: the tag's variant
+/// suffix replaced (`default` and none mean the plain tag).
+fn with_image_type(image: &str, image_type: Option<&str>) -> String {
+    let Some(image_type) = image_type else {
+        return image.to_string();
+    };
+    let (name, tag) = match image.rsplit_once(':').filter(|(_, t)| !t.contains('/')) {
+        Some((name, tag)) => (name, tag),
+        None => (image, ""),
+    };
+    let tag = tag
+        .strip_suffix("-debug")
+        .or_else(|| tag.strip_suffix("-distroless"))
+        .unwrap_or(tag);
+    match (tag, image_type) {
+        ("", _) => image.to_string(),
+        (tag, "default" | "") => format!("{name}:{tag}"),
+        (tag, variant) => format!("{name}:{tag}-{variant}"),
+    }
+}
+
+/// A ProxyConfig object's fields in the mesh config's proxy config form.
+fn overlay_of(proxy_config: &ProxyConfig) -> Map<String, Value> {
+    let mut out = Map::new();
+    if let Some(concurrency) = proxy_config.concurrency {
+        out.insert("concurrency".into(), Value::from(concurrency));
+    }
+    if !proxy_config.environment_variables.is_empty() {
+        let env = proxy_config
+            .environment_variables
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        out.insert("proxyMetadata".into(), Value::Object(env));
+    }
+    if let Some(image) = &proxy_config.image {
+        out.insert(
+            "image".into(),
+            serde_json::json!({"imageType": image.image_type}),
+        );
+    }
+    out
+}
+
+/// The mesh's `defaultConfig` (discovery address defaulted to this control plane), then the root
+/// namespace's and the pod namespace's ProxyConfig, the pod's `proxy.istio.io/config`, and the
+/// workload's ProxyConfig, each merged over the last (objects field by field, as istiod's
+/// `mergeWithPrecedence`: environment variables key by key).
 fn proxy_config(
     annotation: Option<&str>,
     config: &InjectConfig,
+    proxy_configs: &AppliedProxyConfigs<'_>,
 ) -> Result<Map<String, Value>, InjectError> {
     let mut merged = match serde_json::to_value(&config.mesh.default_config) {
         Ok(Value::Object(map)) => map,
@@ -188,6 +246,9 @@ fn proxy_config(
             "discoveryAddress".into(),
             Value::String(config.ca_address()),
         );
+    }
+    for level in &proxy_configs.namespaces {
+        merge(&mut merged, overlay_of(level));
     }
     if let Some(text) = annotation {
         crate::yaml::check_aliases(text)
@@ -203,6 +264,9 @@ fn proxy_config(
             return Err(invalid(PROXY_CONFIG, text, "must be a ProxyConfig object"));
         };
         merge(&mut merged, overlay);
+    }
+    if let Some(workload) = proxy_configs.workload {
+        merge(&mut merged, overlay_of(workload));
     }
     Ok(merged)
 }

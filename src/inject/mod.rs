@@ -16,6 +16,7 @@ use clap::Args;
 use thiserror::Error;
 
 use crate::istio::MeshConfig;
+use crate::model::ProxyConfigs;
 use crate::text::Quoted;
 
 pub use crate::registry::workload::Workload;
@@ -62,6 +63,7 @@ impl InjectArgs {
             system_namespace: system_namespace.to_string(),
             domain_suffix: domain_suffix.to_string(),
             mesh,
+            proxy_configs: ProxyConfigs::default(),
         }
     }
 }
@@ -77,6 +79,8 @@ pub struct InjectConfig {
     pub domain_suffix: String,
     /// The mesh config in force: trust domain and the proxies' default config.
     pub mesh: Arc<MeshConfig>,
+    /// The ProxyConfig objects in force (none offline, as `istioctl kube-inject`).
+    pub proxy_configs: ProxyConfigs,
 }
 
 impl InjectConfig {

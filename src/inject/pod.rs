@@ -77,8 +77,9 @@ pub fn inject(
             serde_json::to_string(&kept).unwrap_or_default(),
         );
     }
-    let settings = Settings::read(&meta.annotations.clone().unwrap_or_default(), config)?;
     let labels = meta.labels.clone().unwrap_or_default();
+    let pod_annotations = meta.annotations.clone().unwrap_or_default();
+    let settings = Settings::read(&pod_annotations, config, namespace, &labels)?;
     let network = labels
         .get(NETWORK_LABEL)
         .cloned()

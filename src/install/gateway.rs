@@ -48,6 +48,7 @@ pub fn deployment(values: &Values) -> Deployment {
         system_namespace: values.namespace.clone(),
         domain_suffix: "cluster.local".into(),
         mesh: Arc::new(default_mesh(&values.trust_domain, &values.namespace)),
+        proxy_configs: Default::default(),
     };
     let proxy_config =
         serde_json::json!({"discoveryAddress": values.discovery_address()}).to_string();

@@ -388,6 +388,7 @@ spec:
             system_namespace: "istio-system".into(),
             domain_suffix: "cluster.local".into(),
             mesh: Arc::new(crate::istio::MeshConfig::default()),
+            proxy_configs: Default::default(),
         }
     }
 

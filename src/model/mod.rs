@@ -11,6 +11,7 @@ mod envoy_filters;
 mod jwks;
 mod networks;
 pub mod policies;
+mod proxy_configs;
 mod routing;
 mod service;
 mod services;
@@ -32,6 +33,7 @@ pub use networks::{
     Gateway, Gateways, MeshNetworks, NetworksError, DEFAULT_GATEWAY_PORT, LABEL_GATEWAY_PORT,
     LABEL_NETWORK,
 };
+pub use proxy_configs::{AppliedProxyConfigs, ProxyConfigs};
 pub use routing::{host_match, BoundGateway, HostRoutes};
 pub use service::{
     DnsTarget, Hostname, Protocol, Registry, Resolution, Service, ServiceKey, ServicePort,

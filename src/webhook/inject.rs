@@ -78,8 +78,10 @@ fn injected(
         .unwrap_or_default();
     let original = serde_json::to_value(&pod).map_err(|e| e.to_string())?;
     let workload = Workload::of_pod(&pod.metadata, &namespace);
+    let snapshot = state.mesh.snapshot();
     let config = InjectConfig {
-        mesh: state.mesh.snapshot().config.mesh().clone(),
+        mesh: snapshot.config.mesh().clone(),
+        proxy_configs: snapshot.config.proxy_configs(),
         ..state.inject.clone()
     };
     let overrides = Overrides::from_path(params);
@@ -112,6 +114,7 @@ mod tests {
                 system_namespace: "istio-system".into(),
                 domain_suffix: "cluster.local".into(),
                 mesh: Arc::new(MeshConfig::default()),
+                proxy_configs: Default::default(),
             },
             mesh: Arc::new(Mesh::new(MeshNaming::default())),
             cluster_id: "c1".into(),

@@ -24,6 +24,7 @@ static STATE: LazyLock<WebhookState> = LazyLock::new(|| WebhookState {
         system_namespace: "istio-system".into(),
         domain_suffix: "cluster.local".into(),
         mesh: Arc::new(MeshConfig::default()),
+        proxy_configs: Default::default(),
     },
     mesh: Arc::new(Mesh::new(MeshNaming::default())),
     cluster_id: "cluster1".into(),
