@@ -124,17 +124,24 @@ spec:
     )
 }
 
-/// Only for Istio 1.24 and later proxies: productpage's cluster goes.
-const BY_VERSION: &str = "
+/// Only for Istio 1.24 and later proxies: productpage's cluster goes; only for proxies whose
+/// metadata says `TIER: canary`, the black hole goes too.
+const BY_PROXY: &str = "
 apiVersion: networking.istio.io/v1alpha3
 kind: EnvoyFilter
-metadata: {name: newer-proxies, namespace: bookinfo}
+metadata: {name: by-proxy, namespace: bookinfo}
 spec:
+  priority: 10
   configPatches:
   - applyTo: CLUSTER
     match:
       proxy: {proxyVersion: '^1\\.(2[4-9]|[3-9][0-9])'}
       cluster: {name: 'outbound|9080||productpage.bookinfo.svc.cluster.local'}
+    patch: {operation: REMOVE}
+  - applyTo: CLUSTER
+    match:
+      proxy: {metadata: {TIER: canary}}
+      cluster: {name: BlackHoleCluster}
     patch: {operation: REMOVE}
 ";
 
@@ -148,10 +155,30 @@ async fn fetch<T: Message + Default>(
     names: &[&str],
     name: impl Fn(&T) -> String,
 ) -> BTreeMap<String, T> {
+    fetch_with(
+        f,
+        id,
+        app,
+        &[("ISTIO_VERSION", version)],
+        type_url,
+        names,
+        name,
+    )
+    .await
+}
+
+/// As `fetch`, with this node metadata (an empty value leaves the key out).
+async fn fetch_with<T: Message + Default>(
+    f: &ConfigFixture,
+    id: &str,
+    app: &str,
+    metadata: &[(&str, &str)],
+    type_url: &str,
+    names: &[&str],
+    name: impl Fn(&T) -> String,
+) -> BTreeMap<String, T> {
     let mut meta = vec![("CLUSTER_ID", "cluster1")];
-    if !version.is_empty() {
-        meta.push(("ISTIO_VERSION", version));
-    }
+    meta.extend(metadata.iter().filter(|(_, v)| !v.is_empty()));
     let node = labelled_node(id, &meta, &[("app", app)]);
     let all: Vec<T> = common::ads::fetch(f.mp.xds_addr, node, type_url, names).await;
     all.into_iter().map(|r| (name(&r), r)).collect()
@@ -198,7 +225,7 @@ async fn every_target_patched_in_order(source: Source) {
     let config = [
         ("root.yaml", root_filter()),
         ("reviews.yaml", reviews_filter()),
-        ("version.yaml", BY_VERSION.to_string()),
+        ("by-proxy.yaml", BY_PROXY.to_string()),
     ];
     let config: Vec<(&str, &str)> = config.iter().map(|(n, t)| (*n, t.as_str())).collect();
     let f = ConfigFixture::start(source, &config, &["--debounce-after", "0s"]).await;
@@ -231,6 +258,21 @@ async fn every_target_patched_in_order(source: Source) {
         let older = clusters(&f, REVIEWS_ID, "reviews", old).await;
         assert!(older.contains_key(PRODUCTPAGE_CLUSTER), "kept for {old:?}");
     }
+    let canary: BTreeMap<String, Cluster> = fetch_with(
+        &f,
+        REVIEWS_ID,
+        "reviews",
+        &[("TIER", "canary")],
+        CDS,
+        &[],
+        |c: &Cluster| c.name.clone(),
+    )
+    .await;
+    assert!(
+        !canary.contains_key("BlackHoleCluster"),
+        "removed by metadata"
+    );
+    assert!(reviews.contains_key("BlackHoleCluster"));
     // productpage has the root's patches only; the unpatched cluster of another proxy is not
     // shared with the patched one.
     let productpage = clusters(&f, PRODUCTPAGE_ID, "productpage", "").await;

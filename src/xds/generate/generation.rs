@@ -324,13 +324,50 @@ impl Generation<'_> {
     /// The EnvoyFilter patches that apply to the proxy.
     pub(super) fn envoy_filters(&self) -> &ProxyPatches {
         self.envoy_filters
-            .get_or_init(|| ProxyPatches::for_proxy(self))
+            .get_or_init(|| ProxyPatches::for_proxy(self.mesh, self.proxy))
+    }
+
+    /// A listener, route configuration or cluster from the cache, built and patched on a miss
+    /// (under a variant of its own where the proxy's EnvoyFilters change it).
+    pub(super) fn cached(
+        &self,
+        ty: ResourceType,
+        name: &str,
+        variant: u64,
+        stamp: [u64; 4],
+        build: impl FnOnce() -> Option<Resource>,
+    ) -> Option<Arc<Resource>> {
+        let patches = self.envoy_filters();
+        let variant = patches.variant(ty, variant);
+        self.cache.get_or_build(ty, name, variant, stamp, || {
+            patches.apply(ty, build()?, (self.mesh, self.proxy))
+        })
+    }
+
+    /// A list shared by proxies with these traits (and EnvoyFilters where they change it).
+    pub(super) fn cached_list(
+        &self,
+        ty: ResourceType,
+        variant: u64,
+        stamp: [u64; 4],
+        build: impl FnOnce() -> Vec<Arc<Resource>>,
+    ) -> Arc<SharedList> {
+        let variant = self.envoy_filters().variant(ty, variant);
+        self.cache.list(ty, variant, stamp, build)
+    }
+
+    /// A resource built for this proxy alone, patched.
+    pub(super) fn finish(&self, ty: ResourceType, resource: Resource) -> Option<Arc<Resource>> {
+        let patched = self
+            .envoy_filters()
+            .apply(ty, resource, (self.mesh, self.proxy));
+        patched.map(Arc::new)
     }
 
     /// The WasmPlugins that apply to the proxy.
     pub(super) fn wasm_plugins(&self) -> &ProxyPlugins {
         self.wasm_plugins
-            .get_or_init(|| ProxyPlugins::for_proxy(self))
+            .get_or_init(|| ProxyPlugins::for_proxy(&self.mesh.config, self.proxy))
     }
 
     /// The proxy's access logs (from its Telemetries, else the mesh config).

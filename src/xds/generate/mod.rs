@@ -59,7 +59,8 @@ impl Generation<'_> {
             Some(ProxyKind::ProxylessGrpc) => grpc::all(self, ty),
             None => Listing::default(),
         };
-        listing.own.extend(self.added(ty));
+        let kind = self.proxy.kind;
+        listing.own.extend(self.envoy_filters().added(ty, kind));
         listing
     }
 
@@ -87,7 +88,11 @@ impl Generation<'_> {
             // One unnamed table: a name asks for nothing that exists.
             ResourceType::NameTable => return None,
             ResourceType::ExtensionConfig => {
-                return wasm::build(self, name).or_else(|| self.added_extension(name))
+                let plugin = wasm::build(self.mesh, self.proxy, name);
+                return match plugin {
+                    Some(resource) => self.finish(ty, resource),
+                    None => self.envoy_filters().added_extension(name),
+                };
             }
             ResourceType::Cluster | ResourceType::Listener | ResourceType::Route => {}
         }
@@ -96,6 +101,9 @@ impl Generation<'_> {
             ProxyKind::Router => router::build(self, ty, name),
             ProxyKind::ProxylessGrpc => grpc::build(self, ty, name),
         };
-        built.or_else(|| self.added(ty).into_iter().find(|r| *r.name == *name))
+        built.or_else(|| {
+            let added = self.envoy_filters().added(ty, self.proxy.kind);
+            added.into_iter().find(|r| *r.name == *name)
+        })
     }
 }

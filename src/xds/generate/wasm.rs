@@ -27,14 +27,12 @@ use envoy_types::pb::google::protobuf::{Any, Duration, StringValue};
 use envoy_types::util::pack_any;
 
 use super::common::ads;
-use super::generation::Generation;
 use super::providers::report_unbuilt;
 use crate::istio::telemetry::WorkloadMode;
 use crate::istio::wasm_plugin::{EnvValueSource, FailStrategy, PluginPhase, PullPolicy};
 use crate::istio::{ConfigObject, WasmPlugin};
-use crate::model::wasm_plugin;
-use crate::xds::protocol::ResourceType;
-use crate::xds::proxy::Generator;
+use crate::model::{wasm_plugin, ConfigStore, MeshSnapshot};
+use crate::xds::proxy::{Generator, Proxy};
 use crate::xds::wire::Resource;
 
 /// The ECDS names of WasmPlugins.
@@ -101,15 +99,12 @@ impl std::hash::Hash for ProxyPlugins {
 }
 
 impl ProxyPlugins {
-    pub(super) fn for_proxy(g: &Generation<'_>) -> Self {
-        if g.proxy.generator != Generator::Envoy {
+    pub(super) fn for_proxy(config: &ConfigStore, proxy: &Proxy) -> Self {
+        if proxy.generator != Generator::Envoy {
             return Self::default();
         }
-        let mut plugins = g
-            .mesh
-            .config
-            .wasm_plugins_for(&g.proxy.namespace, &g.proxy.labels);
-        if g.proxy.istio_version.is_empty() {
+        let mut plugins = config.wasm_plugins_for(&proxy.namespace, &proxy.labels);
+        if proxy.istio_version.is_empty() {
             plugins.retain(|o| {
                 let local = wasm_plugin(o).is_some_and(|p| p.url.starts_with("file://"));
                 if !local {
@@ -215,15 +210,15 @@ fn resource_name(object: &ConfigObject) -> String {
 
 /// The ECDS resource `name`: a WasmPlugin of the proxy's namespace or the root namespace (the only
 /// ones istiod serves by name).
-pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+pub(super) fn build(mesh: &MeshSnapshot, proxy: &Proxy, name: &str) -> Option<Resource> {
     let (namespace, plugin) = name.strip_prefix(RESOURCE_PREFIX)?.split_once('.')?;
-    let root = g.mesh_config().root_namespace.as_str();
-    if namespace != &*g.proxy.namespace && namespace != root {
+    let root = mesh.config.mesh().root_namespace.as_str();
+    if namespace != &*proxy.namespace && namespace != root {
         return None;
     }
-    let object = g.mesh.config.wasm_plugin(namespace, plugin)?;
+    let object = mesh.config.wasm_plugin(namespace, plugin)?;
     let spec = wasm_plugin(object)?;
-    let config = plugin_config(g, object, spec);
+    let config = plugin_config((mesh, proxy), object, spec);
     let typed_config = match spec.is_network() {
         true => pack_any(NetworkWasm {
             config: Some(config),
@@ -236,13 +231,14 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         name: name.to_string(),
         typed_config: Some(typed_config),
     };
-    g.finish(
-        ResourceType::ExtensionConfig,
-        Resource::encode(name, &resource),
-    )
+    Some(Resource::encode(name, &resource))
 }
 
-fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -> PluginConfig {
+fn plugin_config(
+    (mesh, proxy): (&MeshSnapshot, &Proxy),
+    object: &ConfigObject,
+    spec: &WasmPlugin,
+) -> PluginConfig {
     let mut env = EnvironmentVariables::default();
     for var in spec.vm_config.iter().flat_map(|v| &v.env) {
         match var.value_from {
@@ -253,8 +249,10 @@ fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -
         }
     }
     if !spec.image_pull_secret.is_empty() {
-        env.key_values
-            .insert(PULL_SECRET_ENV.into(), pull_secret(g, object, spec));
+        env.key_values.insert(
+            PULL_SECRET_ENV.into(),
+            pull_secret((mesh, proxy), object, spec),
+        );
     }
     let policy = match spec.image_pull_policy {
         PullPolicy::Unspecified => None,
@@ -273,7 +271,7 @@ fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -
         _ => Any::default(),
     };
     // Istio's proxies before 1.25 read the older boolean.
-    let legacy = version_before(&g.proxy.istio_version, (1, 25));
+    let legacy = version_before(&proxy.istio_version, (1, 25));
     let failure_policy = match spec.fail_strategy {
         FailStrategy::FailOpen => FailurePolicy::FailOpen,
         FailStrategy::FailClose => FailurePolicy::FailClosed,
@@ -333,13 +331,16 @@ fn code(spec: &WasmPlugin) -> AsyncDataSource {
 
 /// The docker config of the plugin's pull secret (its namespace's), sent only to proxies that
 /// proved their identity; empty otherwise or when it is missing, which the agent reports.
-fn pull_secret(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -> String {
-    if !g.proxy.verified {
+fn pull_secret(
+    (mesh, proxy): (&MeshSnapshot, &Proxy),
+    object: &ConfigObject,
+    spec: &WasmPlugin,
+) -> String {
+    if !proxy.verified {
         return String::new();
     }
-    let clusters = g.mesh.credentials.search_order(g.proxy.cluster_id.as_ref());
-    g.mesh
-        .credentials
+    let clusters = mesh.credentials.search_order(proxy.cluster_id.as_ref());
+    mesh.credentials
         .docker_config(&clusters, &object.key.namespace, &spec.image_pull_secret)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
         .unwrap_or_default()

@@ -80,10 +80,14 @@ pub(super) fn patch(
     let chains = std::mem::take(&mut listener.filter_chains);
     let mut kept: Vec<FilterChain> = chains
         .into_iter()
-        .filter_map(|mut chain| patch_chain(patches, context, view, &mut chain).then_some(chain))
+        .filter_map(|mut chain| {
+            let kept = patch_chain(patches, context, view, &mut chain);
+            // A chain left without filters goes, as istiod drops them (Envoy needs some).
+            (kept && !chain.filters.is_empty()).then_some(chain)
+        })
         .collect();
     if let Some(mut chain) = listener.default_filter_chain.take() {
-        if patch_chain(patches, context, view, &mut chain) {
+        if patch_chain(patches, context, view, &mut chain) && !chain.filters.is_empty() {
             listener.default_filter_chain = Some(chain);
         }
     }
@@ -102,8 +106,9 @@ fn patch_chain(
     view: &View,
     chain: &mut FilterChain,
 ) -> bool {
-    let generated = (chain.name.clone(), chain.filter_chain_match.clone());
-    let generated = (generated.0.as_str(), generated.1.as_ref());
+    // The chain as generated: what its patches match, before they change it.
+    let (name, chain_match) = (chain.name.clone(), chain.filter_chain_match.clone());
+    let generated = (name.as_str(), chain_match.as_ref());
     let applies = |target| {
         patches.of(target).filter(move |p| {
             p.in_context(context)

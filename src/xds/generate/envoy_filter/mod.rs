@@ -30,15 +30,14 @@ use prost_reflect::DynamicMessage;
 
 pub use failures::{failures, PatchFailure};
 
-use super::generation::Generation;
 use super::names::{INBOUND_PASSTHROUGH, VIRTUAL_INBOUND};
 use crate::envoy_api;
 use crate::istio::envoy_filter::{api_name, ApplyTo, ConfigPatch, Operation, PatchContext};
 use crate::istio::ConfigObject;
-use crate::model::envoy_filter;
+use crate::model::{envoy_filter, MeshSnapshot};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::{Generator, Proxy, ProxyType};
-use crate::xds::wire::{Resource, SharedList};
+use crate::xds::wire::Resource;
 
 /// The EnvoyFilter patches that apply to one proxy, in application order.
 #[derive(Default)]
@@ -59,22 +58,21 @@ pub(super) struct PatchRef<'a> {
 }
 
 impl ProxyPatches {
-    pub(super) fn for_proxy(g: &Generation<'_>) -> Self {
+    pub(super) fn for_proxy(mesh: &MeshSnapshot, proxy: &Proxy) -> Self {
         // Proxyless gRPC clients read no Envoy listeners; istiod patches Envoy's only.
-        if g.proxy.generator != Generator::Envoy {
+        if proxy.generator != Generator::Envoy {
             return Self::default();
         }
-        let filters = g
-            .mesh
+        let filters = mesh
             .config
-            .envoy_filters_for(&g.proxy.namespace, &g.proxy.labels);
+            .envoy_filters_for(&proxy.namespace, &proxy.labels);
         let mut applied = Vec::new();
         for (i, object) in filters.iter().enumerate() {
             let Some(filter) = envoy_filter(object) else {
                 continue;
             };
             for (j, patch) in filter.config_patches.iter().enumerate() {
-                if proxy_matches(patch, g.proxy) {
+                if proxy_matches(patch, proxy) {
                     applied.push((patch.apply_to, i, j));
                 }
             }
@@ -135,11 +133,6 @@ impl ProxyPatches {
             _ => &[],
         };
         self.applied.iter().any(|(t, _, _)| targets.contains(t))
-    }
-
-    /// Folded into the cache variants of what the patches change (0 when none apply).
-    pub(super) fn id(&self) -> u64 {
-        self.id
     }
 }
 
@@ -211,93 +204,61 @@ fn context_of(proxy: &Proxy, ty: ResourceType, name: &str) -> PatchContext {
     }
 }
 
-impl Generation<'_> {
-    /// A listener, route configuration or cluster from the cache, built and patched on a miss.
-    pub(super) fn cached(
-        &self,
-        ty: ResourceType,
-        name: &str,
-        variant: u64,
-        stamp: [u64; 4],
-        build: impl FnOnce() -> Option<Resource>,
-    ) -> Option<Arc<Resource>> {
-        let patches = self.envoy_filters();
-        if !patches.touches(ty) {
-            return self.cache.get_or_build(ty, name, variant, stamp, build);
-        }
-        let variant = variant ^ patches.id().rotate_left(17);
-        self.cache
-            .get_or_build(ty, name, variant, stamp, || self.patched(ty, build()?))
-    }
-
-    /// A list shared by proxies with these traits, under a variant of its own where the proxy's
-    /// patches change its members.
-    pub(super) fn cached_list(
-        &self,
-        ty: ResourceType,
-        variant: u64,
-        stamp: [u64; 4],
-        build: impl FnOnce() -> Vec<Arc<Resource>>,
-    ) -> Arc<SharedList> {
-        let patches = self.envoy_filters();
-        let variant = match patches.touches(ty) {
-            true => variant ^ patches.id().rotate_left(17),
+impl ProxyPatches {
+    /// A cache variant of resources of `ty`: its own where the patches change them.
+    pub(super) fn variant(&self, ty: ResourceType, variant: u64) -> u64 {
+        match self.touches(ty) {
+            true => variant ^ self.id.rotate_left(17),
             false => variant,
-        };
-        self.cache.list(ty, variant, stamp, build)
+        }
     }
 
-    /// A resource built for this proxy alone, patched.
-    pub(super) fn finish(&self, ty: ResourceType, resource: Resource) -> Option<Arc<Resource>> {
-        self.patched(ty, resource).map(Arc::new)
-    }
-
-    /// `resource` with the proxy's patches applied; None when a patch removes it.
-    fn patched(&self, ty: ResourceType, resource: Resource) -> Option<Resource> {
-        let patches = self.envoy_filters();
-        if !patches.touches(ty) {
+    /// `resource`, generated for `proxy` from `mesh`, with the patches applied; None when a
+    /// patch removes it.
+    pub(super) fn apply(
+        &self,
+        ty: ResourceType,
+        resource: Resource,
+        (mesh, proxy): (&MeshSnapshot, &Proxy),
+    ) -> Option<Resource> {
+        if !self.touches(ty) {
             return Some(resource);
         }
-        let context = context_of(self.proxy, ty, &resource.name);
+        let context = context_of(proxy, ty, &resource.name);
         let name = resource.name.clone();
         match ty {
             ResourceType::Listener => {
                 let mut listener: Listener = decode(&resource)?;
-                listener::patch(patches, context, &mut listener).then_some(())?;
+                listener::patch(self, context, &mut listener).then_some(())?;
                 Some(encode(name, &listener))
             }
             ResourceType::Route => {
                 let mut config: RouteConfiguration = decode(&resource)?;
-                route::patch(patches, context, &mut config, &route::Names::of(&name))
-                    .then_some(())?;
+                route::patch(self, context, &mut config, &route::Names::of(&name)).then_some(())?;
                 Some(encode(name, &config))
             }
             ResourceType::Cluster => {
                 let mut cluster: Cluster = decode(&resource)?;
-                cluster::patch(self, patches, context, &mut cluster).then_some(())?;
+                cluster::patch((mesh, proxy), self, context, &mut cluster).then_some(())?;
                 Some(encode(name, &cluster))
             }
             _ => Some(resource),
         }
     }
 
-    /// The listeners or clusters the proxy's patches ADD.
-    pub(super) fn added(&self, ty: ResourceType) -> Vec<Arc<Resource>> {
-        let patches = self.envoy_filters();
+    /// The listeners or clusters the patches ADD for a proxy of `kind`.
+    pub(super) fn added(&self, ty: ResourceType, kind: ProxyType) -> Vec<Arc<Resource>> {
         let target = match ty {
             ResourceType::Listener => ApplyTo::Listener,
             ResourceType::Cluster => ApplyTo::Cluster,
             _ => return Vec::new(),
         };
-        let sides: &[PatchContext] = match self.proxy.kind {
+        let sides: &[PatchContext] = match kind {
             ProxyType::Router => &[PatchContext::Gateway],
             ProxyType::Sidecar => &[PatchContext::SidecarOutbound, PatchContext::SidecarInbound],
         };
         let mut by_name: BTreeMap<String, Resource> = BTreeMap::new();
-        for p in patches
-            .of(target)
-            .filter(|p| p.operation() == Operation::Add)
-        {
+        for p in self.of(target).filter(|p| p.operation() == Operation::Add) {
             // An ADD for ANY context is added once, as an outbound (or gateway) one in istiod.
             let context = p.patch.context();
             if context != PatchContext::Any && !sides.contains(&context) {
@@ -322,15 +283,11 @@ impl Generation<'_> {
         }
         by_name.into_values().map(Arc::new).collect()
     }
-}
 
-impl Generation<'_> {
-    /// An extension config an EnvoyFilter ADDs (EXTENSION_CONFIG patches name theirs; they
-    /// match every proxy they select, whatever their context).
+    /// An extension config an EXTENSION_CONFIG patch ADDs by this name (such patches apply to
+    /// every proxy they select, whatever their context).
     pub(super) fn added_extension(&self, name: &str) -> Option<Arc<Resource>> {
-        let patches = self.envoy_filters();
-        patches
-            .of(ApplyTo::ExtensionConfig)
+        self.of(ApplyTo::ExtensionConfig)
             .filter(|p| p.operation() == Operation::Add)
             .filter_map(|p| p.typed::<TypedExtensionConfig>())
             .find(|c| c.name == name)
