@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::config::ConfigStore;
-use crate::istio::{ConfigKind, ConfigObject, EnvoyFilter, Spec};
+use crate::istio::{ConfigObject, EnvoyFilter, Spec};
 
 impl ConfigStore {
     /// The EnvoyFilters of a proxy of `namespace` with `labels`, in application order.
@@ -47,17 +47,6 @@ impl ConfigStore {
         });
         applied.into_iter().map(|(_, o)| o.clone()).collect()
     }
-
-    /// EnvoyFilters by namespace.
-    pub(super) fn index_envoy_filters(&self) -> BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> {
-        let mut out: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
-        for object in self.of_kind(ConfigKind::EnvoyFilter) {
-            out.entry(object.key.namespace.clone())
-                .or_default()
-                .push(object.clone());
-        }
-        out
-    }
 }
 
 /// The EnvoyFilter spec of an object, if it is one.
@@ -71,28 +60,17 @@ pub fn envoy_filter(object: &ConfigObject) -> Option<&EnvoyFilter> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::{MeshConfig, Origin};
+    use crate::istio::MeshConfig;
+    use crate::model::config::fixtures;
     use crate::model::{ConfigChange, ConfigSource};
 
     fn filter(ns: &str, name: &str, created: &str, spec: &str) -> ConfigChange {
-        let value: serde_json::Value = serde_yaml_ng::from_str(&format!(
-            "apiVersion: networking.istio.io/v1alpha3
-kind: EnvoyFilter
-metadata: {{name: {name}, namespace: {ns}, creationTimestamp: '{created}'}}
-spec: {spec}
-"
-        ))
-        .unwrap();
-        let object = ConfigObject::from_value(
-            &value,
-            Origin::File {
-                path: "f.yaml".into(),
-                document: 0,
-            },
+        fixtures::object(
+            ("networking.istio.io/v1alpha3", "EnvoyFilter"),
+            (ns, name),
+            created,
+            spec,
         )
-        .unwrap()
-        .unwrap();
-        ConfigChange::Upsert(Arc::new(object))
     }
 
     #[test]

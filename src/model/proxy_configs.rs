@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::config::ConfigStore;
 use crate::istio::security::{applies_to, selects_workloads};
-use crate::istio::{ConfigKind, ConfigObject, ProxyConfig, Spec};
+use crate::istio::{ConfigObject, ProxyConfig, Spec};
 
 /// Every ProxyConfig of one config version, by namespace, oldest first.
 #[derive(Clone, Debug, Default)]
@@ -27,23 +27,11 @@ pub struct AppliedProxyConfigs<'a> {
 }
 
 impl ConfigStore {
+    /// The ProxyConfigs of this config version, for injection.
     pub fn proxy_configs(&self) -> ProxyConfigs {
-        let mut all: Vec<Arc<ConfigObject>> =
-            self.of_kind(ConfigKind::ProxyConfig).cloned().collect();
-        all.sort_by(|a, b| {
-            (a.meta.creation_timestamp.as_deref(), &a.key)
-                .cmp(&(b.meta.creation_timestamp.as_deref(), &b.key))
-        });
-        let mut by_namespace: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
-        for object in all {
-            by_namespace
-                .entry(object.key.namespace.clone())
-                .or_default()
-                .push(object);
-        }
         ProxyConfigs {
             root_namespace: self.mesh().root_namespace.clone(),
-            by_namespace,
+            by_namespace: self.derived().proxy_configs.clone(),
         }
     }
 }
@@ -84,25 +72,17 @@ impl ProxyConfigs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::{MeshConfig, Origin};
+    use crate::istio::MeshConfig;
+    use crate::model::config::fixtures;
     use crate::model::{ConfigChange, ConfigSource};
 
     fn config(ns: &str, name: &str, created: &str, spec: &str) -> ConfigChange {
-        let value: serde_json::Value = serde_yaml_ng::from_str(&format!(
-            "apiVersion: networking.istio.io/v1beta1
-kind: ProxyConfig
-metadata: {{name: {name}, namespace: {ns}, creationTimestamp: '{created}'}}
-spec: {spec}
-"
-        ))
-        .unwrap();
-        let origin = Origin::File {
-            path: "p.yaml".into(),
-            document: 0,
-        };
-        ConfigChange::Upsert(Arc::new(
-            ConfigObject::from_value(&value, origin).unwrap().unwrap(),
-        ))
+        fixtures::object(
+            ("networking.istio.io/v1beta1", "ProxyConfig"),
+            (ns, name),
+            created,
+            spec,
+        )
     }
 
     #[test]

@@ -129,19 +129,6 @@ impl ConfigStore {
             levels: levels.into_iter().flatten().cloned().collect(),
         }
     }
-
-    /// Telemetries by namespace, oldest first.
-    pub(super) fn index_telemetries(
-        sorted: Vec<Arc<ConfigObject>>,
-    ) -> BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> {
-        let mut out: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
-        for object in sorted {
-            out.entry(object.key.namespace.clone())
-                .or_default()
-                .push(object);
-        }
-        out
-    }
 }
 
 /// The Telemetry spec of an object, if it is one.

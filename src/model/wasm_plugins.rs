@@ -41,19 +41,6 @@ impl ConfigStore {
         applied.into_iter().cloned().collect()
     }
 
-    /// WasmPlugins by namespace, oldest first.
-    pub(super) fn index_wasm_plugins(
-        sorted: Vec<Arc<ConfigObject>>,
-    ) -> BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> {
-        let mut out: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
-        for object in sorted {
-            out.entry(object.key.namespace.clone())
-                .or_default()
-                .push(object);
-        }
-        out
-    }
-
     /// The WasmPlugin `<namespace>/<name>`.
     pub fn wasm_plugin(&self, namespace: &str, name: &str) -> Option<&Arc<ConfigObject>> {
         self.derived()
@@ -75,24 +62,17 @@ pub fn wasm_plugin(object: &ConfigObject) -> Option<&WasmPlugin> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::{MeshConfig, Origin};
+    use crate::istio::MeshConfig;
+    use crate::model::config::fixtures;
     use crate::model::{ConfigChange, ConfigSource};
 
     fn plugin(ns: &str, name: &str, created: &str, spec: &str) -> ConfigChange {
-        let value: serde_json::Value = serde_yaml_ng::from_str(&format!(
-            "apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {{name: {name}, namespace: {ns}, creationTimestamp: '{created}'}}
-spec: {spec}
-"
-        ))
-        .unwrap();
-        let origin = Origin::File {
-            path: "p.yaml".into(),
-            document: 0,
-        };
-        let object = ConfigObject::from_value(&value, origin).unwrap().unwrap();
-        ConfigChange::Upsert(Arc::new(object))
+        fixtures::object(
+            ("extensions.istio.io/v1alpha1", "WasmPlugin"),
+            (ns, name),
+            created,
+            spec,
+        )
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub(in crate::model) struct Derived {
     pub(in crate::model) envoy_filters: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
     /// WasmPlugins by namespace, oldest first.
     pub(in crate::model) wasm_plugins: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
+    /// ProxyConfigs by namespace, oldest first.
+    pub(in crate::model) proxy_configs: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>>,
     /// Scopes compiled so far, by Sidecar then proxy namespace (looked up without allocating).
     pub(in crate::model) sidecar_scopes: Mutex<HashMap<ConfigKey, ScopesByNamespace>>,
 }
@@ -93,13 +95,25 @@ impl ConfigStore {
                 source_labels_used,
                 security: OnceLock::new(),
                 sidecars,
-                telemetries: ConfigStore::index_telemetries(sorted(ConfigKind::Telemetry)),
-                envoy_filters: self.index_envoy_filters(),
-                wasm_plugins: ConfigStore::index_wasm_plugins(sorted(ConfigKind::WasmPlugin)),
+                telemetries: by_namespace(sorted(ConfigKind::Telemetry)),
+                envoy_filters: by_namespace(sorted(ConfigKind::EnvoyFilter)),
+                wasm_plugins: by_namespace(sorted(ConfigKind::WasmPlugin)),
+                proxy_configs: by_namespace(sorted(ConfigKind::ProxyConfig)),
                 sidecar_scopes: Mutex::default(),
             }
         })
     }
+}
+
+/// Objects by namespace, in the order given.
+fn by_namespace(objects: Vec<Arc<ConfigObject>>) -> BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> {
+    let mut out: BTreeMap<Arc<str>, Vec<Arc<ConfigObject>>> = BTreeMap::new();
+    for object in objects {
+        out.entry(object.key.namespace.clone())
+            .or_default()
+            .push(object);
+    }
+    out
 }
 
 /// istiod's order for merging config of one kind: by creation time, then namespace and name.

@@ -333,6 +333,41 @@ impl ConfigStore {
     }
 }
 
+/// Config objects for the model's unit tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::sync::Arc;
+
+    use super::ConfigChange;
+    use crate::istio::{ConfigObject, Origin};
+
+    /// An upsert of `kind` (`apiVersion` `api`) `namespace/name`, created at `created`, with the
+    /// spec written as YAML.
+    pub fn object(
+        (api, kind): (&str, &str),
+        (namespace, name): (&str, &str),
+        created: &str,
+        spec: &str,
+    ) -> ConfigChange {
+        let value: serde_json::Value = serde_yaml_ng::from_str(&format!(
+            "apiVersion: {api}
+kind: {kind}
+metadata: {{name: {name}, namespace: {namespace}, creationTimestamp: '{created}'}}
+spec: {spec}
+"
+        ))
+        .expect("YAML");
+        let origin = Origin::File {
+            path: "test.yaml".into(),
+            document: 0,
+        };
+        let object = ConfigObject::from_value(&value, origin)
+            .expect("a kind the store reads")
+            .expect("valid");
+        ConfigChange::Upsert(Arc::new(object))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
