@@ -1,6 +1,7 @@
 //! Compiles our own protos (proto/) with a pure-Rust protobuf compiler: no system protoc needed.
 //! Also writes the descriptors of Envoy's API (from the envoy-types crate's proto sources) that
-//! the debug config dump needs to print Envoy resources as protobuf JSON.
+//! the debug config dump needs to print Envoy resources as protobuf JSON, and those of Istio's
+//! config API (proto/istio) that MCP bodies carry.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-changed=Cargo.lock");
     let descriptors = protox::compile(
-        ["ca.proto", "nds.proto", "stats.proto", "typed_struct.proto"],
+        [
+            "ca.proto",
+            "nds.proto",
+            "stats.proto",
+            "typed_struct.proto",
+            "istio/mcp/v1alpha1/resource.proto",
+        ],
         ["proto"],
     )?;
     tonic_prost_build::configure()
@@ -53,6 +60,13 @@ fn envoy_descriptors() -> Result<(), Box<dyn std::error::Error>> {
     // Configs meshpilot wraps in Envoy resources for Istio's proxies: printed in config dumps too.
     compiler.open_file("typed_struct.proto")?;
     compiler.open_file("stats.proto")?;
+    // Istio's config API (MCP bodies), read and written by reflection.
+    let mut istio = Vec::new();
+    collect_protos(Path::new("proto/istio"), &mut istio)?;
+    istio.sort();
+    for file in &istio {
+        compiler.open_file(file.strip_prefix("proto")?)?;
+    }
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("envoy_descriptors.bin");
     std::fs::write(out, compiler.encode_file_descriptor_set())?;
     Ok(())

@@ -102,9 +102,19 @@ impl<'de> Deserialize<'de> for Duration {
     }
 }
 
+/// In protobuf JSON's form (seconds with a fraction: `0.030s`), which Istio's API and MCP bodies
+/// read.
 impl Serialize for Duration {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        match nanos {
+            0 => serializer.collect_str(&format_args!("{secs}s")),
+            _ => {
+                let fraction = format!("{nanos:09}");
+                let fraction = fraction.trim_end_matches('0');
+                serializer.collect_str(&format_args!("{secs}.{fraction}s"))
+            }
+        }
     }
 }
 

@@ -226,8 +226,16 @@ pub enum FilterClass {
 
 /// A patch value as an Envoy message. Always equal: it is derived from `value`, which the
 /// patch's own equality compares (two readings of one JSON may differ in their map order).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PatchValue(pub Arc<DynamicMessage>);
+
+/// Its type only: a message's descriptor prints without end where types nest (`Struct`).
+impl std::fmt::Debug for PatchValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use prost_reflect::ReflectMessage;
+        write!(f, "PatchValue({})", self.0.descriptor().full_name())
+    }
+}
 
 impl PartialEq for PatchValue {
     fn eq(&self, _: &Self) -> bool {

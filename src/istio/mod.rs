@@ -10,6 +10,7 @@ pub mod extension_provider;
 mod fields;
 pub mod gateway;
 pub mod gateway_api;
+pub mod mcp;
 pub mod mesh;
 pub mod proxy_config;
 pub mod security;
@@ -289,6 +290,11 @@ pub enum Origin {
     AutoRegistered {
         proxy: String,
     },
+    /// An MCP config source (`xds://<address>`), at the version it gave the object.
+    Mcp {
+        source: String,
+        resource_version: String,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -300,6 +306,10 @@ impl fmt::Display for Origin {
                 resource_version,
             } => write!(f, "cluster {cluster}, resourceVersion {resource_version}"),
             Origin::AutoRegistered { proxy } => write!(f, "registered by proxy {proxy}"),
+            Origin::Mcp {
+                source,
+                resource_version,
+            } => write!(f, "{source}, version {resource_version}"),
         }
     }
 }

@@ -99,8 +99,15 @@ pub struct SidecarPort {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct SidecarOutboundPolicy {
+    /// Unset means REGISTRY_ONLY, the API's zero value, as istiod reads a Sidecar (unlike the mesh
+    /// config, whose default sets ALLOW_ANY).
+    #[serde(default = "registry_only")]
     pub mode: OutboundMode,
     pub egress_proxy: Option<serde_json::Value>,
+}
+
+fn registry_only() -> OutboundMode {
+    OutboundMode::RegistryOnly
 }
 
 /// The namespace part of an egress host.

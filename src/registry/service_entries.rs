@@ -23,6 +23,8 @@ use crate::model::{
 
 /// The pseudo-cluster of config read from files (ServiceEntries there belong to no cluster).
 pub const FILES_CLUSTER: &str = "config-files";
+/// The pseudo-cluster of ServiceEntries from MCP config sources.
+pub const MCP_CLUSTER: &str = "config-mcp";
 
 /// Where ServiceEntry services are defined in the service table: after every real cluster (ids of
 /// real clusters cannot start with '~').
@@ -39,6 +41,7 @@ fn source_cluster(object: &ConfigObject) -> ClusterId {
     match &object.meta.origin {
         Origin::File { .. } | Origin::AutoRegistered { .. } => ClusterId::new(FILES_CLUSTER),
         Origin::Kubernetes { cluster, .. } => ClusterId::new(cluster),
+        Origin::Mcp { .. } => ClusterId::new(MCP_CLUSTER),
     }
 }
 

@@ -8,6 +8,10 @@ pub mod stats {
     tonic::include_proto!("stats");
 }
 
+pub mod mcp {
+    tonic::include_proto!("istio.mcp.v1alpha1");
+}
+
 pub mod udpa {
     tonic::include_proto!("udpa.r#type.v1");
 }
