@@ -20,7 +20,7 @@ use axum::Router;
 use crate::aggregate::Aggregate;
 use crate::debug::{parse_request, DebugContext, Viewer};
 use crate::listen::Acceptor;
-use crate::metrics::{self, ClusterGauges, Metrics};
+use crate::metrics::{self, ClusterGauges, ConfigGauges, Metrics};
 use crate::security::authn::{Authenticator, Credentials};
 use crate::supervise::Health;
 use crate::xds::server::Readiness;
@@ -116,17 +116,20 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
         })
         .collect();
     let snapshot = state.aggregate.mesh().snapshot();
-    let failing_patches: Vec<(String, String)> =
-        crate::xds::generate::envoy_filter_failures(&snapshot.config)
+    let config = ConfigGauges {
+        services: snapshot.services.len(),
+        failing_patches: crate::xds::generate::envoy_filter_failures(&snapshot.config)
             .into_iter()
             .map(|f| {
                 let key = &f.filter;
                 (format!("{}/{}", key.namespace, key.name), f.target)
             })
-            .collect();
-    let body = state
-        .metrics
-        .render(&clusters, snapshot.services.len(), &failing_patches);
+            .collect(),
+        sources: (state.debug.config_sources.lock().iter())
+            .map(|s| (s.address.clone(), s.synced, s.last_error.is_some()))
+            .collect(),
+    };
+    let body = state.metrics.render(&clusters, &config);
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }
 

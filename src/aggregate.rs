@@ -194,7 +194,11 @@ impl Aggregate {
             for (unit, refused) in refusals {
                 mesh.config.set_refusals(source, &unit, refused);
             }
-            let mut change = Change::default();
+            // Every change reaches the config's own clients (MCP); proxies hear of pushed kinds.
+            let mut change = Change {
+                configs: delta.changed.clone(),
+                ..Default::default()
+            };
             if !delta.touches(PUSHED_KINDS) {
                 return change;
             }
@@ -202,7 +206,6 @@ impl Aggregate {
                 delta.touches(&[ConfigKind::ServiceEntry, ConfigKind::WorkloadEntry]);
             change.full = true;
             change.names_kept = !delta.touches(NAMING_KINDS);
-            change.configs = delta.changed;
             change.audience = match delta.audience {
                 None => Audience::Everyone,
                 Some(namespaces) => Audience::Namespaces(namespaces),

@@ -126,6 +126,12 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_INSECURE_OPEN_DEBUG")]
     pub insecure_open_debug: bool,
 
+    /// Serves the accepted Istio config over xDS (MCP, for another control plane) to any caller,
+    /// on the plaintext port too. Without it only clients proven in the root namespace on the
+    /// secure port read it.
+    #[arg(long, env = "MESHPILOT_INSECURE_OPEN_CONFIG")]
+    pub insecure_open_config: bool,
+
     /// Plaintext xDS (ADS) server.
     #[arg(long, env = "MESHPILOT_XDS_ADDR", default_value = "127.0.0.1:15010")]
     pub xds_addr: SocketAddr,
@@ -239,6 +245,7 @@ impl DiscoveryArgs {
             first_request_timeout: self.xds_first_request_timeout,
             max_connection_age: self.xds_max_connection_age,
             open_debug: self.insecure_open_debug,
+            open_config: self.insecure_open_config,
             cache_entries: self.xds_cache_max_entries,
         }
     }

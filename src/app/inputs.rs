@@ -11,6 +11,7 @@ use tracing::warn;
 use super::StartError;
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
+use crate::istio::mesh::{ConfigSourceSpec, SourceAddress};
 use crate::metrics::Metrics;
 use crate::model::{Change, ClusterId, Mesh, Provider, ShardKey};
 use crate::sources::allocated::AllocatedFile;
@@ -18,6 +19,7 @@ use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeWatch};
 use crate::sources::kube_config::{self, KubeConfigWatch};
+use crate::sources::mcp::{self, NodeIdentity, SourceStatuses};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
 use crate::sources::remote::{RemoteController, RemoteOptions, StaleSnapshots};
@@ -33,6 +35,10 @@ pub(super) struct Inputs {
     networks_watch: Option<NetworksWatch>,
     _file_watch: Option<FileWatch>,
     _config_files_watch: Option<ConfigFilesWatch>,
+    /// The MCP sources' states.
+    pub(super) config_sources: SourceStatuses,
+    /// How long readiness waits for the MCP sources' first sync.
+    sync_timeout: std::time::Duration,
 }
 
 /// The config cluster's watches (its services and its Istio config) and the remote clusters its
@@ -83,13 +89,43 @@ pub(super) async fn start(
     if args.config_dir.is_none() && args.kubeconfig.is_none() && !args.in_cluster {
         return Err(StartError::NoSources);
     }
+    let sources: Vec<ConfigSourceSpec> = aggregate
+        .mesh()
+        .snapshot()
+        .config
+        .mesh()
+        .config_sources
+        .clone();
+    let named = |wanted: fn(&SourceAddress<'_>) -> bool| {
+        sources
+            .iter()
+            .filter(|s| s.target().as_ref().is_ok_and(wanted))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let from_cluster =
+        sources.is_empty() || !named(|t| *t == SourceAddress::ConfigCluster).is_empty();
     let config_cluster = match (&args.kubeconfig, args.in_cluster) {
+        (None, false) if !sources.is_empty() && from_cluster => {
+            return Err(StartError::ConfigSource(
+                "k8s:// names the config cluster: give --kubeconfig or --in-cluster".into(),
+            ))
+        }
         (None, false) => None,
         (path, _) => {
-            let cluster = config_cluster(args, path.as_deref(), &aggregate, metrics).await?;
+            let cluster =
+                config_cluster(args, path.as_deref(), &aggregate, metrics, from_cluster).await?;
             Some(cluster.supervised(supervisor))
         }
     };
+    let (config_sources, clients) = mcp::clients(
+        &named(|t| matches!(t, SourceAddress::Xds(_))),
+        aggregate.clone(),
+        node_identity(args),
+    );
+    for client in clients {
+        supervisor.spawn("config source (MCP)", client);
+    }
     let networks_watch = match &args.mesh_networks {
         Some(path) => Some(networks::watch(path, aggregate.clone())?),
         None => None,
@@ -98,14 +134,25 @@ pub(super) async fn start(
         Some(dir) => Some(FileClusters::load(dir, aggregate.clone())?.watch()?),
         None => None,
     };
-    let config_files_watch = match &args.config_dir {
-        Some(dir) => match ConfigFiles::load(dir, aggregate.clone()) {
-            Some(files) => Some(files.watch().map_err(|source| StartError::ConfigFiles {
-                dir: dir.display().to_string(),
-                source,
-            })?),
-            None => None,
-        },
+    let directory = named(|t| matches!(t, SourceAddress::Files(_)));
+    let config_files = match (sources.is_empty(), &args.config_dir, directory.first()) {
+        (true, Some(dir), _) => {
+            ConfigFiles::load(dir, aggregate.clone()).map(|f| (f, dir.join("config")))
+        }
+        (false, _, Some(source)) => {
+            let dir = std::path::PathBuf::from(source.address.trim_start_matches("fs://"));
+            let files = ConfigFiles::load_tree(&dir, aggregate.clone()).ok_or_else(|| {
+                StartError::ConfigSource(format!("{}: no such directory", source.address))
+            })?;
+            Some((files, dir))
+        }
+        _ => None,
+    };
+    let config_files_watch = match config_files {
+        Some((files, dir)) => Some(files.watch().map_err(|source| StartError::ConfigFiles {
+            dir: dir.display().to_string(),
+            source,
+        })?),
         None => None,
     };
     let inputs = Inputs {
@@ -115,6 +162,8 @@ pub(super) async fn start(
         networks_watch,
         _file_watch: file_watch,
         _config_files_watch: config_files_watch,
+        config_sources,
+        sync_timeout: args.remote_cluster_timeout,
     };
     Ok((inputs, changes))
 }
@@ -132,12 +181,16 @@ impl Inputs {
             .config_cluster
             .as_ref()
             .map(|c| c.config.synced_check());
+        // MCP sources' first sync is waited for as long as remote clusters' is.
+        let sources = self.config_sources.clone();
+        let give_up = std::time::Instant::now() + self.sync_timeout;
         Arc::new(move || {
             alive.ok()
                 && !draining.load(Ordering::Relaxed)
                 && loaded.all_loaded()
                 && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
                 && config_listed.as_ref().is_none_or(|listed| listed())
+                && (sources.lock().iter().all(|s| s.synced) || std::time::Instant::now() > give_up)
         })
     }
 
@@ -178,6 +231,7 @@ async fn config_cluster(
     kubeconfig: Option<&std::path::Path>,
     aggregate: &Arc<Aggregate>,
     metrics: &Metrics,
+    istio_config: bool,
 ) -> Result<ConfigCluster, StartError> {
     let client = kube_source::client(kubeconfig).await?;
     let source = match kubeconfig {
@@ -197,6 +251,7 @@ async fn config_cluster(
         aggregate.clone(),
         &args.system_namespace,
         args.mesh_config.is_none(),
+        istio_config,
     );
     let options = RemoteOptions {
         system_namespace: args.system_namespace.clone(),
@@ -214,6 +269,17 @@ async fn config_cluster(
         config,
         remotes,
     })
+}
+
+/// Who meshpilot says it is to its MCP sources: its pod (Kubernetes' downward API gives
+/// `POD_NAME`, `POD_IP`) in the system namespace.
+fn node_identity(args: &DiscoveryArgs) -> NodeIdentity {
+    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    NodeIdentity {
+        pod: env("POD_NAME", "meshpilot"),
+        namespace: args.system_namespace.clone(),
+        ip: env("POD_IP", "127.0.0.1"),
+    }
 }
 
 /// Where remote clusters' last-known-good snapshots are kept, unless there is no state directory

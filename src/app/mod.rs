@@ -57,8 +57,10 @@ pub enum StartError {
     Bind(#[from] BindError),
     #[error(transparent)]
     MeshConfig(#[from] crate::sources::mesh_config::MeshConfigError),
-    #[error("cannot watch the Istio config in {dir}/config: {source}")]
+    #[error("cannot watch the Istio config in {dir}: {source}")]
     ConfigFiles { dir: String, source: notify::Error },
+    #[error("mesh config configSources: {0}")]
+    ConfigSource(String),
     #[error("webhook server: {0}")]
     Webhook(std::io::Error),
     #[error("cannot read the bound address of {what}: {source}")]

@@ -177,6 +177,7 @@ pub(super) async fn admin(
         xds: xds.clone(),
         networks_error: inputs.networks_error(),
         mesh_config_error: inputs.mesh_config_error(),
+        config_sources: inputs.config_sources.clone(),
     });
     let views: std::sync::Weak<dyn DebugViews> = Arc::downgrade(&debug) as _;
     xds.set_debug_views(views);

@@ -56,6 +56,21 @@ pub(super) fn configz(state: &DebugContext) -> Value {
             entry
         })
         .collect();
+    // Each MCP config source: its sync state and last error.
+    out.extend(state.config_sources.lock().iter().map(|source| {
+        serde_json::json!({
+            "kind": "ConfigSource",
+            "address": source.address,
+            "status": match (source.connected, source.synced) {
+                (_, true) => "synced",
+                (true, false) => "syncing",
+                (false, false) => "disconnected",
+            },
+            "connected": source.connected,
+            "objects": source.objects,
+            "lastError": source.last_error,
+        })
+    }));
     out.extend(config.refusals().map(|(source, refusal)| {
         serde_json::json!({
             "kind": refusal.kind,

@@ -27,6 +27,8 @@ pub struct DebugContext {
     pub networks_error: Arc<parking_lot::Mutex<Option<String>>>,
     /// Why the mesh config is currently refused, if it is.
     pub mesh_config_error: Arc<parking_lot::Mutex<Option<String>>>,
+    /// The MCP config sources' states.
+    pub config_sources: crate::sources::mcp::SourceStatuses,
 }
 
 /// Paths a namespace-scoped viewer may ask for (istiod's allowlist); each filters to its proxies.

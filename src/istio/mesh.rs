@@ -43,6 +43,160 @@ pub struct MeshConfig {
     /// Istio's proxies trace through the tracer their agent configures when no Telemetry or
     /// default provider decides (Istio's default: on).
     pub enable_tracing: bool,
+    /// Where Istio config comes from (`xds://`, `fs://`, `k8s://`), read at start as istiod reads
+    /// it; none: the config directory's files and the config cluster.
+    pub config_sources: Vec<ConfigSourceSpec>,
+}
+
+/// One of `configSources`: an address and, for `xds://`, how to reach it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConfigSourceSpec {
+    pub address: String,
+    pub tls_settings: Option<SourceTls>,
+    /// `SERVICE_REGISTRY`: only the registry's kinds (ServiceEntry, WorkloadEntry) from this source.
+    pub subscribed_resources: Vec<String>,
+}
+
+/// The TLS settings of an `xds://` source (Istio's ClientTLSSettings, as far as they apply).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SourceTls {
+    pub mode: String,
+    pub client_certificate: String,
+    pub private_key: String,
+    pub ca_certificates: String,
+    pub credential_name: String,
+    pub subject_alt_names: Vec<String>,
+    pub sni: String,
+    pub insecure_skip_verify: Option<bool>,
+}
+
+/// Where a config source's objects come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceAddress<'a> {
+    /// An MCP server, `host:port`.
+    Xds(&'a str),
+    /// A directory of YAML.
+    Files(&'a str),
+    /// The config cluster's Istio objects.
+    ConfigCluster,
+}
+
+impl ConfigSourceSpec {
+    /// What the address names, or why it names nothing meshpilot reads.
+    pub fn target(&self) -> std::result::Result<SourceAddress<'_>, String> {
+        let address = self.address.as_str();
+        if let Some(host_port) = address.strip_prefix("xds://") {
+            let host_port = host_port.trim_end_matches('/');
+            let port = host_port.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+            return match port {
+                Some(Ok(port)) if port > 0 => Ok(SourceAddress::Xds(host_port)),
+                _ => Err(format!("{address:?}: xds:// names <host>:<port>")),
+            };
+        }
+        if let Some(path) = address.strip_prefix("fs://") {
+            return match path.starts_with('/') {
+                true => Ok(SourceAddress::Files(path)),
+                false => Err(format!("{address:?}: fs:// names an absolute directory")),
+            };
+        }
+        match address {
+            "k8s://" | "k8s:///" => Ok(SourceAddress::ConfigCluster),
+            _ => Err(format!(
+                "{address:?}: a config source is xds://<host>:<port>, fs:///<directory> or k8s://"
+            )),
+        }
+    }
+
+    /// The `host:port` of an `xds://` source.
+    pub fn host_port(&self) -> String {
+        match self.target() {
+            Ok(SourceAddress::Xds(host_port)) => host_port.to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// The kinds to subscribe to: every one MCP carries, or the registry's alone.
+    pub fn kinds(&self) -> Vec<super::ConfigKind> {
+        let registry = [
+            super::ConfigKind::ServiceEntry,
+            super::ConfigKind::WorkloadEntry,
+        ];
+        super::mcp::kinds()
+            .filter(|k| self.subscribed_resources.is_empty() || registry.contains(k))
+            .collect()
+    }
+
+    fn validate(&self) -> Result {
+        let target = self
+            .target()
+            .map_err(|e| ValidationError::at("address", e))?;
+        for resource in &self.subscribed_resources {
+            ensure(
+                resource == "SERVICE_REGISTRY",
+                "subscribedResources",
+                format!("{resource:?} is not a resource Istio defines (SERVICE_REGISTRY)"),
+            )?;
+        }
+        let Some(tls) = &self.tls_settings else {
+            return Ok(());
+        };
+        ensure(
+            matches!(target, SourceAddress::Xds(_)),
+            "tlsSettings",
+            "only xds:// sources are reached over the network",
+        )?;
+        tls.validate().map_err(|e| e.under("tlsSettings"))
+    }
+}
+
+impl SourceTls {
+    /// Whether the connection is TLS at all.
+    pub fn encrypts(&self) -> bool {
+        matches!(self.mode.as_str(), "SIMPLE" | "MUTUAL")
+    }
+
+    /// The name the server's certificate is checked against: `sni`, else the first of
+    /// `subjectAltNames`, else the address's host.
+    pub fn server_name(&self) -> Option<&str> {
+        [self.sni.as_str()]
+            .into_iter()
+            .chain(self.subject_alt_names.iter().map(String::as_str))
+            .find(|n| !n.is_empty())
+    }
+
+    fn validate(&self) -> Result {
+        ensure(
+            matches!(self.mode.as_str(), "" | "DISABLE" | "SIMPLE" | "MUTUAL"),
+            "mode",
+            format!(
+                "{:?}: meshpilot reaches a config source with DISABLE, SIMPLE or MUTUAL (ISTIO_MUTUAL is not implemented; give MUTUAL its files)",
+                self.mode
+            ),
+        )?;
+        ensure(
+            self.credential_name.is_empty(),
+            "credentialName",
+            "is not implemented for config sources: name the CA file (caCertificates)",
+        )?;
+        ensure(
+            self.insecure_skip_verify.is_none(),
+            "insecureSkipVerify",
+            "is not implemented for config sources",
+        )?;
+        ensure(
+            !self.encrypts() || !self.ca_certificates.is_empty(),
+            "caCertificates",
+            "SIMPLE and MUTUAL need the CA file that signed the source's certificate",
+        )?;
+        ensure(
+            self.mode != "MUTUAL"
+                || (!self.client_certificate.is_empty() && !self.private_key.is_empty()),
+            "clientCertificate",
+            "MUTUAL needs clientCertificate and privateKey",
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -94,6 +248,7 @@ impl Default for MeshConfig {
             access_log_format: String::new(),
             disable_envoy_listener_log: false,
             enable_tracing: true,
+            config_sources: Vec::new(),
         }
     }
 }
@@ -220,6 +375,21 @@ impl MeshConfig {
                 "with accessLogEncoding JSON it must be a JSON object of command operators",
             )?;
         }
+        for (i, source) in self.config_sources.iter().enumerate() {
+            source
+                .validate()
+                .map_err(|e| e.under(&format!("configSources[{i}]")))?;
+        }
+        let directories = self
+            .config_sources
+            .iter()
+            .filter(|s| matches!(s.target(), Ok(SourceAddress::Files(_))))
+            .count();
+        ensure(
+            directories <= 1,
+            "configSources",
+            "at most one fs:// directory",
+        )?;
         extension_provider::validate(&self.extension_providers)
     }
 

@@ -13,6 +13,16 @@ use prometheus::{
 
 pub use ca::CaMetrics;
 
+/// What the config gauges show, read when rendered.
+pub struct ConfigGauges {
+    /// Services in the merged table.
+    pub services: usize,
+    /// EnvoyFilter patches failing: `<namespace>/<name>` and the patch's target.
+    pub failing_patches: Vec<(String, String)>,
+    /// MCP config sources: address, synced, failing.
+    pub sources: Vec<(String, bool, bool)>,
+}
+
 /// What the cluster gauges show of one cluster, read from its registry when rendered.
 pub struct ClusterGauges {
     pub id: ClusterId,
@@ -69,6 +79,8 @@ pub struct Metrics {
     cluster_errors: IntGaugeVec,
     stale_age: IntGaugeVec,
     envoy_filter_status: IntGaugeVec,
+    config_source_synced: IntGaugeVec,
+    config_source_errors: IntGaugeVec,
     xds: XdsMetrics,
     push: PushMetrics,
     ca: CaMetrics,
@@ -164,6 +176,16 @@ impl Metrics {
                 "1 for each EnvoyFilter patch that failed to apply (result=error)",
                 &["name", "patch", "result"],
             ),
+            config_source_synced: gauge_vec(
+                "meshpilot_config_source_synced",
+                "1 once an MCP config source has answered for every kind it serves",
+                &["source"],
+            ),
+            config_source_errors: gauge_vec(
+                "meshpilot_config_source_errors",
+                "1 while an MCP config source's connection is failing",
+                &["source"],
+            ),
             xds: XdsMetrics::new(&registry),
             push: PushMetrics::new(&registry),
             ca: CaMetrics::new(&registry),
@@ -189,21 +211,26 @@ impl Metrics {
         self.ca.clone()
     }
 
-    /// Refreshes the model gauges from `clusters`, the merged service count and the EnvoyFilter
-    /// patches failing (`<namespace>/<name>` and the patch's target), and renders every metric in
+    /// Refreshes the model gauges from `clusters` and `config`, and renders every metric in
     /// Prometheus' text format.
-    pub fn render(
-        &self,
-        clusters: &[ClusterGauges],
-        services: usize,
-        failing_patches: &[(String, String)],
-    ) -> String {
+    pub fn render(&self, clusters: &[ClusterGauges], config: &ConfigGauges) -> String {
         self.envoy_filter_status.reset();
-        for (name, target) in failing_patches {
+        for (name, target) in &config.failing_patches {
             self.envoy_filter_status
                 .with_label_values(&[name.as_str(), target.as_str(), "error"])
                 .set(1);
         }
+        self.config_source_synced.reset();
+        self.config_source_errors.reset();
+        for (source, synced, failing) in &config.sources {
+            self.config_source_synced
+                .with_label_values(&[source.as_str()])
+                .set(i64::from(*synced));
+            self.config_source_errors
+                .with_label_values(&[source.as_str()])
+                .set(i64::from(*failing));
+        }
+        let services = config.services;
         self.clusters_by_state.reset();
         self.cluster_endpoints.reset();
         self.cluster_errors.reset();

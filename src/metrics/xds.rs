@@ -12,7 +12,7 @@ use crate::text::clip;
 
 /// The xDS types the metrics count, by their short names, in the order of their indexes
 /// ([`XdsType::index`]).
-pub const XDS_TYPES: [&str; 7] = ["cds", "eds", "lds", "rds", "sds", "nds", "ecds"];
+pub const XDS_TYPES: [&str; 8] = ["cds", "eds", "lds", "rds", "sds", "nds", "ecds", "mcp"];
 
 /// An xDS type as the metrics know it: its place in [`XDS_TYPES`].
 pub trait XdsType: Copy {
@@ -80,8 +80,8 @@ impl XdsMetrics {
         let rejects = XDS_TYPES
             .iter()
             .map(|ty| {
-                // istiod has no reject gauge for SDS, NDS or ECDS.
-                if matches!(*ty, "sds" | "nds" | "ecds") {
+                // istiod has no reject gauge for SDS, NDS, ECDS or its config (MCP) types.
+                if matches!(*ty, "sds" | "nds" | "ecds" | "mcp") {
                     return None;
                 }
                 let name = format!("pilot_xds_{ty}_reject");

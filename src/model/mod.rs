@@ -254,7 +254,10 @@ impl Change {
     }
 
     pub fn is_empty(&self) -> bool {
-        !self.full && self.services.is_empty() && self.credentials.is_empty()
+        !self.full
+            && self.services.is_empty()
+            && self.credentials.is_empty()
+            && self.configs.is_empty()
     }
 
     /// Whether every endpoint assignment may have changed: config or a mesh-wide setting did. A

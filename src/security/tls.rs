@@ -276,13 +276,17 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(128);
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let handshakes = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT));
+    // Ends (closing the listener) once the server reading the connections is gone.
     tokio::spawn(async move {
         loop {
             // Past the handshakes in flight, connections wait in the listen backlog.
             let Ok(permit) = handshakes.clone().acquire_owned().await else {
                 return;
             };
-            let (tcp, remote) = listener.accept().await;
+            let (tcp, remote) = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = tx.closed() => return,
+            };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 let _permit = permit;

@@ -49,7 +49,12 @@ struct FileState {
 impl ConfigFiles {
     /// Loads `<config_dir>/config` (if there is one: config is optional).
     pub fn load(config_dir: &Path, aggregate: Arc<Aggregate>) -> Option<Self> {
-        let root = config_dir.join("config").canonicalize().ok()?;
+        Self::load_tree(&config_dir.join("config"), aggregate)
+    }
+
+    /// The Istio config under `root` itself (an `fs://` config source).
+    pub fn load_tree(root: &Path, aggregate: Arc<Aggregate>) -> Option<Self> {
+        let root = root.canonicalize().ok()?;
         let mut this = Self {
             root,
             aggregate,

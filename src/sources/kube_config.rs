@@ -57,10 +57,16 @@ pub fn watch(
     aggregate: Arc<Aggregate>,
     system_namespace: &str,
     watch_mesh_config: bool,
+    istio_config: bool,
 ) -> KubeConfigWatch {
     let (listed, synced) = watch::channel(0usize);
     let listed = Arc::new(listed);
-    let mut tasks: Vec<JoinHandle<()>> = ConfigKind::ALL
+    // Where the mesh config names config sources without k8s://, the cluster's are not read.
+    let kinds: &[ConfigKind] = match istio_config {
+        true => &ConfigKind::ALL,
+        false => &[],
+    };
+    let mut tasks: Vec<JoinHandle<()>> = kinds
         .iter()
         .map(|kind| {
             tokio::spawn(watch_kind(
@@ -88,7 +94,7 @@ pub fn watch(
     KubeConfigWatch {
         tasks: owned,
         synced,
-        kinds: ConfigKind::ALL.len(),
+        kinds: kinds.len(),
         mesh_error,
     }
 }

@@ -12,6 +12,7 @@ pub mod jwks;
 pub mod kube;
 pub mod kube_config;
 pub mod manifest;
+pub mod mcp;
 pub mod mesh_config;
 pub mod networks;
 pub mod remote;

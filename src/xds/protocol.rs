@@ -11,6 +11,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::wire::Resource;
+use crate::istio::mcp;
+use crate::istio::ConfigKind;
 
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 pub const ENDPOINT_TYPE: &str =
@@ -25,22 +27,27 @@ pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.N
 pub const EXTENSION_CONFIG_TYPE: &str =
     "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ResourceType {
-    #[serde(rename = "cds")]
     Cluster,
-    #[serde(rename = "eds")]
     Endpoint,
-    #[serde(rename = "lds")]
     Listener,
-    #[serde(rename = "rds")]
     Route,
-    #[serde(rename = "sds")]
     Secret,
-    #[serde(rename = "nds")]
     NameTable,
-    #[serde(rename = "ecds")]
     ExtensionConfig,
+    /// Istio config over MCP: a kind, at one of its versions (its index among the kind's).
+    Config(ConfigKind, usize),
+}
+
+/// Shown by its short name (`cds`), Istio config by its type URL.
+impl Serialize for ResourceType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Config(..) => serializer.serialize_str(self.url()),
+            _ => serializer.serialize_str(self.short()),
+        }
+    }
 }
 
 impl ResourceType {
@@ -63,7 +70,10 @@ impl ResourceType {
             SECRET_TYPE => Self::Secret,
             NAME_TABLE_TYPE => Self::NameTable,
             EXTENSION_CONFIG_TYPE => Self::ExtensionConfig,
-            _ => return None,
+            url => {
+                let (kind, version) = mcp::parse_type_url(url)?;
+                Self::Config(kind, version)
+            }
         })
     }
 
@@ -76,12 +86,24 @@ impl ResourceType {
             Self::Secret => SECRET_TYPE,
             Self::NameTable => NAME_TABLE_TYPE,
             Self::ExtensionConfig => EXTENSION_CONFIG_TYPE,
+            Self::Config(kind, version) => mcp::type_urls()
+                .get(&(kind, version))
+                .map_or("", String::as_str),
         }
     }
 
-    /// Position in [`Self::ALL`].
+    /// Position in [`Self::ALL`]; Istio config types share the one after them.
     pub fn index(self) -> usize {
-        self as usize
+        match self {
+            Self::Cluster => 0,
+            Self::Endpoint => 1,
+            Self::Listener => 2,
+            Self::Route => 3,
+            Self::Secret => 4,
+            Self::NameTable => 5,
+            Self::ExtensionConfig => 6,
+            Self::Config(..) => Self::ALL.len(),
+        }
     }
 
     pub fn short(self) -> &'static str {
@@ -93,12 +115,16 @@ impl ResourceType {
             Self::Secret => "sds",
             Self::NameTable => "nds",
             Self::ExtensionConfig => "ecds",
+            Self::Config(..) => "mcp",
         }
     }
 
-    /// CDS, LDS and NDS subscribe to everything when no names are given.
+    /// CDS, LDS, NDS and Istio config subscribe to everything when no names are given.
     fn wildcard_capable(self) -> bool {
-        matches!(self, Self::Cluster | Self::Listener | Self::NameTable)
+        matches!(
+            self,
+            Self::Cluster | Self::Listener | Self::NameTable | Self::Config(..)
+        )
     }
 }
 
@@ -507,7 +533,8 @@ mod tests {
 
     #[test]
     fn the_metrics_count_types_in_this_order() {
-        let shorts: Vec<&str> = ResourceType::ALL.iter().map(|t| t.short()).collect();
+        let mut shorts: Vec<&str> = ResourceType::ALL.iter().map(|t| t.short()).collect();
+        shorts.push(ResourceType::Config(ConfigKind::ServiceEntry, 0).short());
         assert_eq!(shorts, crate::metrics::XDS_TYPES);
     }
     use ResourceType::*;

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::generate::eds_names_for;
 use super::protocol::{ResourceType, Scope};
+use crate::istio::ConfigKind;
 use crate::model::{Change, Hostname, MeshSnapshot, Resolution};
 
 /// What a proxy must be brought up to date with.
@@ -26,6 +27,8 @@ pub struct PushRequest {
     pub secrets: bool,
     /// Its name table (NDS) may have changed.
     pub names: bool,
+    /// Kinds of Istio config that changed, for clients of the config itself (MCP).
+    pub configs: BTreeSet<ConfigKind>,
     /// When the earliest change behind this request happened, and when it was offered to the
     /// proxy (the earliest, once merged): convergence and queue times are measured from these.
     pub triggered_at: Option<Instant>,
@@ -39,6 +42,7 @@ impl PushRequest {
         self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
         self.names |= other.names;
+        self.configs.extend(other.configs);
         self.triggered_at = earliest(self.triggered_at, other.triggered_at);
         self.queued_at = earliest(self.queued_at, other.queued_at);
     }
@@ -201,6 +205,11 @@ pub fn plan(
     // The agent asks for NDS alone (Envoy never does); it follows the listeners.
     let names = (request.names && watched.contains(&ResourceType::NameTable))
         .then_some((ResourceType::NameTable, Scope::All));
+    // Istio config goes to its clients (MCP) when objects of its kind changed.
+    let config = watched.iter().filter_map(|t| match t {
+        ResourceType::Config(kind, _) if request.configs.contains(kind) => Some((*t, Scope::All)),
+        _ => None,
+    });
     // Extension configs follow the config (and a Wasm module's pull secret), after the listeners
     // that name them.
     let extensions = ((request.full || request.secrets)
@@ -210,6 +219,7 @@ pub fn plan(
         .chain(extensions)
         .chain(names)
         .chain(secrets)
+        .chain(config)
         .collect()
 }
 

@@ -30,6 +30,7 @@ use super::push::{moves_names, PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
 use crate::istio::ConfigKey;
+use crate::istio::ConfigKind;
 use crate::metrics::XdsMetrics;
 use crate::model::{Audience, Change, Hostname, Mesh, MeshSnapshot};
 use crate::security::authn::{Authenticator, Credentials};
@@ -56,6 +57,8 @@ pub struct XdsOptions {
     pub max_connection_age: Duration,
     /// Debug types answered to unauthenticated callers too (`--insecure-open-debug`).
     pub open_debug: bool,
+    /// Istio config (MCP) served to unauthenticated callers too (`--insecure-open-config`).
+    pub open_config: bool,
     /// Resources the cache keeps at most (least recently used go first).
     pub cache_entries: usize,
 }
@@ -68,6 +71,7 @@ impl Default for XdsOptions {
             first_request_timeout: Duration::from_secs(30),
             max_connection_age: Duration::from_secs(30 * 60),
             open_debug: false,
+            open_config: false,
             cache_entries: crate::xds::generate::DEFAULT_CACHE_ENTRIES,
         }
     }
@@ -142,6 +146,14 @@ impl Connection {
     /// Whether the proxy's agent asked for its name table.
     fn watches_names(&self) -> bool {
         self.status.lock().contains_key(&ResourceType::NameTable)
+    }
+
+    /// Whether it is a client of the config itself (MCP), whatever its namespace.
+    fn watches_config(&self) -> bool {
+        self.status
+            .lock()
+            .keys()
+            .any(|t| matches!(t, ResourceType::Config(..)))
     }
 
     pub(super) fn set_eds_names<'a>(&self, names: impl Iterator<Item = &'a String>) {
@@ -267,6 +279,14 @@ impl XdsServer {
         &self.options
     }
 
+    /// Whether a client may read the config itself (MCP): one proven on the secure port to be of
+    /// the root namespace (another control plane), as istiod's api generator requires; anyone where
+    /// `--insecure-open-config` says so.
+    pub(super) fn serves_config_to(&self, proxy: &Proxy) -> bool {
+        let root = self.mesh.snapshot().config.mesh().root_namespace.clone();
+        self.options.open_config || (proxy.verified && *proxy.namespace == *root)
+    }
+
     pub(super) fn metrics(&self) -> &XdsMetrics {
         &self.metrics
     }
@@ -333,6 +353,7 @@ impl XdsServer {
         let mut woken = 0;
         let everywhere = change.touches_all_endpoints();
         let (names_if_full, names_everywhere) = moves_names(&change, &snapshot);
+        let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
         for conn in self.connections.read().values() {
             let full = change.full && change.audience.admits(&conn.proxy.namespace);
             let all_endpoints =
@@ -344,13 +365,19 @@ impl XdsServer {
                     .iter()
                     .any(|k| *k.namespace == *conn.proxy.namespace);
             let names = (full && names_if_full) || (names_everywhere && conn.watches_names());
-            if full || secrets || all_endpoints || names || conn.wants_eds_of(&change.services) {
+            let configs = match !kinds.is_empty() && conn.watches_config() {
+                true => kinds.clone(),
+                false => BTreeSet::new(),
+            };
+            let wanted = full || secrets || all_endpoints || names || !configs.is_empty();
+            if wanted || conn.wants_eds_of(&change.services) {
                 conn.slot.offer(PushRequest {
                     full,
                     all_endpoints,
                     services: change.services.clone(),
                     secrets,
                     names,
+                    configs,
                     triggered_at: Some(triggered_at),
                     queued_at: Some(queued_at),
                 });

@@ -118,6 +118,17 @@ impl Common {
         None
     }
 
+    /// Istio config itself (MCP) is for other control planes only: a refusal for any other client.
+    fn config_access(&self, ty: ResourceType) -> Option<Answer> {
+        if !matches!(ty, ResourceType::Config(..)) || self.server.serves_config_to(&self.conn.proxy)
+        {
+            return None;
+        }
+        Some(Answer::Refuse(tonic::Status::permission_denied(
+            "Istio config over xDS is served to clients proven in the root namespace on the secure port",
+        )))
+    }
+
     /// Types answered per request rather than watched (unserved and debug types): the nonce for a
     /// new answer, None for an acknowledgement of ours (not a request), or a refusal once a client
     /// has asked for too many distinct ones (what it makes us remember is bounded).
@@ -245,6 +256,9 @@ impl Session<DiscoveryRequest> for SotwSession {
                 |url, nonce| wire::sotw_response(url, "", nonce, &Listing::default()).to_bytes(),
             );
         };
+        if let Some(refusal) = self.common.config_access(ty) {
+            return refusal;
+        }
         let code = request.error_detail.as_ref().map_or(0, |e| e.code);
         let error = request.error_detail.map(|e| e.message);
         let action = self.stream.on_request(
@@ -347,6 +361,9 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
                 |url, nonce| wire::delta_response(url, "", nonce, &[], &[]),
             );
         };
+        if let Some(refusal) = self.common.config_access(ty) {
+            return refusal;
+        }
         let code = request.error_detail.as_ref().map_or(0, |e| e.code);
         let action = self.stream.on_request(DeltaRequest {
             ty,

@@ -27,11 +27,18 @@ pub enum ConfigSource {
     /// WorkloadEntries of proxies registered into WorkloadGroups.
     AutoRegistration,
     Files,
+    /// MCP sources (`xds://` in the mesh config's `configSources`).
+    Mcp,
     ConfigCluster,
 }
 
 impl ConfigSource {
-    const ALL: [ConfigSource; 3] = [Self::AutoRegistration, Self::Files, Self::ConfigCluster];
+    const ALL: [ConfigSource; 4] = [
+        Self::AutoRegistration,
+        Self::Files,
+        Self::Mcp,
+        Self::ConfigCluster,
+    ];
 
     fn index(self) -> usize {
         self as usize

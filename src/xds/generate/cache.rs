@@ -256,6 +256,7 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
         ResourceType::Secret => equal::<Secret>(&a.any, &b.any),
         ResourceType::NameTable => equal::<crate::xds::name_table::NameTable>(&a.any, &b.any),
         ResourceType::ExtensionConfig => equal::<TypedExtensionConfig>(&a.any, &b.any),
+        ResourceType::Config(..) => equal::<crate::istio::mcp::Resource>(&a.any, &b.any),
     }
 }
 

@@ -22,6 +22,7 @@ mod generation;
 mod grpc;
 mod istio_stats;
 mod locality;
+mod mcp;
 pub mod names;
 mod policy;
 mod providers;
@@ -52,6 +53,9 @@ impl Generation<'_> {
         if ty == ResourceType::NameTable {
             let table = self.kind().and_then(|_| dns::table(self));
             return Listing::own(table.into_iter().collect());
+        }
+        if let ResourceType::Config(kind, _) = ty {
+            return mcp::all(self, kind);
         }
         let mut listing = match self.kind() {
             Some(ProxyKind::Sidecar) => sidecar::all(self, ty),
@@ -87,6 +91,7 @@ impl Generation<'_> {
             ResourceType::Secret => return sds::build(self, name),
             // One unnamed table: a name asks for nothing that exists.
             ResourceType::NameTable => return None,
+            ResourceType::Config(kind, _) => return mcp::named(self, kind, name),
             ResourceType::ExtensionConfig => {
                 let plugin = wasm::build(self.mesh, self.proxy, name);
                 return match plugin {

@@ -44,7 +44,8 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         | ResourceType::Route
         | ResourceType::Secret
         | ResourceType::NameTable
-        | ResourceType::ExtensionConfig => Listing::default(),
+        | ResourceType::ExtensionConfig
+        | ResourceType::Config(..) => Listing::default(),
     }
 }
 
@@ -56,7 +57,8 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Endpoint
         | ResourceType::Secret
         | ResourceType::NameTable
-        | ResourceType::ExtensionConfig => None,
+        | ResourceType::ExtensionConfig
+        | ResourceType::Config(..) => None,
     }
 }
 
