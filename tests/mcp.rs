@@ -2,7 +2,8 @@
 //! over mutual TLS (a client certificate of A's root namespace); A's VirtualService and
 //! ServiceEntry reach B's real Envoy; an object A refuses is never served; B keeps its last good
 //! config while A is down and resyncs when it returns. A's config is not served to a client that
-//! has not proven itself.
+//! has not proven itself. A registry speaking MCP (grpcio, its messages generated from the
+//! project's protos) feeds 10,000 ServiceEntries, then shrinks to a few.
 
 mod common;
 
@@ -237,4 +238,74 @@ async fn a_second_meshpilot_takes_the_first_as_its_config_source() {
     });
     let refused = plain.error(BOUND).await;
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+}
+
+/// The merged services meshpilot reports (`pilot_services`).
+async fn services(mp: &meshpilot::app::Running) -> usize {
+    let (_, metrics) = http_get(mp.http_addr, "/metrics").await.unwrap();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("pilot_services "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_registry_feeds_ten_thousand_service_entries() {
+    const ENTRIES: usize = 10_000;
+    let port = free_port();
+    let control = tempfile::NamedTempFile::new().unwrap();
+    let _registry = Peer::start(
+        "mcp_registry.py",
+        &[
+            &port.port().to_string(),
+            &ENTRIES.to_string(),
+            control.path().to_str().unwrap(),
+        ],
+    );
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        mesh.path(),
+        format!(
+            "configSources:\n- address: xds://{port}\n  subscribedResources: [SERVICE_REGISTRY]\n"
+        ),
+    )
+    .unwrap();
+    let clusters = copy_tree(Path::new(EXAMPLE));
+    let started = std::time::Instant::now();
+    // Readiness waits for the source's first sync.
+    let mp = start_meshpilot_unready(&[
+        "--config-dir",
+        clusters.path().to_str().unwrap(),
+        "--mesh-config",
+        mesh.path().to_str().unwrap(),
+    ])
+    .await;
+    // One response holds the whole set: past ENTRIES services, every entry is in.
+    let total = wait_for(
+        "every entry a service",
+        Duration::from_secs(120),
+        || async {
+            let total = services(&mp).await;
+            (total >= ENTRIES).then_some(total)
+        },
+    )
+    .await;
+    let own = total - ENTRIES;
+    eprintln!(
+        "{ENTRIES} ServiceEntries from an MCP registry served in {:?}",
+        started.elapsed()
+    );
+    let endpoints = get_json(mp.http_addr, "/debug/endpointShardz").await;
+    let last = &endpoints["svc-9999.registry.example"];
+    assert!(last.to_string().contains("10.100.39.15"), "{last}");
+
+    // The registry's set shrinks: what it no longer holds goes.
+    std::fs::write(control.path(), "10").unwrap();
+    wait_for("the set shrunk", BOUND, || async {
+        (services(&mp).await == 10 + own).then_some(())
+    })
+    .await;
+    let configz = get_json(mp.http_addr, "/debug/configz").await;
+    assert_eq!(source_status(&configz)["objects"], 10, "{configz}");
 }

@@ -178,13 +178,8 @@ impl Client {
     /// One connection: subscribe to every kind, apply responses until the stream ends.
     async fn session(&self) -> Result<(), String> {
         let channel = connect(&self.spec).await?;
+        // The subscriptions go first: a server may answer the call only once it has a request.
         let (requests, outgoing) = mpsc::unbounded_channel();
-        let mut responses = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-            .stream_aggregated_resources(UnboundedReceiverStream::new(outgoing))
-            .await
-            .map_err(|e| format!("{}: {}", e.code(), e.message()))?
-            .into_inner();
         let kinds = self.spec.kinds();
         for (i, kind) in kinds.iter().enumerate() {
             let _ = requests.send(DiscoveryRequest {
@@ -193,6 +188,14 @@ impl Client {
                 ..Default::default()
             });
         }
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let call = client.stream_aggregated_resources(UnboundedReceiverStream::new(outgoing));
+        let mut responses = tokio::time::timeout(CONNECT_TIMEOUT, call)
+            .await
+            .map_err(|_| format!("no answer within {CONNECT_TIMEOUT:?}"))?
+            .map_err(|e| format!("{}: {}", e.code(), e.message()))?
+            .into_inner();
         self.status(|s| s.connected = true);
         info!(source = %self.spec.address, "config source connected");
         let mut answered = BTreeSet::new();

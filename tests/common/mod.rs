@@ -353,6 +353,34 @@ pub fn free_port() -> SocketAddr {
     listener.local_addr().expect("local addr")
 }
 
+/// A Python test peer (`tests/peers/<script>`) run with the peers' interpreter; killed and reaped
+/// when dropped.
+pub struct Peer(Child);
+
+impl Peer {
+    pub fn start(script: &str, args: &[&str]) -> Self {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/peers")
+            .join(script);
+        let child = Command::new(peer_python())
+            .arg(path)
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("{script}: {e} (run ./scripts/test to install the test peers)")
+            });
+        Self(child)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Root of the test peers installed by scripts/test (Envoy, grpcio).
 pub fn peers_dir() -> PathBuf {
     std::env::var_os("MESHPILOT_TEST_PEERS")
