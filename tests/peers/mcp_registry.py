@@ -84,13 +84,16 @@ class Registry(discovery_pb2_grpc.AggregatedDiscoveryServiceServicer):
         cond = threading.Condition()
 
         def read():
-            for request in requests:
-                with cond:
-                    if request.response_nonce and request.response_nonce == sent.get(request.type_url):
-                        continue  # an ACK (or NACK) of ours
-                    watched[request.type_url] = True
-                    queue.append(request.type_url)
-                    cond.notify_all()
+            try:
+                for request in requests:
+                    with cond:
+                        if request.response_nonce and request.response_nonce == sent.get(request.type_url):
+                            continue  # an ACK (or NACK) of ours
+                        watched[request.type_url] = True
+                        queue.append(request.type_url)
+                        cond.notify_all()
+            except grpc.RpcError:
+                pass  # the client went away
             with cond:
                 queue.append(None)
                 cond.notify_all()
