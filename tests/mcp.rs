@@ -309,3 +309,50 @@ async fn a_registry_feeds_ten_thousand_service_entries() {
     let configz = get_json(mp.http_addr, "/debug/configz").await;
     assert_eq!(source_status(&configz)["objects"], 10, "{configz}");
 }
+
+/// `fs://` names the one directory config is read from (the config directory's own files are not
+/// read then); an address of another form, or `k8s://` without a config cluster, is refused at
+/// start, naming it.
+#[tokio::test]
+async fn config_sources_name_where_config_comes_from() {
+    let clusters = copy_tree(Path::new(EXAMPLE));
+    let own = clusters.path().join("config");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(own.join("own.yaml"), CONFIG.replace("payments", "own")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("listed.yaml"), CONFIG).unwrap();
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    let write_mesh = |address: &str| {
+        std::fs::write(
+            mesh.path(),
+            format!("configSources:\n- address: {address}\n"),
+        )
+        .unwrap();
+    };
+    write_mesh(&format!("fs://{}", elsewhere.path().display()));
+    let flags = ["--mesh-config", mesh.path().to_str().unwrap()];
+    let mp = start_meshpilot(clusters.path(), &flags).await;
+    let configz = get_json(mp.http_addr, "/debug/configz").await;
+    let names: Vec<&str> = configz
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert!(names.contains(&"payments"), "{names:?}");
+    assert!(!names.contains(&"own"), "{names:?}");
+    drop(mp);
+
+    let dir = clusters.path().to_str().unwrap();
+    for (address, expected) in [
+        ("http://registry:15010", "a config source is xds://"),
+        ("k8s://", "give --kubeconfig or --in-cluster"),
+    ] {
+        write_mesh(address);
+        let error = try_start_meshpilot(&["--config-dir", dir, flags[0], flags[1]])
+            .await
+            .err()
+            .expect("refused");
+        assert!(error.to_string().contains(expected), "{address}: {error}");
+    }
+}
