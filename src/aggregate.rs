@@ -10,6 +10,7 @@ use thiserror::Error;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tracing::info;
 
+use crate::istio::label_selector::LabelSelector;
 use crate::istio::{ConfigKind, MeshConfig};
 use crate::model::{
     Audience, Change, ClusterId, ConfigChange, ConfigSource, JwksTable, Mesh, Refusal, ShardKey,
@@ -53,18 +54,27 @@ pub struct Aggregate {
     mesh: Arc<Mesh>,
     clusters: RwLock<Vec<Arc<ClusterRegistry>>>,
     changes: UnboundedSender<Change>,
+    /// The mesh config's `discoverySelectors`, for every Kubernetes cluster's watches.
+    discovery_selectors: tokio::sync::watch::Sender<Vec<LabelSelector>>,
 }
 
 impl Aggregate {
     /// Returns the controller and the single stream of changes from all its registries.
     pub fn new(mesh: Arc<Mesh>) -> (Arc<Self>, UnboundedReceiver<Change>) {
         let (changes, rx) = mpsc::unbounded_channel();
+        let selectors = mesh.snapshot().config.mesh().discovery_selectors.clone();
         let aggregate = Self {
             mesh,
             clusters: RwLock::default(),
             changes,
+            discovery_selectors: tokio::sync::watch::Sender::new(selectors),
         };
         (Arc::new(aggregate), rx)
+    }
+
+    /// The discovery selectors in force, and each change of them.
+    pub fn discovery_selectors(&self) -> tokio::sync::watch::Receiver<Vec<LabelSelector>> {
+        self.discovery_selectors.subscribe()
     }
 
     pub fn mesh(&self) -> &Arc<Mesh> {
@@ -237,6 +247,12 @@ impl Aggregate {
 
     /// Replaces the mesh config; a change is a full push. Returns whether it changed.
     pub fn set_mesh_config(&self, mesh_config: MeshConfig) -> bool {
+        let selectors = mesh_config.discovery_selectors.clone();
+        self.discovery_selectors.send_if_modified(|current| {
+            let changed = *current != selectors;
+            *current = selectors;
+            changed
+        });
         let changed = self.mesh.write(|mesh| {
             let changed = mesh.config.set_mesh(mesh_config);
             if changed {

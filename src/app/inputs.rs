@@ -244,7 +244,12 @@ async fn config_cluster(
         cluster: id.clone(),
     };
     let registry = aggregate.add_cluster(shard, source, true)?;
-    let watch = kube_source::watch_cluster(client.clone(), registry, &args.system_namespace);
+    let watch = kube_source::watch_cluster(
+        client.clone(),
+        registry,
+        &args.system_namespace,
+        aggregate.discovery_selectors(),
+    );
     let config = kube_config::watch(
         client.clone(),
         id.clone(),

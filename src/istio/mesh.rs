@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::destination_rule::LocalityLbSetting;
 use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
+use super::label_selector::LabelSelector;
 use super::validate::{self, ensure, Result, ValidationError};
 
 /// The ConfigMap in the system namespace that carries the mesh config, and its key.
@@ -46,6 +47,9 @@ pub struct MeshConfig {
     /// Where Istio config comes from (`xds://`, `fs://`, `k8s://`), read at start as istiod reads
     /// it; none: the config directory's files and the config cluster.
     pub config_sources: Vec<ConfigSourceSpec>,
+    /// The namespaces of every Kubernetes cluster meshpilot discovers (any selector matching its
+    /// labels); none: every namespace.
+    pub discovery_selectors: Vec<LabelSelector>,
 }
 
 /// One of `configSources`: an address and, for `xds://`, how to reach it.
@@ -249,6 +253,7 @@ impl Default for MeshConfig {
             disable_envoy_listener_log: false,
             enable_tracing: true,
             config_sources: Vec::new(),
+            discovery_selectors: Vec::new(),
         }
     }
 }
@@ -374,6 +379,11 @@ impl MeshConfig {
                 "accessLogFormat",
                 "with accessLogEncoding JSON it must be a JSON object of command operators",
             )?;
+        }
+        for (i, selector) in self.discovery_selectors.iter().enumerate() {
+            selector
+                .validate()
+                .map_err(|e| e.under(&format!("discoverySelectors[{i}]")))?;
         }
         for (i, source) in self.config_sources.iter().enumerate() {
             source

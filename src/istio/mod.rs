@@ -10,6 +10,7 @@ pub mod extension_provider;
 mod fields;
 pub mod gateway;
 pub mod gateway_api;
+pub mod label_selector;
 pub mod mcp;
 pub mod mesh;
 pub mod proxy_config;

@@ -19,6 +19,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::discovery::{self, Selection};
+use crate::istio::label_selector::LabelSelector;
 use crate::kube_client::WatchBackoff;
 use crate::registry::objects::{self, Kind, Object, ObjectChange, ObjectKey, TrimError};
 use crate::registry::{ClusterRegistry, SyncState};
@@ -98,18 +100,31 @@ impl SyncGate {
     }
 }
 
-/// Starts watching a cluster into `registry`.
+/// Starts watching a cluster into `registry`, its namespaces discovered as `selectors` say.
 pub fn watch_cluster(
     client: Client,
     registry: Arc<ClusterRegistry>,
     system_namespace: &str,
+    selectors: watch::Receiver<Vec<LabelSelector>>,
 ) -> KubeWatch {
     let (done, synced) = watch::channel(false);
+    // The six kinds, and the discovered namespaces.
     let gate = Arc::new(SyncGate {
-        remaining: AtomicUsize::new(6),
+        remaining: AtomicUsize::new(7),
         registry: registry.clone(),
         done,
     });
+    let selection = Arc::new(Selection::new(&selectors.borrow()));
+    let discovered = {
+        let (gate, selection) = (gate.clone(), selection.clone());
+        let (client, registry) = (client.clone(), registry.clone());
+        tokio::spawn(async move {
+            discovery::run(client, registry, selection, selectors, || {
+                gate.kind_listed()
+            })
+            .await
+        })
+    };
     let all = watcher::Config::default().page_size(LIST_PAGE);
     let system_ns = watcher::Config::default().fields(&format!("metadata.name={system_namespace}"));
     let handles = vec![
@@ -117,42 +132,43 @@ pub fn watch_cluster(
             Api::all(client.clone()),
             system_ns,
             Kind::Namespace,
-            &gate,
+            (&gate, None),
             |o| objects::namespace(o).map(Some),
         ),
         spawn::<Node>(
             Api::all(client.clone()),
             all.clone(),
             Kind::Node,
-            &gate,
+            (&gate, None),
             |o| objects::node(o).map(Some),
         ),
+        discovered,
         spawn::<Pod>(
             Api::all(client.clone()),
             all.clone(),
             Kind::Pod,
-            &gate,
+            (&gate, Some(&selection)),
             |o| objects::pod(o).map(Some),
         ),
         spawn::<Service>(
             Api::all(client.clone()),
             all.clone(),
             Kind::Service,
-            &gate,
+            (&gate, Some(&selection)),
             |o| objects::service(o).map(Some),
         ),
         spawn::<EndpointSlice>(
             Api::all(client.clone()),
             all.clone(),
             Kind::EndpointSlice,
-            &gate,
+            (&gate, Some(&selection)),
             objects::endpoint_slice,
         ),
         spawn::<Secret>(
             Api::all(client),
             all.fields(&secret_fields()),
             Kind::Secret,
-            &gate,
+            (&gate, Some(&selection)),
             |o| objects::secret(o).map(Some),
         ),
     ];
@@ -174,17 +190,25 @@ fn secret_fields() -> String {
 
 type Trim<K> = fn(&K) -> Result<Option<Object>, TrimError>;
 
+/// A watch of one kind into the registry; objects of namespaces `selection` does not admit are
+/// dropped on arrival.
 fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
-    gate: &Arc<SyncGate>,
+    (gate, selection): (&Arc<SyncGate>, Option<&Arc<Selection>>),
     trim: Trim<K>,
 ) -> JoinHandle<()>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let gate = gate.clone();
+    let selection = selection.cloned();
+    let admitted = move |object: &K| {
+        selection
+            .as_ref()
+            .is_none_or(|s| s.admits(object.namespace().as_deref().unwrap_or_default()))
+    };
     tokio::spawn(async move {
         let registry = gate.registry.clone();
         let mut events = watcher::watcher(api, config)
@@ -210,7 +234,7 @@ where
             match event {
                 Event::Init => relist = Some(Default::default()),
                 Event::InitApply(object) => {
-                    if let Some(changes) = relist.as_mut() {
+                    if let Some(changes) = relist.as_mut().filter(|_| admitted(&object)) {
                         changes.push(convert(&registry, kind, &object, trim));
                     }
                 }
@@ -223,10 +247,11 @@ where
                         gate.kind_listed();
                     }
                 }
-                Event::Apply(object) => {
+                Event::Apply(object) if admitted(&object) => {
                     let change = convert(&registry, kind, &object, trim);
                     apply_off_worker(&registry, None, vec![change]).await;
                 }
+                Event::Apply(_) => {}
                 Event::Delete(object) => {
                     let key = key_of(kind, &object);
                     apply_off_worker(&registry, None, vec![ObjectChange::Delete(key)]).await;

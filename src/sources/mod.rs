@@ -5,6 +5,7 @@ pub mod allocated;
 pub mod allocation_status;
 pub mod auto_registration;
 pub mod config_files;
+pub mod discovery;
 pub mod file;
 pub mod gateway_status;
 mod holders;

@@ -298,6 +298,7 @@ impl Controller {
                     client.clone(),
                     registry.clone(),
                     &self.options.system_namespace,
+                    self.aggregate.discovery_selectors(),
                 );
                 cluster.sync_timer = Some(self.time_sync(registry, &watch));
                 cluster.watch = Some(watch);
@@ -382,6 +383,7 @@ impl Controller {
             self.options.sync_timeout,
             id.clone(),
         );
+        let selectors = self.aggregate.discovery_selectors();
         let task = tokio::spawn(async move {
             let note = match connect(config).await {
                 Err(e) => Note::RotationFailed {
@@ -390,7 +392,8 @@ impl Controller {
                     error: e.to_string(),
                 },
                 Ok((client, server)) => {
-                    let watch = watch_cluster(client.clone(), staged.clone(), &namespace);
+                    let watch =
+                        watch_cluster(client.clone(), staged.clone(), &namespace, selectors);
                     let limit = if timeout.is_zero() {
                         Duration::MAX
                     } else {

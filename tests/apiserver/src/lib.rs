@@ -320,7 +320,8 @@ impl TestApiServer {
         *self.running.lock() = Some(self.serve(listener));
     }
 
-    /// How many requests of a kind were made: `list:<plural>`, `watch:<plural>`, `tokenreview`, ….
+    /// How many requests of a kind were made: `list:<plural>`, `watch:<plural>` (and
+    /// `watch:<plural>?<labelSelector>` for a selected watch), `tokenreview`, ….
     pub fn request_count(&self, what: &str) -> u64 {
         self.shared.requests.lock().get(what).copied().unwrap_or(0)
     }
@@ -550,6 +551,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             };
             if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
                 count(&shared, format!("watch:{}", target.kind.plural));
+                if let Some(selector) = query.get("labelSelector") {
+                    count(&shared, format!("watch:{}?{selector}", target.kind.plural));
+                }
                 watch(shared, target, filter, &query)
             } else {
                 count(&shared, format!("list:{}", target.kind.plural));
@@ -977,6 +981,20 @@ fn list(
     )
 }
 
+/// An event as a selected watch sees it, as the API server's watch cache sends it: a modification
+/// that takes an object out of the selection is its DELETED, one that brings it in its ADDED.
+fn selected_event(event: &store::Event, in_scope: &impl Fn(&Value) -> bool) -> Option<Bytes> {
+    let now = in_scope(&event.object);
+    let before = event.previous.as_deref().map(in_scope);
+    let kind = match (event.kind.as_str(), before, now) {
+        ("MODIFIED", Some(true), false) => "DELETED",
+        ("MODIFIED", Some(false), true) => "ADDED",
+        (kind, _, true) => kind,
+        _ => return None,
+    };
+    Some(watch_line(kind, &event.object))
+}
+
 fn watch_line(kind: &str, object: &Value) -> Bytes {
     let mut line = json!({"type": kind, "object": object}).to_string();
     line.push('\n');
@@ -1018,8 +1036,8 @@ fn watch(
                     WatchStart::Replay(events, live) => (
                         events
                             .into_iter()
-                            .filter(|e| e.plural == kind.plural && in_scope(&e.object))
-                            .map(|e| watch_line(e.kind.as_str(), &e.object))
+                            .filter(|e| e.plural == kind.plural)
+                            .filter_map(|e| selected_event(&e, &in_scope))
                             .collect::<Vec<_>>(),
                         live,
                     ),
@@ -1052,7 +1070,10 @@ fn watch(
         loop {
             let line = tokio::select! {
                 event = live.recv() => match event {
-                    Ok(e) if e.plural == kind.plural && in_scope(&e.object) => watch_line(e.kind.as_str(), &e.object),
+                    Ok(e) if e.plural == kind.plural => match selected_event(&e, &in_scope) {
+                        Some(line) => line,
+                        None => continue,
+                    },
                     Ok(_) => continue,
                     Err(_) => return,
                 },

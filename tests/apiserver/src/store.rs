@@ -324,6 +324,8 @@ pub struct Event {
     pub plural: &'static str,
     pub kind: EventType,
     pub object: Arc<Value>,
+    /// The object before a modification: a selected watch sees an object leave (or enter) it.
+    pub previous: Option<Arc<Value>>,
 }
 
 /// (plural, namespace, name)
@@ -394,9 +396,9 @@ impl Store {
             String::new()
         };
         let key = (kind.plural, namespace.clone(), name);
-        let previous = self.objects.get(&key);
+        let previous = self.objects.get(&key).cloned();
         self.rv += 1;
-        let uid = match previous {
+        let uid = match &previous {
             Some(p) => p["metadata"]["uid"].clone(),
             None => {
                 self.uids += 1;
@@ -420,7 +422,7 @@ impl Store {
             meta["namespace"] = json!(namespace);
         }
         self.objects.insert(key, object.clone());
-        self.record(kind.plural, event, object.clone());
+        self.record(kind.plural, event, object.clone(), previous);
         object
     }
 
@@ -438,7 +440,7 @@ impl Store {
                 .remove(&(kind.plural, namespace.to_string(), name.to_string()))?;
         self.rv += 1;
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.record(kind.plural, EventType::Deleted, object.clone());
+        self.record(kind.plural, EventType::Deleted, object.clone(), None);
         let uid = object["metadata"]["uid"].clone();
         let owned: Vec<(&'static str, String, String)> = self
             .objects
@@ -458,12 +460,19 @@ impl Store {
         Some(object)
     }
 
-    fn record(&mut self, plural: &'static str, kind: EventType, object: Value) {
+    fn record(
+        &mut self,
+        plural: &'static str,
+        kind: EventType,
+        object: Value,
+        previous: Option<Value>,
+    ) {
         let event = Event {
             rv: self.rv,
             plural,
             kind,
             object: Arc::new(object),
+            previous: previous.map(Arc::new),
         };
         self.history.push_back(event.clone());
         while self.history.len() > HISTORY {

@@ -1,0 +1,88 @@
+//! discoverySelectors on a real list/watch API server: the selected namespaces are watched with
+//! the selector sent to the API server; objects of other namespaces are never held; a namespace
+//! relabelled in or out brings or drops its services live, and so does a change of the selectors.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use test_apiserver::TestApiServer;
+
+const BOUND: Duration = Duration::from_secs(15);
+
+fn namespace(name: &str, labels: &str) -> String {
+    format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {{{labels}}}}}\n")
+}
+
+fn service(namespace: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: {namespace}}}\nspec: {{clusterIP: {ip}, ports: [{{name: http, port: 80}}]}}\n"
+    )
+}
+
+/// Which of the namespaces' `web` services meshpilot serves.
+fn served(mp: &meshpilot::app::Running) -> Vec<String> {
+    let snapshot = mp.aggregate.mesh().snapshot();
+    ["in", "out", "istio-system"]
+        .into_iter()
+        .filter(|ns| {
+            let host = format!("web.{ns}.svc.cluster.local");
+            snapshot.services.get(&host).is_some()
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+async fn serving(mp: &meshpilot::app::Running, expected: &[&str]) {
+    wait_for(&format!("serving {expected:?}"), BOUND, || async {
+        (served(mp) == expected).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn selected_namespaces_follow_their_labels_and_the_selectors() {
+    let api = TestApiServer::start().await;
+    for manifest in [
+        namespace("istio-system", ""),
+        namespace("in", "mesh: 'on'"),
+        namespace("out", "team: x"),
+        service("in", "10.96.1.1"),
+        service("out", "10.96.1.2"),
+        service("istio-system", "10.96.1.3"),
+    ] {
+        api.apply_yaml(&manifest);
+    }
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    let selectors =
+        |yaml: &str| write_atomic(mesh.path(), &format!("discoverySelectors: {yaml}\n"));
+    selectors("[{matchLabels: {mesh: 'on'}}, {matchExpressions: [{key: team, operator: In, values: [y]}]}]");
+    let mp = start_meshpilot_with(&[
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--cluster-id",
+        "primary",
+        "--mesh-config",
+        mesh.path().to_str().unwrap(),
+    ])
+    .await;
+    serving(&mp, &["in"]).await;
+    // Each selector is a Namespace watch selected on the API server.
+    assert!(api.request_count("watch:namespaces?mesh=on") >= 1);
+    assert!(api.request_count("watch:namespaces?team in (y)") >= 1);
+
+    // A namespace relabelled into a selector: its service comes; out of every one: it goes.
+    api.apply_yaml(&namespace("out", "team: y"));
+    serving(&mp, &["in", "out"]).await;
+    api.apply_yaml(&namespace("in", "mesh: 'off'"));
+    serving(&mp, &["out"]).await;
+
+    // The selectors change with the mesh config: none means every namespace.
+    selectors("[]");
+    serving(&mp, &["in", "out", "istio-system"]).await;
+    selectors("[{matchLabels: {mesh: 'off'}}]");
+    serving(&mp, &["in"]).await;
+}
