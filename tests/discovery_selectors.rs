@@ -6,6 +6,8 @@ mod common;
 
 use std::time::Duration;
 
+use serde_json::{json, Value};
+
 use common::*;
 use test_apiserver::TestApiServer;
 
@@ -24,7 +26,7 @@ fn service(namespace: &str, ip: &str) -> String {
 /// Which of the namespaces' `web` services meshpilot serves.
 fn served(mp: &meshpilot::app::Running) -> Vec<String> {
     let snapshot = mp.aggregate.mesh().snapshot();
-    ["in", "out", "istio-system"]
+    ["in", "out", "istio-system", "team-b"]
         .into_iter()
         .filter(|ns| {
             let host = format!("web.{ns}.svc.cluster.local");
@@ -86,3 +88,69 @@ async fn selected_namespaces_follow_their_labels_and_the_selectors() {
     selectors("[{matchLabels: {mesh: 'off'}}]");
     serving(&mp, &["in"]).await;
 }
+
+/// The remote Secret onboarding `east`, with `annotations`.
+fn east_secret(p: &primary::Primary, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "istio-remote-secret-east", "namespace": "istio-system",
+                     "labels": {"istio/multiCluster": "true"}, "annotations": annotations},
+        "stringData": {"east": p.east.kubeconfig("east-reader")}
+    })
+}
+
+async fn east_discovery(p: &primary::Primary, check: impl Fn(&Value) -> bool) -> Value {
+    let admin = p.mp.http_addr;
+    wait_for("east's discovery status", BOUND, || async {
+        let view = cluster_view(admin, "east").await?;
+        check(&view).then_some(view)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_remote_secret_annotation_gives_its_cluster_its_own_selectors() {
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    write_atomic(
+        mesh.path(),
+        "discoverySelectors: [{matchLabels: {mesh: 'on'}}]\n",
+    );
+    let p = primary::primary_with_remote(&["--mesh-config", mesh.path().to_str().unwrap()]).await;
+    for manifest in [
+        namespace("in", "mesh: 'on'"),
+        namespace("team-b", "team: b"),
+        service("in", "10.96.2.1"),
+        service("team-b", "10.96.2.2"),
+    ] {
+        p.east.apply_yaml(&manifest);
+    }
+    serving(&p.mp, &["in"]).await;
+    let view = east_discovery(&p, |v| v["discovery"]["namespaces"] == 1).await;
+    assert_eq!(view["discovery"]["from"], "mesh config", "{view}");
+
+    // The annotation replaces the mesh's selectors for this cluster only.
+    let own = "[{matchLabels: {team: b}}]";
+    p.config.apply(east_secret(&p, json!({ANNOTATION: own})));
+    serving(&p.mp, &["team-b"]).await;
+    let view = east_discovery(&p, |v| v["discovery"]["from"] != "mesh config").await;
+    assert_eq!(
+        view["discovery"]["selectors"],
+        json!([{"matchLabels": {"team": "b"}}])
+    );
+    assert!(p.east.request_count("watch:namespaces?team=b") >= 1);
+
+    // Unreadable: refused with a message naming it; the selectors in force stay.
+    p.config
+        .apply(east_secret(&p, json!({ANNOTATION: "[{matchLabels: [x]}]"})));
+    let view = east_discovery(&p, |v| !v["last_error"].is_null()).await;
+    let error = view["last_error"].as_str().unwrap();
+    assert!(error.contains(ANNOTATION), "{error}");
+    assert_eq!(served(&p.mp), ["team-b"]);
+
+    // Without it, the cluster follows the mesh config again.
+    p.config.apply(east_secret(&p, json!({})));
+    serving(&p.mp, &["in"]).await;
+    east_discovery(&p, |v| v["discovery"]["from"] == "mesh config").await;
+}
+
+const ANNOTATION: &str = "meshpilot.io/discovery-selectors";

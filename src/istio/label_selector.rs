@@ -12,7 +12,9 @@ use crate::text::Quoted;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct LabelSelector {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub match_labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub match_expressions: Vec<Requirement>,
 }
 

@@ -31,7 +31,7 @@ use objects::{Kind, ObjectChange};
 use publish::Secrets;
 pub use saved::SavedObjects;
 use selection::Selected;
-pub use status::{ClusterStatus, SyncState};
+pub use status::{ClusterStatus, Discovery, SyncState};
 use store::{Dirty, Mode, Store};
 
 /// How a remote cluster's source reads: this, then the Secret's name.
@@ -83,6 +83,7 @@ impl ClusterRegistry {
                 last_error: None,
                 last_error_at: None,
                 snapshot_saved_at: None,
+                discovery: None,
             }),
             generation: AtomicU64::new(0),
         }
@@ -116,6 +117,15 @@ impl ClusterRegistry {
         if state != SyncState::Stale {
             status.snapshot_saved_at = None;
         }
+    }
+
+    /// Updates what the status says of the discovered namespaces (Kubernetes clusters only).
+    pub fn update_discovery(&self, update: impl FnOnce(&mut Discovery)) {
+        let mut status = self.status.lock();
+        update(status.discovery.get_or_insert_with(|| Discovery {
+            from: "mesh config".into(),
+            ..Default::default()
+        }));
     }
 
     /// Records (or, with None, clears) the cluster's current error.

@@ -4,6 +4,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::istio::label_selector::LabelSelector;
+
 /// Where a cluster is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -37,6 +39,19 @@ pub struct ClusterStatus {
     /// While stale: when the snapshot being served was saved.
     #[serde(with = "rfc3339")]
     pub snapshot_saved_at: Option<SystemTime>,
+    /// Which of its namespaces are discovered; None where discoverySelectors do not apply.
+    pub discovery: Option<Discovery>,
+}
+
+/// A cluster's discovery selectors, where they come from, and how many namespaces they select.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Discovery {
+    pub selectors: Vec<LabelSelector>,
+    /// `mesh config`, or the remote Secret's annotation.
+    pub from: String,
+    /// None: every namespace.
+    pub namespaces: Option<usize>,
 }
 
 mod rfc3339 {

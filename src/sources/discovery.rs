@@ -74,6 +74,7 @@ pub async fn run(
     let mut first = true;
     loop {
         let current = selectors.borrow_and_update().clone();
+        registry.update_discovery(|d| d.selectors = current.clone());
         if current.is_empty() {
             apply(&client, &registry, &selection, None).await;
             if std::mem::take(&mut first) {
@@ -146,6 +147,7 @@ async fn apply(
     new: Option<BTreeSet<String>>,
 ) {
     let old = selection.replace(new.clone());
+    registry.update_discovery(|d| d.namespaces = new.as_ref().map(BTreeSet::len));
     if old == new {
         return;
     }

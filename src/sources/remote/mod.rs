@@ -9,6 +9,7 @@
 //! few seconds while it changes): after a restart, a remote whose API server cannot be reached is
 //! served from it, marked stale, until it syncs or the snapshot passes its maximum age.
 
+mod selectors;
 mod stale;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,8 +27,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use self::selectors::ClusterSelectors;
 use super::kube::{watch_cluster, KubeWatch};
 use crate::aggregate::Aggregate;
+use crate::istio::label_selector::LabelSelector;
 use crate::kube_client::kubeconfig::{self, InsecureOptions};
 use crate::kube_client::{RemoteClients, WatchBackoff};
 use crate::metrics::RemoteMetrics;
@@ -137,6 +140,8 @@ struct RemoteCluster {
     secret: String,
     hash: u64,
     registry: Arc<ClusterRegistry>,
+    /// Its discovery selectors: its Secret's own, else the mesh config's.
+    selectors: ClusterSelectors,
     /// None when the kubeconfig was refused: nothing to keep serving.
     watch: Option<KubeWatch>,
     /// The API server the kubeconfig reaches (what a snapshot is saved for).
@@ -213,6 +218,12 @@ impl Controller {
 
     async fn secret_changed(&mut self, secret: &Secret) {
         let name = secret_name(secret);
+        // Unreadable selectors are reported: a cluster already watched keeps the ones it had, a
+        // new one is refused until they read (following the mesh's instead could widen it).
+        let own = selectors::annotated(secret);
+        if let Err(e) = &own {
+            warn!(secret = name, error = %e, "remote secret's discovery selectors refused");
+        }
         let data: BTreeMap<String, Vec<u8>> = secret
             .data
             .iter()
@@ -236,14 +247,20 @@ impl Controller {
             }
             owned.push(id.clone());
             let hash = fingerprint(&kubeconfig);
+            if let Some(cluster) = self.clusters.get(&id) {
+                match &own {
+                    Ok(own) => cluster.selectors.set_own(own.clone()),
+                    Err(e) => cluster.registry.set_error(Some(e.clone())),
+                }
+            }
             match self.clusters.get(&id) {
-                None => self.add(&id, &name, &kubeconfig, hash).await,
+                None => self.add(&id, &name, &kubeconfig, hash, own.clone()).await,
                 Some(c)
                     if c.hash == hash || c.rotation.as_ref().is_some_and(|(h, _)| *h == hash) => {}
                 Some(c) if c.watch.is_none() => {
                     // Never connected: nothing to keep serving, start over.
                     self.remove(&id, Leaving::ForNewKubeconfig);
-                    self.add(&id, &name, &kubeconfig, hash).await;
+                    self.add(&id, &name, &kubeconfig, hash, own.clone()).await;
                 }
                 Some(_) => self.rotate(&id, &kubeconfig, hash),
             }
@@ -257,7 +274,14 @@ impl Controller {
         }
     }
 
-    async fn add(&mut self, id: &ClusterId, secret: &str, kubeconfig: &[u8], hash: u64) {
+    async fn add(
+        &mut self,
+        id: &ClusterId,
+        secret: &str,
+        kubeconfig: &[u8],
+        hash: u64,
+        own_selectors: Result<Option<Vec<LabelSelector>>, String>,
+    ) {
         let shard = ShardKey {
             provider: Provider::Kubernetes,
             cluster: id.clone(),
@@ -273,10 +297,16 @@ impl Controller {
                     return;
                 }
             };
+        let selectors = ClusterSelectors::start(
+            self.aggregate.discovery_selectors(),
+            own_selectors.clone().unwrap_or_default(),
+            registry.clone(),
+        );
         let mut cluster = RemoteCluster {
             secret: secret.to_string(),
             hash,
             registry: registry.clone(),
+            selectors,
             watch: None,
             server: String::new(),
             sync_timer: None,
@@ -285,8 +315,11 @@ impl Controller {
             saved: None,
             saving: None,
         };
-        let connected = match kubeconfig::parse_untrusted(kubeconfig, &self.options.insecure) {
-            Ok(config) => connect(config).await,
+        let connected = match own_selectors.and_then(|_| {
+            kubeconfig::parse_untrusted(kubeconfig, &self.options.insecure)
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(config) => connect(config).await.map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         match connected {
@@ -298,7 +331,7 @@ impl Controller {
                     client.clone(),
                     registry.clone(),
                     &self.options.system_namespace,
-                    self.aggregate.discovery_selectors(),
+                    cluster.selectors.effective.clone(),
                 );
                 cluster.sync_timer = Some(self.time_sync(registry, &watch));
                 cluster.watch = Some(watch);
@@ -308,7 +341,7 @@ impl Controller {
             Err(e) => {
                 error!(cluster = %id, secret, error = %e, "remote cluster refused");
                 registry.set_state(SyncState::Failed);
-                registry.set_error(Some(e.to_string()));
+                registry.set_error(Some(e));
             }
         }
         self.clusters.insert(id.clone(), cluster);
@@ -383,7 +416,7 @@ impl Controller {
             self.options.sync_timeout,
             id.clone(),
         );
-        let selectors = self.aggregate.discovery_selectors();
+        let selectors = cluster.selectors.effective.clone();
         let task = tokio::spawn(async move {
             let note = match connect(config).await {
                 Err(e) => Note::RotationFailed {
