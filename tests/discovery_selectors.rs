@@ -154,3 +154,91 @@ async fn a_remote_secret_annotation_gives_its_cluster_its_own_selectors() {
 }
 
 const ANNOTATION: &str = "meshpilot.io/discovery-selectors";
+
+fn service_entry(namespace: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: api, namespace: {namespace}}}\nspec: {{hosts: [api.{namespace}.example.com], ports: [{{number: 80, name: http, protocol: HTTP}}], location: MESH_EXTERNAL, resolution: DNS}}\n"
+    )
+}
+
+/// The namespaces of the ServiceEntries meshpilot serves.
+async fn entries_served(admin: std::net::SocketAddr) -> Vec<String> {
+    let configz = get_json(admin, "/debug/configz").await;
+    let mut namespaces: Vec<String> = configz
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["kind"] == "ServiceEntry" && o["status"] == "accepted")
+        .filter_map(|o| o["metadata"]["namespace"].as_str().map(str::to_string))
+        .collect();
+    namespaces.sort();
+    namespaces
+}
+
+#[tokio::test]
+async fn istio_config_and_the_root_certificate_stay_in_the_discovered_namespaces() {
+    let api = TestApiServer::start().await;
+    for manifest in [
+        namespace("istio-system", "mesh: 'on'"),
+        namespace("in", "mesh: 'on'"),
+        namespace("out", "team: x"),
+        namespace("kube-public", "mesh: 'on'"),
+        service_entry("in"),
+        service_entry("out"),
+    ] {
+        api.apply_yaml(&manifest);
+    }
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    write_atomic(
+        mesh.path(),
+        "discoverySelectors: [{matchLabels: {mesh: 'on'}}]\n",
+    );
+    let mp = start_meshpilot_with(&[
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--cluster-id",
+        "primary",
+        "--mesh-config",
+        mesh.path().to_str().unwrap(),
+    ])
+    .await;
+    let admin = mp.http_addr;
+    entries(admin, &["in"]).await;
+    rooted(&api, "in").await;
+    rooted(&api, "istio-system").await;
+    // Not in an undiscovered namespace, nor in one of Kubernetes' own.
+    assert!(!root(&api, "out") && !root(&api, "kube-public"));
+
+    // A namespace entering the selection brings its config and gets the root; leaving, its
+    // config goes.
+    api.apply_yaml(&namespace("out", "mesh: 'on'"));
+    entries(admin, &["in", "out"]).await;
+    rooted(&api, "out").await;
+    api.apply_yaml(&namespace("in", "team: x"));
+    entries(admin, &["out"]).await;
+}
+
+async fn entries(admin: std::net::SocketAddr, expected: &[&str]) {
+    wait_for(
+        &format!("ServiceEntries of {expected:?}"),
+        BOUND,
+        || async { (entries_served(admin).await == expected).then_some(()) },
+    )
+    .await;
+}
+
+fn root(api: &TestApiServer, namespace: &str) -> bool {
+    api.get("ConfigMap", namespace, "istio-ca-root-cert")
+        .is_some()
+}
+
+async fn rooted(api: &TestApiServer, namespace: &str) {
+    wait_for(
+        &format!("the root published in {namespace}"),
+        BOUND,
+        || async { root(api, namespace).then_some(()) },
+    )
+    .await;
+}

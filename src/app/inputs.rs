@@ -244,6 +244,7 @@ async fn config_cluster(
         cluster: id.clone(),
     };
     let registry = aggregate.add_cluster(shard, source, true)?;
+    let discovered = registry.discovered().clone();
     let watch = kube_source::watch_cluster(
         client.clone(),
         registry,
@@ -253,6 +254,7 @@ async fn config_cluster(
     let config = kube_config::watch(
         client.clone(),
         id.clone(),
+        discovered,
         aggregate.clone(),
         &args.system_namespace,
         args.mesh_config.is_none(),

@@ -181,13 +181,12 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         &mut supervisor,
     )
     .await?;
-    let mesh = aggregate.mesh();
     trust::leader_work(
         &args,
         config_cluster,
         leader.as_ref(),
         &ca,
-        mesh,
+        aggregate,
         &mut supervisor,
     );
     let webhook_addr = serving::webhook(&args, aggregate, serving_cert, &mut supervisor).await?;

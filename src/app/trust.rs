@@ -8,11 +8,11 @@ use tracing::info;
 
 use super::inputs::ConfigCluster;
 use super::StartError;
+use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::install::gateway_deployment;
 use crate::leader::{self, Leader, LeaderConfig};
 use crate::metrics::Metrics;
-use crate::model::Mesh;
 use crate::security::authn::Authenticator;
 use crate::security::ca::{CertificateAuthority, TtlPolicy};
 use crate::security::keys::{self, KeySource};
@@ -126,14 +126,17 @@ pub(super) fn leader_work(
     config_cluster: Option<&ConfigCluster>,
     leader: Option<&Leader>,
     ca: &SharedCa,
-    mesh: &Arc<Mesh>,
+    aggregate: &Arc<Aggregate>,
     supervisor: &mut Supervisor,
 ) {
     let (Some(c), Some(leader)) = (config_cluster, leader) else {
         return;
     };
     let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
-    let mesh = mesh.clone();
+    let mesh = aggregate.mesh().clone();
+    let clusters = aggregate.clone();
+    let discovered_of: trust::DiscoveredOf =
+        Arc::new(move |id| clusters.cluster(id).map(|c| c.discovered().clone()));
     let namespace = args.system_namespace.clone();
     let roots = ca.roots();
     let inject = args.inject.config(
@@ -146,9 +149,9 @@ pub(super) fn leader_work(
         "leader work",
         leader::run_while_leading(leader.leading(), move || {
             let mut work = trust::publish_root(
-                client.clone(),
-                id.clone(),
+                (client.clone(), id.clone()),
                 remotes.clone(),
+                discovered_of.clone(),
                 namespace.clone(),
                 roots.clone(),
             );

@@ -7,17 +7,10 @@ use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::annotations::INJECT;
-
-/// Namespaces istiod never injects into.
-const IGNORED_NAMESPACES: [&str; 4] = [
-    "kube-system",
-    "kube-public",
-    "kube-node-lease",
-    "local-path-storage",
-];
+use crate::istio::KUBE_SYSTEM_NAMESPACES;
 
 pub fn injection_required(meta: &ObjectMeta, spec: &PodSpec, namespace: &str) -> bool {
-    if spec.host_network == Some(true) || IGNORED_NAMESPACES.contains(&namespace) {
+    if spec.host_network == Some(true) || KUBE_SYSTEM_NAMESPACES.contains(&namespace) {
         return false;
     }
     let label = meta.labels.as_ref().and_then(|l| l.get(INJECT));

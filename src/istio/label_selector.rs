@@ -59,11 +59,21 @@ impl LabelSelector {
         labels.chain(expressions).collect::<Vec<_>>().join(",")
     }
 
-    /// Kubernetes' rules: known operators, values exactly where they need them.
+    /// Kubernetes' rules: label keys and values of its syntax (which also keeps the query sent to
+    /// the API server meaning what the selector says), known operators, values exactly where they
+    /// need them.
     pub fn validate(&self) -> Result {
+        for (key, value) in &self.match_labels {
+            let field = format!("matchLabels.{key}");
+            check_key(key, &field)?;
+            check_value(value, &field)?;
+        }
         for (i, r) in self.match_expressions.iter().enumerate() {
             let field = format!("matchExpressions[{i}]");
-            ensure(!r.key.is_empty(), &field, "a requirement names its key")?;
+            check_key(&r.key, &field)?;
+            for value in &r.values {
+                check_value(value, &field)?;
+            }
             match r.operator.as_str() {
                 "In" | "NotIn" => ensure(
                     !r.values.is_empty(),
@@ -88,6 +98,52 @@ impl LabelSelector {
         }
         Ok(())
     }
+}
+
+/// A label key: an optional DNS subdomain prefix and `/`, then a name.
+fn check_key(key: &str, field: &str) -> Result {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            })
+    });
+    ensure(
+        prefix_ok && !name.is_empty() && is_label_text(name),
+        field,
+        format!("label key {} is not a Kubernetes label key", Quoted(key)),
+    )
+}
+
+fn check_value(value: &str, field: &str) -> Result {
+    ensure(
+        value.is_empty() || is_label_text(value),
+        field,
+        format!(
+            "label value {} is not a Kubernetes label value",
+            Quoted(value)
+        ),
+    )
+}
+
+/// At most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both ends.
+fn is_label_text(text: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    text.len() <= 63
+        && text.starts_with(alnum)
+        && text.ends_with(alnum)
+        && text
+            .chars()
+            .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
 }
 
 /// Whether any of `selectors` matches (istiod's discovery selectors: none means every namespace).
@@ -124,5 +180,38 @@ mod tests {
         assert_eq!(mesh.to_query(), "istio-discovery");
         let bad = selector("{matchExpressions: [{key: a, operator: Has}]}");
         assert_eq!(bad.validate().unwrap_err().field, "matchExpressions[0]");
+    }
+
+    #[test]
+    fn keys_and_values_follow_kubernetes_syntax() {
+        for good in [
+            "{matchLabels: {istio.io/rev: canary, app.kubernetes.io/part-of: shop_1.2}}",
+            "{matchLabels: {team: ''}}",
+            "{matchExpressions: [{key: a-b, operator: In, values: [x, Y-2]}]}",
+        ] {
+            assert_eq!(selector(good).validate(), Ok(()), "{good}");
+        }
+        // A comma or a parenthesis would change what the query sent to the API server selects.
+        for (bad, field) in [
+            ("{matchLabels: {mesh: 'on,team'}}", "matchLabels.mesh"),
+            ("{matchLabels: {'a b': x}}", "matchLabels.a b"),
+            (
+                "{matchLabels: {Example.com/a: x}}",
+                "matchLabels.Example.com/a",
+            ),
+            ("{matchLabels: {a/: x}}", "matchLabels.a/"),
+            (
+                "{matchExpressions: [{key: a, operator: In, values: ['x)']}]}",
+                "matchExpressions[0]",
+            ),
+            (
+                "{matchExpressions: [{key: '', operator: Exists}]}",
+                "matchExpressions[0]",
+            ),
+        ] {
+            assert_eq!(selector(bad).validate().unwrap_err().field, field, "{bad}");
+        }
+        let long = format!("{{matchLabels: {{a: {}}}}}", "x".repeat(64));
+        assert!(selector(&long).validate().is_err());
     }
 }

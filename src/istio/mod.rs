@@ -81,6 +81,14 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 
 /// Where `kubectl apply` puts an object that names no namespace; file manifests are written for it.
 pub const DEFAULT_NAMESPACE: &str = "default";
+/// Kubernetes' own namespaces, which istiod neither injects into nor (but for `kube-system`, where
+/// ztunnel may run) publishes its root certificate in (pkg/kube/inject `IgnoredNamespaces`).
+pub const KUBE_SYSTEM_NAMESPACES: [&str; 4] = [
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "local-path-storage",
+];
 pub const SECURITY_GROUP: &str = "security.istio.io";
 pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
 pub const EXTENSIONS_GROUP: &str = "extensions.istio.io";

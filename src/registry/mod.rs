@@ -5,6 +5,7 @@
 //! writes the cluster's shard of the model and emits one [`Change`] per batch.
 
 mod convert;
+mod discovered;
 mod intern;
 pub mod objects;
 mod pod_services;
@@ -27,6 +28,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::model::{Change, ClusterId, Mesh, ShardKey};
 pub use convert::NsName;
+pub use discovered::DiscoveredNamespaces;
 use objects::{Kind, ObjectChange};
 use publish::Secrets;
 pub use saved::SavedObjects;
@@ -46,6 +48,7 @@ pub struct ClusterRegistry {
     changes: UnboundedSender<Change>,
     store: Mutex<Store>,
     status: Mutex<ClusterStatus>,
+    discovered: Arc<DiscoveredNamespaces>,
     /// Counts the batches applied while live: a saver compares it to what it last saved.
     generation: AtomicU64,
 }
@@ -85,6 +88,7 @@ impl ClusterRegistry {
                 snapshot_saved_at: None,
                 discovery: None,
             }),
+            discovered: Arc::default(),
             generation: AtomicU64::new(0),
         }
     }
@@ -107,7 +111,16 @@ impl ClusterRegistry {
     }
 
     pub fn status(&self) -> ClusterStatus {
-        self.status.lock().clone()
+        let mut status = self.status.lock().clone();
+        if let Some(discovery) = status.discovery.as_mut() {
+            discovery.namespaces = self.discovered.count();
+        }
+        status
+    }
+
+    /// Which of its namespaces are discovered (every one, unless a discovery watch says otherwise).
+    pub fn discovered(&self) -> &Arc<DiscoveredNamespaces> {
+        &self.discovered
     }
 
     /// Moves the cluster to `state`; leaving `Stale` means the snapshot is no longer served.

@@ -1,8 +1,12 @@
 //! Trust distribution: the root certificate as ConfigMap `istio-ca-root-cert` (key `root-cert.pem`)
-//! in every namespace of the config cluster, and of remote clusters whose system namespace opts in
-//! with the annotation `topology.istio.io/controlPlaneClusters` (this cluster's id, or `*`).
+//! in every discovered namespace of the config cluster, and of remote clusters whose system
+//! namespace opts in with the annotation `topology.istio.io/controlPlaneClusters` (this cluster's
+//! id, or `*`). As istiod's namespace controller
+//! (pilot/pkg/serviceregistry/kube/controller/namespacecontroller.go): namespaces the
+//! discoverySelectors leave out, and Kubernetes' own but `kube-system`, get none.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,9 +20,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use crate::istio::KUBE_SYSTEM_NAMESPACES;
 use crate::kube_client::RemoteClients;
 use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
+use crate::registry::DiscoveredNamespaces;
 
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
 pub const ROOT_KEY: &str = "root-cert.pem";
@@ -26,21 +32,28 @@ const CONTROL_PLANE_ANNOTATION: &str = "topology.istio.io/controlPlaneClusters";
 /// How often opted-in remote clusters are reconciled.
 const REMOTE_RESYNC: Duration = Duration::from_secs(10);
 
-/// Keeps the root ConfigMap (the trust bundle `roots` holds now) in every namespace of the config
-/// cluster (watching namespaces) and of opted-in remote clusters; stops when the returned tasks
-/// are aborted.
+/// A cluster's discovered namespaces, by its id (None: not known yet).
+pub type DiscoveredOf = Arc<dyn Fn(&ClusterId) -> Option<Arc<DiscoveredNamespaces>> + Send + Sync>;
+
+/// Keeps the root ConfigMap (the trust bundle `roots` holds now) in every discovered namespace of
+/// the config cluster (watching namespaces) and of opted-in remote clusters; stops when the
+/// returned tasks are aborted.
 pub fn publish_root(
-    config: Client,
-    config_cluster: ClusterId,
+    (config, config_cluster): (Client, ClusterId),
     remotes: RemoteClients,
+    discovered_of: DiscoveredOf,
     system_namespace: String,
     roots: watch::Receiver<String>,
 ) -> Vec<JoinHandle<()>> {
     let mut local_roots = roots.clone();
+    let local_discovered = discovered_of(&config_cluster).unwrap_or_default();
+    let mut selection = local_discovered.changes();
     let local = tokio::spawn(async move {
-        // A new bundle restarts the watch, whose initial list visits every namespace again.
+        // A new bundle or selection restarts the watch, whose initial list visits every namespace
+        // again.
         loop {
             let root_pem = local_roots.borrow_and_update().clone();
+            selection.borrow_and_update();
             let namespaces: Api<Namespace> = Api::all(config.clone());
             let mut events = watcher::watcher(namespaces, watcher::Config::default())
                 .backoff(WatchBackoff::default())
@@ -49,6 +62,10 @@ pub fn publish_root(
                 let event = tokio::select! {
                     event = events.next() => event,
                     changed = local_roots.changed() => match changed {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                    changed = selection.changed() => match changed {
                         Ok(()) => break,
                         Err(_) => return,
                     },
@@ -62,7 +79,9 @@ pub fn publish_root(
                     }
                     None => return,
                 };
-                ensure(&config, &namespace, &root_pem).await;
+                if publishes(&local_discovered, &namespace) {
+                    ensure(&config, &namespace, &root_pem).await;
+                }
             }
         }
     });
@@ -70,12 +89,18 @@ pub fn publish_root(
         loop {
             let root_pem = roots.borrow().clone();
             for (id, client) in remotes.all() {
+                let Some(discovered) = discovered_of(&id) else {
+                    continue;
+                };
                 if opted_in(&client, &system_namespace, &config_cluster).await {
                     let namespaces: Api<Namespace> = Api::all(client.clone());
                     match namespaces.list(&Default::default()).await {
                         Ok(list) => {
                             for ns in list {
-                                ensure(&client, &ns.name_any(), &root_pem).await;
+                                let namespace = ns.name_any();
+                                if publishes(&discovered, &namespace) {
+                                    ensure(&client, &namespace, &root_pem).await;
+                                }
                             }
                         }
                         Err(e) => debug!(cluster = %id, error = %e, "cannot list namespaces"),
@@ -86,6 +111,11 @@ pub fn publish_root(
         }
     });
     vec![local, remote]
+}
+
+fn publishes(discovered: &DiscoveredNamespaces, namespace: &str) -> bool {
+    let kubernetes_own = namespace != "kube-system" && KUBE_SYSTEM_NAMESPACES.contains(&namespace);
+    !kubernetes_own && discovered.admits(namespace)
 }
 
 /// Whether a remote cluster's system namespace names this control plane's cluster (or `*`).

@@ -17,7 +17,6 @@ use kube::api::ListParams;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
-use parking_lot::RwLock;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -30,44 +29,11 @@ use crate::registry::ClusterRegistry;
 /// How long listing one namespace's objects may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The namespaces a cluster's objects are kept for.
-#[derive(Debug, Default)]
-pub struct Selection {
-    /// None: every namespace (no selectors).
-    selected: RwLock<Option<BTreeSet<String>>>,
-}
-
-impl Selection {
-    /// Nothing admitted until the selected namespaces are known, when there are selectors.
-    pub fn new(selectors: &[LabelSelector]) -> Self {
-        Self {
-            selected: RwLock::new((!selectors.is_empty()).then(BTreeSet::new)),
-        }
-    }
-
-    pub fn admits(&self, namespace: &str) -> bool {
-        self.selected
-            .read()
-            .as_ref()
-            .is_none_or(|s| s.contains(namespace))
-    }
-
-    /// How many namespaces are selected (None: every one).
-    pub fn count(&self) -> Option<usize> {
-        self.selected.read().as_ref().map(BTreeSet::len)
-    }
-
-    fn replace(&self, new: Option<BTreeSet<String>>) -> Option<BTreeSet<String>> {
-        std::mem::replace(&mut *self.selected.write(), new)
-    }
-}
-
-/// Keeps `selection` as `selectors` say for the cluster behind `client`; `listed` is called once
-/// the selected namespaces are first known.
+/// Keeps the registry's discovered namespaces as `selectors` say for the cluster behind `client`;
+/// `listed` is called once they are first known.
 pub async fn run(
     client: Client,
     registry: Arc<ClusterRegistry>,
-    selection: Arc<Selection>,
     mut selectors: watch::Receiver<Vec<LabelSelector>>,
     listed: impl Fn(),
 ) {
@@ -76,7 +42,7 @@ pub async fn run(
         let current = selectors.borrow_and_update().clone();
         registry.update_discovery(|d| d.selectors = current.clone());
         if current.is_empty() {
-            apply(&client, &registry, &selection, None).await;
+            apply(&client, &registry, None).await;
             if std::mem::take(&mut first) {
                 listed();
             }
@@ -127,7 +93,7 @@ pub async fn run(
                     }
                     if synced.iter().all(|s| *s) {
                         let union = sets.iter().flatten().cloned().collect();
-                        apply(&client, &registry, &selection, Some(union)).await;
+                        apply(&client, &registry, Some(union)).await;
                         if std::mem::take(&mut first) {
                             listed();
                         }
@@ -140,14 +106,8 @@ pub async fn run(
 
 /// Makes `new` the selection: objects of namespaces leaving it are dropped, those of namespaces
 /// entering it listed.
-async fn apply(
-    client: &Client,
-    registry: &Arc<ClusterRegistry>,
-    selection: &Selection,
-    new: Option<BTreeSet<String>>,
-) {
-    let old = selection.replace(new.clone());
-    registry.update_discovery(|d| d.namespaces = new.as_ref().map(BTreeSet::len));
+async fn apply(client: &Client, registry: &Arc<ClusterRegistry>, new: Option<BTreeSet<String>>) {
+    let old = registry.discovered().replace(new.clone());
     if old == new {
         return;
     }

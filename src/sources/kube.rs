@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::discovery::{self, Selection};
+use super::discovery;
 use crate::istio::label_selector::LabelSelector;
 use crate::kube_client::WatchBackoff;
 use crate::registry::objects::{self, Kind, Object, ObjectChange, ObjectKey, TrimError};
@@ -114,15 +114,14 @@ pub fn watch_cluster(
         registry: registry.clone(),
         done,
     });
-    let selection = Arc::new(Selection::new(&selectors.borrow()));
+    registry
+        .discovered()
+        .restart(!selectors.borrow().is_empty());
     let discovered = {
-        let (gate, selection) = (gate.clone(), selection.clone());
+        let gate = gate.clone();
         let (client, registry) = (client.clone(), registry.clone());
         tokio::spawn(async move {
-            discovery::run(client, registry, selection, selectors, || {
-                gate.kind_listed()
-            })
-            .await
+            discovery::run(client, registry, selectors, || gate.kind_listed()).await
         })
     };
     let all = watcher::Config::default().page_size(LIST_PAGE);
@@ -132,14 +131,14 @@ pub fn watch_cluster(
             Api::all(client.clone()),
             system_ns,
             Kind::Namespace,
-            (&gate, None),
+            (&gate, false),
             |o| objects::namespace(o).map(Some),
         ),
         spawn::<Node>(
             Api::all(client.clone()),
             all.clone(),
             Kind::Node,
-            (&gate, None),
+            (&gate, false),
             |o| objects::node(o).map(Some),
         ),
         discovered,
@@ -147,28 +146,28 @@ pub fn watch_cluster(
             Api::all(client.clone()),
             all.clone(),
             Kind::Pod,
-            (&gate, Some(&selection)),
+            (&gate, true),
             |o| objects::pod(o).map(Some),
         ),
         spawn::<Service>(
             Api::all(client.clone()),
             all.clone(),
             Kind::Service,
-            (&gate, Some(&selection)),
+            (&gate, true),
             |o| objects::service(o).map(Some),
         ),
         spawn::<EndpointSlice>(
             Api::all(client.clone()),
             all.clone(),
             Kind::EndpointSlice,
-            (&gate, Some(&selection)),
+            (&gate, true),
             objects::endpoint_slice,
         ),
         spawn::<Secret>(
             Api::all(client),
             all.fields(&secret_fields()),
             Kind::Secret,
-            (&gate, Some(&selection)),
+            (&gate, true),
             |o| objects::secret(o).map(Some),
         ),
     ];
@@ -190,24 +189,22 @@ fn secret_fields() -> String {
 
 type Trim<K> = fn(&K) -> Result<Option<Object>, TrimError>;
 
-/// A watch of one kind into the registry; objects of namespaces `selection` does not admit are
-/// dropped on arrival.
+/// A watch of one kind into the registry; when `per_namespace`, objects of namespaces that are not
+/// discovered are dropped on arrival.
 fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
-    (gate, selection): (&Arc<SyncGate>, Option<&Arc<Selection>>),
+    (gate, per_namespace): (&Arc<SyncGate>, bool),
     trim: Trim<K>,
 ) -> JoinHandle<()>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let gate = gate.clone();
-    let selection = selection.cloned();
+    let discovered = gate.registry.discovered().clone();
     let admitted = move |object: &K| {
-        selection
-            .as_ref()
-            .is_none_or(|s| s.admits(object.namespace().as_deref().unwrap_or_default()))
+        !per_namespace || discovered.admits(object.namespace().as_deref().unwrap_or_default())
     };
     tokio::spawn(async move {
         let registry = gate.registry.clone();

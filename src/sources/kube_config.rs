@@ -1,6 +1,9 @@
 //! Istio config from the config cluster's API server: a kube-runtime watcher per kind (the first of
 //! its versions the cluster serves), relists reconciled without a gap, every object validated as the
 //! file source does; and the mesh config from the `istio` ConfigMap of the system namespace.
+//! Objects of namespaces the cluster's discoverySelectors leave out are not read (istiod's
+//! `ENABLE_ENHANCED_RESOURCE_SCOPING`, on by default): each kind starts once the discovered
+//! namespaces are known and relists when they change.
 //! Remote clusters' Istio config is not read (as istiod: config comes from the config cluster).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +26,7 @@ use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
 use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
 use crate::kube_client::WatchBackoff;
 use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
+use crate::registry::DiscoveredNamespaces;
 use crate::supervise::{OwnedTasks, Supervisor};
 
 /// How often a kind whose CRD is not installed is looked for again.
@@ -54,6 +58,7 @@ impl KubeConfigWatch {
 pub fn watch(
     client: Client,
     cluster: ClusterId,
+    discovered: Arc<DiscoveredNamespaces>,
     aggregate: Arc<Aggregate>,
     system_namespace: &str,
     watch_mesh_config: bool,
@@ -72,7 +77,7 @@ pub fn watch(
             tokio::spawn(watch_kind(
                 client.clone(),
                 *kind,
-                cluster.clone(),
+                (cluster.clone(), discovered.clone()),
                 aggregate.clone(),
                 listed.clone(),
             ))
@@ -120,7 +125,7 @@ pub(super) async fn served_version(client: &Client, kind: ConfigKind) -> Option<
 async fn watch_kind(
     client: Client,
     kind: ConfigKind,
-    cluster: ClusterId,
+    (cluster, discovered): (ClusterId, Arc<DiscoveredNamespaces>),
     aggregate: Arc<Aggregate>,
     listed: Arc<watch::Sender<usize>>,
 ) {
@@ -137,32 +142,73 @@ async fn watch_kind(
             }
         }
     };
+    let mut selection = discovered.changes();
+    if selection.wait_for(|n| *n > 0).await.is_err() {
+        return;
+    }
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
-    let mut events = watcher::watcher(api, watcher::Config::default())
-        .backoff(WatchBackoff::default())
-        .boxed();
-    let mut held: BTreeSet<ConfigKey> = BTreeSet::new();
-    let mut relist: Option<BTreeMap<ConfigKey, Converted>> = None;
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(e) => {
-                warn!(kind = %kind, error = %e, "Istio config watch error");
-                continue;
+    let mut held = Held {
+        kind,
+        cluster,
+        keys: BTreeSet::new(),
+        relist: None,
+        discovered,
+        aggregate,
+    };
+    // A change of the discovered namespaces restarts the watch: its relist reconciles them.
+    loop {
+        selection.borrow_and_update();
+        let mut events = watcher::watcher(api.clone(), watcher::Config::default())
+            .backoff(WatchBackoff::default())
+            .boxed();
+        loop {
+            let event = tokio::select! {
+                changed = selection.changed() => match changed {
+                    Ok(()) => break,
+                    Err(_) => return,
+                },
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+            };
+            match event {
+                Ok(event) => {
+                    if held.on(event) && !std::mem::replace(&mut counted, true) {
+                        listed.send_modify(|n| *n += 1);
+                    }
+                }
+                Err(e) => warn!(kind = %kind, error = %e, "Istio config watch error"),
             }
-        };
+        }
+    }
+}
+
+/// One kind's objects as the config cluster serves them.
+struct Held {
+    kind: ConfigKind,
+    cluster: ClusterId,
+    keys: BTreeSet<ConfigKey>,
+    relist: Option<BTreeMap<ConfigKey, Converted>>,
+    discovered: Arc<DiscoveredNamespaces>,
+    aggregate: Arc<Aggregate>,
+}
+
+impl Held {
+    /// Applies one watch event; true when it completed a list.
+    fn on(&mut self, event: Event<DynamicObject>) -> bool {
         match event {
-            Event::Init => relist = Some(BTreeMap::new()),
+            Event::Init => self.relist = Some(BTreeMap::new()),
             Event::InitApply(object) => {
-                if let (Some(batch), Some((key, converted))) =
-                    (relist.as_mut(), convert(&cluster, &object))
-                {
+                let converted = self.convert(&object);
+                if let (Some(batch), Some((key, converted))) = (self.relist.as_mut(), converted) {
                     batch.insert(key, converted);
                 }
             }
             Event::InitDone => {
-                let batch = relist.take().unwrap_or_default();
-                let gone: Vec<ConfigKey> = held
+                let batch = self.relist.take().unwrap_or_default();
+                let gone: Vec<ConfigKey> = self
+                    .keys
                     .iter()
                     .filter(|k| !batch.contains_key(*k))
                     .cloned()
@@ -171,28 +217,27 @@ async fn watch_kind(
                     gone.iter().cloned().map(ConfigChange::Delete).collect();
                 let mut refusals: Vec<(String, Vec<Refusal>)> =
                     gone.iter().map(|k| (k.to_string(), Vec::new())).collect();
-                held = batch.keys().cloned().collect();
+                self.keys = batch.keys().cloned().collect();
                 for (key, converted) in batch {
                     apply_converted(key, converted, &mut changes, &mut refusals);
                 }
-                aggregate.apply_config(ConfigSource::ConfigCluster, changes, refusals);
-                if !std::mem::replace(&mut counted, true) {
-                    listed.send_modify(|n| *n += 1);
-                }
+                self.aggregate
+                    .apply_config(ConfigSource::ConfigCluster, changes, refusals);
+                return true;
             }
             Event::Apply(object) => {
-                if let Some((key, converted)) = convert(&cluster, &object) {
-                    held.insert(key.clone());
+                if let Some((key, converted)) = self.convert(&object) {
+                    self.keys.insert(key.clone());
                     let (mut changes, mut refusals) = (Vec::new(), Vec::new());
                     apply_converted(key, converted, &mut changes, &mut refusals);
-                    aggregate.apply_config(ConfigSource::ConfigCluster, changes, refusals);
+                    self.aggregate
+                        .apply_config(ConfigSource::ConfigCluster, changes, refusals);
                 }
             }
             Event::Delete(object) => {
-                if let Some(key) = key_of(kind, &object) {
-                    held.remove(&key);
+                if let Some(key) = key_of(self.kind, &object).filter(|k| self.keys.remove(k)) {
                     let refusals = vec![(key.to_string(), Vec::new())];
-                    aggregate.apply_config(
+                    self.aggregate.apply_config(
                         ConfigSource::ConfigCluster,
                         vec![ConfigChange::Delete(key)],
                         refusals,
@@ -200,6 +245,16 @@ async fn watch_kind(
                 }
             }
         }
+        false
+    }
+
+    /// The object validated, unless its namespace is not discovered.
+    fn convert(&self, object: &DynamicObject) -> Option<(ConfigKey, Converted)> {
+        let namespace = object.namespace().unwrap_or_default();
+        if !self.discovered.admits(&namespace) {
+            return None;
+        }
+        convert(&self.cluster, object)
     }
 }
 
