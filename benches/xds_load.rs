@@ -5,6 +5,7 @@
 //!
 //!   cargo bench --bench xds_load -- [scenario] [--proxies K] [--services S] [--endpoints E]
 //!       [--clusters C] [--rounds R] [--debounce 0s] [--eds-per-proxy N] [--cds-every M]
+//!       [--sidecar-hosts K] [--unselected N]
 //!
 //! Scenarios: `convergence` (EDS convergence, full push, memory per proxy, CPU per message),
 //! `endpoints` (memory per endpoint and per service), `onboarding` (remote-cluster sync time and memory),
@@ -53,6 +54,8 @@ struct Args {
     cds_every: usize,
     /// `config`: a Sidecar scopes the proxies' namespace to this many services (0: none).
     sidecar_hosts: usize,
+    /// `remotes`: unselected namespaces of the same objects in each remote (0: no selectors).
+    unselected: usize,
 }
 
 impl Args {
@@ -82,6 +85,7 @@ fn args() -> Args {
         eds_per_proxy: 5,
         cds_every: 1,
         sidecar_hosts: 0,
+        unselected: 0,
     };
     let mut it = raw.into_iter();
     while let Some(arg) = it.next() {
@@ -96,6 +100,7 @@ fn args() -> Args {
             "--eds-per-proxy" => a.eds_per_proxy = value().parse().expect("--eds-per-proxy"),
             "--cds-every" => a.cds_every = value().parse::<usize>().expect("--cds-every").max(1),
             "--sidecar-hosts" => a.sidecar_hosts = value().parse().expect("--sidecar-hosts"),
+            "--unselected" => a.unselected = value().parse().expect("--unselected"),
             s if !s.starts_with('-') => a.scenario = s.to_string(),
             other => panic!("unknown argument {other}"),
         }
@@ -120,18 +125,27 @@ fn ip(cluster: usize, n: usize) -> String {
     format!("10.{}.{}.{}", 100 + cluster, n / 250, n % 250 + 1)
 }
 
+/// The label of the bench's namespace, which the mesh config selects in `remotes --unselected`.
+const SELECTED: (&str, &str) = ("istio-discovery", "enabled");
+
 /// Nodes of each cluster: its pods are spread over them, and they give the pods' localities.
 const NODES: usize = 100;
 
-/// Services `range` with their pods and slices, as cluster `c` holds them: the endpoints `j` with
-/// `j % clusters == c % clusters`, at addresses of their own per `c`, on the cluster's nodes.
+/// Services `range` with their pods and slices in namespace `ns`, as cluster `c` holds them: the
+/// endpoints `j` with `j % clusters == c % clusters`, at addresses of their own per `c`, on the
+/// cluster's nodes. The bench's namespace is labelled as `--unselected` runs select it.
 fn populate(
     api: &TestApiServer,
-    c: usize,
+    (ns, c): (&str, usize),
     clusters: usize,
     services: std::ops::Range<usize>,
     endpoints: usize,
 ) {
+    let labels = match ns == NS {
+        true => json!({SELECTED.0: SELECTED.1}),
+        false => json!({}),
+    };
+    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}));
     for node in 0..NODES {
         api.apply(json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": format!("node-{node}"), "labels": {
@@ -140,40 +154,50 @@ fn populate(
     }
     for i in services {
         api.apply(json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": format!("svc-{i}"), "namespace": NS},
+            "metadata": {"name": format!("svc-{i}"), "namespace": ns},
             "spec": {"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "ports": [{"name": "http", "port": 80}]}}));
         let mut eps = Vec::new();
         for j in (0..endpoints).filter(|j| j % clusters == c % clusters) {
             let n = i * endpoints + j;
             let (pod, address) = (format!("p-{i}-{j}"), ip(c, n));
             api.apply(json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": NS, "labels": {"app": format!("svc-{i}"), "security.istio.io/tlsMode": "istio"}},
+                "metadata": {"name": pod, "namespace": ns, "labels": {"app": format!("svc-{i}"), "security.istio.io/tlsMode": "istio"}},
                 "spec": {"serviceAccountName": format!("sa-{i}"), "nodeName": format!("node-{}", n % NODES), "containers": []},
                 "status": {"podIP": address}}));
             eps.push(
                 json!({"addresses": [address], "conditions": {"ready": true},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}}),
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": ns}}),
             );
         }
         api.apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("svc-{i}-c{c}"), "namespace": NS, "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            "metadata": {"name": format!("svc-{i}-c{c}"), "namespace": ns, "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
             "addressType": "IPv4", "ports": [{"name": "http", "port": 80}], "endpoints": eps}));
     }
 }
 
 async fn start_plane(a: &Args, services: usize, endpoints: usize, clusters: usize) -> Plane {
+    start_plane_with(a, (services, endpoints, clusters), &[]).await
+}
+
+async fn start_plane_with(
+    a: &Args,
+    (services, endpoints, clusters): (usize, usize, usize),
+    flags: &[&str],
+) -> Plane {
     let mut servers = Vec::new();
     for c in 0..clusters {
         let api = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
         api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
-        populate(&api, c, clusters, 0..services, endpoints);
+        populate(&api, (NS, c), clusters, 0..services, endpoints);
         servers.push(api);
     }
     for c in 1..clusters {
         let secret = remote_secret(&servers[c], &format!("c{c}"));
         servers[0].apply(secret);
     }
-    Plane::kube(servers, &["--debounce-after", &a.debounce]).await
+    let mut all = vec!["--debounce-after", &a.debounce];
+    all.extend_from_slice(flags);
+    Plane::kube(servers, &all).await
 }
 
 /// meshpilot serving one file cluster `c0` of `services` files, one service each.
@@ -642,7 +666,7 @@ async fn onboarding(a: &Args) {
         let plane = start_plane(a, 1, 1, 1).await;
         let remote = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
         let per_service = endpoints / services;
-        populate(&remote, 0, 1, 0..services, per_service);
+        populate(&remote, (NS, 0), 1, 0..services, per_service);
         let served_before = served(plane.xds, services).await;
         let rss0 = settled_rss(plane.process.pid(), a.quiet()).await;
         let started = Instant::now();
@@ -695,19 +719,56 @@ async fn onboarded(admin: SocketAddr, id: impl Fn(&str) -> bool, endpoints: usiz
 }
 
 /// Many remotes at once: `a.clusters` remote API servers, each holding the same `a.services`
-/// services with `a.endpoints` endpoints apiece, onboarded by Secrets applied together.
+/// services with `a.endpoints` endpoints apiece, onboarded by Secrets applied together. With
+/// `--unselected N`, twice in the run under discoverySelectors selecting the bench's namespace:
+/// first the remotes holding only it, then each also holding N unselected namespaces of the same
+/// objects, whose cost should be their Namespace objects alone.
 async fn remotes(a: &Args) {
+    match a.unselected {
+        0 => remotes_once(a, None).await,
+        n => {
+            remotes_once(a, Some(0)).await;
+            remotes_once(a, Some(n)).await;
+        }
+    }
+}
+
+async fn remotes_once(a: &Args, unselected: Option<usize>) {
     let per_remote = a.services * a.endpoints;
+    let scope = match unselected {
+        None => String::new(),
+        Some(n) => format!(", discoverySelectors, {n} unselected namespaces of the same in each"),
+    };
     println!(
-        "## onboarding {} remotes × {per_remote} endpoints ({} services each)",
+        "## onboarding {} remotes × {per_remote} endpoints ({} services each{scope})",
         a.clusters, a.services
     );
-    let plane = start_plane(a, 1, 1, 1).await;
+    let mesh = tempfile::NamedTempFile::new().expect("temp file");
+    let selectors = format!(
+        "discoverySelectors: [{{matchLabels: {{{}: {}}}}}]\n",
+        SELECTED.0, SELECTED.1
+    );
+    std::fs::write(mesh.path(), selectors).expect("write the mesh config");
+    let mesh_path = mesh.path().to_str().expect("utf-8 path");
+    let flags: &[&str] = match unselected {
+        None => &[],
+        Some(_) => &["--mesh-config", mesh_path],
+    };
+    let plane = start_plane_with(a, (1, 1, 1), flags).await;
     let mut servers = Vec::new();
     for c in 1..=a.clusters {
         let api = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
         // Every endpoint of the range lands in cluster `c`, at addresses of its own (10.<100+c>.…).
-        populate(&api, c, 1, 0..a.services, a.endpoints);
+        populate(&api, (NS, c), 1, 0..a.services, a.endpoints);
+        for k in 1..=unselected.unwrap_or(0) {
+            populate(
+                &api,
+                (&format!("other-{k}"), c),
+                1,
+                0..a.services,
+                a.endpoints,
+            );
+        }
         servers.push(api);
     }
     let rss0 = settled_rss(plane.process.pid(), a.quiet()).await;
@@ -735,10 +796,11 @@ async fn remotes(a: &Args) {
     drop(plane);
     let anchor_rss = naive_rss(resources).await;
     println!(
-        "{remotes} remotes × {per_remote} endpoints: {:.0} ms from Secrets to every remote served, {:.2} CPU-s; +{:.1} MiB RSS ({:.0} bytes per endpoint); the naive anchor holding what meshpilot then served: {:.1} MiB",
+        "{remotes} remotes × {per_remote} endpoints: {:.0} ms from Secrets to every remote served, {:.2} CPU-s; +{:.1} MiB RSS ({:.0} KiB per remote, {:.0} bytes per endpoint); the naive anchor holding what meshpilot then served: {:.1} MiB",
         took.as_secs_f64() * 1e3,
         cpu1 - cpu0,
         grown / 1048576.0,
+        grown / remotes as f64 / 1024.0,
         grown / (remotes * per_remote) as f64,
         anchor_rss as f64 / 1048576.0
     );
@@ -1039,7 +1101,11 @@ fn main() {
                 endpoints_memory(&a).await;
                 onboarding(&a).await;
                 single_change(&a).await;
-                remotes(&a).await;
+                remotes(&Args {
+                    unselected: 1,
+                    ..a.clone()
+                })
+                .await;
                 config_at_scale(&a).await;
                 let scoped = Args {
                     sidecar_hosts: 3,
