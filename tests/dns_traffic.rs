@@ -77,7 +77,7 @@ fn get(client: &Netns, url: &str) -> Option<Value> {
     serde_json::from_slice(&output.stdout).ok()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_reaches_a_remote_only_service_by_name() {
     let _ports = sidecar_ports().await;
     let tag = std::process::id() % 100_000;

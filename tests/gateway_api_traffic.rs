@@ -176,7 +176,7 @@ async fn gateway_of(
     (mp, dir, gateway)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_routes_splits_redirects_rewrites_and_edits_headers() {
     let tag = format!("{}h", std::process::id() % 100_000);
     let (gateway_ns, mut backend_ns) = lan(&tag, "10.221");
@@ -332,7 +332,7 @@ fn grpc_call(method: &str, authority: &str) -> Result<String, String> {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_certificates_rotate_tls_passes_through_and_grpc_routes_by_method() {
     let tag = format!("{}s", std::process::id() % 100_000);
     let (gateway_ns, mut backend_ns) = lan(&tag, "10.222");

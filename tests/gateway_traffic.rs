@@ -86,7 +86,7 @@ endpoints:
 - {addresses: [10.219.1.2], conditions: {ready: true}, targetRef: {kind: Pod, name: echo-1, namespace: default}}
 ";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingress_serves_a_secrets_certificate_and_routes_to_the_mesh_over_mtls() {
     let tag = std::process::id() % 100_000;
     let gateway_ns = Netns::create(&format!("gwi{tag}"));
@@ -398,7 +398,7 @@ impl EgressHosts {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mesh_traffic_to_an_external_host_leaves_through_the_egress_gateway() {
     let mut hosts = EgressHosts::new("ge", 220);
     hosts.external.serve_http_echo(8000);
@@ -475,7 +475,7 @@ spec:
       tls: {mode: MUTUAL, credentialName: client-credential, sni: api.external.test}
 ";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_egress_gateway_originates_mutual_tls_with_a_rules_credential() {
     let mut hosts = EgressHosts::new("gm", 221);
     // The external server's certificate, and the client certificate it requires.

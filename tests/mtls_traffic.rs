@@ -207,7 +207,7 @@ impl Workloads {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_between_two_sidecars_travels_over_mutual_tls() {
     let mesh = Workloads::start("", 213, &[]).await;
     let client_envoy = mesh
@@ -261,7 +261,7 @@ fn not_after(pem: &str) -> i64 {
     cert.validity().not_after.timestamp()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_keeps_flowing_across_a_self_signed_root_rotation() {
     // A 12 s root renewed with half its life left: the first rotation comes ~5 s after start.
     let rotating = [

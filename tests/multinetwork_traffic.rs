@@ -104,7 +104,7 @@ endpoints:
     )
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_crosses_networks_through_the_east_west_gateway() {
     let tag = std::process::id() % 100_000;
     let client_ns = Netns::create(&format!("mnc{tag}"));

@@ -98,7 +98,7 @@ impl Setup {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_destinations_follow_the_outbound_traffic_policy() {
     let _ports = sidecar_ports().await;
     let allow_any = "outboundTrafficPolicy: {mode: ALLOW_ANY}\n";
@@ -209,7 +209,7 @@ spec:
   outboundTrafficPolicy: {mode: REGISTRY_ONLY}
 ";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_resource_scopes_what_the_namespace_reaches() {
     let _ports = sidecar_ports().await;
     let setup = Setup::start("mps", 218, SERVICES, None).await;

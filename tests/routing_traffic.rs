@@ -238,7 +238,7 @@ impl Routed {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virtual_service_routes_real_traffic() {
     let routed = Routed::start("mpr", CONFIG, "").await;
     let (client, envoy) = (&routed.client, &routed.envoy);
@@ -302,7 +302,7 @@ fn requests_counts(client: &Netns) -> BTreeMap<String, u64> {
 /// Access logs as Istio users configure them, written by the real sidecar: the mesh config's file
 /// in Istio's text format, then its JSON format; a Telemetry for the namespace sending errors
 /// only to a provider's file; one disabling logging; its removal bringing the mesh config's back.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_logs_follow_the_mesh_config_and_telemetry() {
     let logs = tempfile::tempdir().unwrap();
     let (text_log, errors_log) = (
@@ -432,7 +432,7 @@ async fn access_logs_follow_the_mesh_config_and_telemetry() {
 /// Spans as Istio users ask for them, sent by the real sidecar to a Zipkin collector of the mesh:
 /// the root namespace's Telemetry names the mesh config's `zipkin` provider, samples everything
 /// and adds tags; each span carries them and Istio's own.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_the_telemetry_s_zipkin_provider() {
     let mesh = "extensionProviders:\n- name: zipkin\n  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}\n";
     let telemetry = "
@@ -480,7 +480,7 @@ spec:
 /// OpenTelemetry as Istio users set it up: the namespace's Telemetry names the mesh config's
 /// `opentelemetry` provider; the real sidecar exports its spans over OTLP/gRPC to a collector
 /// speaking the collector's own protos, with the sampling, custom tags and service name asked for.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_the_telemetry_s_opentelemetry_collector() {
     let mesh = "extensionProviders:\n- name: otel\n  opentelemetry: {service: otel-collector.istio-system.svc.cluster.local, port: 4317}\n";
     let telemetry = "
@@ -589,7 +589,7 @@ async fn order(client: &Netns, len: usize) -> String {
 /// and responses; a REMOVE and a REPLACE of them; a cluster MERGE changing connection settings
 /// (Envoy's config dump); an invalid new version refused while the proxy keeps its last good
 /// config.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_filters_patch_a_real_sidecar() {
     let routed = Routed::start("mpe", CONFIG, "").await;
     let (client, envoy) = (&routed.client, &routed.envoy);
@@ -716,7 +716,7 @@ const HEADERS_WAT: &str = r#"
 
 /// A WasmPlugin run by a real sidecar: its filter's config discovered over ECDS, its module (a
 /// local file, which Envoy loads without Istio's agent) changing real requests and responses.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wasm_plugin_runs_in_a_real_sidecar() {
     let routed = Routed::start("mpw", CONFIG, "").await;
     let module = routed.dir.path().join("headers.wasm");
@@ -771,7 +771,7 @@ spec:
   - backendRefs: [{name: reviews, port: 8080}]
 ";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mesh_http_route_changes_where_the_sidecars_requests_go() {
     let routed = Routed::start("mpg", MESH_ROUTE, "").await;
     // The canary: a Service of reviews' v2 address alone.

@@ -205,7 +205,7 @@ async fn expect(from: &Host, captured: bool, args: &[&str], want: u16, what: &st
     assert!(found.is_ok(), "{what}: wanted {want}, last got {last}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_authentication_modes_with_a_sidecar_and_a_plain_client() {
     let mut lab = Lab::new("mpa", 221);
     let mut server = lab.host(true);
@@ -346,7 +346,7 @@ spec:
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authorization_policies_deny_allow_tcp_and_namespaces_across_clusters() {
     let mut lab = Lab::new("mpz", 222);
     let mut server = lab.host(true);
@@ -662,7 +662,7 @@ spec:
     authz_task.abort();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_ingress_port_reaches_the_app_where_its_default_endpoint_says() {
     let mut lab = Lab::new("mpi", 224);
     let mut server = lab.host(true);

@@ -1,4 +1,8 @@
 //! Network namespaces and veth links as separate test hosts (needs root, iproute2 and iptables).
+//!
+//! The helpers here block on subprocesses (curl, clients in a namespace). Tests calling them while
+//! meshpilot runs in-process use a multi-thread runtime: on a current-thread one a blocking call
+//! stalls the control plane too, and a proxy's TLS handshake to it can outlast its connect timeout.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
