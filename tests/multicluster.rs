@@ -154,6 +154,14 @@ async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
     let view = cluster_view(admin, "east").await.unwrap();
     assert_eq!(view["source"], format!("secret istio-system/{SECRET}"));
     assert_eq!(view["state"], "synced");
+    // A remote's watches and calls share one HTTP/2 connection, as client-go's do.
+    let east = &east;
+    wait_for(
+        "one connection to east's API server",
+        BOUND,
+        || async move { (east.connections() == ["h2"]).then_some(()) },
+    )
+    .await;
 
     let envoy = client_envoy(&mp, AdsMode::Sotw, &["10.20.0.1:80", "10.30.0.1:80"]).await;
 

@@ -104,6 +104,33 @@ struct Shared {
     writes: Mutex<()>,
     /// Seconds the `Date` header is ahead of the real clock (negative: behind).
     clock_offset: AtomicI64,
+    /// The protocol (ALPN) of every TLS connection open, by accept serial.
+    connections: Mutex<std::collections::BTreeMap<u64, String>>,
+    accepted: AtomicU64,
+}
+
+/// A client connection listed in [`Shared::connections`] while it lives (also when its task is
+/// aborted by a stop).
+struct OpenConnection {
+    shared: Arc<Shared>,
+    serial: u64,
+}
+
+impl OpenConnection {
+    fn new(shared: &Arc<Shared>, protocol: String) -> Self {
+        let serial = shared.accepted.fetch_add(1, Ordering::SeqCst);
+        shared.connections.lock().insert(serial, protocol);
+        Self {
+            shared: shared.clone(),
+            serial,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.shared.connections.lock().remove(&self.serial);
+    }
 }
 
 /// One running (or stopped) test API server.
@@ -174,6 +201,8 @@ impl TestApiServer {
             review_serial: AtomicU64::new(0),
             writes: Mutex::default(),
             clock_offset: AtomicI64::new(0),
+            connections: Mutex::default(),
+            accepted: AtomicU64::new(0),
         });
         let server = Self {
             shared,
@@ -326,6 +355,11 @@ impl TestApiServer {
         self.shared.requests.lock().get(what).copied().unwrap_or(0)
     }
 
+    /// The protocol (ALPN: `h2`, `http/1.1`, or `none`) of every client connection open now.
+    pub fn connections(&self) -> Vec<String> {
+        self.shared.connections.lock().values().cloned().collect()
+    }
+
     fn serve(&self, listener: TcpListener) -> Running {
         let shared = self.shared.clone();
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
@@ -342,6 +376,9 @@ impl TestApiServer {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
+                    let protocol = tls.get_ref().1.alpn_protocol().unwrap_or(b"none");
+                    let protocol = String::from_utf8_lossy(protocol).into_owned();
+                    let _open = OpenConnection::new(&shared, protocol);
                     let service = hyper::service::service_fn(move |req| {
                         let shared = shared.clone();
                         async move {
