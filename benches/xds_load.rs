@@ -39,6 +39,7 @@ use harness::plane::{self, proc_stats, remote_secret, settled_rss, Plane, DECAY_
 use parking_lot::Mutex;
 use serde_json::json;
 use test_apiserver::TestApiServer;
+use tokio::task::JoinHandle;
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -216,6 +217,10 @@ struct Observed {
     /// DestinationRule change).
     subset: Mutex<HashMap<usize, Vec<Duration>>>,
     ready: AtomicUsize,
+    /// Since when sessions coming into sync are timed (a storm's connect, a replica's death).
+    since: Mutex<Option<Instant>>,
+    /// The time from `since` of each session that came into sync after it.
+    resynced: Mutex<Vec<Duration>>,
     messages: AtomicUsize,
     /// Responses to proxies without a CDS watch: a DestinationRule change concerns them only if
     /// they watch its service.
@@ -331,6 +336,9 @@ async fn session(
         ready_types += 1;
         if ready_types == wanted {
             observed.ready.fetch_add(1, Ordering::Relaxed);
+            if let Some(since) = *observed.since.lock() {
+                observed.resynced.lock().push(since.elapsed());
+            }
         }
     };
     let _ = ads::stream(channel, &subscription, arrived, std::future::pending()).await;
@@ -363,24 +371,37 @@ fn watches_cds(a: &Args, index: usize) -> bool {
     index % 4 != 3 && index.is_multiple_of(a.cds_every)
 }
 
+/// Proxy `index` of the fleet: half SotW, half Delta, one in four proxyless gRPC.
+fn proxy_spec(a: &Args, index: usize) -> ProxySpec {
+    ProxySpec {
+        index,
+        delta: index % 2 == 1,
+        grpc: index % 4 == 3,
+        cds: watches_cds(a, index),
+        names: watched_services(a, index).map(cluster_name).collect(),
+    }
+}
+
+/// Connects `count` more proxies in waves of 500, each wave in sync before the next; returns
+/// their tasks (aborting one drops its connection).
 async fn connect_proxies(
     xds: SocketAddr,
     a: &Args,
     count: usize,
     observed: &Arc<Observed>,
     round: &Arc<Mutex<Option<Round>>>,
-) {
+) -> Vec<JoinHandle<()>> {
     let start = observed.ready.load(Ordering::Relaxed);
+    let mut tasks = Vec::with_capacity(count);
     for wave in (0..count).collect::<Vec<_>>().chunks(500) {
         for &index in wave {
-            let spec = ProxySpec {
-                index: start + index,
-                delta: index % 2 == 1,
-                grpc: index % 4 == 3,
-                cds: watches_cds(a, index),
-                names: watched_services(a, index).map(cluster_name).collect(),
-            };
-            tokio::spawn(proxy(xds, spec, observed.clone(), round.clone()));
+            let spec = proxy_spec(a, start + index);
+            tasks.push(tokio::spawn(proxy(
+                xds,
+                spec,
+                observed.clone(),
+                round.clone(),
+            )));
         }
         let target = start + wave.last().map_or(0, |i| i + 1);
         let observed = observed.clone();
@@ -390,6 +411,55 @@ async fn connect_proxies(
         })
         .await;
     }
+    tasks
+}
+
+/// The connection storm after a control-plane restart: every proxy's stream is dropped at once and
+/// every proxy connects again at once, with no rate limit. Returns p50, p99 and max (ms) of each
+/// proxy's time from its connect to holding every type it subscribes to.
+async fn storm(
+    xds: SocketAddr,
+    a: &Args,
+    fleet: Vec<JoinHandle<()>>,
+    observed: &Arc<Observed>,
+    round: &Arc<Mutex<Option<Round>>>,
+) -> (f64, f64, f64) {
+    for task in &fleet {
+        task.abort();
+    }
+    for task in fleet {
+        let _ = task.await;
+    }
+    *round.lock() = None;
+    // The server notices the dropped streams and closes them before the fleet is back.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    *observed.since.lock() = Some(Instant::now());
+    let fleet: Vec<_> = (0..a.proxies)
+        .map(|index| {
+            let spec = proxy_spec(a, index);
+            tokio::spawn(proxy(xds, spec, observed.clone(), round.clone()))
+        })
+        .collect();
+    let resynced = wait_resynced(observed, a.proxies).await;
+    for task in fleet {
+        task.abort();
+    }
+    resynced
+}
+
+/// Waits for `count` sessions in sync since [`Observed::since`]; their p50, p99 and max (ms).
+async fn wait_resynced(observed: &Arc<Observed>, count: usize) -> (f64, f64, f64) {
+    wait_for(
+        "every proxy in sync again",
+        Duration::from_secs(600),
+        || {
+            let observed = observed.clone();
+            async move { (observed.resynced.lock().len() >= count).then_some(()) }
+        },
+    )
+    .await;
+    *observed.since.lock() = None;
+    percentiles(std::mem::take(&mut *observed.resynced.lock()))
 }
 
 /// What the proxies converge on: meshpilot, or the naive anchor serving what meshpilot served.
@@ -478,11 +548,14 @@ struct Figures {
     us_per_message: f64,
     full_push_ms: f64,
     full_push_cpu_s: f64,
+    storm_p50: f64,
+    storm_p99: f64,
+    storm_max: f64,
 }
 
 impl Figures {
     /// (figure, value, unit), in the order they are printed.
-    fn rows(&self) -> [(&'static str, f64, &'static str); 8] {
+    fn rows(&self) -> [(&'static str, f64, &'static str); 11] {
         [
             ("initial sync of every proxy", self.initial_sync_s, "s"),
             ("memory per proxy (slope)", self.kib_per_proxy, "KiB"),
@@ -492,6 +565,9 @@ impl Figures {
             ("server CPU per proxy message", self.us_per_message, "µs"),
             ("full push, all converged", self.full_push_ms, "ms"),
             ("full push, server CPU", self.full_push_cpu_s, "s"),
+            ("connection storm p50", self.storm_p50, "ms"),
+            ("connection storm p99", self.storm_p99, "ms"),
+            ("connection storm max", self.storm_max, "ms"),
         ]
     }
 }
@@ -523,10 +599,10 @@ async fn converge(server: &Server, a: &Args) -> Figures {
     let round: Arc<Mutex<Option<Round>>> = Arc::default();
     let connect = Instant::now();
     let half = a.proxies / 2;
-    connect_proxies(server.xds(), a, half, &observed, &round).await;
+    let mut fleet = connect_proxies(server.xds(), a, half, &observed, &round).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, rss_half) = proc_stats(pid);
-    connect_proxies(server.xds(), a, a.proxies - half, &observed, &round).await;
+    fleet.extend(connect_proxies(server.xds(), a, a.proxies - half, &observed, &round).await);
     figures.initial_sync_s = connect.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, rss_full) = proc_stats(pid);
@@ -608,7 +684,152 @@ async fn converge(server: &Server, a: &Args) -> Figures {
         "full push after a service add (median): {:.1} ms to converge {sidecars} sidecars, {:.2} CPU-seconds",
         figures.full_push_ms, figures.full_push_cpu_s
     );
+
+    (figures.storm_p50, figures.storm_p99, figures.storm_max) =
+        storm(server.xds(), a, fleet, &observed, &round).await;
+    println!(
+        "connection storm, all {} proxies at once: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms from connect to in sync",
+        a.proxies, figures.storm_p50, figures.storm_p99, figures.storm_max
+    );
     figures
+}
+
+/// Two replicas behind one address: each proxy knows both, connects to one (half the fleet to each)
+/// and, when its stream ends, to the other. With the fleet in sync on a round's endpoint and service,
+/// the first replica is killed (SIGKILL). Per moved proxy: the time from the kill to holding every
+/// type again on the other, and whether what it gets there lacks the round's endpoint or service
+/// (a config regression). The naive anchor runs as two replicas the same way.
+async fn failover(a: &Args) {
+    println!(
+        "## failover: {} proxies over two replicas, {} services × {} endpoints over {} clusters",
+        a.proxies, a.services, a.endpoints, a.clusters
+    );
+    let first = start_plane(a, a.services, a.endpoints, a.clusters).await;
+    let second = first.replica().await;
+    let resources = served(first.xds, a.services).await;
+    println!("### meshpilot");
+    let meshpilot = fail_over([Server::Meshpilot(first), Server::Meshpilot(second)], a).await;
+    println!(
+        "### naive fan-out, two replicas of the same {} resources",
+        resources.len()
+    );
+    let naive = fail_over(
+        [
+            Server::Naive(NaiveServer::start(resources.clone())),
+            Server::Naive(NaiveServer::start(resources)),
+        ],
+        a,
+    )
+    .await;
+    println!("| figure | meshpilot | naive |\n|---|---|---|");
+    let rows = [
+        (
+            "moved proxies in sync again, p50 (ms)",
+            meshpilot.0,
+            naive.0,
+        ),
+        ("p99 (ms)", meshpilot.1, naive.1),
+        ("max (ms)", meshpilot.2, naive.2),
+        ("moved proxies served an older config", meshpilot.3, naive.3),
+    ];
+    for (what, m, n) in rows {
+        println!("| {what} | {m:.1} | {n:.1} |");
+    }
+}
+
+/// One failover over `replicas`: (p50, p99, max) ms of the moved proxies' resync, and how many of
+/// them were served less than they held before.
+async fn fail_over(mut replicas: [Server; 2], a: &Args) -> (f64, f64, f64, f64) {
+    let observed = Arc::new(Observed::default());
+    let round: Arc<Mutex<Option<Round>>> = Arc::default();
+    let addrs = [replicas[0].xds(), replicas[1].xds()];
+    let fleet: Vec<_> = (0..a.proxies)
+        .map(|index| {
+            let spec = proxy_spec(a, index);
+            tokio::spawn(replicated_proxy(
+                addrs,
+                spec,
+                observed.clone(),
+                round.clone(),
+            ))
+        })
+        .collect();
+    let all = a.proxies;
+    wait_for("the fleet in sync", Duration::from_secs(600), || {
+        let observed = observed.clone();
+        async move { (observed.ready.load(Ordering::Relaxed) >= all).then_some(()) }
+    })
+    .await;
+
+    // A round's endpoint and service, held by every proxy before the kill.
+    let r = 1;
+    *round.lock() = Some(Round {
+        started: Instant::now(),
+        id: r,
+    });
+    match &replicas[0] {
+        // Both replicas read the same API servers.
+        Server::Meshpilot(_) => {
+            replicas[0].move_endpoint(r);
+            replicas[0].add_service(r);
+        }
+        Server::Naive(_) => {
+            for replica in &replicas {
+                replica.move_endpoint(r);
+                replica.add_service(r);
+            }
+        }
+    }
+    let sidecars = (0..a.proxies).filter(|&i| watches_cds(a, i)).count();
+    wait_for("the round everywhere", Duration::from_secs(300), || {
+        let observed = observed.clone();
+        async move {
+            let eds = observed.eds.lock().get(&r).map_or(0, Vec::len);
+            let cds = observed.full.lock().get(&r).map_or(0, Vec::len);
+            (eds >= all && cds >= sidecars).then_some(())
+        }
+    })
+    .await;
+    observed.eds.lock().clear();
+    observed.full.lock().clear();
+
+    let moved = (0..a.proxies).filter(|i| i % 2 == 0).count();
+    let moved_sidecars = (0..a.proxies)
+        .filter(|&i| i % 2 == 0 && watches_cds(a, i))
+        .count();
+    *observed.since.lock() = Some(Instant::now());
+    match &mut replicas[0] {
+        Server::Meshpilot(plane) => plane.process.kill_9(),
+        Server::Naive(naive) => naive.kill(),
+    }
+    let (p50, p99, max) = wait_resynced(&observed, moved).await;
+    // Every moved proxy's first responses on the other replica carry the round's marks.
+    let eds = observed.eds.lock().get(&r).map_or(0, Vec::len);
+    let cds = observed.full.lock().get(&r).map_or(0, Vec::len);
+    let older = moved.saturating_sub(eds) + moved_sidecars.saturating_sub(cds);
+    println!(
+        "{moved} proxies moved: in sync again p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms after the kill; {older} served an older config ({eds} of {moved} with the round's endpoint, {cds} of {moved_sidecars} sidecars with its service)"
+    );
+    for task in fleet {
+        task.abort();
+    }
+    (p50, p99, max, older as f64)
+}
+
+/// A proxy of two replicas behind one address: it connects to `replicas[index % 2]` and, each time
+/// its stream ends, to the other (after the pause [`proxy`] takes).
+async fn replicated_proxy(
+    replicas: [SocketAddr; 2],
+    spec: ProxySpec,
+    observed: Arc<Observed>,
+    round: Arc<Mutex<Option<Round>>>,
+) {
+    let mut at = spec.index % 2;
+    loop {
+        session(replicas[at], &spec, &observed, &round).await;
+        at = 1 - at;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Memory per endpoint and per service, each a slope from a base mesh (S services × E endpoints):
@@ -1096,6 +1317,7 @@ fn main() {
             "single" => single_change(&a).await,
             "remotes" => remotes(&a).await,
             "config" => config_at_scale(&a).await,
+            "failover" => failover(&a).await,
             "all" | "smoke" => {
                 convergence(&a).await;
                 endpoints_memory(&a).await;
@@ -1112,6 +1334,7 @@ fn main() {
                     ..a.clone()
                 };
                 config_at_scale(&scoped).await;
+                failover(&a).await;
             }
             other => panic!("unknown scenario {other}"),
         }

@@ -82,6 +82,12 @@ impl NaiveServer {
         self.child.id()
     }
 
+    /// Kills the anchor at once (SIGKILL), as a replica dies.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The first endpoint of `cluster`'s assignment moves to `address`.
     pub fn move_endpoint(&self, cluster: &str, address: &str) {
         self.command(&format!("endpoint {cluster} {address}"));

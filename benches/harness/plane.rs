@@ -151,6 +151,18 @@ impl Plane {
         started
     }
 
+    /// A second replica: meshpilot with the same flags on the same API servers, on ports and a
+    /// state directory of its own. Returns once ready.
+    pub async fn replica(&self) -> Plane {
+        let files = tempfile::tempdir().unwrap();
+        let mut flags = self.flags.clone();
+        // `spawn` appends its own state directory.
+        if let Some(at) = flags.iter().position(|f| f == "--state-dir") {
+            flags.drain(at..at + 2);
+        }
+        Self::spawn(self.servers.clone(), files, flags).await
+    }
+
     /// Waits until meshpilot reports ready.
     pub async fn ready(&self, bound: Duration) {
         let admin = self.admin;
