@@ -35,11 +35,19 @@ pub type NewSession<Req> = fn(Arc<XdsServer>, Arc<Connection>) -> Box<dyn Sessio
 
 /// Runs a stream's task to its end; a panic inside is logged, counted and reported to the client,
 /// and the connection is unregistered as the task unwinds.
-pub async fn run_guarded<F>(server: Arc<XdsServer>, tx: ResponseTx, stream: F)
+///
+/// A combinator, not an `async fn`: an `async fn` keeps its future argument's storage beside the
+/// future it moves it into (rust-lang/rust#62958), doubling every stream task's allocation.
+pub fn run_guarded<F>(
+    server: Arc<XdsServer>,
+    tx: ResponseTx,
+    stream: F,
+) -> impl std::future::Future<Output = ()>
 where
     F: std::future::Future<Output = ()>,
 {
-    if let Err(panic) = AssertUnwindSafe(stream).catch_unwind().await {
+    AssertUnwindSafe(stream).catch_unwind().map(move |outcome| {
+        let Err(panic) = outcome else { return };
         let message = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
@@ -50,7 +58,7 @@ where
         let _ = tx.try_send(Err(Status::internal(
             "meshpilot: internal error on this stream; reconnect",
         )));
-    }
+    })
 }
 
 /// Who is on the other end of a stream, as the transport tells.
@@ -65,11 +73,50 @@ pub struct Peer {
 /// stream ends.
 pub async fn serve<Req: NodeOf>(
     server: Arc<XdsServer>,
-    mut requests: Streaming<Req>,
+    requests: Streaming<Req>,
     tx: ResponseTx,
     peer: Peer,
     new_session: NewSession<Req>,
 ) {
+    // Boxed: the admission's futures (the wait for the first request, a TokenReview) end before
+    // the session starts; inline, they would size the stream's task for its whole life.
+    let Some(admitted) = Box::pin(admit(&server, requests, &tx, peer)).await else {
+        return;
+    };
+    let Admitted {
+        first,
+        requests,
+        registered,
+        registration: _registration,
+    } = admitted;
+    let session = new_session(server.clone(), registered.conn().clone());
+    Stream {
+        server,
+        registered,
+        session,
+        tx,
+    }
+    .run(first, requests)
+    .await;
+}
+
+/// A stream whose proxy is identified, authorized and connected.
+struct Admitted<Req> {
+    first: Req,
+    requests: Streaming<Req>,
+    registered: Registered,
+    /// Held for the stream's life.
+    registration: Option<Registration>,
+}
+
+/// Admits a stream: readiness, the first request, the proxy's identity and its proof; None (the
+/// client told why) if refused or gone.
+async fn admit<Req: NodeOf>(
+    server: &Arc<XdsServer>,
+    mut requests: Streaming<Req>,
+    tx: &ResponseTx,
+    peer: Peer,
+) -> Option<Admitted<Req>> {
     let Peer {
         delta,
         address,
@@ -82,12 +129,12 @@ pub async fn serve<Req: NodeOf>(
                 "meshpilot is not ready: clusters are still syncing",
             )))
             .await;
-        return;
+        return None;
     }
     let wait = server.options().first_request_timeout;
     let first = match tokio::time::timeout(wait, requests.message()).await {
         Ok(Ok(Some(first))) => first,
-        Ok(_) => return,
+        Ok(_) => return None,
         Err(_) => {
             debug!("no first request within {wait:?}; closing the stream");
             let _ = tx
@@ -95,7 +142,7 @@ pub async fn serve<Req: NodeOf>(
                     "no request within {wait:?} of opening the stream"
                 ))))
                 .await;
-            return;
+            return None;
         }
     };
     let mut proxy = match Proxy::from_node(first.node()) {
@@ -103,7 +150,7 @@ pub async fn serve<Req: NodeOf>(
         Err(e) => {
             warn!(error = %e, "refusing xDS stream");
             let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
-            return;
+            return None;
         }
     };
     let authenticated = auth.is_some();
@@ -111,13 +158,13 @@ pub async fn serve<Req: NodeOf>(
         if let Err(status) = super::server::authorize(&authn, &credentials, &proxy).await {
             warn!(proxy = %proxy.id, %status, "refusing xDS stream");
             let _ = tx.send(Err(status)).await;
-            return;
+            return None;
         }
         proxy.verified = true;
     }
     // A WorkloadGroup member is registered before its first response, so that response has it;
     // only over the secure port, where the proxy proved who it is.
-    let _registration = match (server.auto_registration(), &proxy.auto_register_group) {
+    let registration = match (server.auto_registration(), &proxy.auto_register_group) {
         (Some(registry), Some(_)) if authenticated => registry
             .connected(&proxy)
             .map(|key| Registration { registry, key }),
@@ -128,15 +175,12 @@ pub async fn serve<Req: NodeOf>(
         _ => None,
     };
     let registered = server.connect(proxy, delta, address);
-    let session = new_session(server.clone(), registered.conn().clone());
-    Stream {
-        server,
+    Some(Admitted {
+        first,
+        requests,
         registered,
-        session,
-        tx,
-    }
-    .run(first, requests)
-    .await;
+        registration,
+    })
 }
 
 /// An auto-registered WorkloadEntry, released when the stream ends.
@@ -350,5 +394,24 @@ mod tests {
             .expect("the client hears of it")
             .expect_err("an error status");
         assert_eq!(status.code(), tonic::Code::Internal);
+    }
+
+    #[test]
+    fn the_guard_adds_little_to_the_stream_task_it_wraps() {
+        let server = XdsServer::new(
+            Arc::new(Mesh::default()),
+            Arc::new(|| true),
+            XdsOptions::default(),
+            XdsMetrics::default(),
+        );
+        let (tx, _rx) = mpsc::channel(OUTPUT_QUEUE);
+        let large = [0u8; 4096];
+        let stream = async move {
+            tokio::task::yield_now().await;
+            drop(large);
+        };
+        let inner = std::mem::size_of_val(&stream);
+        let guarded = std::mem::size_of_val(&run_guarded(server, tx, stream));
+        assert!(guarded < inner + 128, "{guarded} bytes around {inner}");
     }
 }
