@@ -43,6 +43,44 @@ async fn serving(mp: &meshpilot::app::Running, expected: &[&str]) {
     .await;
 }
 
+/// meshpilot with `api` as its primary cluster and a mesh config file of discoverySelectors.
+struct LocalPrimary {
+    mp: meshpilot::app::Running,
+    mesh: tempfile::NamedTempFile,
+    _kubeconfig: tempfile::NamedTempFile,
+}
+
+impl LocalPrimary {
+    async fn on(api: &TestApiServer, selectors: &str) -> LocalPrimary {
+        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
+        let mesh = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(mesh.path(), format!("discoverySelectors: {selectors}\n")).unwrap();
+        let mp = start_meshpilot_with(&[
+            "--kubeconfig",
+            kubeconfig.path().to_str().unwrap(),
+            "--cluster-id",
+            "primary",
+            "--mesh-config",
+            mesh.path().to_str().unwrap(),
+        ])
+        .await;
+        LocalPrimary {
+            mp,
+            mesh,
+            _kubeconfig: kubeconfig,
+        }
+    }
+
+    /// Replaces the mesh config's discoverySelectors, as an operator's edit.
+    fn select(&self, selectors: &str) {
+        write_atomic(
+            self.mesh.path(),
+            &format!("discoverySelectors: {selectors}\n"),
+        );
+    }
+}
+
 #[tokio::test]
 async fn selected_namespaces_follow_their_labels_and_the_selectors() {
     let api = TestApiServer::start().await;
@@ -56,37 +94,28 @@ async fn selected_namespaces_follow_their_labels_and_the_selectors() {
     ] {
         api.apply_yaml(&manifest);
     }
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
-    let mesh = tempfile::NamedTempFile::new().unwrap();
-    let selectors =
-        |yaml: &str| write_atomic(mesh.path(), &format!("discoverySelectors: {yaml}\n"));
-    selectors("[{matchLabels: {mesh: 'on'}}, {matchExpressions: [{key: team, operator: In, values: [y]}]}]");
-    let mp = start_meshpilot_with(&[
-        "--kubeconfig",
-        kubeconfig.path().to_str().unwrap(),
-        "--cluster-id",
-        "primary",
-        "--mesh-config",
-        mesh.path().to_str().unwrap(),
-    ])
+    let primary = LocalPrimary::on(
+        &api,
+        "[{matchLabels: {mesh: 'on'}}, {matchExpressions: [{key: team, operator: In, values: [y]}]}]",
+    )
     .await;
-    serving(&mp, &["in"]).await;
+    let (mp, selectors) = (&primary.mp, |yaml: &str| primary.select(yaml));
+    serving(mp, &["in"]).await;
     // Each selector is a Namespace watch selected on the API server.
     assert!(api.request_count("watch:namespaces?mesh=on") >= 1);
     assert!(api.request_count("watch:namespaces?team in (y)") >= 1);
 
     // A namespace relabelled into a selector: its service comes; out of every one: it goes.
     api.apply_yaml(&namespace("out", "team: y"));
-    serving(&mp, &["in", "out"]).await;
+    serving(mp, &["in", "out"]).await;
     api.apply_yaml(&namespace("in", "mesh: 'off'"));
-    serving(&mp, &["out"]).await;
+    serving(mp, &["out"]).await;
 
     // The selectors change with the mesh config: none means every namespace.
     selectors("[]");
-    serving(&mp, &["in", "out", "istio-system"]).await;
+    serving(mp, &["in", "out", "istio-system"]).await;
     selectors("[{matchLabels: {mesh: 'off'}}]");
-    serving(&mp, &["in"]).await;
+    serving(mp, &["in"]).await;
 }
 
 /// The remote Secret onboarding `east`, with `annotations`.
@@ -188,23 +217,8 @@ async fn istio_config_and_the_root_certificate_stay_in_the_discovered_namespaces
     ] {
         api.apply_yaml(&manifest);
     }
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(kubeconfig.path(), api.kubeconfig(api.admin_token())).unwrap();
-    let mesh = tempfile::NamedTempFile::new().unwrap();
-    write_atomic(
-        mesh.path(),
-        "discoverySelectors: [{matchLabels: {mesh: 'on'}}]\n",
-    );
-    let mp = start_meshpilot_with(&[
-        "--kubeconfig",
-        kubeconfig.path().to_str().unwrap(),
-        "--cluster-id",
-        "primary",
-        "--mesh-config",
-        mesh.path().to_str().unwrap(),
-    ])
-    .await;
-    let admin = mp.http_addr;
+    let primary = LocalPrimary::on(&api, "[{matchLabels: {mesh: 'on'}}]").await;
+    let admin = primary.mp.http_addr;
     entries(admin, &["in"]).await;
     rooted(&api, "in").await;
     rooted(&api, "istio-system").await;

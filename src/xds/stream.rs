@@ -408,7 +408,7 @@ mod tests {
         let large = [0u8; 4096];
         let stream = async move {
             tokio::task::yield_now().await;
-            drop(large);
+            std::hint::black_box(&large);
         };
         let inner = std::mem::size_of_val(&stream);
         let guarded = std::mem::size_of_val(&run_guarded(server, tx, stream));
