@@ -17,6 +17,12 @@ const SECRET: &str = "istio-remote-secret-test";
 /// A remote cluster serving `web` from one pod at `ip`.
 async fn remote(ip: &str) -> TestApiServer {
     let api = TestApiServer::start().await;
+    serve_web(&api, ip);
+    api
+}
+
+/// `web` served from one pod at `ip`.
+fn serve_web(api: &TestApiServer, ip: &str) {
     api.apply_yaml(&format!(
         "
 apiVersion: v1
@@ -45,7 +51,6 @@ endpoints:
   targetRef: {{kind: Pod, name: web-1, namespace: shop}}
 "
     ));
-    api
 }
 
 /// A reader token for a remote cluster.
@@ -133,7 +138,12 @@ async fn served(admin: SocketAddr, cluster: &str) -> Vec<String> {
 #[tokio::test]
 async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
     let _ports = sidecar_ports().await;
-    let (east, west) = (remote("10.20.0.1").await, remote("10.30.0.1").await);
+    // West's API server offers only HTTP/1.1.
+    let (east, west) = (
+        remote("10.20.0.1").await,
+        TestApiServer::start_http1_only().await,
+    );
+    serve_web(&west, "10.30.0.1");
     let primary = Primary::new().await;
     let mp = start_meshpilot_with(&primary.flags(&[])).await;
     let admin = mp.http_addr;
@@ -154,7 +164,8 @@ async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
     let view = cluster_view(admin, "east").await.unwrap();
     assert_eq!(view["source"], format!("secret istio-system/{SECRET}"));
     assert_eq!(view["state"], "synced");
-    // A remote's watches and calls share one HTTP/2 connection, as client-go's do.
+    // A remote's watches and calls share one HTTP/2 connection, as client-go's do; over HTTP/1.1
+    // they take a connection each.
     let east = &east;
     wait_for(
         "one connection to east's API server",
@@ -162,6 +173,11 @@ async fn secret_onboards_remotes_and_removing_a_key_removes_them() {
         || async move { (east.connections() == ["h2"]).then_some(()) },
     )
     .await;
+    let west_connections = west.connections();
+    assert!(
+        west_connections.len() > 1 && west_connections.iter().all(|p| p == "http/1.1"),
+        "{west_connections:?}"
+    );
 
     let envoy = client_envoy(&mp, AdsMode::Sotw, &["10.20.0.1:80", "10.30.0.1:80"]).await;
 

@@ -170,8 +170,18 @@ impl TestApiServer {
     }
 
     pub async fn start_with_bookmarks(bookmark_interval: Duration) -> Self {
+        Self::start_with(bookmark_interval, &[b"h2", b"http/1.1"]).await
+    }
+
+    /// A server that offers only HTTP/1.1 (ALPN), as some proxies in front of API servers do.
+    pub async fn start_http1_only() -> Self {
+        Self::start_with(Duration::from_secs(1), &[b"http/1.1"]).await
+    }
+
+    async fn start_with(bookmark_interval: Duration, protocols: &[&[u8]]) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let (ca_pem, tls) = tls_config();
+        let (ca_pem, mut tls) = tls_config();
+        tls.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind test API server");
@@ -458,11 +468,10 @@ fn tls_config() -> (String, rustls::ServerConfig) {
     let cert = params.signed_by(&key, &issuer).expect("server cert");
 
     let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    let mut config = rustls::ServerConfig::builder()
+    let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(vec![cert.der().clone()], key_der)
         .expect("TLS config");
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     (ca.pem(), config)
 }
 
