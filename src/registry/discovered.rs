@@ -43,17 +43,22 @@ impl DiscoveredNamespaces {
         self.selected.read().as_ref().map(BTreeSet::len)
     }
 
-    /// Makes `new` the selection, returning the one it replaces.
-    pub fn replace(&self, new: Option<BTreeSet<String>>) -> Option<BTreeSet<String>> {
-        let old = std::mem::replace(&mut *self.selected.write(), new.clone());
+    /// Makes `new` the selection; true if it differs from the one it replaces.
+    pub fn replace(&self, new: Option<BTreeSet<String>>) -> bool {
+        let changed = {
+            let mut selected = self.selected.write();
+            let changed = *selected != new;
+            *selected = new;
+            changed
+        };
         self.changes.send_if_modified(|n| {
-            let first = *n == 0;
-            if first || old != new {
+            let tick = *n == 0 || changed;
+            if tick {
                 *n += 1;
             }
-            first || old != new
+            tick
         });
-        old
+        changed
     }
 
     /// Ticks each time the selection changes; holds 0 until it is first known.

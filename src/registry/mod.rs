@@ -210,22 +210,6 @@ impl ClusterRegistry {
         self.publish(store, services, gateways, selected, secrets);
     }
 
-    /// Drops the namespaced objects (Services, EndpointSlices, Pods, Secrets) of the namespaces
-    /// `gone` says are no longer discovered.
-    pub fn forget(&self, gone: impl Fn(&str) -> bool) {
-        let store = self.store.lock();
-        let kinds = [Kind::Service, Kind::EndpointSlice, Kind::Pod, Kind::Secret];
-        let deletes: Vec<ObjectChange> = kinds
-            .into_iter()
-            .flat_map(|kind| saved::keys_of(&store, kind))
-            .filter(|key| gone(&key.namespace))
-            .map(ObjectChange::Delete)
-            .collect();
-        if !deletes.is_empty() {
-            self.apply_locked(store, deletes);
-        }
-    }
-
     /// Re-derives the endpoints of pods that ServiceEntries select (the entries changed).
     pub fn resync_selected(&self) {
         let store = self.store.lock();

@@ -1,19 +1,18 @@
 //! The mesh config's `discoverySelectors` for one Kubernetes cluster: which of its namespaces are
 //! discovered (any selector matching the namespace's labels; no selectors: all of them). Unlike
 //! istiod, which watches every namespace and filters in memory, each selector is its own
-//! Namespace watch selected on the API server; objects of other namespaces are dropped as they
-//! arrive and never held. A namespace entering the selection has its objects listed into the
-//! registry; one leaving has them dropped. Selectors changing (a mesh config reload) restart the
-//! watches.
+//! Namespace watch selected on the API server. The watches of per-namespace objects
+//! ([`scoped_watch`]) read against the selection: they start once it is known and relist when it
+//! changes, so a namespace entering it is listed, one leaving it dropped, and no list mixes two
+//! selections.
 
 use std::collections::BTreeSet;
+use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Duration;
 
+use futures::stream::BoxStream;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -23,11 +22,7 @@ use tracing::{info, warn};
 
 use crate::istio::label_selector::LabelSelector;
 use crate::kube_client::WatchBackoff;
-use crate::registry::objects::{self, Object, ObjectChange, TrimError};
-use crate::registry::ClusterRegistry;
-
-/// How long listing one namespace's objects may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::registry::{ClusterRegistry, DiscoveredNamespaces};
 
 /// Keeps the registry's discovered namespaces as `selectors` say for the cluster behind `client`;
 /// `listed` is called once they are first known.
@@ -42,7 +37,7 @@ pub async fn run(
         let current = selectors.borrow_and_update().clone();
         registry.update_discovery(|d| d.selectors = current.clone());
         if current.is_empty() {
-            apply(&client, &registry, None).await;
+            select(&registry, None);
             if std::mem::take(&mut first) {
                 listed();
             }
@@ -92,8 +87,7 @@ pub async fn run(
                         }
                     }
                     if synced.iter().all(|s| *s) {
-                        let union = sets.iter().flatten().cloned().collect();
-                        apply(&client, &registry, Some(union)).await;
+                        select(&registry, Some(sets.iter().flatten().cloned().collect()));
                         if std::mem::take(&mut first) {
                             listed();
                         }
@@ -104,80 +98,52 @@ pub async fn run(
     }
 }
 
-/// Makes `new` the selection: objects of namespaces leaving it are dropped, those of namespaces
-/// entering it listed.
-async fn apply(client: &Client, registry: &Arc<ClusterRegistry>, new: Option<BTreeSet<String>>) {
-    let old = registry.discovered().replace(new.clone());
-    if old == new {
-        return;
+/// Makes `new` the selection; the scoped watches relist against it.
+fn select(registry: &ClusterRegistry, new: Option<BTreeSet<String>>) {
+    let namespaces = new.as_ref().map(BTreeSet::len);
+    if registry.discovered().replace(new) {
+        info!(cluster = %registry.id(), ?namespaces, "discovered namespaces changed");
     }
-    let entering: Option<Vec<String>> = match (&old, &new) {
-        (_, None) => None,
-        (None, Some(_)) => Some(Vec::new()),
-        (Some(old), Some(new)) => Some(new.difference(old).cloned().collect()),
-    };
-    if let Some(new) = &new {
-        let kept = new.clone();
-        let registry = registry.clone();
-        let _ = tokio::task::spawn_blocking(move || registry.forget(|ns| !kept.contains(ns))).await;
-    }
-    info!(
-        cluster = %registry.id(),
-        namespaces = ?new.as_ref().map(BTreeSet::len),
-        "discovered namespaces changed"
-    );
-    match entering {
-        // Every namespace is discovered again: list everything.
-        None => list_into(client, registry, None).await,
-        Some(namespaces) => {
-            for namespace in namespaces {
-                list_into(client, registry, Some(&namespace)).await;
+}
+
+/// A watch of `api`'s objects read against a cluster's discovered namespaces: it starts once they
+/// are known and starts over (a relist, which the reader reconciles) each time they change. Ends
+/// when the owner of the discovered namespaces is gone.
+pub fn scoped_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    discovered: &DiscoveredNamespaces,
+) -> BoxStream<'static, watcher::Result<Event<K>>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let start = (discovered.changes(), None);
+    futures::stream::unfold(start, move |(mut selection, mut events)| {
+        let (api, config) = (api.clone(), config.clone());
+        async move {
+            loop {
+                let current: &mut BoxStream<'static, _> = match &mut events {
+                    Some(events) => events,
+                    None => {
+                        selection.wait_for(|n| *n > 0).await.ok()?;
+                        selection.borrow_and_update();
+                        let watch = watcher::watcher(api.clone(), config.clone())
+                            .backoff(WatchBackoff::default())
+                            .boxed();
+                        events.insert(watch)
+                    }
+                };
+                // None: the stream ends; Some(None): the selection changed, start over.
+                let next = tokio::select! {
+                    changed = selection.changed() => changed.ok().map(|()| None),
+                    event = current.next() => event.map(Some),
+                };
+                match next? {
+                    Some(event) => return Some((event, (selection, events))),
+                    None => events = None,
+                }
             }
         }
-    }
-}
-
-/// Lists the discovered kinds (of one namespace, or everywhere) into the registry.
-async fn list_into(client: &Client, registry: &Arc<ClusterRegistry>, namespace: Option<&str>) {
-    let mut changes = Vec::new();
-    changes.extend(listed::<Pod>(client, namespace, |o| objects::pod(o).map(Some)).await);
-    changes.extend(listed::<Service>(client, namespace, |o| objects::service(o).map(Some)).await);
-    changes.extend(listed::<EndpointSlice>(client, namespace, objects::endpoint_slice).await);
-    changes.extend(listed::<Secret>(client, namespace, |o| objects::secret(o).map(Some)).await);
-    let registry = registry.clone();
-    let _ = tokio::task::spawn_blocking(move || registry.apply(changes)).await;
-}
-
-async fn listed<K>(
-    client: &Client,
-    namespace: Option<&str>,
-    trim: fn(&K) -> Result<Option<Object>, TrimError>,
-) -> Vec<ObjectChange>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    match tokio::time::timeout(LIST_TIMEOUT, api.list(&ListParams::default())).await {
-        Ok(Ok(list)) => list
-            .items
-            .iter()
-            .filter_map(|o| trim(o).ok().flatten())
-            .map(ObjectChange::Upsert)
-            .collect(),
-        Ok(Err(e)) => {
-            warn!(namespace, error = %e, "listing a discovered namespace failed");
-            Vec::new()
-        }
-        Err(_) => {
-            warn!(namespace, "listing a discovered namespace timed out");
-            Vec::new()
-        }
-    }
+    })
+    .boxed()
 }

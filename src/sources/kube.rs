@@ -203,14 +203,17 @@ where
 {
     let gate = gate.clone();
     let discovered = gate.registry.discovered().clone();
+    let mut events = match per_namespace {
+        true => discovery::scoped_watch(api, config, &discovered),
+        false => watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed(),
+    };
     let admitted = move |object: &K| {
         !per_namespace || discovered.admits(object.namespace().as_deref().unwrap_or_default())
     };
     tokio::spawn(async move {
         let registry = gate.registry.clone();
-        let mut events = watcher::watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .boxed();
         let mut relist: Option<Vec<ObjectChange>> = None;
         let mut listed_once = false;
         let mut failing = false;

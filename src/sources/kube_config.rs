@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use super::discovery::scoped_watch;
 use crate::aggregate::Aggregate;
 use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
 use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
@@ -142,11 +143,8 @@ async fn watch_kind(
             }
         }
     };
-    let mut selection = discovered.changes();
-    if selection.wait_for(|n| *n > 0).await.is_err() {
-        return;
-    }
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let mut events = scoped_watch(api, watcher::Config::default(), &discovered);
     let mut held = Held {
         kind,
         cluster,
@@ -155,31 +153,14 @@ async fn watch_kind(
         discovered,
         aggregate,
     };
-    // A change of the discovered namespaces restarts the watch: its relist reconciles them.
-    loop {
-        selection.borrow_and_update();
-        let mut events = watcher::watcher(api.clone(), watcher::Config::default())
-            .backoff(WatchBackoff::default())
-            .boxed();
-        loop {
-            let event = tokio::select! {
-                changed = selection.changed() => match changed {
-                    Ok(()) => break,
-                    Err(_) => return,
-                },
-                event = events.next() => match event {
-                    Some(event) => event,
-                    None => return,
-                },
-            };
-            match event {
-                Ok(event) => {
-                    if held.on(event) && !std::mem::replace(&mut counted, true) {
-                        listed.send_modify(|n| *n += 1);
-                    }
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                if held.on(event) && !std::mem::replace(&mut counted, true) {
+                    listed.send_modify(|n| *n += 1);
                 }
-                Err(e) => warn!(kind = %kind, error = %e, "Istio config watch error"),
             }
+            Err(e) => warn!(kind = %kind, error = %e, "Istio config watch error"),
         }
     }
 }
