@@ -193,7 +193,7 @@ pub struct OutlierDetection {
     pub min_health_percent: Option<i32>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ClientTls {
     pub mode: TlsMode,

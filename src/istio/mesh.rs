@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::destination_rule::LocalityLbSetting;
+use super::destination_rule::{ClientTls, LocalityLbSetting, TlsMode};
 use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
 use super::label_selector::LabelSelector;
@@ -57,23 +57,9 @@ pub struct MeshConfig {
 #[serde(rename_all = "camelCase", default)]
 pub struct ConfigSourceSpec {
     pub address: String,
-    pub tls_settings: Option<SourceTls>,
+    pub tls_settings: Option<ClientTls>,
     /// `SERVICE_REGISTRY`: only the registry's kinds (ServiceEntry, WorkloadEntry) from this source.
     pub subscribed_resources: Vec<String>,
-}
-
-/// The TLS settings of an `xds://` source (Istio's ClientTLSSettings, as far as they apply).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct SourceTls {
-    pub mode: String,
-    pub client_certificate: String,
-    pub private_key: String,
-    pub ca_certificates: String,
-    pub credential_name: String,
-    pub subject_alt_names: Vec<String>,
-    pub sni: String,
-    pub insecure_skip_verify: Option<bool>,
 }
 
 /// Where a config source's objects come from.
@@ -151,56 +137,43 @@ impl ConfigSourceSpec {
             "tlsSettings",
             "only xds:// sources are reached over the network",
         )?;
-        tls.validate().map_err(|e| e.under("tlsSettings"))
+        source_tls(tls).map_err(|e| e.under("tlsSettings"))
     }
 }
 
-impl SourceTls {
-    /// Whether the connection is TLS at all.
-    pub fn encrypts(&self) -> bool {
-        matches!(self.mode.as_str(), "SIMPLE" | "MUTUAL")
-    }
+/// Whether a config source's TLS settings encrypt at all.
+pub fn encrypts(tls: &ClientTls) -> bool {
+    matches!(tls.mode, TlsMode::Simple | TlsMode::Mutual)
+}
 
-    /// The name the server's certificate is checked against: `sni`, else the first of
-    /// `subjectAltNames`, else the address's host.
-    pub fn server_name(&self) -> Option<&str> {
-        [self.sni.as_str()]
-            .into_iter()
-            .chain(self.subject_alt_names.iter().map(String::as_str))
-            .find(|n| !n.is_empty())
-    }
-
-    fn validate(&self) -> Result {
-        ensure(
-            matches!(self.mode.as_str(), "" | "DISABLE" | "SIMPLE" | "MUTUAL"),
-            "mode",
-            format!(
-                "{:?}: meshpilot reaches a config source with DISABLE, SIMPLE or MUTUAL (ISTIO_MUTUAL is not implemented; give MUTUAL its files)",
-                self.mode
-            ),
-        )?;
-        ensure(
-            self.credential_name.is_empty(),
-            "credentialName",
-            "is not implemented for config sources: name the CA file (caCertificates)",
-        )?;
-        ensure(
-            self.insecure_skip_verify.is_none(),
-            "insecureSkipVerify",
-            "is not implemented for config sources",
-        )?;
-        ensure(
-            !self.encrypts() || !self.ca_certificates.is_empty(),
-            "caCertificates",
-            "SIMPLE and MUTUAL need the CA file that signed the source's certificate",
-        )?;
-        ensure(
-            self.mode != "MUTUAL"
-                || (!self.client_certificate.is_empty() && !self.private_key.is_empty()),
-            "clientCertificate",
-            "MUTUAL needs clientCertificate and privateKey",
-        )
-    }
+/// What of Istio's ClientTLSSettings a config source's connection implements.
+fn source_tls(tls: &ClientTls) -> Result {
+    ensure(
+        tls.mode != TlsMode::IstioMutual,
+        "mode",
+        "meshpilot reaches a config source with DISABLE, SIMPLE or MUTUAL (ISTIO_MUTUAL is not implemented; give MUTUAL its files)",
+    )?;
+    ensure(
+        tls.credential_name.is_empty(),
+        "credentialName",
+        "is not implemented for config sources: name the CA file (caCertificates)",
+    )?;
+    ensure(
+        tls.insecure_skip_verify.is_none(),
+        "insecureSkipVerify",
+        "is not implemented for config sources",
+    )?;
+    ensure(
+        !encrypts(tls) || !tls.ca_certificates.is_empty(),
+        "caCertificates",
+        "SIMPLE and MUTUAL need the CA file that signed the source's certificate",
+    )?;
+    ensure(
+        tls.mode != TlsMode::Mutual
+            || (!tls.client_certificate.is_empty() && !tls.private_key.is_empty()),
+        "clientCertificate",
+        "MUTUAL needs clientCertificate and privateKey",
+    )
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -491,5 +464,29 @@ connectTimeout: 5s
         assert!(e.field.starts_with("outboundTrafficPolicy"), "{e}");
         let e = MeshConfig::parse("connectTimeout: 0s", &defaults("x")).unwrap_err();
         assert_eq!(e.field, "connectTimeout");
+    }
+
+    #[test]
+    fn a_config_source_s_tls_settings_are_istio_s_and_what_is_not_implemented_is_refused() {
+        let source = |tls: &str| {
+            MeshConfig::parse(
+                &format!(
+                    "configSources: [{{address: 'xds://registry:15010', tlsSettings: {tls}}}]"
+                ),
+                &defaults("x"),
+            )
+        };
+        let simple = source("{mode: SIMPLE, caCertificates: /ca.pem, sni: registry}").unwrap();
+        let tls = simple.config_sources[0].tls_settings.as_ref().unwrap();
+        assert!(encrypts(tls) && tls.sni == "registry");
+        let e = source("{mode: ISTIO_MUTUAL}").unwrap_err();
+        assert_eq!(e.field, "configSources[0].tlsSettings.mode", "{e}");
+        let e = source("{mode: SOMETIMES}").unwrap_err();
+        assert!(e.field.starts_with("configSources"), "{e}");
+        let e = source("{mode: SIMPLE, caCertificates: /ca.pem, insecureSkipVerify: true}");
+        assert_eq!(
+            e.unwrap_err().field,
+            "configSources[0].tlsSettings.insecureSkipVerify"
+        );
     }
 }

@@ -23,8 +23,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{info, warn};
 
 use crate::aggregate::Aggregate;
+use crate::istio::destination_rule::ClientTls;
 use crate::istio::mcp::{self, Resource};
-use crate::istio::mesh::{ConfigSourceSpec, SourceTls};
+use crate::istio::mesh::{self, ConfigSourceSpec};
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Origin};
 use crate::model::{ConfigChange, ConfigSource, Refusal};
 use crate::text::clip;
@@ -339,7 +340,7 @@ fn key_of(kind: ConfigKind, resource: &Resource) -> Option<ConfigKey> {
 async fn connect(spec: &ConfigSourceSpec) -> Result<tonic::transport::Channel, String> {
     use tonic::transport::Endpoint;
     let address = spec.host_port();
-    let tls = spec.tls_settings.as_ref().filter(|t| t.encrypts());
+    let tls = spec.tls_settings.as_ref().filter(|t| mesh::encrypts(t));
     let scheme = match tls {
         Some(_) => "https",
         None => "http",
@@ -360,13 +361,19 @@ async fn connect(spec: &ConfigSourceSpec) -> Result<tonic::transport::Channel, S
         .map_err(|e| format!("{address}: {}", error_chain(&e)))
 }
 
-fn client_tls(tls: &SourceTls, address: &str) -> Result<tonic::transport::ClientTlsConfig, String> {
+fn client_tls(tls: &ClientTls, address: &str) -> Result<tonic::transport::ClientTlsConfig, String> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let read = |path: &str| {
         std::fs::read_to_string(path).map_err(|e| format!("tlsSettings: cannot read {path}: {e}"))
     };
     let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
-    let mut config = ClientTlsConfig::new().domain_name(tls.server_name().unwrap_or(host));
+    // The name the server's certificate is checked against: `sni`, else the first of
+    // `subjectAltNames`, else the address's host.
+    let name = std::iter::once(&tls.sni)
+        .chain(&tls.subject_alt_names)
+        .find(|n| !n.is_empty())
+        .map_or(host, String::as_str);
+    let mut config = ClientTlsConfig::new().domain_name(name);
     config = config.ca_certificate(Certificate::from_pem(read(&tls.ca_certificates)?));
     if !tls.client_certificate.is_empty() {
         let identity = Identity::from_pem(read(&tls.client_certificate)?, read(&tls.private_key)?);
