@@ -74,7 +74,7 @@ pub fn build(config: kube::Config) -> Result<Client, kube::Error> {
     Ok(Client::new(service, config.default_namespace))
 }
 
-/// HTTP/2 PING interval on API server connections (client-go's health check period is 30 s).
+/// HTTP/2 PING interval on API server connections, which carry long-lived watches.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// Kubernetes clients of the remote clusters, for components that must call them (TokenReview).
