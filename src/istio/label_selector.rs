@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 use super::validate::{ensure, Result};
 use crate::text::Quoted;
 
+// Unknown fields refused: a misspelt `matchLabels` would otherwise leave an empty selector, which
+// selects every namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct LabelSelector {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub match_labels: BTreeMap<String, String>,
@@ -19,7 +21,7 @@ pub struct LabelSelector {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Requirement {
     pub key: String,
     pub operator: String,
@@ -213,5 +215,16 @@ mod tests {
         }
         let long = format!("{{matchLabels: {{a: {}}}}}", "x".repeat(64));
         assert!(selector(&long).validate().is_err());
+    }
+
+    #[test]
+    fn a_misspelt_field_is_refused_rather_than_selecting_everything() {
+        for typo in [
+            "{matchLabel: {mesh: 'on'}}",
+            "{matchExpressions: [{key: a, operator: In, value: [x]}]}",
+        ] {
+            let e = serde_yaml_ng::from_str::<LabelSelector>(typo).unwrap_err();
+            assert!(e.to_string().contains("unknown field"), "{typo}: {e}");
+        }
     }
 }
