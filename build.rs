@@ -15,12 +15,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "stats.proto",
             "typed_struct.proto",
             "istio/mcp/v1alpha1/resource.proto",
+            "istio/workload/workload.proto",
+            "istio/security/authorization.proto",
         ],
         ["proto"],
     )?;
     tonic_prost_build::configure()
         // Sorted maps encode the same table to the same bytes, so an unchanged table is not resent.
         .btree_map(".istio.networking.nds.v1")
+        .btree_map(".istio.workload")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;

@@ -12,7 +12,9 @@ use crate::text::clip;
 
 /// The xDS types the metrics count, by their short names, in the order of their indexes
 /// ([`XdsType::index`]).
-pub const XDS_TYPES: [&str; 8] = ["cds", "eds", "lds", "rds", "sds", "nds", "ecds", "mcp"];
+pub const XDS_TYPES: [&str; 10] = [
+    "cds", "eds", "lds", "rds", "sds", "nds", "ecds", "wds", "wads", "mcp",
+];
 
 /// An xDS type as the metrics know it: its place in [`XDS_TYPES`].
 pub trait XdsType: Copy {

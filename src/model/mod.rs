@@ -19,6 +19,7 @@ mod shards;
 mod sidecar_scope;
 mod telemetry;
 mod wasm_plugins;
+mod workloads;
 
 pub use allocation::Allocations;
 pub use config::gateway_api;
@@ -45,6 +46,7 @@ pub use telemetry::{
     ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,
 };
 pub use wasm_plugins::wasm_plugin;
+pub use workloads::{pod_uid, Workload, WorkloadTable};
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -132,6 +134,8 @@ pub struct MeshSnapshot {
     pub credentials: Credentials,
     /// Addresses of ServiceEntry hosts that declare none.
     pub allocations: Allocations,
+    /// Every cluster's pods, for ambient mode's workload discovery.
+    pub workloads: WorkloadTable,
 }
 
 impl Default for MeshSnapshot {
@@ -148,6 +152,7 @@ impl Default for MeshSnapshot {
             jwks: JwksTable::default(),
             credentials: Credentials::default(),
             allocations: Allocations::default(),
+            workloads: WorkloadTable::default(),
         }
     }
 }
@@ -205,6 +210,8 @@ pub struct Change {
     /// The full part cannot move any name table (NDS): config of kinds that name no host, fetched
     /// keys. Unset is the safe side: merged changes keep it only when every full one had it.
     pub names_kept: bool,
+    /// Pods changed as ambient mode sees them (the workload table).
+    pub workloads: bool,
 }
 
 /// The proxies a full push is for.
@@ -258,6 +265,7 @@ impl Change {
             && self.services.is_empty()
             && self.credentials.is_empty()
             && self.configs.is_empty()
+            && !self.workloads
     }
 
     /// Whether every endpoint assignment may have changed: config or a mesh-wide setting did. A
@@ -295,6 +303,7 @@ impl Change {
             (_, false) => std::mem::take(&mut self.audience),
         };
         self.full |= other.full;
+        self.workloads |= other.workloads;
         self.services.extend(other.services);
         self.configs.extend(other.configs);
         self.credentials.extend(other.credentials);

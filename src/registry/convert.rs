@@ -9,9 +9,10 @@ use super::objects::{
     NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
 };
 use super::pods::PodIndex;
+use super::workload::canonical_service;
 use crate::model::{
-    ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Registry,
-    Resolution, Service, TlsMode,
+    pod_uid, ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Registry,
+    Resolution, Service, TlsMode, Workload,
 };
 
 /// `(namespace, name)` of a namespaced object.
@@ -183,6 +184,42 @@ impl<'a> EndpointContext<'a> {
                 });
             }
         }
+    }
+
+    /// A running pod with an address as ambient mode's workload, its network and locality read as
+    /// its endpoints' are.
+    pub fn workload(&self, pod: &'a PodObj) -> Option<Workload> {
+        let first = *pod.ips.first()?;
+        if pod.terminal {
+            return None;
+        }
+        let template = self.template(Some(pod), Health::Healthy);
+        let network = match &*template.network {
+            "" => self.networks.network_of_address(first).map(Arc::from),
+            _ => None,
+        };
+        let (canonical_name, canonical_revision): (Arc<str>, Arc<str>) = {
+            let (name, revision) = canonical_service(&pod.labels, &template.workload);
+            (name.into(), revision.into())
+        };
+        Some(Workload {
+            uid: pod_uid(self.cluster, &pod.namespace, &pod.name).into(),
+            canonical_name,
+            canonical_revision,
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            cluster_id: self.cluster.clone(),
+            addresses: pod.ips.clone(),
+            network: network.unwrap_or(template.network),
+            service_account: pod.service_account.clone(),
+            node: pod.node.clone(),
+            labels: pod.labels.clone(),
+            workload_name: template.workload,
+            locality: template.locality,
+            healthy: pod.ready,
+            captured: pod.captured,
+            host_network: pod.host_network,
+        })
     }
 
     /// The per-workload part of an endpoint, shared by each of its addresses and ports.

@@ -17,6 +17,7 @@ pub mod service_entries;
 mod status;
 mod store;
 pub mod workload;
+mod workloads;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -201,9 +202,9 @@ impl ClusterRegistry {
         let (services, selected): (Vec<NsName>, Selected) = if dirty.all {
             (store.service_names(), Selected::All)
         } else {
-            let selected = match dirty.pod_namespaces.is_empty() {
+            let selected = match dirty.pods.is_empty() {
                 true => Selected::None,
-                false => Selected::Namespaces(dirty.pod_namespaces),
+                false => Selected::Pods(dirty.pods),
             };
             (dirty.services.into_iter().collect(), selected)
         };
@@ -271,6 +272,7 @@ impl ClusterRegistry {
             change
                 .services
                 .extend(mesh.services.remove_cluster(&self.id));
+            change.workloads = mesh.workloads.remove_cluster(&self.id);
             let removed = mesh.endpoints.delete_cluster(&self.shard);
             change
                 .services

@@ -178,6 +178,14 @@ pub struct PodObj {
     pub ips: Vec<IpAddr>,
     /// The Ready condition: what a ServiceEntry selecting the pod serves it by (no slice says).
     pub ready: bool,
+    /// Captured by ztunnel (istio-cni's `ambient.istio.io/redirection: enabled`).
+    #[serde(default)]
+    pub captured: bool,
+    #[serde(default)]
+    pub host_network: bool,
+    /// Succeeded or Failed: no longer a workload.
+    #[serde(default)]
+    pub terminal: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -366,6 +374,9 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Option<Object>
     })))
 }
 
+/// Set by istio-cni on the pods it has redirected to ztunnel.
+pub const ANNOTATION_REDIRECTION: &str = "ambient.istio.io/redirection";
+
 pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
     let (namespace, name) = namespaced(Kind::Pod, &pod.metadata)?;
     let spec = pod.spec.as_ref();
@@ -388,6 +399,16 @@ pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
         ready: status
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        captured: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_REDIRECTION))
+            .is_some_and(|v| v == "enabled"),
+        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+        terminal: status
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed"),
         name: name.into(),
         namespace: namespace.into(),
     }))

@@ -52,6 +52,16 @@ impl PodIndex {
         pods.slots.get(pods.by_ip.get(&ip)?)?.pod.as_ref()
     }
 
+    pub fn in_namespace<'a>(&'a self, namespace: &str) -> impl Iterator<Item = &'a PodObj> {
+        let slots = self.namespaces.get(namespace).into_iter();
+        slots.flat_map(|ns| ns.slots.values().filter_map(|slot| slot.pod.as_ref()))
+    }
+
+    /// The namespaces pods are known in.
+    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.namespaces.keys()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &PodObj> {
         let slots = self.namespaces.values().flat_map(|ns| ns.slots.values());
         slots.filter_map(|slot| slot.pod.as_ref())
@@ -196,6 +206,9 @@ mod tests {
             node: Some(node.into()),
             ips: vec![IpAddr::from(ip)],
             ready: true,
+            captured: false,
+            host_network: false,
+            terminal: false,
         }
     }
 

@@ -33,9 +33,11 @@ impl ClusterRegistry {
             .into_iter()
             .map(|(namespace, name)| self.service_update(&store, &networks, &namespace, &name))
             .collect();
+        let workloads = self.workload_updates(&store, &snapshot, &networks, &selected);
         let selected = self.selected_updates(&mut store, &snapshot, &networks, &selected);
         let change = self.mesh.write(|mesh| {
             let mut change = Change::default();
+            change.workloads = workloads.apply(&self.id, &mut mesh.workloads);
             for update in updates {
                 update.apply(&self.id, &self.shard, mesh, &mut change);
             }

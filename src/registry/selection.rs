@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::convert::NsName;
 use super::objects::PodObj;
 use super::store::Store;
 use super::ClusterRegistry;
@@ -101,8 +102,8 @@ impl ClusterRegistry {
 /// Which ServiceEntries with a `workloadSelector` a publish re-derives.
 pub(super) enum Selected {
     None,
-    /// Those of these namespaces (pods changed there).
-    Namespaces(BTreeSet<String>),
+    /// Those of the namespaces of these pods (they changed).
+    Pods(BTreeSet<NsName>),
     All,
 }
 
@@ -110,7 +111,12 @@ impl Selected {
     fn covers(&self, namespace: &str) -> bool {
         match self {
             Selected::None => false,
-            Selected::Namespaces(set) => set.contains(namespace),
+            Selected::Pods(pods) => {
+                let from = (namespace.to_string(), String::new());
+                pods.range(from..)
+                    .next()
+                    .is_some_and(|(ns, _)| ns == namespace)
+            }
             Selected::All => true,
         }
     }

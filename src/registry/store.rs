@@ -16,8 +16,9 @@ use crate::model::{ClusterId, MeshNaming, MeshNetworks, SecretMaterial, ServiceK
 /// Services a batch touched.
 #[derive(Default)]
 pub(super) struct Dirty {
-    /// Namespaces whose pods came, changed or went (ServiceEntries may select them).
-    pub(super) pod_namespaces: BTreeSet<String>,
+    /// Pods that came, changed or went (or whose node did): ambient mode's workloads, and
+    /// ServiceEntries may select them.
+    pub(super) pods: BTreeSet<NsName>,
     pub(super) services: BTreeSet<NsName>,
     /// The cluster's network changed: every endpoint is re-derived.
     pub(super) all: bool,
@@ -113,7 +114,7 @@ impl Store {
                 if let Some(old) = self.pods.insert(pod) {
                     self.mark_pod_ips(&old.namespace, &old.ips, dirty);
                 }
-                dirty.pod_namespaces.insert(namespace.to_string());
+                dirty.pods.insert((namespace.to_string(), name.to_string()));
                 self.mark_pod(&namespace, &name, dirty);
             }
             Object::Node(node) => {
@@ -203,7 +204,7 @@ impl Store {
         let Some(old) = self.pods.remove(namespace, name) else {
             return;
         };
-        dirty.pod_namespaces.insert(old.namespace.to_string());
+        dirty.pods.insert((namespace.to_string(), name.to_string()));
         self.mark_pod_ips(&old.namespace, &old.ips, dirty);
         self.mark_pod(namespace, name, dirty);
     }
@@ -241,7 +242,9 @@ impl Store {
 
     pub(super) fn mark_node(&self, node: &str, dirty: &mut Dirty) {
         for pod in self.pods.on_node(node) {
-            dirty.pod_namespaces.insert(pod.namespace.to_string());
+            dirty
+                .pods
+                .insert((pod.namespace.to_string(), pod.name.to_string()));
             self.mark_pod(&pod.namespace, &pod.name, dirty);
         }
     }

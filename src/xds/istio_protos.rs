@@ -1,6 +1,6 @@
-//! Config messages of Istio's own proxy extensions, generated from proto/: the stats filter's
-//! `stats.PluginConfig` and `udpa.type.v1.TypedStruct`, in which istiod wraps the configs whose
-//! protos upstream Envoy does not carry (peer metadata exchange).
+//! Istio's own messages, generated from proto/: the stats filter's `stats.PluginConfig` and
+//! `udpa.type.v1.TypedStruct`, in which istiod wraps the configs whose protos upstream Envoy does
+//! not carry (peer metadata exchange); MCP's resource; ztunnel's workloads and authorizations.
 
 #![allow(clippy::all)]
 
@@ -14,4 +14,12 @@ pub mod mcp {
 
 pub mod udpa {
     tonic::include_proto!("udpa.r#type.v1");
+}
+
+pub mod workload {
+    tonic::include_proto!("istio.workload");
+}
+
+pub mod authorization {
+    tonic::include_proto!("istio.security");
 }

@@ -26,6 +26,10 @@ pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.N
 /// Extension configs (ECDS): the filter configs listeners discover by name (WasmPlugins).
 pub const EXTENSION_CONFIG_TYPE: &str =
     "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+/// Ambient mode's workloads and services, for ztunnel (Delta only).
+pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
+/// AuthorizationPolicies in ztunnel's L4 form.
+pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authorization";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ResourceType {
@@ -36,6 +40,8 @@ pub enum ResourceType {
     Secret,
     NameTable,
     ExtensionConfig,
+    Address,
+    Authorization,
     /// Istio config over MCP: a kind, at one of its versions (its index among the kind's).
     Config(ConfigKind, usize),
 }
@@ -51,7 +57,7 @@ impl Serialize for ResourceType {
 }
 
 impl ResourceType {
-    pub const ALL: [ResourceType; 7] = [
+    pub const ALL: [ResourceType; 9] = [
         Self::Cluster,
         Self::Endpoint,
         Self::Listener,
@@ -59,6 +65,8 @@ impl ResourceType {
         Self::Secret,
         Self::NameTable,
         Self::ExtensionConfig,
+        Self::Address,
+        Self::Authorization,
     ];
 
     pub fn from_url(url: &str) -> Option<Self> {
@@ -70,6 +78,8 @@ impl ResourceType {
             SECRET_TYPE => Self::Secret,
             NAME_TABLE_TYPE => Self::NameTable,
             EXTENSION_CONFIG_TYPE => Self::ExtensionConfig,
+            ADDRESS_TYPE => Self::Address,
+            AUTHORIZATION_TYPE => Self::Authorization,
             url => {
                 let (kind, version) = mcp::parse_type_url(url)?;
                 Self::Config(kind, version)
@@ -86,6 +96,8 @@ impl ResourceType {
             Self::Secret => SECRET_TYPE,
             Self::NameTable => NAME_TABLE_TYPE,
             Self::ExtensionConfig => EXTENSION_CONFIG_TYPE,
+            Self::Address => ADDRESS_TYPE,
+            Self::Authorization => AUTHORIZATION_TYPE,
             Self::Config(kind, version) => mcp::type_urls()
                 .get(&(kind, version))
                 .map_or("", String::as_str),
@@ -102,6 +114,8 @@ impl ResourceType {
             Self::Secret => 4,
             Self::NameTable => 5,
             Self::ExtensionConfig => 6,
+            Self::Address => 7,
+            Self::Authorization => 8,
             Self::Config(..) => Self::ALL.len(),
         }
     }
@@ -115,15 +129,24 @@ impl ResourceType {
             Self::Secret => "sds",
             Self::NameTable => "nds",
             Self::ExtensionConfig => "ecds",
+            // istiod's short names (pilot/pkg/xds/v3/model.go).
+            Self::Address => "wds",
+            Self::Authorization => "wads",
             Self::Config(..) => "mcp",
         }
     }
 
-    /// CDS, LDS, NDS and Istio config subscribe to everything when no names are given.
+    /// CDS, LDS, NDS, ztunnel's types and Istio config subscribe to everything when no names are
+    /// given.
     fn wildcard_capable(self) -> bool {
         matches!(
             self,
-            Self::Cluster | Self::Listener | Self::NameTable | Self::Config(..)
+            Self::Cluster
+                | Self::Listener
+                | Self::NameTable
+                | Self::Address
+                | Self::Authorization
+                | Self::Config(..)
         )
     }
 }

@@ -29,6 +29,8 @@ pub enum ProxyType {
     Sidecar,
     /// A gateway.
     Router,
+    /// Ambient mode's node proxy: asks for workloads and authorizations only.
+    Ztunnel,
 }
 
 /// Which flavour of configuration the client understands.
@@ -93,6 +95,7 @@ impl Proxy {
         let kind = match kind {
             "sidecar" => ProxyType::Sidecar,
             "router" => ProxyType::Router,
+            "ztunnel" => ProxyType::Ztunnel,
             other => return Err(id_error(&format!("unknown proxy type {}", Quoted(other)))),
         };
         let ip: IpAddr = ip

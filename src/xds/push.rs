@@ -18,6 +18,8 @@ use crate::model::{Change, Hostname, MeshSnapshot, Resolution};
 pub struct PushRequest {
     /// Every watched type is recomputed; otherwise only EDS of `services`.
     pub full: bool,
+    /// Pods or endpoints changed: a ztunnel's addresses are recomputed.
+    pub ambient: bool,
     pub services: BTreeSet<Hostname>,
     /// Every assignment may have changed, not only those of `services` (config or a mesh-wide
     /// setting, or the proxy's own locality). Without it a full push sends the assignments of
@@ -38,6 +40,7 @@ pub struct PushRequest {
 impl PushRequest {
     pub fn merge(&mut self, other: PushRequest) {
         self.full |= other.full;
+        self.ambient |= other.ambient;
         self.services.extend(other.services);
         self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
@@ -210,12 +213,21 @@ pub fn plan(
         ResourceType::Config(kind, _) if request.configs.contains(kind) => Some((*t, Scope::All)),
         _ => None,
     });
+    // ztunnel's addresses follow pods and endpoints; its policies, config.
+    let ambient = [
+        (ResourceType::Address, request.ambient || request.full),
+        (ResourceType::Authorization, request.full),
+    ]
+    .into_iter()
+    .filter(|(t, wanted)| *wanted && watched.contains(t))
+    .map(|(t, _)| (t, Scope::All));
     // Extension configs follow the config (and a Wasm module's pull secret), after the listeners
     // that name them.
     let extensions = ((request.full || request.secrets)
         && watched.contains(&ResourceType::ExtensionConfig))
     .then_some((ResourceType::ExtensionConfig, Scope::All));
     planned
+        .chain(ambient)
         .chain(extensions)
         .chain(names)
         .chain(secrets)

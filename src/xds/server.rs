@@ -25,7 +25,7 @@ use super::generate::{cluster_host, ResourceCache};
 use super::grpc;
 use super::introspect::DebugViews;
 use super::protocol::{ResourceType, TypeStatus};
-use super::proxy::Proxy;
+use super::proxy::{Proxy, ProxyType};
 use super::push::{moves_names, PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
@@ -355,7 +355,12 @@ impl XdsServer {
         let (names_if_full, names_everywhere) = moves_names(&change, &snapshot);
         let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
         for conn in self.connections.read().values() {
-            let full = change.full && change.audience.admits(&conn.proxy.namespace);
+            // A ztunnel serves every namespace: its policies follow config anywhere, its addresses
+            // every pod and endpoint.
+            let ztunnel = conn.proxy.kind == ProxyType::Ztunnel;
+            let full = change.full && (ztunnel || change.audience.admits(&conn.proxy.namespace));
+            let ambient =
+                ztunnel && (change.full || change.workloads || !change.services.is_empty());
             let all_endpoints =
                 (full && everywhere) || conn.locality_follows(&change.services, &snapshot);
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
@@ -369,10 +374,12 @@ impl XdsServer {
                 true => kinds.clone(),
                 false => BTreeSet::new(),
             };
-            let wanted = full || secrets || all_endpoints || names || !configs.is_empty();
+            let wanted =
+                full || secrets || all_endpoints || names || ambient || !configs.is_empty();
             if wanted || conn.wants_eds_of(&change.services) {
                 conn.slot.offer(PushRequest {
                     full,
+                    ambient,
                     all_endpoints,
                     services: change.services.clone(),
                     secrets,

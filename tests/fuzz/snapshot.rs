@@ -47,6 +47,9 @@ fn saved_file() -> Vec<u8> {
             node: Some("n1".into()),
             ips: vec![ip],
             ready: true,
+            captured: false,
+            host_network: false,
+            terminal: false,
         }],
         nodes: vec![NodeObj {
             name: "n1".into(),

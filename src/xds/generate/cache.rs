@@ -234,6 +234,9 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
     use envoy_types::pb::google::protobuf::Any;
     use prost::Message;
 
+    use crate::xds::istio_protos::authorization::Authorization;
+    use crate::xds::istio_protos::workload::Address;
+
     fn equal<M: Message + Default + PartialEq>(a: &[u8], b: &[u8]) -> bool {
         let value = |any: &[u8]| {
             Any::decode(any)
@@ -257,6 +260,8 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
         ResourceType::NameTable => equal::<crate::xds::name_table::NameTable>(&a.any, &b.any),
         ResourceType::ExtensionConfig => equal::<TypedExtensionConfig>(&a.any, &b.any),
         ResourceType::Config(..) => equal::<crate::istio::mcp::Resource>(&a.any, &b.any),
+        ResourceType::Address => equal::<Address>(&a.any, &b.any),
+        ResourceType::Authorization => equal::<Authorization>(&a.any, &b.any),
     }
 }
 

@@ -384,7 +384,8 @@ impl Generation<'_> {
             (Generator::Grpc, _) => Some(ProxyKind::ProxylessGrpc),
             (Generator::Envoy, ProxyType::Sidecar) => Some(ProxyKind::Sidecar),
             (Generator::Envoy, ProxyType::Router) => Some(ProxyKind::Router),
-            (Generator::Event, _) => None,
+            // Served by the ambient generator alone.
+            (Generator::Envoy, ProxyType::Ztunnel) | (Generator::Event, _) => None,
         }
     }
 

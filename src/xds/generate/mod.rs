@@ -8,6 +8,7 @@
 //! same encoded bytes.
 
 mod access_log;
+mod ambient;
 mod authn;
 pub mod authz;
 mod cache;
@@ -57,6 +58,9 @@ impl Generation<'_> {
         if let ResourceType::Config(kind, _) = ty {
             return mcp::all(self, kind);
         }
+        if matches!(ty, ResourceType::Address | ResourceType::Authorization) {
+            return ambient::all(self, ty);
+        }
         let mut listing = match self.kind() {
             Some(ProxyKind::Sidecar) => sidecar::all(self, ty),
             Some(ProxyKind::Router) => router::all(self, ty),
@@ -74,6 +78,9 @@ impl Generation<'_> {
         ty: ResourceType,
         names: impl IntoIterator<Item = &'n String>,
     ) -> Vec<Arc<Resource>> {
+        if matches!(ty, ResourceType::Address | ResourceType::Authorization) {
+            return ambient::named(self, ty, names);
+        }
         names
             .into_iter()
             .filter_map(|n| self.build(ty, n))
@@ -92,6 +99,7 @@ impl Generation<'_> {
             // One unnamed table: a name asks for nothing that exists.
             ResourceType::NameTable => return None,
             ResourceType::Config(kind, _) => return mcp::named(self, kind, name),
+            ResourceType::Address | ResourceType::Authorization => return None,
             ResourceType::ExtensionConfig => {
                 let plugin = wasm::build(self.mesh, self.proxy, name);
                 return match plugin {

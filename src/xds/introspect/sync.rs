@@ -44,7 +44,11 @@ fn sync_prefix(ty: ResourceType) -> Option<&'static str> {
         ResourceType::Route => Some("route"),
         ResourceType::Endpoint => Some("endpoint"),
         ResourceType::ExtensionConfig => Some("extensionconfig"),
-        ResourceType::Secret | ResourceType::NameTable | ResourceType::Config(..) => None,
+        ResourceType::Secret
+        | ResourceType::NameTable
+        | ResourceType::Address
+        | ResourceType::Authorization
+        | ResourceType::Config(..) => None,
     }
 }
 

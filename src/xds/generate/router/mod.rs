@@ -62,6 +62,8 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         | ResourceType::Secret
         | ResourceType::NameTable
         | ResourceType::ExtensionConfig
+        | ResourceType::Address
+        | ResourceType::Authorization
         | ResourceType::Config(..) => Listing::default(),
     }
 }
@@ -75,6 +77,8 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         | ResourceType::Secret
         | ResourceType::NameTable
         | ResourceType::ExtensionConfig
+        | ResourceType::Address
+        | ResourceType::Authorization
         | ResourceType::Config(..) => None,
     }
 }

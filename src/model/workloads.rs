@@ -1,0 +1,195 @@
+//! The mesh's workloads as ambient mode sees them: every running pod of every cluster, whether or
+//! not a service selects it (ztunnel routes and authorizes by pod address). Each cluster's registry
+//! writes its own; the table is a persistent map, so a snapshot copy shares it.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::{ClusterId, Labels, Locality};
+
+/// One pod, in the terms ztunnel's `istio.workload.Workload` needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// istiod's uid of a pod: `<cluster>//Pod/<namespace>/<name>`.
+    pub uid: Arc<str>,
+    pub name: Arc<str>,
+    pub namespace: Arc<str>,
+    pub cluster_id: ClusterId,
+    pub addresses: Vec<IpAddr>,
+    pub network: Arc<str>,
+    /// The service account's name (not the SPIFFE identity).
+    pub service_account: Arc<str>,
+    pub node: Option<Arc<str>>,
+    pub labels: Labels,
+    /// The workload the pod belongs to (its Deployment, …).
+    pub workload_name: Arc<str>,
+    /// Its canonical service and revision (Istio's labels, else the workload's name and `latest`).
+    pub canonical_name: Arc<str>,
+    pub canonical_revision: Arc<str>,
+    pub locality: Arc<Locality>,
+    pub healthy: bool,
+    /// Captured by ztunnel: istio-cni marked the pod `ambient.istio.io/redirection: enabled`.
+    pub captured: bool,
+    pub host_network: bool,
+}
+
+/// istiod's uid of a pod (pilot/pkg/serviceregistry/ambient/helpers.go: the group is empty).
+pub fn pod_uid(cluster: &ClusterId, namespace: &str, name: &str) -> String {
+    format!("{cluster}//Pod/{namespace}/{name}")
+}
+
+/// Every cluster's workloads by uid.
+#[derive(Clone, Debug, Default)]
+pub struct WorkloadTable {
+    by_uid: imbl::OrdMap<Arc<str>, Arc<Workload>>,
+}
+
+impl WorkloadTable {
+    /// Replaces the pods of one namespace of a cluster with `workloads`; returns whether anything
+    /// changed.
+    pub fn replace_namespace(
+        &mut self,
+        cluster: &ClusterId,
+        namespace: &str,
+        workloads: Vec<Workload>,
+    ) -> bool {
+        let prefix = pod_uid(cluster, namespace, "");
+        let held: Vec<Arc<str>> = self.under(&prefix).map(|w| w.uid.clone()).collect();
+        let mut changed = false;
+        for uid in held {
+            if !workloads.iter().any(|w| w.uid == uid) {
+                self.by_uid.remove(&uid);
+                changed = true;
+            }
+        }
+        for workload in workloads {
+            if self.by_uid.get(&workload.uid).map(|w| &**w) != Some(&workload) {
+                self.by_uid.insert(workload.uid.clone(), Arc::new(workload));
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Sets (None: removes) one workload; returns whether anything changed.
+    pub fn set(&mut self, uid: &str, workload: Option<Workload>) -> bool {
+        match workload {
+            Some(w) if self.by_uid.get(uid).map(|held| &**held) == Some(&w) => false,
+            Some(w) => {
+                self.by_uid.insert(w.uid.clone(), Arc::new(w));
+                true
+            }
+            None => self.by_uid.remove(uid).is_some(),
+        }
+    }
+
+    /// Removes every pod of a cluster (it left); returns whether there were any.
+    pub fn remove_cluster(&mut self, cluster: &ClusterId) -> bool {
+        let prefix = format!("{cluster}//Pod/");
+        let held: Vec<Arc<str>> = self.under(&prefix).map(|w| w.uid.clone()).collect();
+        for uid in &held {
+            self.by_uid.remove(uid);
+        }
+        !held.is_empty()
+    }
+
+    /// The namespaces a cluster has pods in.
+    pub fn namespaces_of(&self, cluster: &ClusterId) -> Vec<Arc<str>> {
+        let prefix = format!("{cluster}//Pod/");
+        let mut namespaces: Vec<Arc<str>> = Vec::new();
+        for workload in self.under(&prefix) {
+            if namespaces.last() != Some(&workload.namespace) {
+                namespaces.push(workload.namespace.clone());
+            }
+        }
+        namespaces
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Workload>> {
+        self.by_uid.values()
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&Arc<Workload>> {
+        self.by_uid.get(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+
+    fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Workload>> {
+        let start: Arc<str> = Arc::from(prefix);
+        self.by_uid
+            .range(start..)
+            .take_while(move |(uid, _)| uid.starts_with(prefix))
+            .map(|(_, w)| w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cluster: &str, namespace: &str, name: &str, ip: [u8; 4]) -> Workload {
+        let cluster_id = ClusterId::new(cluster);
+        Workload {
+            uid: pod_uid(&cluster_id, namespace, name).into(),
+            name: name.into(),
+            namespace: namespace.into(),
+            cluster_id,
+            addresses: vec![IpAddr::from(ip)],
+            network: "".into(),
+            service_account: "default".into(),
+            node: None,
+            labels: Labels::default(),
+            workload_name: name.into(),
+            canonical_name: name.into(),
+            canonical_revision: "latest".into(),
+            locality: Arc::default(),
+            healthy: true,
+            captured: true,
+            host_network: false,
+        }
+    }
+
+    #[test]
+    fn a_namespace_is_replaced_alone_and_a_cluster_removed_whole() {
+        let mut table = WorkloadTable::default();
+        let c1 = ClusterId::new("c1");
+        assert!(table.replace_namespace(&c1, "a", vec![pod("c1", "a", "x", [10, 0, 0, 1])]));
+        assert!(table.replace_namespace(&c1, "ab", vec![pod("c1", "ab", "y", [10, 0, 0, 2])]));
+        let c2 = ClusterId::new("c2");
+        assert!(table.replace_namespace(&c2, "a", vec![pod("c2", "a", "x", [10, 0, 0, 3])]));
+        // The same pods again change nothing; namespace "a" does not cover "ab".
+        assert!(!table.replace_namespace(&c1, "a", vec![pod("c1", "a", "x", [10, 0, 0, 1])]));
+        assert!(table.replace_namespace(&c1, "a", Vec::new()));
+        assert_eq!(table.len(), 2);
+        assert!(table.get("c1//Pod/ab/y").is_some());
+        assert_eq!(table.namespaces_of(&c1), vec![Arc::<str>::from("ab")]);
+        assert!(table.remove_cluster(&c1));
+        assert!(!table.remove_cluster(&c1));
+        assert_eq!(table.len(), 1);
+        assert!(table.get("c2//Pod/a/x").is_some());
+    }
+
+    #[test]
+    fn a_pod_is_set_and_removed_alone() {
+        let mut table = WorkloadTable::default();
+        let x = pod("c1", "a", "x", [10, 0, 0, 1]);
+        assert!(table.set("c1//Pod/a/x", Some(x.clone())));
+        assert!(!table.set("c1//Pod/a/x", Some(x.clone())), "unchanged");
+        let moved = Workload {
+            healthy: false,
+            ..x
+        };
+        assert!(table.set("c1//Pod/a/x", Some(moved)));
+        assert!(!table.get("c1//Pod/a/x").unwrap().healthy);
+        assert!(table.set("c1//Pod/a/x", None));
+        assert!(!table.set("c1//Pod/a/x", None), "already gone");
+        assert!(table.is_empty());
+    }
+}
