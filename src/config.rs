@@ -94,6 +94,12 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_MAX_WORKLOAD_CERT_TTL", default_value = "90days", value_parser = humantime::parse_duration)]
     pub max_workload_cert_ttl: Duration,
 
+    /// Node proxies (ztunnel) that may ask for the certificates of pods on their node, as
+    /// `namespace/serviceaccount` entries separated by commas (istiod's CA_TRUSTED_NODE_ACCOUNTS;
+    /// Istio's ambient install sets `istio-system/ztunnel`). None by default.
+    #[arg(long, env = "MESHPILOT_CA_TRUSTED_NODE_ACCOUNTS", default_value = "", value_parser = trusted_node_accounts)]
+    pub ca_trusted_node_accounts: TrustedNodeAccounts,
+
     /// Lifetime of the secure xDS server's own certificate; it is renewed at half of it.
     #[arg(long, env = "MESHPILOT_SERVING_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub serving_cert_ttl: Duration,
@@ -360,4 +366,12 @@ mod tests {
         );
         assert_eq!(default_state_dir(None, None, None), None);
     }
+}
+
+/// Service accounts trusted to ask for other identities (`--ca-trusted-node-accounts`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrustedNodeAccounts(pub std::collections::BTreeSet<(String, String)>);
+
+fn trusted_node_accounts(text: &str) -> Result<TrustedNodeAccounts, String> {
+    crate::security::node_auth::parse_trusted_accounts(text).map(TrustedNodeAccounts)
 }

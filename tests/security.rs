@@ -216,10 +216,94 @@ async fn grpcio_gets_a_certificate_with_a_remote_clusters_token() {
             uid: "1".into(),
             groups: vec!["system:authenticated".into()],
             audiences: vec![],
+            extra: Default::default(),
         },
     );
     let human = primary::grpcio_create_certificate(&mp, dir.path(), "human", "east").await;
     assert_eq!(human["code"], "UNAUTHENTICATED");
+    drop(config);
+}
+
+#[tokio::test]
+async fn a_trusted_node_proxy_gets_certificates_for_pods_on_its_node_only() {
+    let primary::Primary {
+        config, east, mp, ..
+    } = primary::primary_with_remote(&["--ca-trusted-node-accounts", "istio-system/ztunnel"]).await;
+    // The API server gives each pod its uid, which a token bound to the pod carries.
+    let pod = |ns: &str, name: &str, sa: &str, node: &str| {
+        let pod = east.apply(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"serviceAccountName": sa, "nodeName": node, "containers": []},
+            "status": {"podIP": "10.0.0.1"}}));
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    };
+    let ztunnel_uid = pod("istio-system", "ztunnel-n1", "ztunnel", "n1");
+    let web_uid = pod("shop", "web-1", "web", "n1");
+    pod("shop", "db-1", "db", "n2");
+    east.add_token(
+        "ztunnel",
+        User::service_account("istio-system", "ztunnel").of_pod("ztunnel-n1", &ztunnel_uid),
+    );
+    east.add_token(
+        "ztunnel-before",
+        User::service_account("istio-system", "ztunnel").of_pod("ztunnel-n1", "u-old"),
+    );
+    east.add_token(
+        "web",
+        User::service_account("shop", "web").of_pod("web-1", &web_uid),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ask = |token: &'static str, identity: &'static str| {
+        let (mp, dir) = (&mp, dir.path());
+        async move { primary::grpcio_certificate_for(mp, dir, (token, "east"), Some(identity)).await }
+    };
+    let web = "spiffe://cluster.local/ns/shop/sa/web";
+
+    // Once east's pods are known, the node's ztunnel gets web's certificate.
+    let reply = wait_for("the ztunnel's pod known", BOUND, || async {
+        let reply = ask("ztunnel", web).await;
+        reply.get("chain").is_some().then_some(reply)
+    })
+    .await;
+    let chain: Vec<String> = serde_json::from_value(reply["chain"].clone()).unwrap();
+    let ders = chain_ders(&chain);
+    assert_eq!(
+        spiffe_identities(&ders[0]),
+        vec![Identity::new("cluster.local", "shop", "web")]
+    );
+    verify_leaf(&ders, mp.ca.current().root_pem());
+
+    let refused = |reply: serde_json::Value, why: &str| {
+        assert_eq!(reply["code"], "UNAUTHENTICATED", "{reply}");
+        let details = reply["details"].as_str().unwrap_or_default();
+        assert!(details.contains(why), "{why}: {reply}");
+    };
+    // db runs on another node; a foreign trust domain is not the mesh's.
+    refused(
+        ask("ztunnel", "spiffe://cluster.local/ns/shop/sa/db").await,
+        "no pod of shop/db is on node \"n1\"",
+    );
+    refused(
+        ask("ztunnel", "spiffe://other.example/ns/shop/sa/web").await,
+        "trust domain",
+    );
+    // A workload may not ask for another identity, nor for its own this way.
+    refused(
+        ask("web", "spiffe://cluster.local/ns/shop/sa/web").await,
+        "shop/web is not a trusted node account",
+    );
+    // A token of a pod that has since been replaced under the same name.
+    refused(
+        ask("ztunnel-before", web).await,
+        "not the one its token was issued to",
+    );
+    // Without impersonation the node proxy gets its own identity, as any workload.
+    let own = primary::grpcio_create_certificate(&mp, dir.path(), "ztunnel", "east").await;
+    let own: Vec<String> = serde_json::from_value(own["chain"].clone()).unwrap();
+    assert_eq!(
+        spiffe_identities(&chain_ders(&own)[0]),
+        vec![Identity::new("cluster.local", "istio-system", "ztunnel")]
+    );
     drop(config);
 }
 

@@ -171,11 +171,12 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     .await?;
     let authn = trust::authenticator(&args, config_cluster);
     let serving_cert = trust::serving_cert(&args, &ca, &mut supervisor)?;
+    let nodes = trust::node_authorizer(&args, aggregate);
     let secure_xds_addr = serving::secure_xds(
         &args,
         &xds,
         &ca,
-        &authn,
+        (&authn, nodes),
         serving_cert.clone(),
         &metrics,
         &mut supervisor,

@@ -18,6 +18,7 @@ use crate::listen::{self, Acceptor};
 use crate::metrics::Metrics;
 use crate::model::Change;
 use crate::security::authn::Authenticator;
+use crate::security::node_auth::NodeAuthorizer;
 use crate::security::rotation::SharedCa;
 use crate::security::service::CaService;
 use crate::security::tls::{self, ServingCert};
@@ -108,7 +109,7 @@ pub(super) async fn secure_xds(
     args: &DiscoveryArgs,
     xds: &Arc<XdsServer>,
     ca: &Arc<SharedCa>,
-    authn: &Arc<Authenticator>,
+    (authn, nodes): (&Arc<Authenticator>, NodeAuthorizer),
     serving: Arc<ServingCert>,
     metrics: &Metrics,
     supervisor: &mut Supervisor,
@@ -118,7 +119,12 @@ pub(super) async fn secure_xds(
     let addr = local_addr("secure-xds", &secure)?;
     let router = grpc_server()
         .add_service(xds.secure_service(authn.clone()))
-        .add_service(CaService::server(ca.clone(), authn.clone(), metrics.ca()));
+        .add_service(CaService::server(
+            ca.clone(),
+            authn.clone(),
+            nodes,
+            metrics.ca(),
+        ));
     supervisor.spawn("secure xds server", async move {
         let incoming = tls::incoming(secure, tls, HANDSHAKE_TIMEOUT);
         if let Err(e) = router.serve_with_incoming(incoming).await {

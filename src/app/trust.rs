@@ -13,9 +13,11 @@ use crate::config::DiscoveryArgs;
 use crate::install::gateway_deployment;
 use crate::leader::{self, Leader, LeaderConfig};
 use crate::metrics::Metrics;
+use crate::model::ClusterId;
 use crate::security::authn::Authenticator;
 use crate::security::ca::{CertificateAuthority, TtlPolicy};
 use crate::security::keys::{self, KeySource};
+use crate::security::node_auth::{NodeAuthorizer, PodDirectory, PodFacts};
 use crate::security::rotation::{self, SharedCa};
 use crate::security::tls::ServingCert;
 use crate::security::trust;
@@ -101,6 +103,35 @@ pub(super) fn authenticator(
         config_cluster.map(|c| (c.id.clone(), c.client.clone())),
         config_cluster.map(|c| c.remotes.clients()),
     ))
+}
+
+/// Who may ask for other identities' certificates: trusted node accounts, for pods on their node,
+/// as the clusters' registries know them.
+pub(super) fn node_authorizer(args: &DiscoveryArgs, aggregate: &Arc<Aggregate>) -> NodeAuthorizer {
+    NodeAuthorizer::new(
+        args.ca_trusted_node_accounts.0.clone(),
+        Arc::new(ClusterPods(aggregate.clone())),
+        &args.trust_domain,
+    )
+}
+
+/// The pods of every cluster's registry, for the node authorizer.
+struct ClusterPods(Arc<Aggregate>);
+
+impl PodDirectory for ClusterPods {
+    fn pod(&self, cluster: &str, namespace: &str, name: &str) -> Option<PodFacts> {
+        let registry = self.0.cluster(&ClusterId::new(cluster))?;
+        registry.with_pod(namespace, name, |pod| PodFacts {
+            uid: pod.uid.as_deref().map(str::to_string),
+            service_account: pod.service_account.to_string(),
+            node: pod.node.as_deref().map(str::to_string),
+        })
+    }
+
+    fn runs_on_node(&self, cluster: &str, namespace: &str, account: &str, node: &str) -> bool {
+        let registry = self.0.cluster(&ClusterId::new(cluster));
+        registry.is_some_and(|r| r.runs_on_node(namespace, account, node))
+    }
 }
 
 /// The certificate of the secure xDS and webhook servers, kept renewed.

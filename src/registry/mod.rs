@@ -159,6 +159,23 @@ impl ClusterRegistry {
         self.store.lock().pods.pending()
     }
 
+    /// Reads one of the cluster's pods.
+    pub fn with_pod<R>(
+        &self,
+        namespace: &str,
+        name: &str,
+        read: impl FnOnce(&objects::PodObj) -> R,
+    ) -> Option<R> {
+        self.store.lock().pods.get(namespace, name).map(read)
+    }
+
+    /// Whether a pod of `namespace` running as `service_account` is scheduled on `node`.
+    pub fn runs_on_node(&self, namespace: &str, service_account: &str, node: &str) -> bool {
+        let store = self.store.lock();
+        let mut pods = store.pods.in_namespace(namespace);
+        pods.any(|p| *p.service_account == *service_account && p.node.as_deref() == Some(node))
+    }
+
     pub fn endpoint_count(&self) -> usize {
         self.mesh.snapshot().endpoints.count_endpoints(&self.shard)
     }

@@ -186,6 +186,9 @@ pub struct PodObj {
     /// Succeeded or Failed: no longer a workload.
     #[serde(default)]
     pub terminal: bool,
+    /// The API server's uid: a node proxy's token names its pod by it.
+    #[serde(default)]
+    pub uid: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -406,6 +409,7 @@ pub fn pod(pod: &core::Pod) -> Result<Object, TrimError> {
             .and_then(|a| a.get(ANNOTATION_REDIRECTION))
             .is_some_and(|v| v == "enabled"),
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+        uid: pod.metadata.uid.as_deref().map(Arc::from),
         terminal: status
             .and_then(|s| s.phase.as_deref())
             .is_some_and(|p| p == "Succeeded" || p == "Failed"),

@@ -209,6 +209,7 @@ mod tests {
             captured: false,
             host_network: false,
             terminal: false,
+            uid: None,
         }
     }
 

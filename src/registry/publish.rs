@@ -36,8 +36,10 @@ impl ClusterRegistry {
         let workloads = self.workload_updates(&store, &snapshot, &networks, &selected);
         let selected = self.selected_updates(&mut store, &snapshot, &networks, &selected);
         let change = self.mesh.write(|mesh| {
-            let mut change = Change::default();
-            change.workloads = workloads.apply(&self.id, &mut mesh.workloads);
+            let mut change = Change {
+                workloads: workloads.apply(&self.id, &mut mesh.workloads),
+                ..Change::default()
+            };
             for update in updates {
                 update.apply(&self.id, &self.shard, mesh, &mut change);
             }

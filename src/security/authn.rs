@@ -68,6 +68,26 @@ impl Credentials {
     }
 }
 
+/// Who called: an identity, and for a pod-bound token its pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub identity: Identity,
+    pub pod: Option<CallerPod>,
+}
+
+/// The pod a token was issued to, as the API server that reviewed it says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallerPod {
+    /// The cluster whose API server reviewed the token.
+    pub cluster: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// The `extra` keys a pod-bound service-account token carries.
+const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
 pub struct Authenticator {
     trust_domain: String,
     /// The config cluster reviews tokens that name no cluster, or name it.
@@ -90,8 +110,16 @@ impl Authenticator {
 
     /// Istio's order: an existing client certificate first, then a service-account token.
     pub async fn authenticate(&self, credentials: &Credentials) -> Result<Identity, AuthnError> {
+        Ok(self.caller(credentials).await?.identity)
+    }
+
+    /// As [`Self::authenticate`], with the pod a token is bound to.
+    pub async fn caller(&self, credentials: &Credentials) -> Result<Caller, AuthnError> {
         if let Some(peer) = credentials.secure.as_ref().and_then(|s| s.peer.clone()) {
-            return Ok(peer);
+            return Ok(Caller {
+                identity: peer,
+                pod: None,
+            });
         }
         let Some(token) = &credentials.token else {
             return Err(AuthnError::NoCredentials);
@@ -121,7 +149,7 @@ impl Authenticator {
         cluster: &str,
         client: Client,
         token: &str,
-    ) -> Result<Identity, AuthnError> {
+    ) -> Result<Caller, AuthnError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -165,11 +193,25 @@ impl Authenticator {
             return Err(AuthnError::NotServiceAccount { user: username });
         }
         let parts: Vec<&str> = username.split(':').collect();
-        match parts[..] {
+        let identity = match parts[..] {
             ["system", "serviceaccount", namespace, account] => {
-                Ok(Identity::new(&self.trust_domain, namespace, account))
+                Identity::new(&self.trust_domain, namespace, account)
             }
-            _ => Err(AuthnError::NotServiceAccount { user: username }),
-        }
+            _ => return Err(AuthnError::NotServiceAccount { user: username }),
+        };
+        let extra = user.extra.unwrap_or_default();
+        let single = |key: &str| match extra.get(key).map(Vec::as_slice) {
+            Some([value]) if !value.is_empty() => Some(value.clone()),
+            _ => None,
+        };
+        let pod = match (single(EXTRA_POD_NAME), single(EXTRA_POD_UID)) {
+            (Some(name), Some(uid)) => Some(CallerPod {
+                cluster: cluster.to_string(),
+                name,
+                uid,
+            }),
+            _ => None,
+        };
+        Ok(Caller { identity, pod })
     }
 }

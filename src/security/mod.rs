@@ -7,6 +7,7 @@ pub mod ca_key;
 pub mod certs_cmd;
 pub mod identity;
 pub mod keys;
+pub mod node_auth;
 pub mod rotation;
 pub mod service;
 pub mod tls;

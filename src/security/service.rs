@@ -8,6 +8,7 @@ use tracing::{info, warn};
 
 use super::authn::{Authenticator, Credentials};
 use super::ca::CaError;
+use super::node_auth::{NodeAuthorizer, IMPERSONATED_IDENTITY};
 use super::pb::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
@@ -18,6 +19,7 @@ use crate::metrics::CaMetrics;
 pub struct CaService {
     ca: Arc<SharedCa>,
     authn: Arc<Authenticator>,
+    nodes: NodeAuthorizer,
     metrics: CaMetrics,
 }
 
@@ -25,10 +27,29 @@ impl CaService {
     pub fn server(
         ca: Arc<SharedCa>,
         authn: Arc<Authenticator>,
+        nodes: NodeAuthorizer,
         metrics: CaMetrics,
     ) -> IstioCertificateServiceServer<Self> {
         metrics.set_root_expiry(ca.current().root_not_after());
-        IstioCertificateServiceServer::new(Self { ca, authn, metrics })
+        IstioCertificateServiceServer::new(Self {
+            ca,
+            authn,
+            nodes,
+            metrics,
+        })
+    }
+}
+
+/// The identity a request asks for in its metadata, if any (a node proxy's).
+fn impersonated(request: &IstioCertificateRequest) -> Option<&str> {
+    let value = request
+        .metadata
+        .as_ref()?
+        .fields
+        .get(IMPERSONATED_IDENTITY)?;
+    match &value.kind {
+        Some(prost_types::value::Kind::StringValue(id)) if !id.is_empty() => Some(id),
+        _ => None,
     }
 }
 
@@ -40,8 +61,8 @@ impl IstioCertificateService for CaService {
     ) -> Result<Response<IstioCertificateResponse>, Status> {
         self.metrics.requested();
         let credentials = Credentials::from_request(&request);
-        let identity = match self.authn.authenticate(&credentials).await {
-            Ok(id) => id,
+        let caller = match self.authn.caller(&credentials).await {
+            Ok(caller) => caller,
             Err(e) => {
                 self.metrics.authentication_failed();
                 warn!(cluster = credentials.cluster_id.as_deref().unwrap_or_default(), error = %e, "certificate request refused");
@@ -49,6 +70,14 @@ impl IstioCertificateService for CaService {
             }
         };
         let request = request.into_inner();
+        let identity = match impersonated(&request) {
+            None => caller.identity,
+            Some(wanted) => self.nodes.authorize(&caller, wanted).map_err(|e| {
+                self.metrics.authentication_failed();
+                warn!(caller = %caller.identity, error = %e, "impersonation refused");
+                Status::unauthenticated(format!("impersonation refused: {e}"))
+            })?,
+        };
         let requested = u64::try_from(request.validity_duration)
             .ok()
             .map(Duration::from_secs);

@@ -64,6 +64,16 @@ pub async fn grpcio_create_certificate(
     token: &str,
     cluster: &str,
 ) -> serde_json::Value {
+    grpcio_certificate_for(mp, dir, (token, cluster), None).await
+}
+
+/// As [`grpcio_create_certificate`], asking for `impersonate` as a node proxy does.
+pub async fn grpcio_certificate_for(
+    mp: &meshpilot::app::Running,
+    dir: &Path,
+    (token, cluster): (&str, &str),
+    impersonate: Option<&str>,
+) -> serde_json::Value {
     let root = dir.join("root.pem");
     std::fs::write(&root, mp.ca.current().root_pem()).unwrap();
     let csr = csr_file(dir);
@@ -75,6 +85,7 @@ pub async fn grpcio_create_certificate(
         .arg(mp.secure_xds_addr.to_string())
         .args([&root, &csr])
         .args([token, cluster])
+        .args(impersonate.map(|id| ["0", id]).into_iter().flatten())
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(BOUND, output)

@@ -50,6 +50,7 @@ fn saved_file() -> Vec<u8> {
             captured: false,
             host_network: false,
             terminal: false,
+            uid: None,
         }],
         nodes: vec![NodeObj {
             name: "n1".into(),

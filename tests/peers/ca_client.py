@@ -1,7 +1,9 @@
 """Calls Istio's CA API (istio.v1.auth.IstioCertificateService/CreateCertificate) with grpcio, as an
 Istio agent does, without generated stubs: the two messages are encoded by hand.
 
-  ca_client.py TARGET ROOT_PEM_FILE CSR_FILE TOKEN CLUSTER_ID [TTL_SECONDS]
+  ca_client.py TARGET ROOT_PEM_FILE CSR_FILE TOKEN CLUSTER_ID [TTL_SECONDS [IMPERSONATED_IDENTITY]]
+
+With an identity, the request's metadata asks for it as a node proxy (ztunnel) does.
 
 Prints JSON: {"chain": [...]} or {"code": "...", "details": "..."}.
 """
@@ -15,11 +17,16 @@ from wire import field, read_varint, varint
 METHOD = "/istio.v1.auth.IstioCertificateService/CreateCertificate"
 
 
-def encode_request(csr, ttl):
+def encode_request(csr, ttl, impersonate):
     body = csr.encode()
     msg = field(1, body)
     if ttl:
         msg += bytes([(3 << 3) | 0]) + varint(ttl)
+    if impersonate:
+        # google.protobuf.Struct {fields: {"ImpersonatedIdentity": Value{string_value}}}
+        value = field(3, impersonate.encode())
+        entry = field(1, b"ImpersonatedIdentity") + field(2, value)
+        msg += field(4, field(1, entry))
     return msg
 
 
@@ -40,6 +47,7 @@ def decode_chain(data):
 def main():
     target, root_file, csr_file, token, cluster = sys.argv[1:6]
     ttl = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    impersonate = sys.argv[7] if len(sys.argv) > 7 else ""
     with open(root_file, "rb") as f:
         creds = grpc.ssl_channel_credentials(root_certificates=f.read())
     with open(csr_file) as f:
@@ -49,7 +57,7 @@ def main():
         call = channel.unary_unary(METHOD)
         metadata = [("authorization", f"Bearer {token}"), ("clusterid", cluster)]
         try:
-            reply = call(encode_request(csr, ttl), metadata=metadata, timeout=10)
+            reply = call(encode_request(csr, ttl, impersonate), metadata=metadata, timeout=10)
             print(json.dumps({"chain": decode_chain(reply)}))
         except grpc.RpcError as e:
             print(json.dumps({"code": e.code().name, "details": e.details()}))

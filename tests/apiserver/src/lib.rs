@@ -18,7 +18,7 @@ mod admission;
 mod clock;
 mod store;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -50,6 +50,9 @@ pub struct User {
     pub groups: Vec<String>,
     /// Audiences the token is bound to; empty accepts any.
     pub audiences: Vec<String>,
+    /// What the authenticator adds: a pod-bound token names its pod
+    /// (`authentication.kubernetes.io/pod-name`, `…/pod-uid`).
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 impl User {
@@ -64,7 +67,16 @@ impl User {
                 "system:authenticated".into(),
             ],
             audiences: Vec::new(),
+            extra: BTreeMap::new(),
         }
+    }
+
+    /// The token is bound to a pod, as a projected service-account token is.
+    pub fn of_pod(mut self, name: &str, uid: &str) -> Self {
+        let key = |k: &str| format!("authentication.kubernetes.io/{k}");
+        self.extra.insert(key("pod-name"), vec![name.into()]);
+        self.extra.insert(key("pod-uid"), vec![uid.into()]);
+        self
     }
 }
 
@@ -192,6 +204,7 @@ impl TestApiServer {
             uid: "admin".into(),
             groups: vec!["system:masters".into(), "system:authenticated".into()],
             audiences: Vec::new(),
+            extra: BTreeMap::new(),
         };
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
@@ -979,7 +992,8 @@ fn token_review(shared: &Shared, body: &[u8]) -> Response<Body> {
                 json!({"authenticated": false, "error": "token audiences do not match"})
             } else {
                 json!({"authenticated": true, "audiences": audiences,
-                       "user": {"username": user.username, "uid": user.uid, "groups": user.groups}})
+                       "user": {"username": user.username, "uid": user.uid, "groups": user.groups,
+                                "extra": user.extra}})
             }
         }
     };
