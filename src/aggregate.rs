@@ -15,7 +15,7 @@ use crate::istio::{ConfigKind, MeshConfig};
 use crate::model::{
     Audience, Change, ClusterId, ConfigChange, ConfigSource, JwksTable, Mesh, Refusal, ShardKey,
 };
-use crate::registry::{service_entries, ClusterRegistry, SyncState};
+use crate::registry::{entry_workloads, service_entries, ClusterRegistry, SyncState};
 
 /// Kinds whose changes may move proxies' name tables: what services exist or a proxy sees (istiod's
 /// nds.go skips the others). WorkloadEntries move names through the services they change.
@@ -223,6 +223,7 @@ impl Aggregate {
             if entries_changed {
                 let mut services = Change::default();
                 service_entries::sync(mesh, naming, &mut services);
+                entry_workloads::sync(mesh);
                 if !services.is_empty() {
                     // Services are seen mesh-wide.
                     change.audience = Audience::Everyone;

@@ -171,6 +171,27 @@ spec:
   mtls: {mode: STRICT}
 ";
 
+/// A VM's WorkloadEntry on network1, captured, weighted, selected by a ServiceEntry.
+const VM: &str = "
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: vm-1, namespace: bookinfo, annotations: {ambient.istio.io/redirection: enabled}}
+spec: {address: 10.10.9.1, labels: {app: ratings}, serviceAccount: ratings, network: network1, weight: 3}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ratings-vm, namespace: bookinfo}
+spec:
+  hosts: [ratings.vm.internal]
+  addresses: [10.99.9.9]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{name: http, number: 9080, targetPort: 8080}]
+  workloadSelector: {labels: {app: ratings}}
+";
+const VM_UID: &str = "config-files/networking.istio.io/WorkloadEntry/bookinfo/vm-1";
+const RATINGS: &str = "bookinfo/ratings.vm.internal";
+
 fn write_tree(root: &Path) {
     for (id, yaml) in [("c1", c1(true)), ("c2", c2())] {
         let dir = root.join("clusters").join(id);
@@ -179,6 +200,7 @@ fn write_tree(root: &Path) {
     }
     std::fs::create_dir_all(root.join("config")).unwrap();
     write_atomic(&root.join("config/policies.yaml"), POLICIES);
+    write_atomic(&root.join("config/vm.yaml"), VM);
 }
 
 /// A ztunnel's stream: its node as ztunnel sends it (no NETWORK; its cluster), subscribed to both
@@ -306,8 +328,49 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
             "c1//Pod/bookinfo/reviews-a",
             "c1//Pod/bookinfo/reviews-b",
             "c1//Pod/bookinfo/sleep",
+            VM_UID,
             split_horizon("network2", "192.0.2.2").as_str(),
         ]
+    );
+    // The VM: under the config source it came from, its weight as capacity, the entry's ports.
+    let vm = held.workload(VM_UID);
+    assert_eq!(
+        (vm.name.as_str(), vm.network.as_str()),
+        ("vm-1", "network1")
+    );
+    assert_eq!(
+        vm.addresses.iter().map(|b| ip(b)).collect::<Vec<_>>(),
+        vec!["10.10.9.1".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        (vm.service_account.as_str(), vm.capacity),
+        ("ratings", Some(3))
+    );
+    assert_eq!(vm.tunnel_protocol, wl::TunnelProtocol::Hbone as i32);
+    let ports = &vm.services.get(RATINGS).expect("the entry's ports").ports;
+    assert_eq!(
+        ports
+            .iter()
+            .map(|p| (p.service_port, p.target_port))
+            .collect::<Vec<_>>(),
+        vec![(9080, 8080)]
+    );
+    let ratings = held.service(RATINGS);
+    assert_eq!(
+        ratings
+            .addresses
+            .iter()
+            .map(|a| ip(&a.address))
+            .collect::<Vec<_>>(),
+        vec!["10.99.9.9".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        ratings
+            .ports
+            .iter()
+            .map(|p| (p.service_port, p.target_port))
+            .collect::<Vec<_>>(),
+        vec![(9080, 8080)]
     );
     let a = held.workload("c1//Pod/bookinfo/reviews-a");
     assert_eq!(
@@ -429,6 +492,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         vec![
             "c2//Pod/bookinfo/reviews-a",
             "c2//Pod/bookinfo/reviews-b",
+            "network1/SplitHorizonWorkload/192.0.2.1/bookinfo/ratings.vm.internal",
             split_horizon("network1", "192.0.2.1").as_str(),
         ]
     );

@@ -46,7 +46,7 @@ pub use telemetry::{
     ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,
 };
 pub use wasm_plugins::wasm_plugin;
-pub use workloads::{pod_uid, Workload, WorkloadTable};
+pub use workloads::{entry_uid, pod_uid, Workload, WorkloadTable};
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -28,6 +28,8 @@ pub struct Workload {
     pub canonical_revision: Arc<str>,
     pub locality: Arc<Locality>,
     pub healthy: bool,
+    /// The share of traffic it takes (a WorkloadEntry's weight); None: one.
+    pub capacity: Option<u32>,
     /// Captured by ztunnel: istio-cni marked the pod `ambient.istio.io/redirection: enabled`.
     pub captured: bool,
     pub host_network: bool,
@@ -38,10 +40,16 @@ pub fn pod_uid(cluster: &ClusterId, namespace: &str, name: &str) -> String {
     format!("{cluster}//Pod/{namespace}/{name}")
 }
 
-/// Every cluster's workloads by uid.
+/// istiod's uid of a WorkloadEntry, under the cluster (config source) it came from.
+pub fn entry_uid(cluster: &ClusterId, namespace: &str, name: &str) -> String {
+    format!("{cluster}/networking.istio.io/WorkloadEntry/{namespace}/{name}")
+}
+
+/// Every cluster's pods by uid, and the WorkloadEntries of the config.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadTable {
     by_uid: imbl::OrdMap<Arc<str>, Arc<Workload>>,
+    entries: imbl::OrdMap<Arc<str>, Arc<Workload>>,
 }
 
 impl WorkloadTable {
@@ -105,20 +113,37 @@ impl WorkloadTable {
         namespaces
     }
 
+    /// Replaces every WorkloadEntry's workload; returns whether anything changed.
+    pub fn set_entries(&mut self, workloads: Vec<Workload>) -> bool {
+        let entries: imbl::OrdMap<Arc<str>, Arc<Workload>> = workloads
+            .into_iter()
+            .map(|w| (w.uid.clone(), Arc::new(w)))
+            .collect();
+        let changed = entries.len() != self.entries.len()
+            || entries
+                .iter()
+                .any(|(uid, w)| self.entries.get(uid).map(|held| &**held) != Some(&**w));
+        if changed {
+            self.entries = entries;
+        }
+        changed
+    }
+
+    /// Pods, then WorkloadEntries.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Workload>> {
-        self.by_uid.values()
+        self.by_uid.values().chain(self.entries.values())
     }
 
     pub fn get(&self, uid: &str) -> Option<&Arc<Workload>> {
-        self.by_uid.get(uid)
+        self.by_uid.get(uid).or_else(|| self.entries.get(uid))
     }
 
     pub fn len(&self) -> usize {
-        self.by_uid.len()
+        self.by_uid.len() + self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_uid.is_empty()
+        self.len() == 0
     }
 
     fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Workload>> {
@@ -151,6 +176,7 @@ mod tests {
             canonical_revision: "latest".into(),
             locality: Arc::default(),
             healthy: true,
+            capacity: None,
             captured: true,
             host_network: false,
         }

@@ -217,6 +217,7 @@ impl<'a> EndpointContext<'a> {
             workload_name: template.workload,
             locality: template.locality,
             healthy: pod.ready,
+            capacity: None,
             captured: pod.captured,
             host_network: pod.host_network,
         })

@@ -6,6 +6,7 @@
 
 mod convert;
 mod discovered;
+pub mod entry_workloads;
 mod intern;
 pub mod objects;
 mod pod_services;

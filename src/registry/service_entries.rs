@@ -37,7 +37,7 @@ const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
 const LABEL_AUTO_ALLOCATE: &str = "networking.istio.io/enable-autoallocate-ip";
 
 /// Which pseudo-cluster (and shard) an object's services go under: its config source.
-fn source_cluster(object: &ConfigObject) -> ClusterId {
+pub(super) fn source_cluster(object: &ConfigObject) -> ClusterId {
     match &object.meta.origin {
         Origin::File { .. } | Origin::AutoRegistered { .. } => ClusterId::new(FILES_CLUSTER),
         Origin::Kubernetes { cluster, .. } => ClusterId::new(cluster),

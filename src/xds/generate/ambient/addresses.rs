@@ -35,7 +35,7 @@ pub(super) fn build(mesh: &MeshSnapshot, network: &str) -> Vec<Arc<Resource>> {
             continue;
         }
         let services = ports.get(&*workload.uid).cloned().unwrap_or_default();
-        let mut message = pod_workload(workload, services, trust_domain);
+        let mut message = workload_message(workload, services, trust_domain);
         message.authorization_policies = super::authorization::workload_policies(mesh, workload);
         out.push(address(&workload.uid, pb::address::Type::Workload(message)));
     }
@@ -176,7 +176,7 @@ fn service_ports_by_workload(mesh: &MeshSnapshot) -> HashMap<&str, BTreeMap<Stri
     ports
 }
 
-fn pod_workload(
+fn workload_message(
     w: &Workload,
     services: BTreeMap<String, pb::PortList>,
     trust_domain: &str,
@@ -209,6 +209,7 @@ fn pod_workload(
             false => pb::WorkloadStatus::Unhealthy as i32,
         },
         cluster_id: w.cluster_id.to_string(),
+        capacity: w.capacity,
         locality,
         network_mode: match w.host_network {
             true => pb::NetworkMode::HostNetwork as i32,
