@@ -171,7 +171,8 @@ spec:
   mtls: {mode: STRICT}
 ";
 
-/// A VM's WorkloadEntry on network1, captured, weighted, selected by a ServiceEntry.
+/// A VM's WorkloadEntry on network1, captured, weighted, selected by a ServiceEntry; a database
+/// outside Kubernetes as a ServiceEntry's inline endpoint.
 const VM: &str = "
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
@@ -188,6 +189,16 @@ spec:
   resolution: STATIC
   ports: [{name: http, number: 9080, targetPort: 8080}]
   workloadSelector: {labels: {app: ratings}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy-db, namespace: bookinfo}
+spec:
+  hosts: [db.legacy.internal]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{name: tcp, number: 5432, protocol: TCP}]
+  endpoints: [{address: 10.10.9.2, network: network1}]
 ";
 const VM_UID: &str = "config-files/networking.istio.io/WorkloadEntry/bookinfo/vm-1";
 const RATINGS: &str = "bookinfo/ratings.vm.internal";
@@ -328,6 +339,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
             "c1//Pod/bookinfo/reviews-a",
             "c1//Pod/bookinfo/reviews-b",
             "c1//Pod/bookinfo/sleep",
+            "config-files/networking.istio.io/ServiceEntry/bookinfo/legacy-db/10.10.9.2",
             VM_UID,
             split_horizon("network2", "192.0.2.2").as_str(),
         ]
@@ -354,6 +366,20 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
             .map(|p| (p.service_port, p.target_port))
             .collect::<Vec<_>>(),
         vec![(9080, 8080)]
+    );
+    let db =
+        held.workload("config-files/networking.istio.io/ServiceEntry/bookinfo/legacy-db/10.10.9.2");
+    let ports = &db
+        .services
+        .get("bookinfo/db.legacy.internal")
+        .expect("the entry's ports")
+        .ports;
+    assert_eq!(
+        ports
+            .iter()
+            .map(|p| (p.service_port, p.target_port))
+            .collect::<Vec<_>>(),
+        vec![(5432, 5432)]
     );
     let ratings = held.service(RATINGS);
     assert_eq!(
@@ -492,6 +518,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         vec![
             "c2//Pod/bookinfo/reviews-a",
             "c2//Pod/bookinfo/reviews-b",
+            "network1/SplitHorizonWorkload/192.0.2.1/bookinfo/db.legacy.internal",
             "network1/SplitHorizonWorkload/192.0.2.1/bookinfo/ratings.vm.internal",
             split_horizon("network1", "192.0.2.1").as_str(),
         ]
