@@ -13,6 +13,7 @@ pub const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 pub const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 pub const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const NDS: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+pub const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
 
 /// What a proxy asks for on its stream.
 pub struct Subscription {

@@ -30,7 +30,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::ads::{self, Subscription, CDS, EDS, NDS};
+use super::ads::{self, Subscription, ADDRESS, CDS, EDS, NDS};
 
 /// The subcommand the bench binary runs the anchor under.
 pub const SUBCOMMAND: &str = "naive-serve";
@@ -96,6 +96,11 @@ impl NaiveServer {
     /// A cluster `name` is added, a copy of the first one.
     pub fn add_cluster(&self, name: &str) {
         self.command(&format!("cluster {name}"));
+    }
+
+    /// The workload `uid` (ambient's Address) turns healthy.
+    pub fn workload_ready(&self, uid: &str) {
+        self.command(&format!("workload-ready {uid}"));
     }
 
     /// The name table gains `host` (a Kubernetes service `<name>.<namespace>…`) at `address`.
@@ -223,7 +228,8 @@ impl State {
         }
     }
 
-    /// One stdin command: `endpoint <cluster> <address>`, `cluster <name>` or `name <host> <address>`.
+    /// One stdin command: `endpoint <cluster> <address>`, `cluster <name>`, `name <host> <address>`
+    /// or `workload-ready <uid>`.
     fn apply(&self, line: &str) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let changed = match words[..] {
@@ -278,6 +284,14 @@ impl State {
                 );
                 any.value = table.encode_to_vec();
             }),
+            ["workload-ready", uid] => self.update(ADDRESS, uid, |any| {
+                use meshpilot::xds::istio_protos::workload::{address, Address, WorkloadStatus};
+                let mut message = Address::decode(&any.value[..]).expect("an address");
+                if let Some(address::Type::Workload(w)) = message.r#type.as_mut() {
+                    w.status = WorkloadStatus::Healthy as i32;
+                }
+                any.value = message.encode_to_vec();
+            }),
             _ => panic!("unknown command {line:?}"),
         };
         if let Some((type_url, name)) = changed {
@@ -319,6 +333,15 @@ fn resource_name(any: &Any) -> String {
         EDS => ClusterLoadAssignment::decode(&any.value[..]).map(|c| c.cluster_name),
         // One unnamed table.
         NDS => return String::new(),
+        ADDRESS => {
+            use meshpilot::xds::istio_protos::workload::{address, Address};
+            let message = Address::decode(&any.value[..]).expect("an address");
+            return match message.r#type {
+                Some(address::Type::Workload(w)) => w.uid,
+                Some(address::Type::Service(s)) => format!("{}/{}", s.namespace, s.hostname),
+                None => String::new(),
+            };
+        }
         _ => Listener::decode(&any.value[..]).map(|l| l.name),
     }
     .expect("a resource the harness knows")

@@ -1,0 +1,399 @@
+//! Ambient mode's workload discovery at scale: K simulated ztunnels (Delta, wildcard
+//! `istio.workload.Address`, as ztunnel subscribes by default) against meshpilot serving C file
+//! clusters of S services × E pods each.
+//!
+//! - onboarding: the clusters' directories written → every ztunnel holds every pod;
+//! - a pod change per round (a pod of the first cluster turns Ready) → every ztunnel holds its new
+//!   version: time and meshpilot's CPU, beside the naive fan-out holding the same Address
+//!   resources and sending the changed one to each stream;
+//! - removal: every cluster's directory removed → no ztunnel holds any of their pods, and what
+//!   meshpilot's settled RSS keeps over its RSS before the clusters came.
+//!
+//! ```text
+//! cargo bench --bench wds_load -- [--proxies K] [--clusters C] [--services S] [--endpoints E] [--rounds R]
+//! ```
+//!
+//! Without arguments it is a small smoke run.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(unused_imports)]
+mod common;
+#[allow(dead_code)] // each harness uses its own subset
+mod harness;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::wait_for;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
+use harness::ads::{self, Raw, Subscription, ADDRESS};
+use harness::naive::{self, NaiveServer};
+use harness::plane::{self, proc_stats, settled_rss, Plane, DECAY_QUIET, NS};
+use parking_lot::Mutex;
+use prost::Message;
+
+struct Args {
+    proxies: usize,
+    clusters: usize,
+    services: usize,
+    endpoints: usize,
+    rounds: usize,
+    /// How long RSS must stop falling to count as settled.
+    quiet: Duration,
+}
+
+fn args() -> Args {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str, default: usize| {
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let smoke = argv.iter().all(|a| a == "--bench");
+    Args {
+        proxies: value("--proxies", 4),
+        clusters: value("--clusters", 2),
+        services: value("--services", 5),
+        endpoints: value("--endpoints", 4),
+        rounds: value("--rounds", 2),
+        quiet: if smoke {
+            Duration::from_millis(500)
+        } else {
+            DECAY_QUIET
+        },
+    }
+}
+
+fn ztunnel_node(index: usize) -> envoy_types::pb::envoy::config::core::v3::Node {
+    let ip = format!("10.250.{}.{}", index / 250, index % 250 + 1);
+    common::node(
+        &format!("ztunnel~{ip}~ztunnel-{index}.istio-system~istio-system.svc.cluster.local"),
+        &[("NAMESPACE", "istio-system"), ("NODE_NAME", "node-0")],
+    )
+}
+
+/// The pod a round changes: the first pod of service `r` of the first cluster.
+fn round_uid(r: usize) -> String {
+    format!("c1//Pod/{NS}/p-{r}-0")
+}
+
+/// Service `i` of cluster `c`: the Service, its E pods (Ready when `ready` names them) and slice.
+fn service_file(c: usize, i: usize, endpoints: usize, ready: Option<usize>) -> String {
+    let mut text = format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: svc-{i}, namespace: {NS}}}
+spec: {{clusterIP: 10.96.{}.{}, selector: {{app: svc-{i}}}, ports: [{{name: http, port: 80, targetPort: 8080}}]}}
+",
+        i / 250,
+        i % 250 + 1
+    );
+    let mut slice = String::new();
+    for j in 0..endpoints {
+        let n = i * endpoints + j;
+        let ip = format!("10.{}.{}.{}", 100 + c, n / 250, n % 250 + 1);
+        let condition = match ready == Some(j) {
+            true => ", conditions: [{type: Ready, status: 'True'}]",
+            false => "",
+        };
+        text.push_str(&format!(
+            "---
+apiVersion: v1
+kind: Pod
+metadata: {{name: p-{i}-{j}, namespace: {NS}, labels: {{app: svc-{i}}}, annotations: {{ambient.istio.io/redirection: enabled}}}}
+spec: {{serviceAccountName: sa-{i}, nodeName: node-{}, containers: []}}
+status: {{podIP: {ip}{condition}}}
+",
+            n % 100
+        ));
+        slice.push_str(&format!(
+            "  - {{addresses: [{ip}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: p-{i}-{j}, namespace: {NS}}}}}\n"
+        ));
+    }
+    text.push_str(&format!(
+        "---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: svc-{i}-c{c}, namespace: {NS}, labels: {{kubernetes.io/service-name: svc-{i}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints:
+{slice}"
+    ));
+    text
+}
+
+/// What each ztunnel holds, and per round how long each took to hold the round's pod anew.
+#[derive(Default)]
+struct Observed {
+    held: Vec<Mutex<HashSet<String>>>,
+    ready: AtomicUsize,
+    rounds: Mutex<HashMap<usize, Vec<Duration>>>,
+}
+
+impl Observed {
+    fn new(proxies: usize) -> Self {
+        Self {
+            held: (0..proxies).map(|_| Mutex::default()).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// How many ztunnels hold at least `count` pods.
+    fn holding(&self, count: usize) -> usize {
+        let pods = self
+            .held
+            .iter()
+            .map(|h| h.lock().iter().filter(|n| is_pod(n)).count());
+        pods.filter(|n| *n >= count).count()
+    }
+
+    /// How many ztunnels hold no pod.
+    fn without_pods(&self) -> usize {
+        let held = self.held.iter();
+        held.filter(|h| !h.lock().iter().any(|n| is_pod(n))).count()
+    }
+}
+
+fn is_pod(uid: &str) -> bool {
+    uid.contains("//Pod/")
+}
+
+/// The round in progress: its number and when its change was made.
+type Current = Arc<Mutex<Option<(usize, Instant)>>>;
+
+async fn ztunnel(xds: SocketAddr, index: usize, observed: Arc<Observed>, current: Current) {
+    let channel = loop {
+        match ads::connect(xds).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let subscription = Subscription {
+        node: ztunnel_node(index),
+        delta: true,
+        types: vec![(ADDRESS, vec![])],
+    };
+    let mut first = true;
+    let on_response = |raw: &Raw| {
+        let response = DeltaDiscoveryResponse::decode(raw.body.clone()).expect("a response");
+        let mut held = observed.held[index].lock();
+        for name in &response.removed_resources {
+            held.remove(name);
+        }
+        for resource in &response.resources {
+            held.insert(resource.name.clone());
+        }
+        drop(held);
+        if std::mem::take(&mut first) {
+            observed.ready.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some((r, started)) = *current.lock() else {
+            return;
+        };
+        let uid = round_uid(r);
+        if response.resources.iter().any(|res| res.name == uid) {
+            observed
+                .rounds
+                .lock()
+                .entry(r)
+                .or_default()
+                .push(started.elapsed());
+        }
+    };
+    let _ = ads::stream(channel, &subscription, on_response, std::future::pending()).await;
+}
+
+/// Connects the ztunnels to `xds`; returns once each has its first response.
+async fn connect(xds: SocketAddr, a: &Args) -> (Arc<Observed>, Current) {
+    let observed = Arc::new(Observed::new(a.proxies));
+    let current: Current = Arc::default();
+    for i in 0..a.proxies {
+        tokio::spawn(ztunnel(xds, i, observed.clone(), current.clone()));
+    }
+    let (obs, expected) = (observed.clone(), a.proxies);
+    wait_for(
+        "every ztunnel's first response",
+        Duration::from_secs(120),
+        || {
+            let obs = obs.clone();
+            async move { (obs.ready.load(Ordering::Relaxed) >= expected).then_some(()) }
+        },
+    )
+    .await;
+    (observed, current)
+}
+
+/// A round per pod change made by `change`: (median time until every ztunnel held it, median
+/// server CPU-seconds).
+async fn rounds(
+    what: &str,
+    (observed, current): &(Arc<Observed>, Current),
+    pid: u32,
+    a: &Args,
+    change: impl Fn(usize),
+) -> (f64, f64) {
+    let (mut all, mut cpus) = (Vec::new(), Vec::new());
+    for r in 1..=a.rounds {
+        let (cpu0, _) = proc_stats(pid);
+        *current.lock() = Some((r, Instant::now()));
+        change(r);
+        let (obs, expected) = (observed.clone(), a.proxies);
+        wait_for("every ztunnel holds the changed pod", Duration::from_secs(120), || {
+            let obs = obs.clone();
+            async move { (obs.rounds.lock().get(&r).map_or(0, Vec::len) >= expected).then_some(()) }
+        })
+        .await;
+        let mut latencies = observed.rounds.lock().remove(&r).unwrap_or_default();
+        latencies.sort();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (cpu1, _) = proc_stats(pid);
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "  {what} round {r}: p50 {:.1} ms, all {} ztunnels {:.1} ms; server CPU {:.3} s",
+            ms(latencies[latencies.len() / 2]),
+            a.proxies,
+            ms(latencies[latencies.len() - 1]),
+            cpu1 - cpu0
+        );
+        all.push(ms(latencies[latencies.len() - 1]));
+        cpus.push(cpu1 - cpu0);
+    }
+    (median(all), median(cpus))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn write_cluster(root: &Path, c: usize, a: &Args) {
+    let dir = root.join(format!("c{c}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..a.services {
+        std::fs::write(
+            dir.join(format!("svc-{i}.yaml")),
+            service_file(c, i, a.endpoints, None),
+        )
+        .unwrap();
+    }
+}
+
+async fn workloads(a: &Args) {
+    let per_cluster = a.services * a.endpoints;
+    println!(
+        "## workload discovery: {} ztunnels, {} clusters × {per_cluster} pods ({} services × {} pods)",
+        a.proxies, a.clusters, a.services, a.endpoints
+    );
+    let plane: Plane = plane::file_plane(0, |_| String::new(), &["--debounce-after", "0s"]).await;
+    let pid = plane.process.pid();
+    let clusters = plane.files.path().join("config/clusters");
+    let ztunnels = connect(plane.xds, a).await;
+    let observed = ztunnels.0.clone();
+    let rss0 = settled_rss(pid, a.quiet).await;
+
+    println!("### meshpilot");
+    let (cpu0, _) = proc_stats(pid);
+    let started = Instant::now();
+    for c in 1..=a.clusters {
+        write_cluster(&clusters, c, a);
+    }
+    let (obs, expected) = (observed.clone(), a.proxies);
+    let every_pod = a.clusters * per_cluster;
+    wait_for(
+        "every ztunnel holds every pod",
+        Duration::from_secs(600),
+        || {
+            let obs = obs.clone();
+            async move { (obs.holding(every_pod) >= expected).then_some(()) }
+        },
+    )
+    .await;
+    let onboarded = started.elapsed();
+    let (cpu1, _) = proc_stats(pid);
+    let rss1 = settled_rss(pid, a.quiet).await;
+    println!(
+        "onboarding: every ztunnel holds all {every_pod} pods {:.0} ms after the clusters were written, {:.2} CPU-s; +{:.1} MiB RSS ({:.0} bytes per pod)",
+        onboarded.as_secs_f64() * 1e3,
+        cpu1 - cpu0,
+        (rss1 as f64 - rss0 as f64) / 1048576.0,
+        (rss1 as f64 - rss0 as f64) / every_pod as f64
+    );
+    let first = clusters.join("c1");
+    let meshpilot = rounds("meshpilot", &ztunnels, pid, a, |r| {
+        let text = service_file(1, r, a.endpoints, Some(0));
+        common::write_atomic(&first.join(format!("svc-{r}.yaml")), &text);
+    })
+    .await;
+    let resources = naive::capture(
+        plane.xds,
+        vec![naive::subscription(ztunnel_node(0), ADDRESS, vec![])],
+    )
+    .await;
+
+    let started = Instant::now();
+    for c in 1..=a.clusters {
+        std::fs::remove_dir_all(clusters.join(format!("c{c}"))).unwrap();
+    }
+    let obs = observed.clone();
+    wait_for(
+        "no ztunnel holds a removed pod",
+        Duration::from_secs(600),
+        || {
+            let obs = obs.clone();
+            async move { (obs.without_pods() >= expected).then_some(()) }
+        },
+    )
+    .await;
+    let removed = started.elapsed();
+    let rss2 = settled_rss(pid, a.quiet).await;
+    println!(
+        "removal: no ztunnel holds any of the {every_pod} pods {:.0} ms after the clusters were removed; RSS {:.1} MiB before the clusters, {:.1} MiB with them, {:.1} MiB after: {:+.0} KiB kept",
+        removed.as_secs_f64() * 1e3,
+        rss0 as f64 / 1048576.0,
+        rss1 as f64 / 1048576.0,
+        rss2 as f64 / 1048576.0,
+        (rss2 as f64 - rss0 as f64) / 1024.0
+    );
+    drop(plane);
+
+    println!(
+        "### naive fan-out, the same {} Address resources",
+        resources.len()
+    );
+    let naive = NaiveServer::start(resources);
+    let anchor_ztunnels = connect(naive.xds, a).await;
+    let anchor = rounds("naive", &anchor_ztunnels, naive.pid(), a, |r| {
+        naive.workload_ready(&round_uid(r));
+    })
+    .await;
+    println!("| figure | meshpilot | naive | meshpilot/naive |\n|---|---|---|---|");
+    println!(
+        "| a pod's change held by every ztunnel (median of {} rounds) | {:.1} ms | {:.1} ms | {:.2} |",
+        a.rounds,
+        meshpilot.0,
+        anchor.0,
+        meshpilot.0 / anchor.0
+    );
+    println!(
+        "| server CPU per change | {:.3} s | {:.3} s | {:.2} |",
+        meshpilot.1,
+        anchor.1,
+        meshpilot.1 / anchor.1.max(1e-9)
+    );
+}
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some(naive::SUBCOMMAND) {
+        let path = std::env::args().nth(2).expect("resources file");
+        return naive::serve(&path);
+    }
+    let a = args();
+    harness::run(workloads(&a));
+}
