@@ -223,7 +223,7 @@ impl Aggregate {
             if entries_changed {
                 let mut services = Change::default();
                 service_entries::sync(mesh, naming, &mut services);
-                entry_workloads::sync(mesh);
+                change.workloads.extend(entry_workloads::sync(mesh));
                 if !services.is_empty() {
                     // Services are seen mesh-wide.
                     change.audience = Audience::Everyone;

@@ -542,6 +542,18 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         })
         .await;
 
+    // A slice alone drops a pod (which stays): its Address no longer lists the service.
+    let dropped: Vec<String> = c1(false)
+        .lines()
+        .filter(|l| !l.contains("targetRef: {kind: Pod, name: reviews-a,"))
+        .map(str::to_string)
+        .collect();
+    write_atomic(&dir.path().join("clusters/c1/mesh.yaml"), &dropped.join("\n"));
+    held.until(&mut east, "reviews-a without reviews", |h| {
+        !h.workload("c1//Pod/bookinfo/reviews-a").services.contains_key(REVIEWS)
+    })
+    .await;
+
     // A cluster goes: its network's workload and its VIP go with it.
     std::fs::remove_dir_all(dir.path().join("clusters/c2")).unwrap();
     held.until(&mut east, "network2 gone", |h| {

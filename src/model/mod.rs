@@ -210,8 +210,9 @@ pub struct Change {
     /// The full part cannot move any name table (NDS): config of kinds that name no host, fetched
     /// keys. Unset is the safe side: merged changes keep it only when every full one had it.
     pub names_kept: bool,
-    /// Pods changed as ambient mode sees them (the workload table).
-    pub workloads: bool,
+    /// Workloads (uids) whose Address ambient mode sends may have changed: pods that came, changed
+    /// or went, and those whose endpoints did.
+    pub workloads: BTreeSet<Arc<str>>,
 }
 
 /// The proxies a full push is for.
@@ -265,7 +266,7 @@ impl Change {
             && self.services.is_empty()
             && self.credentials.is_empty()
             && self.configs.is_empty()
-            && !self.workloads
+            && self.workloads.is_empty()
     }
 
     /// Whether every endpoint assignment may have changed: config or a mesh-wide setting did. A
@@ -303,7 +304,7 @@ impl Change {
             (_, false) => std::mem::take(&mut self.audience),
         };
         self.full |= other.full;
-        self.workloads |= other.workloads;
+        self.workloads.extend(other.workloads);
         self.services.extend(other.services);
         self.configs.extend(other.configs);
         self.credentials.extend(other.credentials);

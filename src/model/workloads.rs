@@ -53,27 +53,27 @@ pub struct WorkloadTable {
 }
 
 impl WorkloadTable {
-    /// Replaces the pods of one namespace of a cluster with `workloads`; returns whether anything
-    /// changed.
+    /// Replaces the pods of one namespace of a cluster with `workloads`; returns the uids that
+    /// changed (came, changed or went).
     pub fn replace_namespace(
         &mut self,
         cluster: &ClusterId,
         namespace: &str,
         workloads: Vec<Workload>,
-    ) -> bool {
+    ) -> Vec<Arc<str>> {
         let prefix = pod_uid(cluster, namespace, "");
         let held: Vec<Arc<str>> = self.under(&prefix).map(|w| w.uid.clone()).collect();
-        let mut changed = false;
+        let mut changed = Vec::new();
         for uid in held {
             if !workloads.iter().any(|w| w.uid == uid) {
                 self.by_uid.remove(&uid);
-                changed = true;
+                changed.push(uid);
             }
         }
         for workload in workloads {
-            if self.by_uid.get(&workload.uid).map(|w| &**w) != Some(&workload) {
-                self.by_uid.insert(workload.uid.clone(), Arc::new(workload));
-                changed = true;
+            let uid = workload.uid.clone();
+            if self.set(&uid, Some(workload)) {
+                changed.push(uid);
             }
         }
         changed
@@ -91,14 +91,20 @@ impl WorkloadTable {
         }
     }
 
-    /// Removes every pod of a cluster (it left); returns whether there were any.
-    pub fn remove_cluster(&mut self, cluster: &ClusterId) -> bool {
+    /// Removes every pod of a cluster (it left); returns their uids.
+    pub fn remove_cluster(&mut self, cluster: &ClusterId) -> Vec<Arc<str>> {
         let prefix = format!("{cluster}//Pod/");
         let held: Vec<Arc<str>> = self.under(&prefix).map(|w| w.uid.clone()).collect();
         for uid in &held {
             self.by_uid.remove(uid);
         }
-        !held.is_empty()
+        held
+    }
+
+    /// A cluster's first pod (by uid), if it has any.
+    pub fn first_pod_of(&self, cluster: &ClusterId) -> Option<&Arc<Workload>> {
+        let prefix = format!("{cluster}//Pod/");
+        self.under(&prefix).next()
     }
 
     /// The namespaces a cluster has pods in.
@@ -113,19 +119,23 @@ impl WorkloadTable {
         namespaces
     }
 
-    /// Replaces every WorkloadEntry's workload; returns whether anything changed.
-    pub fn set_entries(&mut self, workloads: Vec<Workload>) -> bool {
+    /// Replaces every WorkloadEntry's workload; returns the uids that changed.
+    pub fn set_entries(&mut self, workloads: Vec<Workload>) -> Vec<Arc<str>> {
         let entries: imbl::OrdMap<Arc<str>, Arc<Workload>> = workloads
             .into_iter()
             .map(|w| (w.uid.clone(), Arc::new(w)))
             .collect();
-        let changed = entries.len() != self.entries.len()
-            || entries
-                .iter()
-                .any(|(uid, w)| self.entries.get(uid).map(|held| &**held) != Some(&**w));
-        if changed {
-            self.entries = entries;
-        }
+        let mut changed: Vec<Arc<str>> = entries
+            .iter()
+            .filter(|(uid, w)| self.entries.get(*uid).map(|held| &**held) != Some(&***w))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        let gone = self
+            .entries
+            .keys()
+            .filter(|uid| !entries.contains_key(*uid));
+        changed.extend(gone.cloned());
+        self.entries = entries;
         changed
     }
 
@@ -146,11 +156,11 @@ impl WorkloadTable {
         self.len() == 0
     }
 
-    fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Workload>> {
-        let start: Arc<str> = Arc::from(prefix);
+    fn under(&self, prefix: &str) -> impl Iterator<Item = &Arc<Workload>> + '_ {
+        let prefix: Arc<str> = Arc::from(prefix);
         self.by_uid
-            .range(start..)
-            .take_while(move |(uid, _)| uid.starts_with(prefix))
+            .range(prefix.clone()..)
+            .take_while(move |(uid, _)| uid.starts_with(&*prefix))
             .map(|(_, w)| w)
     }
 }
@@ -186,18 +196,23 @@ mod tests {
     fn a_namespace_is_replaced_alone_and_a_cluster_removed_whole() {
         let mut table = WorkloadTable::default();
         let c1 = ClusterId::new("c1");
-        assert!(table.replace_namespace(&c1, "a", vec![pod("c1", "a", "x", [10, 0, 0, 1])]));
-        assert!(table.replace_namespace(&c1, "ab", vec![pod("c1", "ab", "y", [10, 0, 0, 2])]));
+        let x: Arc<str> = "c1//Pod/a/x".into();
+        let changed = table.replace_namespace(&c1, "a", vec![pod("c1", "a", "x", [10, 0, 0, 1])]);
+        assert_eq!(changed, vec![x.clone()]);
+        let changed = table.replace_namespace(&c1, "ab", vec![pod("c1", "ab", "y", [10, 0, 0, 2])]);
+        assert_eq!(changed.len(), 1);
         let c2 = ClusterId::new("c2");
-        assert!(table.replace_namespace(&c2, "a", vec![pod("c2", "a", "x", [10, 0, 0, 3])]));
+        let changed = table.replace_namespace(&c2, "a", vec![pod("c2", "a", "x", [10, 0, 0, 3])]);
+        assert_eq!(changed.len(), 1);
         // The same pods again change nothing; namespace "a" does not cover "ab".
-        assert!(!table.replace_namespace(&c1, "a", vec![pod("c1", "a", "x", [10, 0, 0, 1])]));
-        assert!(table.replace_namespace(&c1, "a", Vec::new()));
+        let same = table.replace_namespace(&c1, "a", vec![pod("c1", "a", "x", [10, 0, 0, 1])]);
+        assert!(same.is_empty());
+        assert_eq!(table.replace_namespace(&c1, "a", Vec::new()), vec![x]);
         assert_eq!(table.len(), 2);
         assert!(table.get("c1//Pod/ab/y").is_some());
         assert_eq!(table.namespaces_of(&c1), vec![Arc::<str>::from("ab")]);
-        assert!(table.remove_cluster(&c1));
-        assert!(!table.remove_cluster(&c1));
+        assert_eq!(table.remove_cluster(&c1).len(), 1);
+        assert!(table.remove_cluster(&c1).is_empty());
         assert_eq!(table.len(), 1);
         assert!(table.get("c2//Pod/a/x").is_some());
     }

@@ -13,8 +13,8 @@ use crate::istio::service_entry::WorkloadEntry;
 use crate::istio::{ConfigKind, ConfigObject, Spec};
 use crate::model::{entry_uid, Locality, MeshNetworks, MeshSnapshot, Workload};
 
-/// Writes every entry's workload; returns whether any changed.
-pub fn sync(mesh: &mut MeshSnapshot) -> bool {
+/// Writes every entry's workload; returns the uids that changed.
+pub fn sync(mesh: &mut MeshSnapshot) -> Vec<Arc<str>> {
     let networks = &mesh.networks;
     let entries = mesh.config.of_kind(ConfigKind::WorkloadEntry);
     let mut workloads: Vec<Workload> = entries

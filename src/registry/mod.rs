@@ -290,7 +290,11 @@ impl ClusterRegistry {
             change
                 .services
                 .extend(mesh.services.remove_cluster(&self.id));
-            change.workloads = mesh.workloads.remove_cluster(&self.id);
+            change.workloads = mesh
+                .workloads
+                .remove_cluster(&self.id)
+                .into_iter()
+                .collect();
             let removed = mesh.endpoints.delete_cluster(&self.shard);
             change
                 .services

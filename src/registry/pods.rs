@@ -52,6 +52,14 @@ impl PodIndex {
         pods.slots.get(pods.by_ip.get(&ip)?)?.pod.as_ref()
     }
 
+    /// The pod holding an address, whatever its namespace.
+    pub fn anywhere_at(&self, ip: IpAddr) -> Option<&PodObj> {
+        self.namespaces.values().find_map(|pods| {
+            let name = pods.by_ip.get(&ip)?;
+            pods.slots.get(name)?.pod.as_ref()
+        })
+    }
+
     pub fn in_namespace<'a>(&'a self, namespace: &str) -> impl Iterator<Item = &'a PodObj> {
         let slots = self.namespaces.get(namespace).into_iter();
         slots.flat_map(|ns| ns.slots.values().filter_map(|slot| slot.pod.as_ref()))

@@ -35,11 +35,15 @@ impl ClusterRegistry {
             .collect();
         let workloads = self.workload_updates(&store, &snapshot, &networks, &selected);
         let selected = self.selected_updates(&mut store, &snapshot, &networks, &selected);
+        let shards = updates.iter().map(|u| (&u.key, u.endpoints.as_ref()));
+        let shards = shards.chain(selected.iter().map(|(key, eps)| (key, eps.as_ref())));
+        let moved = self.pods_with_moved_endpoints(&store, &snapshot, shards);
         let change = self.mesh.write(|mesh| {
             let mut change = Change {
                 workloads: workloads.apply(&self.id, &mut mesh.workloads),
                 ..Change::default()
             };
+            change.workloads.extend(moved);
             for update in updates {
                 update.apply(&self.id, &self.shard, mesh, &mut change);
             }

@@ -18,8 +18,8 @@ use crate::model::{Change, Hostname, MeshSnapshot, Resolution};
 pub struct PushRequest {
     /// Every watched type is recomputed; otherwise only EDS of `services`.
     pub full: bool,
-    /// Pods or endpoints changed: a ztunnel's addresses are recomputed.
-    pub ambient: bool,
+    /// The Addresses (ambient mode's workloads and services) a change may have moved.
+    pub addresses: Option<Scope>,
     pub services: BTreeSet<Hostname>,
     /// Every assignment may have changed, not only those of `services` (config or a mesh-wide
     /// setting, or the proxy's own locality). Without it a full push sends the assignments of
@@ -40,7 +40,14 @@ pub struct PushRequest {
 impl PushRequest {
     pub fn merge(&mut self, other: PushRequest) {
         self.full |= other.full;
-        self.ambient |= other.ambient;
+        self.addresses = match (self.addresses.take(), other.addresses) {
+            (Some(Scope::Names(mut a)), Some(Scope::Names(b))) => {
+                a.extend(b);
+                Some(Scope::Names(a))
+            }
+            (Some(_), Some(_)) => Some(Scope::All),
+            (a, b) => a.or(b),
+        };
         self.services.extend(other.services);
         self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
@@ -214,13 +221,17 @@ pub fn plan(
         _ => None,
     });
     // ztunnel's addresses follow pods and endpoints; its policies, config.
+    let addresses = request.addresses.clone();
     let ambient = [
-        (ResourceType::Address, request.ambient || request.full),
-        (ResourceType::Authorization, request.full),
+        (ResourceType::Address, addresses),
+        (
+            ResourceType::Authorization,
+            request.full.then_some(Scope::All),
+        ),
     ]
     .into_iter()
-    .filter(|(t, wanted)| *wanted && watched.contains(t))
-    .map(|(t, _)| (t, Scope::All));
+    .filter_map(|(t, scope)| Some((t, scope?)))
+    .filter(|(t, _)| watched.contains(t));
     // Extension configs follow the config (and a Wasm module's pull secret), after the listeners
     // that name them.
     let extensions = ((request.full || request.secrets)

@@ -21,7 +21,7 @@ use tonic::server::NamedService;
 use tonic::{Status, Streaming};
 use tracing::{debug, info};
 
-use super::generate::{cluster_host, ResourceCache};
+use super::generate::{address_scope, cluster_host, ResourceCache};
 use super::grpc;
 use super::introspect::DebugViews;
 use super::protocol::{ResourceType, TypeStatus};
@@ -354,13 +354,13 @@ impl XdsServer {
         let everywhere = change.touches_all_endpoints();
         let (names_if_full, names_everywhere) = moves_names(&change, &snapshot);
         let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
+        let addresses = address_scope(&snapshot, &change);
         for conn in self.connections.read().values() {
             // A ztunnel serves every namespace: its policies follow config anywhere, its addresses
             // every pod and endpoint.
             let ztunnel = conn.proxy.kind == ProxyType::Ztunnel;
             let full = change.full && (ztunnel || change.audience.admits(&conn.proxy.namespace));
-            let ambient =
-                ztunnel && (change.full || change.workloads || !change.services.is_empty());
+            let addresses = addresses.as_ref().filter(|_| ztunnel).cloned();
             let all_endpoints =
                 (full && everywhere) || conn.locality_follows(&change.services, &snapshot);
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
@@ -374,12 +374,16 @@ impl XdsServer {
                 true => kinds.clone(),
                 false => BTreeSet::new(),
             };
-            let wanted =
-                full || secrets || all_endpoints || names || ambient || !configs.is_empty();
+            let wanted = full
+                || secrets
+                || all_endpoints
+                || names
+                || addresses.is_some()
+                || !configs.is_empty();
             if wanted || conn.wants_eds_of(&change.services) {
                 conn.slot.offer(PushRequest {
                     full,
-                    ambient,
+                    addresses,
                     all_endpoints,
                     services: change.services.clone(),
                     secrets,

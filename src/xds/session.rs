@@ -406,6 +406,9 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         let first = watch.status.sent_nonce.is_none();
         let (current, considered) = if watch.wildcard && *scope == Scope::All {
             (g.all(ty).iter().cloned().collect(), Scope::All)
+        } else if let (true, Scope::Names(names)) = (watch.wildcard, scope) {
+            // A change to some of what a wildcard subscription holds.
+            (g.changed(ty, names), scope.clone())
         } else {
             let names: BTreeSet<String> = watch
                 .subscribed

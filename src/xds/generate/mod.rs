@@ -38,6 +38,7 @@ mod wasm;
 
 use std::sync::Arc;
 
+pub use ambient::address_scope;
 pub use cache::{ResourceCache, DEFAULT_CACHE_ENTRIES};
 pub use envoy_filter::{failures as envoy_filter_failures, PatchFailure};
 pub use generation::Generation;
@@ -79,12 +80,24 @@ impl Generation<'_> {
         names: impl IntoIterator<Item = &'n String>,
     ) -> Vec<Arc<Resource>> {
         if matches!(ty, ResourceType::Address | ResourceType::Authorization) {
-            return ambient::named(self, ty, names);
+            return ambient::lookup(self, ty, names);
         }
         names
             .into_iter()
             .filter_map(|n| self.build(ty, n))
             .collect()
+    }
+
+    /// The resources of a wildcard subscription among these names (those a change touched).
+    pub fn changed<'n>(
+        &self,
+        ty: ResourceType,
+        names: impl IntoIterator<Item = &'n String>,
+    ) -> Vec<Arc<Resource>> {
+        match ty {
+            ResourceType::Address | ResourceType::Authorization => ambient::exact(self, ty, names),
+            _ => self.named(ty, names),
+        }
     }
 
     /// The name table this proxy is sent (for `/debug/ndsz`).

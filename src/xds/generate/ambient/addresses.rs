@@ -6,15 +6,16 @@
 //! with endpoints on another network one split-horizon workload per gateway of that network: no
 //! address, the service's ports, as many endpoints as it stands for (`capacity`), and the gateway
 //! to tunnel through (double HBONE on the gateway's 15008).
+//!
+//! Each resource is built on its own, so a change rebuilds only the resources it names.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use prost::Message;
 
-use crate::model::{Health, MeshSnapshot, Service, ServiceKey, Workload};
-use crate::xds::generate::generation::Generation;
+use crate::model::{ClusterId, Gateway, Health, MeshSnapshot, Service, ServiceKey, Workload};
 use crate::xds::istio_protos::workload as pb;
 use crate::xds::protocol::ADDRESS_TYPE;
 use crate::xds::wire::Resource;
@@ -22,95 +23,311 @@ use crate::xds::wire::Resource;
 /// The port a network's gateway takes HBONE on (istiod's default when its Gateway names none).
 pub const HBONE_PORT: u32 = 15008;
 
-/// Every Address a ztunnel on `network` is sent, workloads then services, each sorted by name.
-pub(super) fn build(mesh: &MeshSnapshot, network: &str) -> Vec<Arc<Resource>> {
-    let trust_domain = match mesh.config.mesh().trust_domain.as_str() {
-        "cluster.local" => "",
-        other => other,
-    };
-    let ports = service_ports_by_workload(mesh);
-    let mut out: Vec<Arc<Resource>> = Vec::new();
-    for workload in mesh.workloads.iter() {
-        if *workload.network != *network {
-            continue;
-        }
-        let services = ports.get(&*workload.uid).cloned().unwrap_or_default();
-        let mut message = workload_message(workload, services, trust_domain);
-        message.authorization_policies = super::authorization::workload_policies(mesh, workload);
-        out.push(address(&workload.uid, pb::address::Type::Workload(message)));
-    }
-    out.extend(split_horizon(mesh, network, trust_domain));
-    let networks = cluster_networks(mesh);
-    let mut services: Vec<Arc<Resource>> = mesh
-        .services
-        .all()
-        .iter()
-        .map(|s| {
-            address(
-                &service_name(s),
-                pb::address::Type::Service(service(&networks, s)),
-            )
-        })
-        .collect();
-    services.sort_by(|a, b| a.name.cmp(&b.name));
-    out.extend(services);
-    out
+/// What the resources of one ztunnel's network are built from.
+pub(super) struct Addresses<'a> {
+    mesh: &'a MeshSnapshot,
+    network: &'a str,
+    trust_domain: &'a str,
 }
 
-/// What a name a ztunnel looked up resolves to within `all`.
-pub(super) fn lookup<'a>(
-    g: &Generation<'_>,
-    all: &'a [Arc<Resource>],
-    name: &str,
-) -> Vec<&'a Arc<Resource>> {
-    if let Some(found) = all.iter().find(|r| *r.name == *name) {
-        // A service's name also brings the workloads behind it.
-        let mut found = vec![found];
-        if let Some(service) = g
-            .mesh
-            .services
-            .get(name.split_once('/').map_or("", |(_, h)| h))
-        {
-            found.extend(behind(all, &service_name(service)));
+impl<'a> Addresses<'a> {
+    pub(super) fn new(mesh: &'a MeshSnapshot, network: &'a str) -> Self {
+        let trust_domain = match mesh.config.mesh().trust_domain.as_str() {
+            "cluster.local" => "",
+            other => other,
+        };
+        Self {
+            mesh,
+            network,
+            trust_domain,
         }
-        return found;
     }
-    let Some((_, ip)) = name.split_once('/') else {
-        return Vec::new();
-    };
-    let Ok(ip) = ip.parse::<IpAddr>() else {
-        return Vec::new();
-    };
-    if let Some(workload) = g.mesh.workloads.iter().find(|w| w.addresses.contains(&ip)) {
-        return all.iter().filter(|r| r.name == workload.uid).collect();
-    }
-    let vip = |s: &&Arc<Service>| s.cluster_vips.values().flatten().any(|v| *v == ip);
-    match g.mesh.services.all().iter().find(vip) {
-        Some(service) => {
-            let name = service_name(service);
-            let own = all.iter().filter(|r| *r.name == *name);
-            own.chain(behind(all, &name)).collect()
-        }
-        None => Vec::new(),
-    }
-}
 
-/// The workloads whose `services` name `service`.
-fn behind<'a>(all: &'a [Arc<Resource>], service: &str) -> Vec<&'a Arc<Resource>> {
-    all.iter()
-        .filter(|r| {
-            let Ok(any) = prost_types::Any::decode(&r.any[..]) else {
-                return false;
+    /// Every Address: workloads, split-horizon workloads, then services.
+    pub(super) fn all(&self) -> Vec<Arc<Resource>> {
+        let workloads = self.mesh.workloads.iter();
+        let own = workloads.filter(|w| *w.network == *self.network);
+        let mut out: Vec<Arc<Resource>> = own.map(|w| self.workload(w)).collect();
+        for (key, _) in self.mesh.endpoints.sorted() {
+            out.extend(self.split_horizon(&key));
+        }
+        let mut services: Vec<Arc<Resource>> = (self.mesh.services.all().iter())
+            .map(|s| service_resource(self.mesh, s))
+            .collect();
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        out.extend(services);
+        out
+    }
+
+    /// The resource of this exact name, if it exists for this network.
+    pub(super) fn one(&self, name: &str) -> Option<Arc<Resource>> {
+        if let Some(workload) = self.mesh.workloads.get(name) {
+            return (*workload.network == *self.network).then(|| self.workload(workload));
+        }
+        if let Some((_, rest)) = name.split_once(SPLIT_HORIZON) {
+            let (_, service) = rest.split_once('/')?;
+            let (namespace, host) = service.split_once('/')?;
+            let key = ServiceKey {
+                hostname: host.into(),
+                namespace: namespace.into(),
             };
-            let decoded = pb::Address::decode(&any.value[..]).ok();
-            matches!(decoded.and_then(|a| a.r#type), Some(pb::address::Type::Workload(w)) if w.services.contains_key(service))
-        })
-        .collect()
+            return self
+                .split_horizon(&key)
+                .into_iter()
+                .find(|r| *r.name == *name);
+        }
+        let (namespace, host) = name.split_once('/')?;
+        let service = self.mesh.services.get(host)?;
+        (*service.namespace == *namespace).then(|| service_resource(self.mesh, service))
+    }
+
+    /// What a name a ztunnel looked up resolves to: the resource of that name (a service's with
+    /// the workloads behind it), else the workload holding `<network>/<ip>`, else the service
+    /// whose VIP it is with the workloads behind it.
+    pub(super) fn lookup(&self, name: &str) -> Vec<Arc<Resource>> {
+        let service_named = |found: Arc<Resource>| match self.mesh.services.get(host_of(name)) {
+            Some(service) if is_service_name(name, service) => {
+                let mut out = vec![found];
+                out.extend(self.behind(service));
+                out
+            }
+            _ => vec![found],
+        };
+        if let Some(found) = self.one(name) {
+            return service_named(found);
+        }
+        let Some(ip) = name
+            .split_once('/')
+            .and_then(|(_, ip)| ip.parse::<IpAddr>().ok())
+        else {
+            return Vec::new();
+        };
+        let mut workloads = self.mesh.workloads.iter();
+        if let Some(workload) = workloads.find(|w| w.addresses.contains(&ip)) {
+            return self.one(&workload.uid).into_iter().collect();
+        }
+        let vip = |s: &&Arc<Service>| s.cluster_vips.values().flatten().any(|v| *v == ip);
+        let all = self.mesh.services.all();
+        let Some(service) = all.iter().find(vip) else {
+            return Vec::new();
+        };
+        let mut out = vec![service_resource(self.mesh, service)];
+        out.extend(self.behind(service));
+        out
+    }
+
+    /// The workloads behind a service for this network: its own network's pods with endpoints of
+    /// it, and its split-horizon workloads.
+    fn behind(&self, service: &Service) -> Vec<Arc<Resource>> {
+        let key = service.key();
+        let mut at: BTreeSet<(&str, IpAddr)> = BTreeSet::new();
+        if let Some(shards) = self.mesh.endpoints.get(&key) {
+            at.extend(
+                shards
+                    .endpoints()
+                    .map(|e| (e.cluster_id.as_str(), e.address)),
+            );
+        }
+        let workloads = self.mesh.workloads.iter().filter(|w| {
+            *w.network == *self.network
+                && w.addresses
+                    .iter()
+                    .any(|ip| at.contains(&(w.cluster_id.as_str(), *ip)))
+        });
+        let mut out: Vec<Arc<Resource>> = workloads.map(|w| self.workload(w)).collect();
+        out.extend(self.split_horizon(&key));
+        out
+    }
+
+    fn workload(&self, w: &Workload) -> Arc<Resource> {
+        let locality = (!w.locality.region.is_empty()).then(|| pb::Locality {
+            region: w.locality.region.to_string(),
+            zone: w.locality.zone.to_string(),
+            subzone: w.locality.subzone.to_string(),
+        });
+        let message = pb::Workload {
+            uid: w.uid.to_string(),
+            name: w.name.to_string(),
+            namespace: w.namespace.to_string(),
+            addresses: w.addresses.iter().map(ip_bytes).collect(),
+            network: w.network.to_string(),
+            tunnel_protocol: match w.captured {
+                true => pb::TunnelProtocol::Hbone as i32,
+                false => pb::TunnelProtocol::None as i32,
+            },
+            trust_domain: self.trust_domain.to_string(),
+            service_account: w.service_account.to_string(),
+            node: w.node.as_deref().unwrap_or_default().to_string(),
+            canonical_name: w.canonical_name.to_string(),
+            canonical_revision: w.canonical_revision.to_string(),
+            workload_type: pb::WorkloadType::Pod as i32,
+            workload_name: w.workload_name.to_string(),
+            services: self.ports_of(w),
+            authorization_policies: super::authorization::workload_policies(self.mesh, w),
+            status: match w.healthy {
+                true => pb::WorkloadStatus::Healthy as i32,
+                false => pb::WorkloadStatus::Unhealthy as i32,
+            },
+            cluster_id: w.cluster_id.to_string(),
+            capacity: w.capacity,
+            locality,
+            network_mode: match w.host_network {
+                true => pb::NetworkMode::HostNetwork as i32,
+                false => pb::NetworkMode::Standard as i32,
+            },
+            ..Default::default()
+        };
+        address(&w.uid, pb::address::Type::Workload(message))
+    }
+
+    /// The services a workload backs, each with its port and the port the workload's endpoint
+    /// listens on (read from the endpoints, which resolved named target ports).
+    fn ports_of(&self, w: &Workload) -> BTreeMap<String, pb::PortList> {
+        let mut out: BTreeMap<String, pb::PortList> = BTreeMap::new();
+        for ip in &w.addresses {
+            for key in self.mesh.endpoints.services_at(ip) {
+                let (Some(service), Some(shards)) = (
+                    self.mesh.services.get(&key.hostname),
+                    self.mesh.endpoints.get(&key),
+                ) else {
+                    continue;
+                };
+                let mine = shards
+                    .endpoints()
+                    .filter(|e| e.address == *ip && e.cluster_id == w.cluster_id);
+                for endpoint in mine {
+                    let Some(port) = service
+                        .ports
+                        .iter()
+                        .find(|p| *p.name == *endpoint.service_port_name)
+                    else {
+                        continue;
+                    };
+                    let name = format!("{}/{}", key.namespace, key.hostname);
+                    add_port(
+                        &mut out.entry(name).or_default().ports,
+                        port.port,
+                        endpoint.port,
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// A service's split-horizon workloads for this network: one per gateway of each other network
+    /// with healthy endpoints of it; none for a network without a gateway (unreachable from here).
+    fn split_horizon(&self, key: &ServiceKey) -> Vec<Arc<Resource>> {
+        let (Some(service), Some(shards)) = (
+            self.mesh.services.get(&key.hostname),
+            self.mesh.endpoints.get(key),
+        ) else {
+            return Vec::new();
+        };
+        // Per remote network: healthy endpoints (one per address) and the ports they listen on.
+        let mut remote: BTreeMap<&str, (BTreeSet<IpAddr>, Vec<pb::Port>)> = BTreeMap::new();
+        for endpoint in shards.endpoints() {
+            if *endpoint.network == *self.network || endpoint.health != Health::Healthy {
+                continue;
+            }
+            let Some(port) = service
+                .ports
+                .iter()
+                .find(|p| *p.name == *endpoint.service_port_name)
+            else {
+                continue;
+            };
+            let (addresses, ports) = remote.entry(&endpoint.network).or_default();
+            addresses.insert(endpoint.address);
+            add_port(ports, port.port, endpoint.port);
+        }
+        let mut out = Vec::new();
+        for (network, (addresses, ports)) in remote {
+            for gateway in self.mesh.gateways.of(network) {
+                let capacity = addresses.len();
+                out.push(self.split_horizon_workload(key, network, gateway, capacity, &ports));
+            }
+        }
+        out
+    }
+
+    fn split_horizon_workload(
+        &self,
+        service: &ServiceKey,
+        network: &str,
+        gateway: &Gateway,
+        capacity: usize,
+        ports: &[pb::Port],
+    ) -> Arc<Resource> {
+        let uid = split_horizon_uid(network, &gateway.address, service);
+        let message = pb::Workload {
+            uid: uid.clone(),
+            name: uid.clone(),
+            namespace: service.namespace.to_string(),
+            network: network.to_string(),
+            tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
+            trust_domain: self.trust_domain.to_string(),
+            network_gateway: Some(pb::GatewayAddress {
+                destination: Some(pb::gateway_address::Destination::Address(
+                    pb::NetworkAddress {
+                        network: network.to_string(),
+                        address: ip_bytes(&gateway.address),
+                    },
+                )),
+                hbone_mtls_port: HBONE_PORT,
+            }),
+            workload_type: pb::WorkloadType::Pod as i32,
+            services: BTreeMap::from([(
+                format!("{}/{}", service.namespace, service.hostname),
+                pb::PortList {
+                    ports: ports.to_vec(),
+                },
+            )]),
+            cluster_id: gateway
+                .cluster
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
+            ..Default::default()
+        };
+        address(&uid, pb::address::Type::Workload(message))
+    }
+}
+
+/// What marks a split-horizon workload's uid: `<network>/SplitHorizonWorkload/<gateway>/<ns>/<host>`.
+const SPLIT_HORIZON: &str = "/SplitHorizonWorkload/";
+
+pub(super) fn split_horizon_uid(network: &str, gateway: &IpAddr, service: &ServiceKey) -> String {
+    format!(
+        "{network}{SPLIT_HORIZON}{gateway}/{}/{}",
+        service.namespace, service.hostname
+    )
 }
 
 /// `<namespace>/<hostname>`: a service's resource name and its key in a workload's `services`.
-fn service_name(service: &Service) -> String {
+pub(super) fn service_name(service: &Service) -> String {
     format!("{}/{}", service.namespace, service.hostname)
+}
+
+fn host_of(name: &str) -> &str {
+    name.split_once('/').map_or("", |(_, host)| host)
+}
+
+fn is_service_name(name: &str, service: &Service) -> bool {
+    name.split_once('/')
+        .is_some_and(|(ns, host)| *service.namespace == *ns && *service.hostname == *host)
+}
+
+fn add_port(ports: &mut Vec<pb::Port>, service_port: u16, target_port: u16) {
+    let entry = pb::Port {
+        service_port: u32::from(service_port),
+        target_port: u32::from(target_port),
+        app_protocol: 0,
+    };
+    if !ports.contains(&entry) {
+        ports.push(entry);
+    }
 }
 
 fn address(name: &str, address: pb::address::Type) -> Arc<Resource> {
@@ -131,193 +348,13 @@ fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     }
 }
 
-/// For each pod (by uid), the ports of each service it backs: the service's port and the port its
-/// endpoint listens on, read from the endpoints (which resolved named target ports).
-fn service_ports_by_workload(mesh: &MeshSnapshot) -> HashMap<&str, BTreeMap<String, pb::PortList>> {
-    let mut uid_at: HashMap<(&str, IpAddr), &str> = HashMap::new();
-    for workload in mesh.workloads.iter() {
-        for ip in &workload.addresses {
-            uid_at.insert((workload.cluster_id.as_str(), *ip), &workload.uid);
-        }
-    }
-    let mut ports: HashMap<&str, BTreeMap<String, pb::PortList>> = HashMap::new();
-    for (key, shards) in mesh.endpoints.sorted() {
-        let Some(service) = mesh.services.get(&key.hostname) else {
-            continue;
-        };
-        let name = format!("{}/{}", key.namespace, key.hostname);
-        for endpoint in shards.endpoints() {
-            let at = (endpoint.cluster_id.as_str(), endpoint.address);
-            let Some(uid) = uid_at.get(&at) else {
-                continue;
-            };
-            let Some(port) = service
-                .ports
-                .iter()
-                .find(|p| *p.name == *endpoint.service_port_name)
-            else {
-                continue;
-            };
-            let list = ports
-                .entry(uid)
-                .or_default()
-                .entry(name.clone())
-                .or_default();
-            let entry = pb::Port {
-                service_port: u32::from(port.port),
-                target_port: u32::from(endpoint.port),
-                app_protocol: 0,
-            };
-            if !list.ports.contains(&entry) {
-                list.ports.push(entry);
-            }
-        }
-    }
-    ports
-}
-
-fn workload_message(
-    w: &Workload,
-    services: BTreeMap<String, pb::PortList>,
-    trust_domain: &str,
-) -> pb::Workload {
-    let locality = (!w.locality.region.is_empty()).then(|| pb::Locality {
-        region: w.locality.region.to_string(),
-        zone: w.locality.zone.to_string(),
-        subzone: w.locality.subzone.to_string(),
-    });
-    pb::Workload {
-        uid: w.uid.to_string(),
-        name: w.name.to_string(),
-        namespace: w.namespace.to_string(),
-        addresses: w.addresses.iter().map(ip_bytes).collect(),
-        network: w.network.to_string(),
-        tunnel_protocol: match w.captured {
-            true => pb::TunnelProtocol::Hbone as i32,
-            false => pb::TunnelProtocol::None as i32,
-        },
-        trust_domain: trust_domain.to_string(),
-        service_account: w.service_account.to_string(),
-        node: w.node.as_deref().unwrap_or_default().to_string(),
-        canonical_name: w.canonical_name.to_string(),
-        canonical_revision: w.canonical_revision.to_string(),
-        workload_type: pb::WorkloadType::Pod as i32,
-        workload_name: w.workload_name.to_string(),
-        services,
-        status: match w.healthy {
-            true => pb::WorkloadStatus::Healthy as i32,
-            false => pb::WorkloadStatus::Unhealthy as i32,
-        },
-        cluster_id: w.cluster_id.to_string(),
-        capacity: w.capacity,
-        locality,
-        network_mode: match w.host_network {
-            true => pb::NetworkMode::HostNetwork as i32,
-            false => pb::NetworkMode::Standard as i32,
-        },
-        ..Default::default()
-    }
-}
-
-/// One workload per (service, other network, gateway of that network) standing for the service's
-/// healthy endpoints there; none for a network without a gateway (unreachable from here).
-fn split_horizon(mesh: &MeshSnapshot, network: &str, trust_domain: &str) -> Vec<Arc<Resource>> {
-    let mut out = Vec::new();
-    for (key, shards) in mesh.endpoints.sorted() {
-        let Some(service) = mesh.services.get(&key.hostname) else {
-            continue;
-        };
-        // Per remote network: healthy endpoints (one per address) and the ports they listen on.
-        let mut remote: BTreeMap<&str, (BTreeMap<IpAddr, ()>, Vec<pb::Port>)> = BTreeMap::new();
-        for endpoint in shards.endpoints() {
-            if *endpoint.network == *network || endpoint.health != Health::Healthy {
-                continue;
-            }
-            let Some(port) = service
-                .ports
-                .iter()
-                .find(|p| *p.name == *endpoint.service_port_name)
-            else {
-                continue;
-            };
-            let (addresses, ports) = remote.entry(&endpoint.network).or_default();
-            addresses.insert(endpoint.address, ());
-            let entry = pb::Port {
-                service_port: u32::from(port.port),
-                target_port: u32::from(endpoint.port),
-                app_protocol: 0,
-            };
-            if !ports.contains(&entry) {
-                ports.push(entry);
-            }
-        }
-        for (remote_network, (addresses, ports)) in remote {
-            for gateway in mesh.gateways.of(remote_network) {
-                out.push(split_horizon_workload(
-                    &key,
-                    remote_network,
-                    gateway,
-                    addresses.len(),
-                    &ports,
-                    trust_domain,
-                ));
-            }
-        }
-    }
-    out
-}
-
-fn split_horizon_workload(
-    service: &ServiceKey,
-    network: &str,
-    gateway: &crate::model::Gateway,
-    capacity: usize,
-    ports: &[pb::Port],
-    trust_domain: &str,
-) -> Arc<Resource> {
-    let gateway_cluster = gateway.cluster.as_ref().map(|c| c.to_string());
-    let uid = format!(
-        "{network}/SplitHorizonWorkload/{}/{}/{}",
-        gateway.address, service.namespace, service.hostname
-    );
-    let service_key = format!("{}/{}", service.namespace, service.hostname);
-    let message = pb::Workload {
-        uid: uid.clone(),
-        name: uid.clone(),
-        namespace: service.namespace.to_string(),
-        network: network.to_string(),
-        tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
-        trust_domain: trust_domain.to_string(),
-        network_gateway: Some(pb::GatewayAddress {
-            destination: Some(pb::gateway_address::Destination::Address(
-                pb::NetworkAddress {
-                    network: network.to_string(),
-                    address: ip_bytes(&gateway.address),
-                },
-            )),
-            hbone_mtls_port: HBONE_PORT,
-        }),
-        workload_type: pb::WorkloadType::Pod as i32,
-        services: BTreeMap::from([(
-            service_key,
-            pb::PortList {
-                ports: ports.to_vec(),
-            },
-        )]),
-        cluster_id: gateway_cluster.unwrap_or_default(),
-        capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
-        ..Default::default()
-    };
-    address(&uid, pb::address::Type::Workload(message))
-}
-
 /// A service with the VIPs of every cluster that defines it, each on that cluster's network.
-fn service(networks: &ClusterNetworks<'_>, s: &Service) -> pb::Service {
+fn service_resource(mesh: &MeshSnapshot, s: &Service) -> Arc<Resource> {
     let mut addresses: Vec<pb::NetworkAddress> = s
         .cluster_vips
         .iter()
         .flat_map(|(cluster, vips)| {
-            let network = networks.of(cluster.as_str());
+            let network = cluster_network(mesh, cluster);
             vips.iter()
                 .filter(|ip| !ip.is_unspecified())
                 .map(move |ip| pb::NetworkAddress {
@@ -330,7 +367,7 @@ fn service(networks: &ClusterNetworks<'_>, s: &Service) -> pb::Service {
     addresses.dedup();
     let v4 = addresses.iter().any(|a| a.address.len() == 4);
     let v6 = addresses.iter().any(|a| a.address.len() == 16);
-    pb::Service {
+    let message = pb::Service {
         name: s.name.clone(),
         namespace: s.namespace.to_string(),
         hostname: s.hostname.to_string(),
@@ -353,32 +390,16 @@ fn service(networks: &ClusterNetworks<'_>, s: &Service) -> pb::Service {
         },
         canonical: true,
         ..Default::default()
-    }
+    };
+    address(&service_name(s), pb::address::Type::Service(message))
 }
 
-/// Each cluster's network: that of its pods (the registry reads it from the system namespace's
-/// label or MeshNetworks), else MeshNetworks' `fromRegistry`.
-pub(super) struct ClusterNetworks<'a> {
-    of_pods: HashMap<&'a str, &'a str>,
-    mesh: &'a MeshSnapshot,
-}
-
-pub(super) fn cluster_networks(mesh: &MeshSnapshot) -> ClusterNetworks<'_> {
-    let mut of_pods = HashMap::new();
-    for workload in mesh.workloads.iter() {
-        of_pods
-            .entry(workload.cluster_id.as_str())
-            .or_insert(&*workload.network);
-    }
-    ClusterNetworks { of_pods, mesh }
-}
-
-impl ClusterNetworks<'_> {
-    pub(super) fn of(&self, cluster: &str) -> String {
-        let known = self.of_pods.get(cluster).copied();
-        known
-            .or_else(|| self.mesh.networks.network_of_registry(cluster))
-            .unwrap_or_default()
-            .to_string()
-    }
+/// A cluster's network: that of its pods (the registry reads it from the system namespace's label
+/// or MeshNetworks), else MeshNetworks' `fromRegistry`.
+pub(super) fn cluster_network(mesh: &MeshSnapshot, cluster: &ClusterId) -> String {
+    let of_pods = mesh.workloads.first_pod_of(cluster).map(|w| &*w.network);
+    of_pods
+        .or_else(|| mesh.networks.network_of_registry(cluster.as_str()))
+        .unwrap_or_default()
+        .to_string()
 }

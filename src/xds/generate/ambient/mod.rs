@@ -1,7 +1,7 @@
 //! Ambient mode's generator: what ztunnel asks for, over Delta xDS only. Its workloads and services
 //! (`istio.workload.Address`) and its AuthorizationPolicies (`istio.security.Authorization`) are
-//! the same for every ztunnel of a network, so each list is built once per snapshot and network
-//! and shared. docs/ambient.md.
+//! the same for every ztunnel of a network, so each whole list is built once per snapshot and
+//! network and shared; a change that names what it touched rebuilds only that. docs/ambient.md.
 
 mod addresses;
 mod authorization;
@@ -10,82 +10,123 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::generation::Generation;
-use crate::xds::protocol::ResourceType;
+use crate::model::{pod_uid, Change, MeshSnapshot};
+use crate::xds::protocol::{ResourceType, Scope};
 use crate::xds::proxy::ProxyType;
-use crate::xds::wire::{Listing, Resource};
+use crate::xds::wire::{Listing, Resource, SharedList};
+use addresses::{service_name, split_horizon_uid, Addresses};
 
 /// Every resource of the type for a wildcard subscription; nothing for proxies that are not ztunnel.
 pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
-    match shared(g, ty) {
-        Some(list) => Listing::shared(list),
-        None => Listing::default(),
+    if g.proxy.kind != ProxyType::Ztunnel {
+        return Listing::default();
+    }
+    let network = network(g);
+    let stamp = [g.mesh.version, 0, 0, 0];
+    let list = match ty {
+        ResourceType::Address => g.cache.list(ty, g.variant_of(&network), stamp, || {
+            Addresses::new(g.mesh, &network).all()
+        }),
+        ResourceType::Authorization => g.cache.list(ty, 0, stamp, || authorization::build(g.mesh)),
+        _ => Arc::new(SharedList::default()),
+    };
+    Listing::shared(list)
+}
+
+/// The resources of these exact names that exist for the proxy (what a change touched).
+pub(super) fn exact<'n>(
+    g: &Generation<'_>,
+    ty: ResourceType,
+    names: impl IntoIterator<Item = &'n String>,
+) -> Vec<Arc<Resource>> {
+    if g.proxy.kind != ProxyType::Ztunnel {
+        return Vec::new();
+    }
+    match ty {
+        ResourceType::Address => {
+            let network = network(g);
+            let addresses = Addresses::new(g.mesh, &network);
+            names.into_iter().filter_map(|n| addresses.one(n)).collect()
+        }
+        _ => {
+            let names: BTreeSet<&String> = names.into_iter().collect();
+            let all = all(g, ty);
+            let listed = all.shared.iter().flat_map(|l| l.resources.iter());
+            listed
+                .filter(|r| names.iter().any(|n| ***n == *r.name))
+                .cloned()
+                .collect()
+        }
     }
 }
 
 /// The resources answering names a ztunnel looked up on demand: an address's uid, `<network>/<ip>`
 /// (the workload holding the address, else the service whose VIP it is) or `<namespace>/<hostname>`
 /// (the service and the workloads behind it), as istiod resolves them. Each resource once.
-pub(super) fn named<'n>(
+pub(super) fn lookup<'n>(
     g: &Generation<'_>,
     ty: ResourceType,
     names: impl IntoIterator<Item = &'n String>,
 ) -> Vec<Arc<Resource>> {
-    let Some(list) = shared(g, ty) else {
+    if ty != ResourceType::Address {
+        return exact(g, ty, names);
+    }
+    if g.proxy.kind != ProxyType::Ztunnel {
         return Vec::new();
-    };
+    }
+    let network = network(g);
+    let addresses = Addresses::new(g.mesh, &network);
     let mut seen = BTreeSet::new();
-    let mut found = Vec::new();
-    for name in names {
-        let matches: Vec<&Arc<Resource>> = match ty {
-            ResourceType::Address => addresses::lookup(g, &list.resources, name),
-            _ => list
-                .resources
-                .iter()
-                .filter(|r| *r.name == **name)
-                .collect(),
+    let found = names.into_iter().flat_map(|name| addresses.lookup(name));
+    found.filter(|r| seen.insert(r.name.clone())).collect()
+}
+
+/// Which Addresses a change may have moved, for every ztunnel: all of them after a full change;
+/// else the workloads it names, and the services whose endpoints moved with their split-horizon
+/// workloads (under every gateway; a ztunnel of that network has none, which removes it).
+pub fn address_scope(mesh: &MeshSnapshot, change: &Change) -> Option<Scope> {
+    if change.full {
+        return Some(Scope::All);
+    }
+    let mut names: BTreeSet<String> = change.workloads.iter().map(|u| u.to_string()).collect();
+    for host in &change.services {
+        let Some(service) = mesh.services.get(host) else {
+            continue;
         };
-        for resource in matches {
-            if seen.insert(resource.name.clone()) {
-                found.push(resource.clone());
+        names.insert(service_name(service));
+        let key = service.key();
+        for (network, gateways) in &mesh.gateways.by_network {
+            for gateway in gateways {
+                names.insert(split_horizon_uid(network, &gateway.address, &key));
             }
         }
     }
-    found
-}
-
-fn shared(g: &Generation<'_>, ty: ResourceType) -> Option<Arc<crate::xds::wire::SharedList>> {
-    if g.proxy.kind != ProxyType::Ztunnel {
-        return None;
-    }
-    let network = network(g);
-    let stamp = [g.mesh.version, 0, 0, 0];
-    let build = || match ty {
-        ResourceType::Address => addresses::build(g.mesh, &network),
-        _ => authorization::build(g.mesh),
-    };
-    match ty {
-        ResourceType::Address => Some(g.cache.list(ty, g.variant_of(&network), stamp, build)),
-        ResourceType::Authorization => Some(g.cache.list(ty, 0, stamp, build)),
-        _ => None,
-    }
+    (!names.is_empty()).then_some(Scope::Names(names))
 }
 
 /// The ztunnel's network: as its node says (ztunnel sends no NETWORK, its proxy metadata may),
-/// else that of its own pod (by address), else its cluster's.
+/// else that of its own pod, else its cluster's.
 fn network(g: &Generation<'_>) -> String {
-    if !g.proxy.network.is_empty() {
-        return g.proxy.network.to_string();
+    let proxy = g.proxy;
+    if !proxy.network.is_empty() {
+        return proxy.network.to_string();
     }
-    let own = g.mesh.workloads.iter().find(|w| {
-        g.proxy
-            .cluster_id
-            .as_ref()
-            .is_none_or(|c| *c == w.cluster_id)
-            && w.addresses.iter().any(|ip| g.proxy.ips.contains(ip))
-    });
-    match (own, &g.proxy.cluster_id) {
-        (Some(pod), _) => pod.network.to_string(),
-        (None, Some(cluster)) => addresses::cluster_networks(g.mesh).of(cluster.as_str()),
-        (None, None) => String::new(),
+    let Some(cluster) = &proxy.cluster_id else {
+        let mut workloads = g.mesh.workloads.iter();
+        let own = workloads.find(|w| w.addresses.iter().any(|ip| proxy.ips.contains(ip)));
+        return own.map(|pod| pod.network.to_string()).unwrap_or_default();
+    };
+    let suffix = format!(".{}", proxy.namespace);
+    let pod = proxy
+        .workload
+        .strip_suffix(&suffix)
+        .unwrap_or(&proxy.workload);
+    match g
+        .mesh
+        .workloads
+        .get(&pod_uid(cluster, &proxy.namespace, pod))
+    {
+        Some(own) => own.network.to_string(),
+        None => addresses::cluster_network(g.mesh, cluster),
     }
 }
