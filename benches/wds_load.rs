@@ -74,7 +74,12 @@ fn ztunnel_node(index: usize) -> envoy_types::pb::envoy::config::core::v3::Node 
     let ip = format!("10.250.{}.{}", index / 250, index % 250 + 1);
     common::node(
         &format!("ztunnel~{ip}~ztunnel-{index}.istio-system~istio-system.svc.cluster.local"),
-        &[("NAMESPACE", "istio-system"), ("NODE_NAME", "node-0")],
+        // A real ztunnel names its cluster in the secure port's `clusterid` header.
+        &[
+            ("NAMESPACE", "istio-system"),
+            ("NODE_NAME", "node-0"),
+            ("CLUSTER_ID", "c1"),
+        ],
     )
 }
 
@@ -285,6 +290,49 @@ fn write_cluster(root: &Path, c: usize, a: &Args) {
     }
 }
 
+/// Writes every cluster; returns once every ztunnel holds every pod: how long that took, and the
+/// settled RSS then.
+async fn onboard(clusters: &Path, observed: &Arc<Observed>, pid: u32, a: &Args) -> (Duration, u64) {
+    let started = Instant::now();
+    for c in 1..=a.clusters {
+        write_cluster(clusters, c, a);
+    }
+    let (obs, expected) = (observed.clone(), a.proxies);
+    let every_pod = a.clusters * a.services * a.endpoints;
+    wait_for(
+        "every ztunnel holds every pod",
+        Duration::from_secs(600),
+        || {
+            let obs = obs.clone();
+            async move { (obs.holding(every_pod) >= expected).then_some(()) }
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    (took, settled_rss(pid, a.quiet).await)
+}
+
+/// Removes every cluster; returns once no ztunnel holds a pod: how long that took, and the settled
+/// RSS then.
+async fn remove(clusters: &Path, observed: &Arc<Observed>, pid: u32, a: &Args) -> (Duration, u64) {
+    let started = Instant::now();
+    for c in 1..=a.clusters {
+        std::fs::remove_dir_all(clusters.join(format!("c{c}"))).unwrap();
+    }
+    let (obs, expected) = (observed.clone(), a.proxies);
+    wait_for(
+        "no ztunnel holds a removed pod",
+        Duration::from_secs(600),
+        || {
+            let obs = obs.clone();
+            async move { (obs.without_pods() >= expected).then_some(()) }
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    (took, settled_rss(pid, a.quiet).await)
+}
+
 async fn workloads(a: &Args) {
     let per_cluster = a.services * a.endpoints;
     println!(
@@ -300,24 +348,9 @@ async fn workloads(a: &Args) {
 
     println!("### meshpilot");
     let (cpu0, _) = proc_stats(pid);
-    let started = Instant::now();
-    for c in 1..=a.clusters {
-        write_cluster(&clusters, c, a);
-    }
-    let (obs, expected) = (observed.clone(), a.proxies);
-    let every_pod = a.clusters * per_cluster;
-    wait_for(
-        "every ztunnel holds every pod",
-        Duration::from_secs(600),
-        || {
-            let obs = obs.clone();
-            async move { (obs.holding(every_pod) >= expected).then_some(()) }
-        },
-    )
-    .await;
-    let onboarded = started.elapsed();
+    let (onboarded, rss1) = onboard(&clusters, &observed, pid, a).await;
     let (cpu1, _) = proc_stats(pid);
-    let rss1 = settled_rss(pid, a.quiet).await;
+    let every_pod = a.clusters * per_cluster;
     println!(
         "onboarding: every ztunnel holds all {every_pod} pods {:.0} ms after the clusters were written, {:.2} CPU-s; +{:.1} MiB RSS ({:.0} bytes per pod)",
         onboarded.as_secs_f64() * 1e3,
@@ -336,31 +369,21 @@ async fn workloads(a: &Args) {
         vec![naive::subscription(ztunnel_node(0), ADDRESS, vec![])],
     )
     .await;
-
-    let started = Instant::now();
-    for c in 1..=a.clusters {
-        std::fs::remove_dir_all(clusters.join(format!("c{c}"))).unwrap();
+    // The clusters go, come back and go again: what a leak keeps grows with each cycle.
+    for cycle in 1..=2 {
+        if cycle > 1 {
+            onboard(&clusters, &observed, pid, a).await;
+        }
+        let (removed, rss2) = remove(&clusters, &observed, pid, a).await;
+        println!(
+            "removal {cycle}: no ztunnel holds any of the {every_pod} pods {:.0} ms after the clusters were removed; RSS {:.1} MiB before the clusters, {:.1} MiB with them, {:.1} MiB after: {:+.0} KiB kept",
+            removed.as_secs_f64() * 1e3,
+            rss0 as f64 / 1048576.0,
+            rss1 as f64 / 1048576.0,
+            rss2 as f64 / 1048576.0,
+            (rss2 as f64 - rss0 as f64) / 1024.0
+        );
     }
-    let obs = observed.clone();
-    wait_for(
-        "no ztunnel holds a removed pod",
-        Duration::from_secs(600),
-        || {
-            let obs = obs.clone();
-            async move { (obs.without_pods() >= expected).then_some(()) }
-        },
-    )
-    .await;
-    let removed = started.elapsed();
-    let rss2 = settled_rss(pid, a.quiet).await;
-    println!(
-        "removal: no ztunnel holds any of the {every_pod} pods {:.0} ms after the clusters were removed; RSS {:.1} MiB before the clusters, {:.1} MiB with them, {:.1} MiB after: {:+.0} KiB kept",
-        removed.as_secs_f64() * 1e3,
-        rss0 as f64 / 1048576.0,
-        rss1 as f64 / 1048576.0,
-        rss2 as f64 / 1048576.0,
-        (rss2 as f64 - rss0 as f64) / 1024.0
-    );
     drop(plane);
 
     println!(

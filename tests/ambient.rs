@@ -548,9 +548,14 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         .filter(|l| !l.contains("targetRef: {kind: Pod, name: reviews-a,"))
         .map(str::to_string)
         .collect();
-    write_atomic(&dir.path().join("clusters/c1/mesh.yaml"), &dropped.join("\n"));
+    write_atomic(
+        &dir.path().join("clusters/c1/mesh.yaml"),
+        &dropped.join("\n"),
+    );
     held.until(&mut east, "reviews-a without reviews", |h| {
-        !h.workload("c1//Pod/bookinfo/reviews-a").services.contains_key(REVIEWS)
+        !h.workload("c1//Pod/bookinfo/reviews-a")
+            .services
+            .contains_key(REVIEWS)
     })
     .await;
 

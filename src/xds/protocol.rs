@@ -426,6 +426,10 @@ impl DeltaWatch {
             for name in &removed {
                 self.known.remove(name.as_str());
             }
+            // A set that held a removed cluster's thousands keeps its table otherwise.
+            if self.known.len() < self.known.capacity() / 4 {
+                self.known.shrink_to_fit();
+            }
         }
         for r in &changed {
             self.known.replace(Held(r.clone()));

@@ -23,6 +23,7 @@ use super::server::{Connection, NodeOf, ProxyRegistrar, Registered, XdsServer};
 use super::session::{Answer, Reply, Session};
 use super::wire::Encoded;
 use crate::istio::ConfigKey;
+use crate::model::ClusterId;
 use crate::security::authn::{Authenticator, Credentials};
 
 /// Encoded responses a stream may have queued for transmission.
@@ -161,6 +162,10 @@ async fn admit<Req: NodeOf>(
             return None;
         }
         proxy.verified = true;
+        // ztunnel names its cluster in the `clusterid` header, not in its node.
+        if proxy.cluster_id.is_none() {
+            proxy.cluster_id = credentials.cluster_id.as_deref().map(ClusterId::new);
+        }
     }
     // A WorkloadGroup member is registered before its first response, so that response has it;
     // only over the secure port, where the proxy proved who it is.
