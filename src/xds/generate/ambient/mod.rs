@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::generation::Generation;
+use crate::istio::ConfigKind;
 use crate::model::{pod_uid, Change, MeshSnapshot};
 use crate::xds::protocol::{ResourceType, Scope};
 use crate::xds::proxy::ProxyType;
@@ -81,11 +82,26 @@ pub(super) fn lookup<'n>(
     found.filter(|r| seen.insert(r.name.clone())).collect()
 }
 
-/// Which Addresses a change may have moved, for every ztunnel: all of them after a full change;
-/// else the workloads it names, and the services whose endpoints moved with their split-horizon
-/// workloads (under every gateway; a ztunnel of that network has none, which removes it).
+/// The kinds of config an Address reads: policies name the workloads they select, entries are
+/// workloads and services.
+const ADDRESS_KINDS: [ConfigKind; 4] = [
+    ConfigKind::AuthorizationPolicy,
+    ConfigKind::PeerAuthentication,
+    ConfigKind::ServiceEntry,
+    ConfigKind::WorkloadEntry,
+];
+
+/// Which Addresses a change may have moved, for every ztunnel: all of them after a full change
+/// (but one of config no Address reads); else the workloads it names, and the services whose
+/// endpoints moved with their split-horizon workloads (under every gateway; a ztunnel of that
+/// network has none, which removes it).
 pub fn address_scope(mesh: &MeshSnapshot, change: &Change) -> Option<Scope> {
-    if change.full {
+    let other_config = !change.configs.is_empty()
+        && !change
+            .configs
+            .iter()
+            .any(|k| ADDRESS_KINDS.contains(&k.kind));
+    if change.full && !other_config {
         return Some(Scope::All);
     }
     let mut names: BTreeSet<String> = change.workloads.iter().map(|u| u.to_string()).collect();
@@ -128,5 +144,44 @@ fn network(g: &Generation<'_>) -> String {
     {
         Some(own) => own.network.to_string(),
         None => addresses::cluster_network(g.mesh, cluster),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::istio::ConfigKey;
+
+    fn config_change(kind: ConfigKind) -> Change {
+        let key = ConfigKey {
+            kind,
+            namespace: "shop".into(),
+            name: "x".into(),
+        };
+        Change {
+            configs: [key].into(),
+            ..Change::full()
+        }
+    }
+
+    #[test]
+    fn a_change_moves_what_it_names_and_config_only_what_addresses_read() {
+        let mesh = MeshSnapshot::default();
+        assert_eq!(address_scope(&mesh, &Change::full()), Some(Scope::All));
+        let routing = config_change(ConfigKind::VirtualService);
+        assert_eq!(
+            address_scope(&mesh, &routing),
+            None,
+            "routing is for waypoints"
+        );
+        let policy = config_change(ConfigKind::AuthorizationPolicy);
+        assert_eq!(address_scope(&mesh, &policy), Some(Scope::All));
+        let pod = Change {
+            workloads: [Arc::from("c1//Pod/shop/web-1")].into(),
+            ..Change::default()
+        };
+        let names = BTreeSet::from(["c1//Pod/shop/web-1".to_string()]);
+        assert_eq!(address_scope(&mesh, &pod), Some(Scope::Names(names)));
+        assert_eq!(address_scope(&mesh, &Change::default()), None);
     }
 }
