@@ -14,17 +14,16 @@ mod common;
 #[allow(dead_code)] // each harness uses its own subset
 mod harness;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::wait_for;
 use harness::ads::{self, contains, Raw, Subscription, NDS};
 use harness::naive::{self, NaiveServer};
-use harness::plane::{self, proc_stats, Plane, NS};
-use parking_lot::Mutex;
+use harness::plane::{self, Plane, NS};
+use harness::rounds::{flag, Rounds};
 
 struct Args {
     proxies: usize,
@@ -33,18 +32,10 @@ struct Args {
 }
 
 fn args() -> Args {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let value = |flag: &str, default: usize| {
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
     Args {
-        proxies: value("--proxies", 20),
-        services: value("--services", 20),
-        rounds: value("--rounds", 2),
+        proxies: flag("--proxies", 20),
+        services: flag("--services", 20),
+        rounds: flag("--rounds", 2),
     }
 }
 
@@ -63,17 +54,14 @@ fn agent_node(index: usize) -> envoy_types::pb::envoy::config::core::v3::Node {
     )
 }
 
-/// Per round: each agent's latency to its first table naming the round's service.
+/// How many agents hold their first table, and each round's times.
 #[derive(Default)]
 struct Observed {
-    rounds: Mutex<HashMap<usize, Vec<Duration>>>,
     ready: AtomicUsize,
+    rounds: Rounds,
 }
 
-/// The round in progress: when its change was made.
-type Current = Arc<Mutex<Option<(usize, Instant)>>>;
-
-async fn agent(xds: SocketAddr, index: usize, observed: Arc<Observed>, current: Current) {
+async fn agent(xds: SocketAddr, index: usize, observed: Arc<Observed>) {
     let channel = loop {
         match ads::connect(xds).await {
             Ok(c) => break c,
@@ -90,19 +78,14 @@ async fn agent(xds: SocketAddr, index: usize, observed: Arc<Observed>, current: 
         if std::mem::take(&mut first) {
             observed.ready.fetch_add(1, Ordering::Relaxed);
         }
-        let Some((r, started)) = *current.lock() else {
-            return;
-        };
-        if contains(&raw.body, round_host(r).as_bytes()) {
-            let mut rounds = observed.rounds.lock();
-            rounds.entry(r).or_default().push(started.elapsed());
-        }
+        let names = |r| contains(&raw.body, round_host(r).as_bytes());
+        observed.rounds.observe(names);
     };
     let _ = ads::stream(channel, &subscription, on_table, std::future::pending()).await;
 }
 
-/// Connects the agents to `xds`, then adds a service per round through `add`; prints and returns
-/// (median time until every agent held it, median server CPU-seconds).
+/// Connects the agents to `xds`, then adds a service per round through `add`; returns (median
+/// time until every agent held it, median server CPU-seconds).
 async fn rounds(
     what: &str,
     xds: SocketAddr,
@@ -111,9 +94,8 @@ async fn rounds(
     add: impl Fn(usize),
 ) -> (f64, f64) {
     let observed = Arc::new(Observed::default());
-    let current: Current = Arc::default();
     for i in 0..a.proxies {
-        tokio::spawn(agent(xds, i, observed.clone(), current.clone()));
+        tokio::spawn(agent(xds, i, observed.clone()));
     }
     let obs = observed.clone();
     let expected = a.proxies;
@@ -127,39 +109,10 @@ async fn rounds(
     )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (mut all, mut cpus) = (Vec::new(), Vec::new());
-    for r in 1..=a.rounds {
-        let (cpu0, _) = proc_stats(pid);
-        *current.lock() = Some((r, Instant::now()));
-        add(r);
-        let obs = observed.clone();
-        wait_for("every agent's table names the service", Duration::from_secs(120), || {
-            let obs = obs.clone();
-            async move { (obs.rounds.lock().get(&r).map_or(0, Vec::len) >= expected).then_some(()) }
-        })
-        .await;
-        let mut latencies = observed.rounds.lock().remove(&r).unwrap_or_default();
-        latencies.sort();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let (cpu1, _) = proc_stats(pid);
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let p50 = latencies[latencies.len() / 2];
-        let max = latencies[latencies.len() - 1];
-        println!(
-            "  {what} round {r}: p50 {:.1} ms, all {} agents {:.1} ms; server CPU {:.3} s",
-            ms(p50),
-            a.proxies,
-            ms(max),
-            cpu1 - cpu0
-        );
-        all.push(ms(max));
-        cpus.push(cpu1 - cpu0);
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    (median(all), median(cpus))
+    observed
+        .rounds
+        .run(what, (pid, a.proxies), a.rounds, add)
+        .await
 }
 
 async fn names(a: &Args) {

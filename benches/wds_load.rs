@@ -21,7 +21,7 @@ mod common;
 #[allow(dead_code)] // each harness uses its own subset
 mod harness;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +33,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse;
 use harness::ads::{self, Raw, Subscription, ADDRESS};
 use harness::naive::{self, NaiveServer};
 use harness::plane::{self, proc_stats, settled_rss, Plane, DECAY_QUIET, NS};
+use harness::rounds::{flag, Rounds};
 use parking_lot::Mutex;
 use prost::Message;
 
@@ -47,21 +48,13 @@ struct Args {
 }
 
 fn args() -> Args {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let value = |flag: &str, default: usize| {
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let smoke = argv.iter().all(|a| a == "--bench");
+    let smoke = std::env::args().skip(1).all(|a| a == "--bench");
     Args {
-        proxies: value("--proxies", 4),
-        clusters: value("--clusters", 2),
-        services: value("--services", 5),
-        endpoints: value("--endpoints", 4),
-        rounds: value("--rounds", 2),
+        proxies: flag("--proxies", 4),
+        clusters: flag("--clusters", 2),
+        services: flag("--services", 5),
+        endpoints: flag("--endpoints", 4),
+        rounds: flag("--rounds", 2),
         quiet: if smoke {
             Duration::from_millis(500)
         } else {
@@ -139,7 +132,7 @@ endpoints:
 struct Observed {
     held: Vec<Mutex<HashSet<String>>>,
     ready: AtomicUsize,
-    rounds: Mutex<HashMap<usize, Vec<Duration>>>,
+    rounds: Rounds,
 }
 
 impl Observed {
@@ -170,10 +163,7 @@ fn is_pod(uid: &str) -> bool {
     uid.contains("//Pod/")
 }
 
-/// The round in progress: its number and when its change was made.
-type Current = Arc<Mutex<Option<(usize, Instant)>>>;
-
-async fn ztunnel(xds: SocketAddr, index: usize, observed: Arc<Observed>, current: Current) {
+async fn ztunnel(xds: SocketAddr, index: usize, observed: Arc<Observed>) {
     let channel = loop {
         match ads::connect(xds).await {
             Ok(c) => break c,
@@ -199,28 +189,22 @@ async fn ztunnel(xds: SocketAddr, index: usize, observed: Arc<Observed>, current
         if std::mem::take(&mut first) {
             observed.ready.fetch_add(1, Ordering::Relaxed);
         }
-        let Some((r, started)) = *current.lock() else {
-            return;
+        let changed = |r| {
+            response
+                .resources
+                .iter()
+                .any(|res| res.name == round_uid(r))
         };
-        let uid = round_uid(r);
-        if response.resources.iter().any(|res| res.name == uid) {
-            observed
-                .rounds
-                .lock()
-                .entry(r)
-                .or_default()
-                .push(started.elapsed());
-        }
+        observed.rounds.observe(changed);
     };
     let _ = ads::stream(channel, &subscription, on_response, std::future::pending()).await;
 }
 
 /// Connects the ztunnels to `xds`; returns once each has its first response.
-async fn connect(xds: SocketAddr, a: &Args) -> (Arc<Observed>, Current) {
+async fn connect(xds: SocketAddr, a: &Args) -> Arc<Observed> {
     let observed = Arc::new(Observed::new(a.proxies));
-    let current: Current = Arc::default();
     for i in 0..a.proxies {
-        tokio::spawn(ztunnel(xds, i, observed.clone(), current.clone()));
+        tokio::spawn(ztunnel(xds, i, observed.clone()));
     }
     let (obs, expected) = (observed.clone(), a.proxies);
     wait_for(
@@ -232,50 +216,7 @@ async fn connect(xds: SocketAddr, a: &Args) -> (Arc<Observed>, Current) {
         },
     )
     .await;
-    (observed, current)
-}
-
-/// A round per pod change made by `change`: (median time until every ztunnel held it, median
-/// server CPU-seconds).
-async fn rounds(
-    what: &str,
-    (observed, current): &(Arc<Observed>, Current),
-    pid: u32,
-    a: &Args,
-    change: impl Fn(usize),
-) -> (f64, f64) {
-    let (mut all, mut cpus) = (Vec::new(), Vec::new());
-    for r in 1..=a.rounds {
-        let (cpu0, _) = proc_stats(pid);
-        *current.lock() = Some((r, Instant::now()));
-        change(r);
-        let (obs, expected) = (observed.clone(), a.proxies);
-        wait_for("every ztunnel holds the changed pod", Duration::from_secs(120), || {
-            let obs = obs.clone();
-            async move { (obs.rounds.lock().get(&r).map_or(0, Vec::len) >= expected).then_some(()) }
-        })
-        .await;
-        let mut latencies = observed.rounds.lock().remove(&r).unwrap_or_default();
-        latencies.sort();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let (cpu1, _) = proc_stats(pid);
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        println!(
-            "  {what} round {r}: p50 {:.1} ms, all {} ztunnels {:.1} ms; server CPU {:.3} s",
-            ms(latencies[latencies.len() / 2]),
-            a.proxies,
-            ms(latencies[latencies.len() - 1]),
-            cpu1 - cpu0
-        );
-        all.push(ms(latencies[latencies.len() - 1]));
-        cpus.push(cpu1 - cpu0);
-    }
-    (median(all), median(cpus))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    observed
 }
 
 fn write_cluster(root: &Path, c: usize, a: &Args) {
@@ -342,8 +283,7 @@ async fn workloads(a: &Args) {
     let plane: Plane = plane::file_plane(0, |_| String::new(), &["--debounce-after", "0s"]).await;
     let pid = plane.process.pid();
     let clusters = plane.files.path().join("config/clusters");
-    let ztunnels = connect(plane.xds, a).await;
-    let observed = ztunnels.0.clone();
+    let observed = connect(plane.xds, a).await;
     let rss0 = settled_rss(pid, a.quiet).await;
 
     println!("### meshpilot");
@@ -359,11 +299,13 @@ async fn workloads(a: &Args) {
         (rss1 as f64 - rss0 as f64) / every_pod as f64
     );
     let first = clusters.join("c1");
-    let meshpilot = rounds("meshpilot", &ztunnels, pid, a, |r| {
-        let text = service_file(1, r, a.endpoints, Some(0));
-        common::write_atomic(&first.join(format!("svc-{r}.yaml")), &text);
-    })
-    .await;
+    let rounds = &observed.rounds;
+    let meshpilot = rounds
+        .run("meshpilot", (pid, a.proxies), a.rounds, |r| {
+            let text = service_file(1, r, a.endpoints, Some(0));
+            common::write_atomic(&first.join(format!("svc-{r}.yaml")), &text);
+        })
+        .await;
     let resources = naive::capture(
         plane.xds,
         vec![naive::subscription(ztunnel_node(0), ADDRESS, vec![])],
@@ -392,10 +334,12 @@ async fn workloads(a: &Args) {
     );
     let naive = NaiveServer::start(resources);
     let anchor_ztunnels = connect(naive.xds, a).await;
-    let anchor = rounds("naive", &anchor_ztunnels, naive.pid(), a, |r| {
-        naive.workload_ready(&round_uid(r));
-    })
-    .await;
+    let rounds = &anchor_ztunnels.rounds;
+    let anchor = rounds
+        .run("naive", (naive.pid(), a.proxies), a.rounds, |r| {
+            naive.workload_ready(&round_uid(r));
+        })
+        .await;
     println!("| figure | meshpilot | naive | meshpilot/naive |\n|---|---|---|---|");
     println!(
         "| a pod's change held by every ztunnel (median of {} rounds) | {:.1} ms | {:.1} ms | {:.2} |",

@@ -272,6 +272,16 @@ impl Held {
         response
     }
 
+    /// What a new stream holds once both types have been answered.
+    async fn first_of_both(client: &mut DeltaClient) -> Held {
+        let mut held = Held::default();
+        held.until(client, "the first of both types", |h| {
+            !h.addresses.is_empty() && !h.policies.is_empty()
+        })
+        .await;
+        held
+    }
+
     /// Receives until `done` holds.
     async fn until(&mut self, client: &mut DeltaClient, what: &str, done: impl Fn(&Held) -> bool) {
         let deadline = tokio::time::Instant::now() + BOUND;
@@ -307,6 +317,14 @@ impl Held {
     }
 }
 
+/// (service port, target port) of each port.
+fn pairs(ports: &[wl::Port]) -> Vec<(u32, u32)> {
+    ports
+        .iter()
+        .map(|p| (p.service_port, p.target_port))
+        .collect()
+}
+
 fn ip(bytes: &[u8]) -> IpAddr {
     match bytes.len() {
         4 => IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap()),
@@ -325,11 +343,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
     let mp = start_meshpilot(dir.path(), &[]).await;
 
     let mut east = ztunnel(mp.xds_addr, "10.10.1.5", "c1").await;
-    let mut held = Held::default();
-    held.until(&mut east, "the first of both types", |h| {
-        !h.addresses.is_empty() && !h.policies.is_empty()
-    })
-    .await;
+    let mut held = Held::first_of_both(&mut east).await;
 
     // Every running pod of its network, captured or not, with or without a service.
     assert_eq!(
@@ -360,13 +374,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
     );
     assert_eq!(vm.tunnel_protocol, wl::TunnelProtocol::Hbone as i32);
     let ports = &vm.services.get(RATINGS).expect("the entry's ports").ports;
-    assert_eq!(
-        ports
-            .iter()
-            .map(|p| (p.service_port, p.target_port))
-            .collect::<Vec<_>>(),
-        vec![(9080, 8080)]
-    );
+    assert_eq!(pairs(ports), vec![(9080, 8080)]);
     let db =
         held.workload("config-files/networking.istio.io/ServiceEntry/bookinfo/legacy-db/10.10.9.2");
     let ports = &db
@@ -374,13 +382,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         .get("bookinfo/db.legacy.internal")
         .expect("the entry's ports")
         .ports;
-    assert_eq!(
-        ports
-            .iter()
-            .map(|p| (p.service_port, p.target_port))
-            .collect::<Vec<_>>(),
-        vec![(5432, 5432)]
-    );
+    assert_eq!(pairs(ports), vec![(5432, 5432)]);
     let ratings = held.service(RATINGS);
     assert_eq!(
         ratings
@@ -390,14 +392,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
             .collect::<Vec<_>>(),
         vec!["10.99.9.9".parse::<IpAddr>().unwrap()]
     );
-    assert_eq!(
-        ratings
-            .ports
-            .iter()
-            .map(|p| (p.service_port, p.target_port))
-            .collect::<Vec<_>>(),
-        vec![(9080, 8080)]
-    );
+    assert_eq!(pairs(&ratings.ports), vec![(9080, 8080)]);
     let a = held.workload("c1//Pod/bookinfo/reviews-a");
     assert_eq!(
         a.addresses.iter().map(|b| ip(b)).collect::<Vec<_>>(),
@@ -426,13 +421,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         ("r-network1", "z1")
     );
     let ports = &a.services.get(REVIEWS).expect("reviews' ports").ports;
-    assert_eq!(
-        ports
-            .iter()
-            .map(|p| (p.service_port, p.target_port))
-            .collect::<Vec<_>>(),
-        vec![(9080, 8080)]
-    );
+    assert_eq!(pairs(ports), vec![(9080, 8080)]);
     // Selector-scoped policies that select it, then the STRICT mode's DENY.
     assert_eq!(
         a.authorization_policies,
@@ -472,13 +461,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
         other => panic!("gateway by address expected, got {other:?}"),
     }
     let ports = &remote.services.get(REVIEWS).expect("reviews' ports").ports;
-    assert_eq!(
-        ports
-            .iter()
-            .map(|p| (p.service_port, p.target_port))
-            .collect::<Vec<_>>(),
-        vec![(9080, 8080)]
-    );
+    assert_eq!(pairs(ports), vec![(9080, 8080)]);
 
     // The service with both clusters' VIPs, each on its network.
     let reviews = held.service(REVIEWS);
@@ -507,12 +490,7 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
 
     // The other ztunnel, on network2, gets the mirror image.
     let mut west = ztunnel(mp.xds_addr, "10.20.1.5", "c2").await;
-    let mut west_held = Held::default();
-    west_held
-        .until(&mut west, "west's first", |h| {
-            !h.addresses.is_empty() && !h.policies.is_empty()
-        })
-        .await;
+    let mut west_held = Held::first_of_both(&mut west).await;
     assert_eq!(
         west_held.workload_names(),
         vec![

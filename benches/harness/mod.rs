@@ -1,10 +1,11 @@
 //! What the bench harnesses share: meshpilot as a child process on test API servers (`plane`),
-//! simulated proxies' ADS streams (`ads`), and the naive fan-out server every figure is set beside
-//! (`naive`).
+//! simulated proxies' ADS streams (`ads`), the naive fan-out server every figure is set beside
+//! (`naive`), and rounds of one change timed at every client (`rounds`).
 
 pub mod ads;
 pub mod naive;
 pub mod plane;
+pub mod rounds;
 
 /// Runs a harness's scenarios: prints the machine's cores (every figure is read against them),
 /// then drives `scenarios` on a multi-threaded runtime with rustls' ring provider installed.

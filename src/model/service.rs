@@ -166,6 +166,11 @@ impl Service {
         self.ports.iter().find(|p| p.port == number)
     }
 
+    /// The port an endpoint's port name refers to.
+    pub fn port_named(&self, name: &str) -> Option<&ServicePort> {
+        self.ports.iter().find(|p| p.name == name)
+    }
+
     /// Whether a proxy in `namespace` sees the service, given the mesh's default export.
     pub fn visible_to(&self, namespace: &str, default_export: &[String]) -> bool {
         let export_to = match self.export_to.as_slice() {

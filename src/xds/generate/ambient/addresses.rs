@@ -196,11 +196,7 @@ impl<'a> Addresses<'a> {
                     .endpoints()
                     .filter(|e| e.address == *ip && e.cluster_id == w.cluster_id);
                 for endpoint in mine {
-                    let Some(port) = service
-                        .ports
-                        .iter()
-                        .find(|p| *p.name == *endpoint.service_port_name)
-                    else {
+                    let Some(port) = service.port_named(&endpoint.service_port_name) else {
                         continue;
                     };
                     let name = format!("{}/{}", key.namespace, key.hostname);
@@ -230,11 +226,7 @@ impl<'a> Addresses<'a> {
             if *endpoint.network == *self.network || endpoint.health != Health::Healthy {
                 continue;
             }
-            let Some(port) = service
-                .ports
-                .iter()
-                .find(|p| *p.name == *endpoint.service_port_name)
-            else {
+            let Some(port) = service.port_named(&endpoint.service_port_name) else {
                 continue;
             };
             let (addresses, ports) = remote.entry(&endpoint.network).or_default();
