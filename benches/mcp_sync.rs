@@ -11,25 +11,19 @@
 #[path = "../tests/common/mod.rs"]
 #[allow(unused_imports)]
 mod common;
+#[allow(dead_code)] // each harness uses its own subset
+mod harness;
 
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use harness::rounds::flag;
 use meshpilot::istio::mcp::Resource;
 use prost::Message;
 
 const SERVICE_ENTRY: &str = "networking.istio.io/v1/ServiceEntry";
 const BOUND: Duration = Duration::from_secs(300);
-
-fn arg(flag: &str, default: usize) -> usize {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == flag)
-        .and_then(|i| argv.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// This process's CPU time so far (user and system).
 fn cpu() -> Duration {
@@ -116,8 +110,8 @@ async fn round(entries: usize) -> (Duration, Duration, Duration) {
 }
 
 fn main() {
-    let entries = arg("--entries", 200);
-    let rounds = arg("--rounds", 1);
+    let entries = flag("--entries", 200);
+    let rounds = flag("--rounds", 1);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     println!("entries  meshpilot sync  meshpilot CPU  naive client (decode only)");
     for _ in 0..rounds {

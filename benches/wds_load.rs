@@ -341,25 +341,17 @@ async fn workloads(a: &Args) {
         })
         .await;
     println!("| figure | meshpilot | naive | meshpilot/naive |\n|---|---|---|---|");
-    println!(
-        "| a pod's change held by every ztunnel (median of {} rounds) | {:.1} ms | {:.1} ms | {:.2} |",
-        a.rounds,
-        meshpilot.0,
-        anchor.0,
-        meshpilot.0 / anchor.0
+    let held = format!(
+        "a pod's change held by every ztunnel (median of {} rounds)",
+        a.rounds
     );
-    println!(
-        "| server CPU per change | {:.3} s | {:.3} s | {:.2} |",
-        meshpilot.1,
-        anchor.1,
-        meshpilot.1 / anchor.1.max(1e-9)
-    );
+    harness::print_row(&held, (meshpilot.0, anchor.0), "ms");
+    harness::print_row("server CPU per change", (meshpilot.1, anchor.1), "s");
 }
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some(naive::SUBCOMMAND) {
-        let path = std::env::args().nth(2).expect("resources file");
-        return naive::serve(&path);
+    if harness::ran_as_naive_anchor() {
+        return;
     }
     let a = args();
     harness::run(workloads(&a));

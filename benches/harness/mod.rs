@@ -7,6 +7,27 @@ pub mod naive;
 pub mod plane;
 pub mod rounds;
 
+/// Whether the bench binary was started as the naive anchor's child process: then it has served as
+/// the anchor until its stdin closed.
+pub fn ran_as_naive_anchor() -> bool {
+    if std::env::args().nth(1).as_deref() != Some(naive::SUBCOMMAND) {
+        return false;
+    }
+    let path = std::env::args().nth(2).expect("resources file");
+    naive::serve(&path);
+    true
+}
+
+/// One row of a meshpilot/naive table: the figure, both values and their ratio (none when the
+/// naive value is below what can be measured).
+pub fn print_row(figure: &str, (meshpilot, naive): (f64, f64), unit: &str) {
+    let ratio = match naive > 1e-6 {
+        true => format!("{:.2}", meshpilot / naive),
+        false => "–".to_string(),
+    };
+    println!("| {figure} | {meshpilot:.3} {unit} | {naive:.3} {unit} | {ratio} |");
+}
+
 /// Runs a harness's scenarios: prints the machine's cores (every figure is read against them),
 /// then drives `scenarios` on a multi-threaded runtime with rustls' ring provider installed.
 pub fn run(scenarios: impl std::future::Future<Output = ()>) {
