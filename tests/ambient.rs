@@ -23,11 +23,18 @@ const BOUND: Duration = Duration::from_secs(10);
 const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
 const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorization";
 const REVIEWS: &str = "bookinfo/reviews.bookinfo.svc.cluster.local";
+const NETWORK1_GATEWAY: &str = "NetworkGateway/network1/192.0.2.1/15008";
+const NETWORK2_GATEWAY: &str = "NetworkGateway/network2/192.0.2.2/15008";
 
-/// One cluster on `network`: its east-west gateway at `gateway`, `reviews` at `vip` with two
-/// ambient pods (`ips`, listening on 8080 for the service's 9080) and, in c1, a pod no service
-/// selects and one not captured.
-fn cluster(network: &str, gateway: &str, vip: &str, pods: &[(&str, &str, bool)]) -> String {
+/// One cluster on `network`: its east-west gateway at `gateway` (its pod at `gateway_pod`),
+/// `reviews` at `vip` with two ambient pods (`ips`, listening on 8080 for the service's 9080) and,
+/// in c1, a pod no service selects and one not captured.
+fn cluster(
+    network: &str,
+    (gateway, gateway_pod): (&str, &str),
+    vip: &str,
+    pods: &[(&str, &str, bool)],
+) -> String {
     let mut yaml = format!(
         "
 apiVersion: v1
@@ -48,6 +55,19 @@ metadata:
   labels: {{topology.istio.io/network: {network}}}
 spec: {{type: LoadBalancer, clusterIP: 10.99.0.1, ports: [{{name: tls, port: 15443}}]}}
 status: {{loadBalancer: {{ingress: [{{ip: {gateway}}}]}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: eastwest, namespace: istio-system, labels: {{app: eastwest}}}}
+spec: {{serviceAccountName: istio-eastwestgateway, nodeName: node-{network}, containers: []}}
+status: {{podIP: {gateway_pod}, conditions: [{{type: Ready, status: 'True'}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: eastwest, namespace: istio-system, labels: {{kubernetes.io/service-name: istio-eastwestgateway}}}}
+addressType: IPv4
+ports: [{{name: tls, port: 15443}}]
+endpoints: [{{addresses: [{gateway_pod}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: eastwest, namespace: istio-system}}}}]
 ---
 apiVersion: v1
 kind: Service
@@ -107,13 +127,13 @@ fn c1(with_second: bool) -> String {
     if with_second {
         pods.insert(1, ("reviews-b", "10.10.1.12", true));
     }
-    cluster("network1", "192.0.2.1", "10.96.1.20", &pods)
+    cluster("network1", ("192.0.2.1", "10.10.1.99"), "10.96.1.20", &pods)
 }
 
 fn c2() -> String {
     cluster(
         "network2",
-        "192.0.2.2",
+        ("192.0.2.2", "10.20.1.99"),
         "10.96.2.20",
         &[
             ("reviews-a", "10.20.1.11", true),
@@ -349,10 +369,13 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
     assert_eq!(
         held.workload_names(),
         vec![
+            NETWORK1_GATEWAY,
+            NETWORK2_GATEWAY,
             "c1//Pod/bookinfo/legacy",
             "c1//Pod/bookinfo/reviews-a",
             "c1//Pod/bookinfo/reviews-b",
             "c1//Pod/bookinfo/sleep",
+            "c1//Pod/istio-system/eastwest",
             "config-files/networking.istio.io/ServiceEntry/bookinfo/legacy-db/10.10.9.2",
             VM_UID,
             split_horizon("network2", "192.0.2.2").as_str(),
@@ -463,6 +486,18 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
     let ports = &remote.services.get(REVIEWS).expect("reviews' ports").ports;
     assert_eq!(pairs(ports), vec![(9080, 8080)]);
 
+    // The other network's gateway as a workload: whom to expect at its HBONE port.
+    let gateway = held.workload(NETWORK2_GATEWAY);
+    assert_eq!(
+        (gateway.namespace.as_str(), gateway.service_account.as_str()),
+        ("istio-system", "istio-eastwestgateway")
+    );
+    assert_eq!(gateway.network, "network2");
+    assert_eq!(
+        gateway.addresses.iter().map(|b| ip(b)).collect::<Vec<_>>(),
+        vec!["192.0.2.2".parse::<IpAddr>().unwrap()]
+    );
+
     // The service with both clusters' VIPs, each on its network.
     let reviews = held.service(REVIEWS);
     assert_eq!(reviews.hostname, "reviews.bookinfo.svc.cluster.local");
@@ -494,8 +529,11 @@ async fn each_network_gets_its_pods_every_vip_and_the_other_network_behind_its_g
     assert_eq!(
         west_held.workload_names(),
         vec![
+            NETWORK1_GATEWAY,
+            NETWORK2_GATEWAY,
             "c2//Pod/bookinfo/reviews-a",
             "c2//Pod/bookinfo/reviews-b",
+            "c2//Pod/istio-system/eastwest",
             "network1/SplitHorizonWorkload/192.0.2.1/bookinfo/db.legacy.internal",
             "network1/SplitHorizonWorkload/192.0.2.1/bookinfo/ratings.vm.internal",
             split_horizon("network1", "192.0.2.1").as_str(),

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::{ClusterId, Locality, Service};
+use super::{ClusterId, Hostname, Locality, Service};
 use crate::text::{clip, Quoted};
 
 pub const LABEL_GATEWAY_PORT: &str = "networking.istio.io/gatewayPort";
@@ -132,6 +132,10 @@ pub struct Gateway {
     pub port: u16,
     pub cluster: Option<ClusterId>,
     pub locality: Option<Locality>,
+    /// The Service of `cluster` it is reached through, when a Service names it: its endpoints are
+    /// the gateway's own pods (whose identity ambient mode's clients verify).
+    #[serde(skip)]
+    pub service: Option<Hostname>,
 }
 
 /// Every known gateway, by network. Immutable once built.
@@ -159,6 +163,7 @@ impl Gateways {
                         port: gw.port,
                         cluster: None,
                         locality: locality.clone(),
+                        service: None,
                     });
                 }
                 let Some(host) = &gw.registry_service_name else {
@@ -180,6 +185,7 @@ impl Gateways {
                             port: gw.port,
                             cluster: Some(cluster.clone()),
                             locality: locality.clone(),
+                            service: Some(svc.hostname.clone()),
                         });
                     }
                 }
@@ -201,6 +207,7 @@ impl Gateways {
                     port,
                     cluster: Some(cluster.clone()),
                     locality: None,
+                    service: Some(svc.hostname.clone()),
                 });
             }
         }

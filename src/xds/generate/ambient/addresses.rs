@@ -16,6 +16,7 @@ use std::sync::Arc;
 use prost::Message;
 
 use crate::model::{ClusterId, Gateway, Health, MeshSnapshot, Service, ServiceKey, Workload};
+use crate::security::identity::Identity;
 use crate::xds::istio_protos::workload as pb;
 use crate::xds::protocol::ADDRESS_TYPE;
 use crate::xds::wire::Resource;
@@ -51,6 +52,8 @@ impl<'a> Addresses<'a> {
         for (key, _) in self.mesh.endpoints.sorted() {
             out.extend(self.split_horizon(&key));
         }
+        let gateways = self.mesh.gateways.by_network.values().flatten();
+        out.extend(gateways.filter_map(|g| self.network_gateway(g)));
         let mut services: Vec<Arc<Resource>> = (self.mesh.services.all().iter())
             .map(|s| service_resource(self.mesh, s))
             .collect();
@@ -63,6 +66,11 @@ impl<'a> Addresses<'a> {
     pub(super) fn one(&self, name: &str) -> Option<Arc<Resource>> {
         if let Some(workload) = self.mesh.workloads.get(name) {
             return (*workload.network == *self.network).then(|| self.workload(workload));
+        }
+        if name.starts_with(NETWORK_GATEWAY) {
+            let mut gateways = self.mesh.gateways.by_network.values().flatten();
+            let gateway = gateways.find(|g| network_gateway_uid(g) == name)?;
+            return self.network_gateway(gateway);
         }
         if let Some((_, rest)) = name.split_once(SPLIT_HORIZON) {
             let (_, service) = rest.split_once('/')?;
@@ -212,8 +220,14 @@ impl<'a> Addresses<'a> {
     }
 
     /// A service's split-horizon workloads for this network: one per gateway of each other network
-    /// with healthy endpoints of it; none for a network without a gateway (unreachable from here).
+    /// with healthy endpoints of it; none for a network without a gateway (unreachable from here),
+    /// nor for a gateway's own Service.
     fn split_horizon(&self, key: &ServiceKey) -> Vec<Arc<Resource>> {
+        // A gateway's own Service is how other networks enter its network, not a destination.
+        let mut gateways = self.mesh.gateways.by_network.values().flatten();
+        if gateways.any(|g| g.service.as_ref() == Some(&key.hostname)) {
+            return Vec::new();
+        }
         let (Some(service), Some(shards)) = (
             self.mesh.services.get(&key.hostname),
             self.mesh.endpoints.get(key),
@@ -285,6 +299,45 @@ impl<'a> Addresses<'a> {
         };
         address(&uid, pb::address::Type::Workload(message))
     }
+}
+
+/// A network's gateway as a workload, so that ztunnels tunnelling through it know whom to expect
+/// (istiod's `convertGateway`): its address, network and the identity of the pods behind its
+/// Service. None for a gateway known only by address (MeshNetworks), or whose Service has no
+/// endpoints yet.
+impl Addresses<'_> {
+    fn network_gateway(&self, gateway: &Gateway) -> Option<Arc<Resource>> {
+        let (cluster, host) = (gateway.cluster.as_ref()?, gateway.service.as_ref()?);
+        let service = self.mesh.services.get(host)?;
+        let shards = self.mesh.endpoints.get(&service.key())?;
+        let mut identities = shards.endpoints().filter(|e| e.cluster_id == *cluster);
+        let identity = identities.find_map(|e| Identity::parse(&e.service_account))?;
+        let uid = network_gateway_uid(gateway);
+        let message = pb::Workload {
+            uid: uid.clone(),
+            name: uid.clone(),
+            namespace: identity.namespace,
+            addresses: vec![ip_bytes(&gateway.address)],
+            network: gateway.network.to_string(),
+            tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
+            trust_domain: self.trust_domain.to_string(),
+            service_account: identity.service_account,
+            workload_type: pb::WorkloadType::Pod as i32,
+            cluster_id: cluster.to_string(),
+            ..Default::default()
+        };
+        Some(address(&uid, pb::address::Type::Workload(message)))
+    }
+}
+
+/// What starts a network gateway's uid: `NetworkGateway/<network>/<address>/<HBONE port>`.
+const NETWORK_GATEWAY: &str = "NetworkGateway/";
+
+pub(super) fn network_gateway_uid(gateway: &Gateway) -> String {
+    format!(
+        "{NETWORK_GATEWAY}{}/{}/{HBONE_PORT}",
+        gateway.network, gateway.address
+    )
 }
 
 /// What marks a split-horizon workload's uid: `<network>/SplitHorizonWorkload/<gateway>/<ns>/<host>`.

@@ -15,7 +15,7 @@ use crate::model::{pod_uid, Change, MeshSnapshot};
 use crate::xds::protocol::{ResourceType, Scope};
 use crate::xds::proxy::ProxyType;
 use crate::xds::wire::{Listing, Resource, SharedList};
-use addresses::{service_name, split_horizon_uid, Addresses};
+use addresses::{network_gateway_uid, service_name, split_horizon_uid, Addresses};
 
 /// Every resource of the type for a wildcard subscription; nothing for proxies that are not ztunnel.
 pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
@@ -114,6 +114,10 @@ pub fn address_scope(mesh: &MeshSnapshot, change: &Change) -> Option<Scope> {
         for (network, gateways) in &mesh.gateways.by_network {
             for gateway in gateways {
                 names.insert(split_horizon_uid(network, &gateway.address, &key));
+                // A gateway's own pods (its identity) are its Service's endpoints.
+                if gateway.service.as_ref() == Some(host) {
+                    names.insert(network_gateway_uid(gateway));
+                }
             }
         }
     }
