@@ -2,6 +2,7 @@
 //! not a service selects it (ztunnel routes and authorizes by pod address). Each cluster's registry
 //! writes its own; the table is a persistent map, so a snapshot copy shares it.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -62,14 +63,16 @@ impl WorkloadTable {
         workloads: Vec<Workload>,
     ) -> Vec<Arc<str>> {
         let prefix = pod_uid(cluster, namespace, "");
-        let held: Vec<Arc<str>> = self.under(&prefix).map(|w| w.uid.clone()).collect();
-        let mut changed = Vec::new();
-        for uid in held {
-            if !workloads.iter().any(|w| w.uid == uid) {
-                self.by_uid.remove(&uid);
-                changed.push(uid);
-            }
+        let kept: HashSet<&str> = workloads.iter().map(|w| &*w.uid).collect();
+        let gone: Vec<Arc<str>> = self
+            .under(&prefix)
+            .filter(|w| !kept.contains(&*w.uid))
+            .map(|w| w.uid.clone())
+            .collect();
+        for uid in &gone {
+            self.by_uid.remove(uid);
         }
+        let mut changed = gone;
         for workload in workloads {
             let uid = workload.uid.clone();
             if self.set(&uid, Some(workload)) {

@@ -1,7 +1,7 @@
 //! A cluster's pods as ambient mode's workloads: re-derived for the pods a batch touched (or every
 //! one), and written to the mesh's workload table with the batch.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -96,16 +96,15 @@ impl ClusterRegistry {
                 .endpoints
                 .get(key)
                 .and_then(|s| s.shards.get(&self.shard));
-            if old.map(|o| &**o) == new.map(|n| &**n) {
+            let (old, new) = (
+                old.map_or(&[][..], |o| &o[..]),
+                new.map_or(&[][..], |n| &n[..]),
+            );
+            if old == new {
                 continue;
             }
-            let (old, new) = (ports_by_address(old), ports_by_address(new));
-            let moved = old
-                .keys()
-                .chain(new.keys())
-                .filter(|ip| old.get(*ip) != new.get(*ip));
-            for ip in moved {
-                if let Some(pod) = store.pods.anywhere_at(*ip) {
+            for ip in moved_addresses(old, new) {
+                if let Some(pod) = store.pods.anywhere_at(ip) {
                     pods.insert(pod_uid(&self.id, &pod.namespace, &pod.name).into());
                 }
             }
@@ -114,12 +113,72 @@ impl ClusterRegistry {
     }
 }
 
-/// Each address of a shard with the (port name, port) pairs it serves.
-fn ports_by_address(endpoints: Option<&Arc<[Endpoint]>>) -> BTreeMap<IpAddr, Vec<(&str, u16)>> {
-    let mut ports: BTreeMap<IpAddr, Vec<(&str, u16)>> = BTreeMap::new();
-    for endpoint in endpoints.into_iter().flat_map(|e| e.iter()) {
-        let entry = ports.entry(endpoint.address).or_default();
-        entry.push((&endpoint.service_port_name, endpoint.port));
+/// The addresses whose (port name, port) pairs differ between two shards. Both are canonical
+/// (sorted by address and port name, one entry each), so one walk finds them.
+fn moved_addresses(old: &[Endpoint], new: &[Endpoint]) -> BTreeSet<IpAddr> {
+    let (mut old, mut new) = (old.iter().peekable(), new.iter().peekable());
+    let mut moved = BTreeSet::new();
+    loop {
+        let gone = match (old.peek(), new.peek()) {
+            (None, None) => return moved,
+            (Some(a), Some(b)) if a.key() == b.key() => {
+                if a.port != b.port {
+                    moved.insert(a.address);
+                }
+                old.next();
+                new.next();
+                continue;
+            }
+            (Some(a), Some(b)) => a.key() < b.key(),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        let side = if gone { old.next() } else { new.next() };
+        moved.extend(side.map(|e| e.address));
     }
-    ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{canonical, ClusterId, Health, TlsMode};
+
+    fn ep(ip: &str, name: &str, port: u16) -> Endpoint {
+        Endpoint {
+            address: ip.parse().unwrap(),
+            port,
+            service_port_name: name.into(),
+            labels: Default::default(),
+            service_account: "".into(),
+            network: "".into(),
+            locality: Default::default(),
+            cluster_id: ClusterId::new("c1"),
+            tls_mode: TlsMode::Disabled,
+            health: Health::Healthy,
+            workload: "".into(),
+            weight: 1,
+            hostname: None,
+        }
+    }
+
+    #[test]
+    fn an_address_moved_when_its_ports_came_changed_or_went() {
+        let old = canonical(vec![
+            ep("10.0.0.1", "http", 80),
+            ep("10.0.0.2", "http", 80),
+            ep("10.0.0.3", "http", 80),
+        ]);
+        let new = canonical(vec![
+            ep("10.0.0.1", "http", 80),
+            ep("10.0.0.2", "http", 8080),
+            ep("10.0.0.4", "http", 80),
+            ep("10.0.0.1", "grpc", 90),
+        ]);
+        let moved: Vec<String> = moved_addresses(&old, &new)
+            .iter()
+            .map(IpAddr::to_string)
+            .collect();
+        assert_eq!(moved, ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]);
+        assert!(moved_addresses(&old, &old).is_empty());
+    }
 }

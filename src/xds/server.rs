@@ -354,13 +354,19 @@ impl XdsServer {
         let everywhere = change.touches_all_endpoints();
         let (names_if_full, names_everywhere) = moves_names(&change, &snapshot);
         let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
-        let addresses = address_scope(&snapshot, &change);
+        // Worked out at the first ztunnel: most meshes have none.
+        let addresses = std::cell::OnceCell::new();
         for conn in self.connections.read().values() {
             // A ztunnel serves every namespace: its policies follow config anywhere, its addresses
             // every pod and endpoint.
             let ztunnel = conn.proxy.kind == ProxyType::Ztunnel;
             let full = change.full && (ztunnel || change.audience.admits(&conn.proxy.namespace));
-            let addresses = addresses.as_ref().filter(|_| ztunnel).cloned();
+            let addresses = match ztunnel {
+                true => addresses
+                    .get_or_init(|| address_scope(&snapshot, &change))
+                    .clone(),
+                false => None,
+            };
             let all_endpoints =
                 (full && everywhere) || conn.locality_follows(&change.services, &snapshot);
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.

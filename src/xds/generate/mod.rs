@@ -80,7 +80,7 @@ impl Generation<'_> {
         names: impl IntoIterator<Item = &'n String>,
     ) -> Vec<Arc<Resource>> {
         if matches!(ty, ResourceType::Address | ResourceType::Authorization) {
-            return ambient::lookup(self, ty, names);
+            return ambient::named(self, ty, names);
         }
         names
             .into_iter()
@@ -95,7 +95,7 @@ impl Generation<'_> {
         names: impl IntoIterator<Item = &'n String>,
     ) -> Vec<Arc<Resource>> {
         match ty {
-            ResourceType::Address | ResourceType::Authorization => ambient::exact(self, ty, names),
+            ResourceType::Address => ambient::changed(self, names),
             _ => self.named(ty, names),
         }
     }

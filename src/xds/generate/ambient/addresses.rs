@@ -200,9 +200,15 @@ impl<'a> Addresses<'a> {
                 ) else {
                     continue;
                 };
-                let mine = shards
-                    .endpoints()
-                    .filter(|e| e.address == *ip && e.cluster_id == w.cluster_id);
+                // Shards are sorted by address: the workload's entries are found, not scanned for.
+                let of_cluster = shards
+                    .shards
+                    .iter()
+                    .filter(|(k, _)| k.cluster == w.cluster_id);
+                let mine = of_cluster.flat_map(|(_, eps)| {
+                    let from = eps.partition_point(|e| e.address < *ip);
+                    eps[from..].iter().take_while(|e| e.address == *ip)
+                });
                 for endpoint in mine {
                     let Some(port) = service.port_named(&endpoint.service_port_name) else {
                         continue;

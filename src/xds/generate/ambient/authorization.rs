@@ -54,19 +54,14 @@ pub(super) fn build(mesh: &MeshSnapshot) -> Vec<Arc<Resource>> {
 /// AuthorizationPolicies of its namespace and the root namespace selecting it, then the mutual-TLS
 /// policy of its mode.
 pub(super) fn workload_policies(mesh: &MeshSnapshot, workload: &Workload) -> Vec<String> {
-    let root = &mesh.config.mesh().root_namespace;
-    let mut names: Vec<String> = mesh
+    let selected = mesh
         .config
-        .of_kind(ConfigKind::AuthorizationPolicy)
-        .filter(|o| *o.key.namespace == *workload.namespace || *o.key.namespace == **root)
-        .filter(|o| {
-            sendable(o).is_some_and(|p| {
-                p.selector
-                    .as_ref()
-                    .is_some_and(|s| s.matches(&workload.labels))
-            })
-        })
-        .map(|o| format!("{}/{}", o.key.namespace, o.key.name))
+        .security()
+        .authorization(&workload.namespace, &workload.labels);
+    let applying = selected.allow.iter().chain(&selected.deny);
+    let mut names: Vec<String> = applying
+        .filter(|(object, policy)| policy.selector.is_some() && sendable(object).is_some())
+        .map(|(object, _)| format!("{}/{}", object.key.namespace, object.key.name))
         .collect();
     names.sort();
     if let Some(name) = mtls_policy_name(mesh, workload) {

@@ -34,43 +34,35 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
     Listing::shared(list)
 }
 
-/// The resources of these exact names that exist for the proxy (what a change touched).
-pub(super) fn exact<'n>(
+/// The Addresses of these exact names that exist for the ztunnel (what a change touched).
+pub(super) fn changed<'n>(
     g: &Generation<'_>,
-    ty: ResourceType,
     names: impl IntoIterator<Item = &'n String>,
 ) -> Vec<Arc<Resource>> {
     if g.proxy.kind != ProxyType::Ztunnel {
         return Vec::new();
     }
-    match ty {
-        ResourceType::Address => {
-            let network = network(g);
-            let addresses = Addresses::new(g.mesh, &network);
-            names.into_iter().filter_map(|n| addresses.one(n)).collect()
-        }
-        _ => {
-            let names: BTreeSet<&String> = names.into_iter().collect();
-            let all = all(g, ty);
-            let listed = all.shared.iter().flat_map(|l| l.resources.iter());
-            listed
-                .filter(|r| names.iter().any(|n| ***n == *r.name))
-                .cloned()
-                .collect()
-        }
-    }
+    let network = network(g);
+    let addresses = Addresses::new(g.mesh, &network);
+    names.into_iter().filter_map(|n| addresses.one(n)).collect()
 }
 
-/// The resources answering names a ztunnel looked up on demand: an address's uid, `<network>/<ip>`
-/// (the workload holding the address, else the service whose VIP it is) or `<namespace>/<hostname>`
-/// (the service and the workloads behind it), as istiod resolves them. Each resource once.
-pub(super) fn lookup<'n>(
+/// The resources answering names a ztunnel asked for: Authorizations by name; Addresses looked up
+/// on demand by an address's uid, `<network>/<ip>` (the workload holding the address, else the
+/// service whose VIP it is) or `<namespace>/<hostname>` (the service and the workloads behind it),
+/// as istiod resolves them. Each resource once.
+pub(super) fn named<'n>(
     g: &Generation<'_>,
     ty: ResourceType,
     names: impl IntoIterator<Item = &'n String>,
 ) -> Vec<Arc<Resource>> {
-    if ty != ResourceType::Address {
-        return exact(g, ty, names);
+    if ty == ResourceType::Authorization {
+        let names: BTreeSet<&str> = names.into_iter().map(String::as_str).collect();
+        let listed = all(g, ty)
+            .shared
+            .into_iter()
+            .flat_map(|l| l.resources.clone());
+        return listed.filter(|r| names.contains(&*r.name)).collect();
     }
     if g.proxy.kind != ProxyType::Ztunnel {
         return Vec::new();
