@@ -11,7 +11,7 @@ use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tracing::info;
 
 use crate::istio::label_selector::LabelSelector;
-use crate::istio::{ConfigKind, MeshConfig};
+use crate::istio::{ConfigKey, ConfigKind, MeshConfig};
 use crate::model::{
     Audience, Change, ClusterId, ConfigChange, ConfigSource, JwksTable, Mesh, Refusal, ShardKey,
 };
@@ -21,8 +21,8 @@ use crate::registry::{entry_workloads, service_entries, ClusterRegistry, SyncSta
 /// nds.go skips the others). WorkloadEntries move names through the services they change.
 const NAMING_KINDS: &[ConfigKind] = &[ConfigKind::ServiceEntry, ConfigKind::Sidecar];
 
-/// Config kinds whose changes proxies hear about (a WorkloadGroup reaches them through the
-/// WorkloadEntries registered into it).
+/// Config kinds whose changes proxies hear about, with the Gateway API's (a WorkloadGroup reaches
+/// them through the WorkloadEntries registered into it).
 const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::ServiceEntry,
     ConfigKind::WorkloadEntry,
@@ -209,7 +209,8 @@ impl Aggregate {
                 configs: delta.changed.clone(),
                 ..Default::default()
             };
-            if !delta.touches(PUSHED_KINDS) {
+            let pushed = |k: &ConfigKey| PUSHED_KINDS.contains(&k.kind) || k.kind.is_gateway_api();
+            if !delta.changed.iter().any(pushed) {
                 return change;
             }
             let entries_changed =

@@ -761,3 +761,136 @@ async fn on_demand_lookups_are_answered_by_address_and_by_service() {
         "an unknown address is reported absent"
     );
 }
+
+/// Waypoints (Gateways of class istio-waypoint) for c1's bookinfo: `waypoint` for its services
+/// (the namespace's label), `pod-waypoint` for workloads; `details` opts out.
+const WAYPOINTS: &str = "
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: bookinfo}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: pod-waypoint, namespace: bookinfo, labels: {istio.io/waypoint-for: workload}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+";
+
+/// c1's additions: bookinfo labelled with its waypoint, a service opting out, a pod naming the
+/// workload waypoint, and (when `ready`) the waypoints' own Services.
+fn c1_with_waypoints(ready: bool) -> String {
+    let mut yaml = c1(true);
+    yaml.push_str(
+        "---
+apiVersion: v1
+kind: Namespace
+metadata: {name: bookinfo, labels: {istio.io/use-waypoint: waypoint}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: details, namespace: bookinfo, labels: {istio.io/use-waypoint: none}}
+spec: {clusterIP: 10.96.1.21, selector: {app: details}, ports: [{name: http, port: 9080}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: notifier, namespace: bookinfo, labels: {app: notifier, istio.io/use-waypoint: pod-waypoint}}
+spec: {serviceAccountName: notifier, nodeName: node-network1, containers: []}
+status: {podIP: 10.10.1.50, conditions: [{type: Ready, status: 'True'}]}
+",
+    );
+    if ready {
+        for (name, vip) in [("waypoint", "10.96.1.30"), ("pod-waypoint", "10.96.1.31")] {
+            yaml.push_str(&format!(
+                "---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: bookinfo, labels: {{gateway.istio.io/managed: istio.io-mesh-controller}}}}
+spec: {{clusterIP: {vip}, selector: {{gateway.networking.k8s.io/gateway-name: {name}}}, ports: [{{name: mesh, port: 15008}}]}}
+"
+            ));
+        }
+    }
+    yaml
+}
+
+fn waypoint_host(waypoint: Option<&wl::GatewayAddress>) -> Option<(String, String, u32)> {
+    let waypoint = waypoint?;
+    match waypoint.destination.as_ref()? {
+        wl::gateway_address::Destination::Hostname(h) => Some((
+            h.namespace.clone(),
+            h.hostname.clone(),
+            waypoint.hbone_mtls_port,
+        )),
+        other => panic!("a waypoint is referenced by hostname, not {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn services_and_workloads_name_their_ready_waypoint() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tree(dir.path());
+    let c1_file = dir.path().join("clusters/c1/mesh.yaml");
+    write_atomic(&c1_file, &c1_with_waypoints(false));
+    write_atomic(&dir.path().join("config/waypoints.yaml"), WAYPOINTS);
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let mut client = ztunnel(mp.xds_addr, "10.10.1.5", "c1").await;
+    let mut held = Held::first_of_both(&mut client).await;
+    held.until(&mut client, "the waypoints' namespace", |h| {
+        h.addresses.contains_key("c1//Pod/bookinfo/notifier")
+    })
+    .await;
+    // Their Services do not exist yet: not ready, so nothing names them.
+    assert_eq!(waypoint_host(held.service(REVIEWS).waypoint.as_ref()), None);
+    let notifier = held.workload("c1//Pod/bookinfo/notifier");
+    assert_eq!(waypoint_host(notifier.waypoint.as_ref()), None);
+
+    write_atomic(&c1_file, &c1_with_waypoints(true));
+    let waypoint = |name: &str| {
+        Some((
+            "bookinfo".to_string(),
+            format!("{name}.bookinfo.svc.cluster.local"),
+            15008,
+        ))
+    };
+    held.until(&mut client, "the services' waypoint", |h| {
+        waypoint_host(h.service(REVIEWS).waypoint.as_ref()) == waypoint("waypoint")
+    })
+    .await;
+    held.until(&mut client, "the workload's waypoint", |h| {
+        let notifier = h.workload("c1//Pod/bookinfo/notifier");
+        waypoint_host(notifier.waypoint.as_ref()) == waypoint("pod-waypoint")
+    })
+    .await;
+    // The namespace's waypoint serves services only (the default `istio.io/waypoint-for`).
+    let pod = held.workload("c1//Pod/bookinfo/reviews-a");
+    assert_eq!(waypoint_host(pod.waypoint.as_ref()), None);
+    let details = held.service("bookinfo/details.bookinfo.svc.cluster.local");
+    assert_eq!(waypoint_host(details.waypoint.as_ref()), None, "opted out");
+    // A waypoint's own Service has none, and its Service is sent for ztunnel to resolve it by.
+    let own = held.service("bookinfo/waypoint.bookinfo.svc.cluster.local");
+    assert_eq!(waypoint_host(own.waypoint.as_ref()), None);
+    // A service of the other cluster (network2's reviews is the same service) keeps the reference.
+    assert_eq!(
+        waypoint_host(held.service(REVIEWS).waypoint.as_ref()),
+        waypoint("waypoint")
+    );
+
+    // The waypoint Gateway goes: the services no longer name it.
+    write_atomic(
+        &dir.path().join("config/waypoints.yaml"),
+        &WAYPOINTS.replace("name: waypoint,", "name: other,"),
+    );
+    held.until(&mut client, "the waypoint gone", |h| {
+        h.service(REVIEWS).waypoint.is_none()
+    })
+    .await;
+    let notifier = held.workload("c1//Pod/bookinfo/notifier");
+    assert_eq!(
+        waypoint_host(notifier.waypoint.as_ref()),
+        waypoint("pod-waypoint")
+    );
+}

@@ -19,6 +19,7 @@ mod shards;
 mod sidecar_scope;
 mod telemetry;
 mod wasm_plugins;
+pub mod waypoints;
 mod workloads;
 
 pub use allocation::Allocations;
@@ -46,6 +47,7 @@ pub use telemetry::{
     ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,
 };
 pub use wasm_plugins::wasm_plugin;
+pub use waypoints::{UseWaypoint, Waypoint};
 pub use workloads::{entry_uid, pod_uid, Workload, WorkloadTable};
 
 use std::collections::BTreeSet;

@@ -152,6 +152,8 @@ pub struct Service {
     /// Addresses allocated to a ServiceEntry host that declares none (IPv4, then IPv6): used only
     /// by proxies whose agent captures DNS, which resolve the host to them.
     pub auto_addresses: Vec<IpAddr>,
+    /// Its `istio.io/use-waypoint` (a Kubernetes Service's, else its namespace's).
+    pub use_waypoint: Option<super::UseWaypoint>,
 }
 
 impl Service {

@@ -300,6 +300,7 @@ mod tests {
             export_to: vec![],
             subject_alt_names: vec![],
             auto_addresses: Vec::new(),
+            use_waypoint: None,
         }
     }
 

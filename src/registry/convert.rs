@@ -6,19 +6,26 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::objects::{
-    NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK, LABEL_TLS_MODE,
+    NamespaceObj, NodeObj, PodObj, ServiceObj, SliceObj, LABEL_LOCALITY, LABEL_NETWORK,
+    LABEL_TLS_MODE,
 };
 use super::pods::PodIndex;
 use super::workload::canonical_service;
 use crate::model::{
     pod_uid, ClusterId, DnsTarget, Endpoint, Health, Locality, MeshNaming, MeshNetworks, Registry,
-    Resolution, Service, TlsMode, Workload,
+    Resolution, Service, TlsMode, UseWaypoint, Workload,
 };
 
 /// `(namespace, name)` of a namespaced object.
 pub type NsName = (String, String);
 
-pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Service {
+/// A Service's definition; `namespace` is its Namespace, when the cluster has it.
+pub fn service(
+    obj: &ServiceObj,
+    namespace: Option<&NamespaceObj>,
+    cluster: &ClusterId,
+    naming: &MeshNaming,
+) -> Service {
     let resolution = if obj.external_name.is_some() {
         Resolution::Dns { round_robin: false }
     } else if obj.headless {
@@ -51,6 +58,8 @@ pub fn service(obj: &ServiceObj, cluster: &ClusterId, naming: &MeshNaming) -> Se
         export_to: obj.export_to.clone(),
         subject_alt_names: Vec::new(),
         auto_addresses: Vec::new(),
+        use_waypoint: UseWaypoint::from_labels(&obj.labels, &obj.namespace)
+            .or_else(|| namespace.and_then(|ns| ns.use_waypoint.clone())),
     }
 }
 
@@ -60,6 +69,7 @@ pub struct EndpointContext<'a> {
     pub naming: &'a MeshNaming,
     pub pods: &'a PodIndex,
     pub nodes: &'a HashMap<String, NodeObj>,
+    pub namespaces: &'a HashMap<String, NamespaceObj>,
     /// The cluster's network: its system namespace's label, else MeshNetworks `fromRegistry`.
     pub cluster_network: Option<&'a str>,
     /// MeshNetworks, for `fromCidr` when nothing else names an endpoint's network.
@@ -220,6 +230,10 @@ impl<'a> EndpointContext<'a> {
             capacity: None,
             captured: pod.captured,
             host_network: pod.host_network,
+            use_waypoint: UseWaypoint::from_labels(&pod.labels, &pod.namespace).or_else(|| {
+                let namespace = self.namespaces.get(&*pod.namespace)?;
+                namespace.use_waypoint.clone()
+            }),
         })
     }
 

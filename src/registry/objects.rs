@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::workload::Workload;
-use crate::model::{Labels, Locality, Protocol, SecretMaterial, ServicePort};
+use crate::model::{Labels, Locality, Protocol, SecretMaterial, ServicePort, UseWaypoint};
 
 pub const LABEL_NETWORK: &str = "topology.istio.io/network";
 pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
@@ -121,6 +121,9 @@ pub struct NamespaceObj {
     pub name: String,
     /// `topology.istio.io/network`: the network of a cluster when set on its system namespace.
     pub network: Option<String>,
+    /// `istio.io/use-waypoint`: the waypoint of its services and pods that name none.
+    #[serde(default)]
+    pub use_waypoint: Option<UseWaypoint>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -250,13 +253,12 @@ fn ips<'a>(addrs: impl IntoIterator<Item = &'a String>) -> Vec<IpAddr> {
 
 pub fn namespace(ns: &core::Namespace) -> Result<Object, TrimError> {
     let name = name_of(Kind::Namespace, &ns.metadata)?;
-    let network = ns
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_NETWORK))
-        .cloned();
-    Ok(Object::Namespace(NamespaceObj { name, network }))
+    let labels = ns.metadata.labels.clone().unwrap_or_default();
+    Ok(Object::Namespace(NamespaceObj {
+        network: labels.get(LABEL_NETWORK).cloned(),
+        use_waypoint: UseWaypoint::from_labels(&labels, &name),
+        name,
+    }))
 }
 
 /// Which namespaces see a Service (Istio's annotation).

@@ -121,6 +121,7 @@ fn pod_service(headless: &Service, label: &str, hostname: Hostname) -> Service {
         export_to: headless.export_to.clone(),
         subject_alt_names: Vec::new(),
         auto_addresses: Vec::new(),
+        use_waypoint: None,
     }
 }
 
@@ -153,6 +154,7 @@ mod tests {
             export_to: Vec::new(),
             subject_alt_names: Vec::new(),
             auto_addresses: Vec::new(),
+            use_waypoint: None,
         }
     }
 

@@ -119,7 +119,7 @@ impl ClusterRegistry {
         let definition = store
             .services
             .get(&ns_name)
-            .map(|obj| convert::service(obj, &self.id, naming));
+            .map(|obj| convert::service(obj, store.namespaces.get(namespace), &self.id, naming));
         let endpoints = match store.slices_by_service.get(&ns_name) {
             Some(slices) if !slices.is_empty() => {
                 let mut endpoints = Vec::new();

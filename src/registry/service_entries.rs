@@ -18,7 +18,7 @@ use crate::model::allocation::{slot_of, Owner};
 use crate::model::{
     canonical, Change, ClusterId, DnsTarget, Endpoint, Health, Hostname, Locality, MeshNaming,
     MeshSnapshot, Protocol, Provider, PushNeed, Registry, Resolution, Service, ServicePort,
-    ShardKey, TlsMode,
+    ShardKey, TlsMode, UseWaypoint,
 };
 
 /// The pseudo-cluster of config read from files (ServiceEntries there belong to no cluster).
@@ -252,6 +252,7 @@ fn service(
         export_to: entry.export_to.clone(),
         subject_alt_names: entry.subject_alt_names.clone(),
         auto_addresses: Vec::new(),
+        use_waypoint: UseWaypoint::from_labels(&object.meta.labels, &object.key.namespace),
     }
 }
 

@@ -78,9 +78,13 @@ impl Store {
             Object::Namespace(ns) => {
                 let name = ns.name.clone();
                 let old = self.namespaces.insert(name.clone(), ns);
-                let network_changed =
-                    old.map(|o| o.network) != Some(self.namespaces[&name].network.clone());
-                dirty.all |= name == system_namespace && network_changed;
+                let new = &self.namespaces[&name];
+                let network_changed = old.as_ref().map(|o| &o.network) != Some(&new.network);
+                // A namespace's waypoint is that of its services and pods naming none: rare, so
+                // the cluster is re-derived whole.
+                let waypoint_changed =
+                    old.as_ref().and_then(|o| o.use_waypoint.as_ref()) != new.use_waypoint.as_ref();
+                dirty.all |= (name == system_namespace && network_changed) || waypoint_changed;
             }
             Object::Service(svc) => {
                 let key = (svc.namespace.clone(), svc.name.clone());
@@ -143,8 +147,10 @@ impl Store {
         match key.kind {
             Kind::Namespace => {
                 let old = self.namespaces.remove(&ns_name.1);
-                dirty.all |=
-                    ns_name.1 == system_namespace && old.is_some_and(|o| o.network.is_some());
+                dirty.all |= old.is_some_and(|o| {
+                    (ns_name.1 == system_namespace && o.network.is_some())
+                        || o.use_waypoint.is_some()
+                });
             }
             Kind::Service => {
                 if self.services.remove(&ns_name).is_some() {
@@ -275,6 +281,7 @@ impl Store {
             naming,
             pods: &self.pods,
             nodes: &self.nodes,
+            namespaces: &self.namespaces,
             cluster_network: labelled.or_else(|| networks.network_of_registry(cluster.as_str())),
             networks,
             shared: Default::default(),

@@ -124,8 +124,11 @@ impl RouteGroupKind {
     }
 }
 
-/// The protocols a listener may name, and those meshpilot serves.
-const SERVED_PROTOCOLS: [&str; 4] = ["HTTP", "HTTPS", "TLS", "TCP"];
+/// The protocols a listener may name, and those meshpilot serves (HBONE on the ambient classes).
+const SERVED_PROTOCOLS: [&str; 5] = ["HTTP", "HTTPS", "TLS", "TCP", "HBONE"];
+/// The one TLS option an HBONE listener takes (Istio's east-west gateway sets it): the mesh's
+/// own mutual TLS.
+const TLS_TERMINATE_MODE: (&str, &str) = ("gateway.istio.io/tls-terminate-mode", "ISTIO_MUTUAL");
 
 impl Listener {
     /// Where routes may attach from: `Same` (the Gateway's namespace) or `All`.
@@ -160,13 +163,22 @@ impl Listener {
         if let Some(host) = &self.hostname {
             hostname("hostname", host)?;
         }
+        if self.protocol == super::HBONE_PROTOCOL {
+            self.validate_hbone()?;
+        } else {
+            self.validate_tls()?;
+        }
+        self.validate_allowed_routes()
+    }
+
+    fn validate_tls(&self) -> Result {
         let tls_needed = matches!(self.protocol.as_str(), "HTTPS" | "TLS");
         ensure(
             tls_needed == self.tls.is_some(),
             "tls",
             match tls_needed {
                 true => "HTTPS and TLS listeners need tls",
-                false => "only HTTPS and TLS listeners take tls",
+                false => "only HTTPS, TLS and HBONE listeners take tls",
             },
         )?;
         if let Some(tls) = &self.tls {
@@ -192,6 +204,10 @@ impl Listener {
                 "meshpilot defines no TLS options",
             )?;
         }
+        Ok(())
+    }
+
+    fn validate_allowed_routes(&self) -> Result {
         if let Some(from) = self
             .allowed_routes
             .as_ref()
@@ -205,6 +221,41 @@ impl Listener {
             )?;
         }
         Ok(())
+    }
+
+    /// HBONE is the mesh's own mutual TLS on port 15008: it names no certificate, and its one
+    /// TLS option can only say so.
+    fn validate_hbone(&self) -> Result {
+        use super::HBONE_PORT;
+        ensure(
+            self.port == HBONE_PORT,
+            "port",
+            format!("an HBONE listener is on port {HBONE_PORT}"),
+        )?;
+        ensure(
+            self.hostname.is_none(),
+            "hostname",
+            "an HBONE listener serves every host",
+        )?;
+        let Some(tls) = &self.tls else {
+            return Ok(());
+        };
+        ensure(
+            tls.mode.as_deref().unwrap_or("Terminate") == "Terminate",
+            "tls.mode",
+            "an HBONE listener terminates the mesh's mutual TLS",
+        )?;
+        ensure(
+            tls.certificate_refs.is_empty(),
+            "tls.certificateRefs",
+            "an HBONE listener uses the mesh's certificates",
+        )?;
+        let (key, value) = TLS_TERMINATE_MODE;
+        ensure(
+            tls.options.iter().all(|(k, v)| k == key && v == value),
+            "tls.options",
+            format!("only {key}: {value}"),
+        )
     }
 }
 

@@ -23,6 +23,9 @@ pub const CONTROLLER: &str = "istio.io/gateway-controller";
 pub const BUILT_IN_CLASS: &str = "istio";
 /// The label gateway pods carry, naming their Gateway (automated deployment sets it).
 pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+/// The port and protocol of an ambient gateway's (waypoint's, east-west gateway's) listener.
+pub const HBONE_PORT: u16 = 15008;
+pub const HBONE_PROTOCOL: &str = "HBONE";
 
 /// A route's parent: a Gateway (the default) or, for mesh routes, a Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]

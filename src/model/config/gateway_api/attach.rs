@@ -20,14 +20,14 @@ pub(super) struct Listening {
     pub kinds: Vec<&'static str>,
     /// Why its allowed kinds are not all served.
     pub kinds_refused: Option<Refusal>,
-    /// Why its certificate cannot be used (then it serves nothing).
-    pub certificate_refused: Option<Refusal>,
+    /// Why it serves nothing: its certificate cannot be used, or its protocol is not its class's.
+    pub unserved: Option<Refusal>,
     pub attached: usize,
 }
 
 impl Listening {
     pub fn serves(&self) -> bool {
-        self.certificate_refused.is_none()
+        self.unserved.is_none()
     }
 
     pub fn passthrough(&self) -> bool {

@@ -14,6 +14,7 @@
 mod attach;
 mod http;
 pub mod status;
+mod waypoints;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -37,6 +38,9 @@ use crate::istio::{
     ConfigKey, ConfigKind, ConfigMeta, ConfigObject, Gateway, Spec, VirtualService,
 };
 
+/// A listener's reason for not being accepted: its protocol is not its class's.
+const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
+
 /// The Gateway API, compiled.
 #[derive(Debug, Default)]
 pub struct GatewayApi {
@@ -45,6 +49,19 @@ pub struct GatewayApi {
     pub virtual_services: Vec<Arc<ConfigObject>>,
     /// What each object of a class meshpilot implements reports.
     pub status: BTreeMap<ConfigKey, ObjectStatus>,
+    /// The Gateways of the ambient classes (waypoints, east-west gateways), by namespace and name.
+    pub waypoints: Vec<Arc<crate::model::Waypoint>>,
+}
+
+impl GatewayApi {
+    /// The ambient Gateway `<namespace>/<name>`, if accepted.
+    pub fn waypoint(&self, namespace: &str, name: &str) -> Option<&Arc<crate::model::Waypoint>> {
+        let at = self
+            .waypoints
+            .binary_search_by(|w| (&*w.namespace, &*w.name).cmp(&(namespace, name)))
+            .ok()?;
+        self.waypoints.get(at)
+    }
 }
 
 /// One listener as an Istio Gateway, and the proxies it serves.
@@ -223,6 +240,7 @@ struct HttpGroup {
 
 pub(super) fn compile(store: &ConfigStore) -> GatewayApi {
     let mut out = GatewayApi::default();
+    waypoints::compile(store, &mut out);
     let classes = our_classes(store, &mut out);
     let grants: Vec<(Arc<str>, &ReferenceGrant)> = store
         .of_kind(ConfigKind::ReferenceGrant)
@@ -374,7 +392,13 @@ fn listen(
         );
         let defaults = kinds_for(listener);
         let (kinds, kinds_refused) = allowed_kinds(listener, defaults);
-        let (tls, certificate_refused) = server_tls(grants, ns, listener);
+        let (tls, unserved) = match listener.protocol.as_str() {
+            api::HBONE_PROTOCOL => (None, Some(Refusal::new(
+                UNSUPPORTED_PROTOCOL,
+                "HBONE listeners are served by Gateways of class istio-waypoint or istio-east-west",
+            ))),
+            _ => server_tls(grants, ns, listener),
+        };
         let listening = Listening {
             gateway_namespace: ns.clone(),
             gateway_name: object.key.name.clone(),
@@ -382,7 +406,7 @@ fn listen(
             compiled: format!("{ns}/{name}"),
             kinds,
             kinds_refused,
-            certificate_refused,
+            unserved,
             attached: 0,
         };
         if listening.serves() {
@@ -732,7 +756,7 @@ fn finish(
         });
         let listener_status = of_gateway
             .map(|l| {
-                let refused = l.certificate_refused.as_ref().or(l.kinds_refused.as_ref());
+                let refused = l.unserved.as_ref().or(l.kinds_refused.as_ref());
                 ListenerStatus {
                     name: l.listener.name.clone(),
                     supported_kinds: l
@@ -745,8 +769,13 @@ fn finish(
                         .collect(),
                     attached_routes: l.attached,
                     conditions: vec![
-                        Condition::yes("Accepted", "Accepted"),
-                        match &l.certificate_refused {
+                        match &l.unserved {
+                            Some(r) if r.reason == UNSUPPORTED_PROTOCOL => {
+                                Condition::no("Accepted", r.reason, r.message.clone())
+                            }
+                            _ => Condition::yes("Accepted", "Accepted"),
+                        },
+                        match &l.unserved {
                             None => Condition::yes("Programmed", "Programmed"),
                             Some(r) => Condition::no("Programmed", "Invalid", r.message.clone()),
                         },

@@ -171,6 +171,7 @@ impl<'a> Addresses<'a> {
             workload_type: pb::WorkloadType::Pod as i32,
             workload_name: w.workload_name.to_string(),
             services: self.ports_of(w),
+            waypoint: super::waypoint_refs::of_workload(self.mesh, w),
             authorization_policies: super::authorization::workload_policies(self.mesh, w),
             status: match w.healthy {
                 true => pb::WorkloadStatus::Healthy as i32,
@@ -433,6 +434,7 @@ fn service_resource(mesh: &MeshSnapshot, s: &Service) -> Arc<Resource> {
             })
             .collect(),
         subject_alt_names: s.subject_alt_names.clone(),
+        waypoint: super::waypoint_refs::of_service(mesh, s),
         ip_families: match (v4, v6) {
             (true, true) => pb::IpFamilies::Dual as i32,
             (true, false) => pb::IpFamilies::Ipv4Only as i32,

@@ -5,6 +5,7 @@
 
 mod addresses;
 mod authorization;
+mod waypoint_refs;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -75,9 +76,11 @@ pub(super) fn named<'n>(
 }
 
 /// The kinds of config an Address reads: policies name the workloads they select, entries are
-/// workloads and services.
-const ADDRESS_KINDS: [ConfigKind; 4] = [
+/// workloads and services, Gateways of the ambient classes are waypoints.
+const ADDRESS_KINDS: [ConfigKind; 6] = [
     ConfigKind::AuthorizationPolicy,
+    ConfigKind::GatewayClass,
+    ConfigKind::KubernetesGateway,
     ConfigKind::PeerAuthentication,
     ConfigKind::ServiceEntry,
     ConfigKind::WorkloadEntry,

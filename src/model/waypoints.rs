@@ -1,0 +1,165 @@
+//! Waypoints: the proxies that serve a service's (or workload's) traffic in ambient mode, and the
+//! east-west gateways that take a network's HBONE traffic in. Both are Gateway API Gateways of
+//! Istio's ambient classes (compiled in `model/config/gateway_api/waypoints`); services and
+//! workloads name theirs with `istio.io/use-waypoint`, read here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// The label naming the waypoint of an object (or, on a Namespace, of its objects).
+pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
+/// The namespace of the waypoint `istio.io/use-waypoint` names; the object's own by default.
+pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
+/// On a waypoint Gateway (or its class): which traffic it serves.
+pub const WAYPOINT_FOR_LABEL: &str = "istio.io/waypoint-for";
+/// The class of waypoints, and of east-west gateways (Istio's built-in names).
+pub const WAYPOINT_CLASS: &str = "istio-waypoint";
+pub const EAST_WEST_CLASS: &str = "istio-east-west";
+/// The controllers of those classes, for GatewayClasses of other names.
+pub const WAYPOINT_CONTROLLER: &str = "istio.io/mesh-controller";
+pub const EAST_WEST_CONTROLLER: &str = "istio.io/eastwest-controller";
+pub use crate::istio::gateway_api::{HBONE_PORT, HBONE_PROTOCOL};
+
+/// What an object's `istio.io/use-waypoint` says.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UseWaypoint {
+    /// `none`: no waypoint, not even its namespace's.
+    OptedOut,
+    Named {
+        namespace: Arc<str>,
+        name: Arc<str>,
+    },
+}
+
+impl UseWaypoint {
+    /// Read from an object's labels; the waypoint is in `namespace` (the object's) unless
+    /// `istio.io/use-waypoint-namespace` names another.
+    pub fn from_labels(labels: &BTreeMap<String, String>, namespace: &str) -> Option<Self> {
+        let name = labels.get(USE_WAYPOINT_LABEL)?;
+        if name == "none" {
+            return Some(UseWaypoint::OptedOut);
+        }
+        let namespace = labels
+            .get(USE_WAYPOINT_NAMESPACE_LABEL)
+            .map_or(namespace, String::as_str);
+        Some(UseWaypoint::Named {
+            namespace: namespace.into(),
+            name: name.as_str().into(),
+        })
+    }
+}
+
+/// Which traffic a waypoint serves (`istio.io/waypoint-for`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrafficType {
+    Service,
+    Workload,
+    All,
+    None,
+}
+
+impl TrafficType {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "service" => Some(Self::Service),
+            "workload" => Some(Self::Workload),
+            "all" => Some(Self::All),
+            "none" => Some(Self::None),
+            _ => None,
+        }
+    }
+
+    pub fn serves_services(self) -> bool {
+        matches!(self, Self::Service | Self::All)
+    }
+
+    pub fn serves_workloads(self) -> bool {
+        matches!(self, Self::Workload | Self::All)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaypointClass {
+    /// Serves the services and workloads that name it.
+    Waypoint,
+    /// Takes other networks' double-HBONE traffic to its network's services.
+    EastWest,
+}
+
+/// A Gateway of an ambient class, accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waypoint {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub class: WaypointClass,
+    pub traffic: TrafficType,
+    /// Its HBONE listener admits objects of every namespace (`allowedRoutes.namespaces.from:
+    /// All`), not only its own.
+    pub from_all_namespaces: bool,
+    /// An east-west gateway's network (its `topology.istio.io/network` label).
+    pub network: Option<String>,
+    /// The hostname of its Service, `<name>.<namespace>.svc.<domain>`: its deployment is named
+    /// after it, as istiod's deployment controller names it.
+    pub host: String,
+}
+
+impl Waypoint {
+    /// Whether an object of `namespace` may use it.
+    pub fn admits(&self, namespace: &str) -> bool {
+        self.from_all_namespaces || *self.namespace == *namespace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn use_waypoint_names_a_waypoint_of_its_namespace_or_another_or_none() {
+        assert_eq!(UseWaypoint::from_labels(&labels(&[]), "shop"), None);
+        assert_eq!(
+            UseWaypoint::from_labels(&labels(&[(USE_WAYPOINT_LABEL, "wp")]), "shop"),
+            Some(UseWaypoint::Named {
+                namespace: "shop".into(),
+                name: "wp".into()
+            })
+        );
+        let elsewhere = labels(&[
+            (USE_WAYPOINT_LABEL, "wp"),
+            (USE_WAYPOINT_NAMESPACE_LABEL, "infra"),
+        ]);
+        assert_eq!(
+            UseWaypoint::from_labels(&elsewhere, "shop"),
+            Some(UseWaypoint::Named {
+                namespace: "infra".into(),
+                name: "wp".into()
+            })
+        );
+        assert_eq!(
+            UseWaypoint::from_labels(&labels(&[(USE_WAYPOINT_LABEL, "none")]), "shop"),
+            Some(UseWaypoint::OptedOut)
+        );
+    }
+
+    #[test]
+    fn traffic_types_gate_services_and_workloads() {
+        let serves = |t: &str| {
+            let t = TrafficType::parse(t).unwrap();
+            (t.serves_services(), t.serves_workloads())
+        };
+        assert_eq!(serves("service"), (true, false));
+        assert_eq!(serves("workload"), (false, true));
+        assert_eq!(serves("all"), (true, true));
+        assert_eq!(serves("none"), (false, false));
+        assert_eq!(TrafficType::parse("Service"), None);
+    }
+}
