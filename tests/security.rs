@@ -477,7 +477,7 @@ async fn clusters_with_intermediates_of_one_root_trust_each_other() {
         .unwrap();
     let client_config = rustls::ClientConfig::builder()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(SpiffeVerifier(roots)))
+        .with_custom_certificate_verifier(Arc::new(hbone::SpiffeVerifier(roots)))
         .with_client_auth_cert(west_der, key(&west_key))
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -506,68 +506,6 @@ async fn clusters_with_intermediates_of_one_root_trust_each_other() {
         server.await.unwrap(),
         vec![Identity::new("cluster.local", "shop", "db")]
     );
-}
-
-/// Verifies a server's chain to the root without a DNS name check: mesh workloads are named by
-/// SPIFFE URI, not DNS (Envoy checks the URI SAN instead).
-#[derive(Debug)]
-struct SpiffeVerifier(Arc<rustls::RootCertStore>);
-
-impl rustls::client::danger::ServerCertVerifier for SpiffeVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp: &[u8],
-        now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        let verifier = rustls::server::WebPkiClientVerifier::builder(self.0.clone())
-            .build()
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
-        verifier.verify_client_cert(end_entity, intermediates, now)?;
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &provider().signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &provider().signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    rustls::crypto::CryptoProvider::get_default()
-        .cloned()
-        .expect("provider installed")
 }
 
 #[tokio::test]

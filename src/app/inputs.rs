@@ -245,12 +245,8 @@ async fn config_cluster(
     };
     let registry = aggregate.add_cluster(shard, source, true)?;
     let discovered = registry.discovered().clone();
-    let watch = kube_source::watch_cluster(
-        client.clone(),
-        registry,
-        &args.system_namespace,
-        aggregate.discovery_selectors(),
-    );
+    let watch =
+        kube_source::watch_cluster(client.clone(), registry, aggregate.discovery_selectors());
     let config = kube_config::watch(
         client.clone(),
         id.clone(),

@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::{MeshSnapshot, Service, Workload};
+use crate::istio::gateway_api::GATEWAY_NAME_LABEL;
+
 /// The label naming the waypoint of an object (or, on a Namespace, of its objects).
 pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
 /// The namespace of the waypoint `istio.io/use-waypoint` names; the object's own by default.
@@ -109,6 +112,60 @@ impl Waypoint {
     /// Whether an object of `namespace` may use it.
     pub fn admits(&self, namespace: &str) -> bool {
         self.from_all_namespaces || *self.namespace == *namespace
+    }
+}
+
+/// The label istiod's deployment controller puts on a waypoint's Service and pods.
+const MANAGED_LABEL: &str = "gateway.istio.io/managed";
+const MANAGED_BY_MESH: &str = "istio.io-mesh-controller";
+
+/// Which waypoint serves a service or workload, as istiod's `fetchWaypointForTarget`
+/// (pilot/pkg/serviceregistry/kube/controller/ambient/waypoints.go): the one its
+/// `istio.io/use-waypoint` names (else its namespace's; `none` opts out of both), when that
+/// Gateway is accepted, admits the object's namespace, serves its kind of traffic and is ready.
+///
+/// Ready means its Service exists: ztunnel finds the waypoint's pods through it. istiod waits for
+/// the Gateway's status addresses, which its deployment controller reports once the Service is
+/// there.
+impl MeshSnapshot {
+    /// A service's waypoint; none for a waypoint's own Service (a waypoint has no waypoint).
+    pub fn service_waypoint(&self, service: &Service) -> Option<&Arc<Waypoint>> {
+        if service.labels.get(MANAGED_LABEL).map(String::as_str) == Some(MANAGED_BY_MESH) {
+            return None;
+        }
+        let waypoint = self.usable_waypoint(service.use_waypoint.as_ref()?, &service.namespace)?;
+        waypoint.traffic.serves_services().then_some(waypoint)
+    }
+
+    /// A workload's waypoint; none for a waypoint's own pods.
+    pub fn workload_waypoint(&self, workload: &Workload) -> Option<&Arc<Waypoint>> {
+        let gateway_api = self.config.gateway_api();
+        let instance = workload.labels.get(GATEWAY_NAME_LABEL);
+        if instance.is_some_and(|name| gateway_api.waypoint(&workload.namespace, name).is_some()) {
+            return None;
+        }
+        let waypoint =
+            self.usable_waypoint(workload.use_waypoint.as_ref()?, &workload.namespace)?;
+        waypoint.traffic.serves_workloads().then_some(waypoint)
+    }
+
+    fn usable_waypoint(
+        &self,
+        use_waypoint: &UseWaypoint,
+        namespace: &str,
+    ) -> Option<&Arc<Waypoint>> {
+        let UseWaypoint::Named {
+            namespace: ns,
+            name,
+        } = use_waypoint
+        else {
+            return None;
+        };
+        let waypoint = self.config.gateway_api().waypoint(ns, name)?;
+        let usable = waypoint.class == WaypointClass::Waypoint
+            && waypoint.admits(namespace)
+            && self.services.get(&waypoint.host).is_some();
+        usable.then_some(waypoint)
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{ClusterId, Labels, Locality};
+use super::{ClusterId, Labels, Locality, MeshSnapshot};
 
 /// One pod, in the terms ztunnel's `istio.workload.Workload` needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,11 +48,14 @@ pub fn entry_uid(cluster: &ClusterId, namespace: &str, name: &str) -> String {
     format!("{cluster}/networking.istio.io/WorkloadEntry/{namespace}/{name}")
 }
 
-/// Every cluster's pods by uid, and the WorkloadEntries of the config.
+/// Every cluster's pods by uid, and the WorkloadEntries of the config; both by address.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadTable {
     by_uid: imbl::OrdMap<Arc<str>, Arc<Workload>>,
     entries: imbl::OrdMap<Arc<str>, Arc<Workload>>,
+    /// (network, address) → uid: how ztunnel looks workloads up, and how a waypoint tells a
+    /// captured endpoint. The latest written wins where two claim one address.
+    by_address: imbl::OrdMap<(Arc<str>, IpAddr), Arc<str>>,
 }
 
 impl WorkloadTable {
@@ -72,7 +75,7 @@ impl WorkloadTable {
             .map(|w| w.uid.clone())
             .collect();
         for uid in &gone {
-            self.by_uid.remove(uid);
+            self.set(uid, None);
         }
         let mut changed = gone;
         for workload in workloads {
@@ -86,14 +89,49 @@ impl WorkloadTable {
 
     /// Sets (None: removes) one workload; returns whether anything changed.
     pub fn set(&mut self, uid: &str, workload: Option<Workload>) -> bool {
-        match workload {
-            Some(w) if self.by_uid.get(uid).map(|held| &**held) == Some(&w) => false,
-            Some(w) => {
-                self.by_uid.insert(w.uid.clone(), Arc::new(w));
-                true
+        if let Some(w) = &workload {
+            if self.by_uid.get(uid).map(|held| &**held) == Some(w) {
+                return false;
             }
-            None => self.by_uid.remove(uid).is_some(),
         }
+        let Some(old) = self.by_uid.remove(uid) else {
+            return workload.map(|w| self.insert(w)).is_some();
+        };
+        // Unindexed first: the new one may hold the same addresses.
+        self.index(&old, false);
+        if let Some(w) = workload {
+            self.insert(w);
+        }
+        true
+    }
+
+    fn insert(&mut self, w: Workload) {
+        let w = Arc::new(w);
+        self.index(&w, true);
+        self.by_uid.insert(w.uid.clone(), w);
+    }
+
+    /// Adds a workload's addresses to the index, or removes those still naming it.
+    fn index(&mut self, w: &Workload, add: bool) {
+        for ip in &w.addresses {
+            let key = (w.network.clone(), *ip);
+            match add {
+                true => {
+                    self.by_address.insert(key, w.uid.clone());
+                }
+                false => {
+                    if self.by_address.get(&key) == Some(&w.uid) {
+                        self.by_address.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The workload holding an address on a network.
+    pub fn at(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
+        let uid = self.by_address.get(&(Arc::from(network), ip))?;
+        self.get(uid)
     }
 
     /// Removes every pod of a cluster (it left); returns their uids.
@@ -101,7 +139,7 @@ impl WorkloadTable {
         let prefix = format!("{cluster}//Pod/");
         let held: Vec<Arc<str>> = self.under(&prefix).map(|w| w.uid.clone()).collect();
         for uid in &held {
-            self.by_uid.remove(uid);
+            self.set(uid, None);
         }
         held
     }
@@ -140,6 +178,12 @@ impl WorkloadTable {
             .keys()
             .filter(|uid| !entries.contains_key(*uid));
         changed.extend(gone.cloned());
+        for old in self.entries.values().cloned().collect::<Vec<_>>() {
+            self.index(&old, false);
+        }
+        for new in entries.values().cloned().collect::<Vec<_>>() {
+            self.index(&new, true);
+        }
         self.entries = entries;
         changed
     }
@@ -167,6 +211,18 @@ impl WorkloadTable {
             .range(prefix.clone()..)
             .take_while(move |(uid, _)| uid.starts_with(&*prefix))
             .map(|(_, w)| w)
+    }
+}
+
+impl MeshSnapshot {
+    /// A cluster's network: that of its pods (the registry reads it from the system namespace's
+    /// label or MeshNetworks), else MeshNetworks' `fromRegistry`.
+    pub fn cluster_network(&self, cluster: &ClusterId) -> String {
+        let of_pods = self.workloads.first_pod_of(cluster).map(|w| &*w.network);
+        of_pods
+            .or_else(|| self.networks.network_of_registry(cluster.as_str()))
+            .unwrap_or_default()
+            .to_string()
     }
 }
 
@@ -235,8 +291,12 @@ mod tests {
         };
         assert!(table.set("c1//Pod/a/x", Some(moved)));
         assert!(!table.get("c1//Pod/a/x").unwrap().healthy);
+        let ip = IpAddr::from([10, 0, 0, 1]);
+        assert_eq!(&*table.at("", ip).unwrap().uid, "c1//Pod/a/x");
+        assert!(table.at("other", ip).is_none());
         assert!(table.set("c1//Pod/a/x", None));
         assert!(!table.set("c1//Pod/a/x", None), "already gone");
         assert!(table.is_empty());
+        assert!(table.at("", ip).is_none(), "its address is free again");
     }
 }

@@ -1,5 +1,5 @@
-//! A Kubernetes cluster as a registry: list-watches Services, EndpointSlices, Pods, Nodes and the
-//! system Namespace with kube-runtime's watcher, trims each object on arrival and feeds it to the
+//! A Kubernetes cluster as a registry: list-watches Services, EndpointSlices, Pods, Nodes and
+//! Namespaces with kube-runtime's watcher, trims each object on arrival and feeds it to the
 //! cluster's registry. A relist (after a 410 Gone or a restart) is reconciled against what the
 //! registry holds, so nothing is ever served empty in between and an unchanged relist pushes nothing.
 
@@ -104,7 +104,6 @@ impl SyncGate {
 pub fn watch_cluster(
     client: Client,
     registry: Arc<ClusterRegistry>,
-    system_namespace: &str,
     selectors: watch::Receiver<Vec<LabelSelector>>,
 ) -> KubeWatch {
     let (done, synced) = watch::channel(false);
@@ -125,11 +124,11 @@ pub fn watch_cluster(
         })
     };
     let all = watcher::Config::default().page_size(LIST_PAGE);
-    let system_ns = watcher::Config::default().fields(&format!("metadata.name={system_namespace}"));
     let handles = vec![
+        // Every Namespace: the system one names the cluster's network, any may name a waypoint.
         spawn::<Namespace>(
             Api::all(client.clone()),
-            system_ns,
+            all.clone(),
             Kind::Namespace,
             (&gate, false),
             |o| objects::namespace(o).map(Some),

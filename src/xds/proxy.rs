@@ -31,6 +31,8 @@ pub enum ProxyType {
     Router,
     /// Ambient mode's node proxy: asks for workloads and authorizations only.
     Ztunnel,
+    /// Ambient mode's waypoint or east-west gateway (Envoy serving HBONE).
+    Waypoint,
 }
 
 /// Which flavour of configuration the client understands.
@@ -96,6 +98,7 @@ impl Proxy {
             "sidecar" => ProxyType::Sidecar,
             "router" => ProxyType::Router,
             "ztunnel" => ProxyType::Ztunnel,
+            "waypoint" => ProxyType::Waypoint,
             other => return Err(id_error(&format!("unknown proxy type {}", Quoted(other)))),
         };
         let ip: IpAddr = ip

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 pub mod ads;
 pub mod config_source;
 pub mod gateway_certs;
+pub mod hbone;
 pub mod https;
 pub mod jwt;
 pub mod nds;
@@ -591,7 +592,12 @@ impl Envoy {
                 "cds_config": {"ads": {}, "resource_api_version": "V3"},
                 "lds_config": {"ads": {}, "resource_api_version": "V3"}
             },
-            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", &[sds_addr])]}
+            "static_resources": {"clusters": [xds_cluster, static_cluster("sds-grpc", &[sds_addr])]},
+            // As Istio's bootstrap: waypoints chain listeners through internal ones.
+            "bootstrap_extensions": [{
+                "name": "envoy.bootstrap.internal_listener",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}
+            }]
         });
         let config = dir.path().join("bootstrap.json");
         std::fs::write(&config, bootstrap.to_string()).expect("write bootstrap");

@@ -330,7 +330,6 @@ impl Controller {
                 let watch = watch_cluster(
                     client.clone(),
                     registry.clone(),
-                    &self.options.system_namespace,
                     cluster.selectors.effective.clone(),
                 );
                 cluster.sync_timer = Some(self.time_sync(registry, &watch));
@@ -410,12 +409,7 @@ impl Controller {
             cluster.registry.shard().clone(),
             cluster.registry.source().to_string(),
         );
-        let (notes, namespace, timeout, id) = (
-            self.notes.clone(),
-            self.options.system_namespace.clone(),
-            self.options.sync_timeout,
-            id.clone(),
-        );
+        let (notes, timeout, id) = (self.notes.clone(), self.options.sync_timeout, id.clone());
         let selectors = cluster.selectors.effective.clone();
         let task = tokio::spawn(async move {
             let note = match connect(config).await {
@@ -425,8 +419,7 @@ impl Controller {
                     error: e.to_string(),
                 },
                 Ok((client, server)) => {
-                    let watch =
-                        watch_cluster(client.clone(), staged.clone(), &namespace, selectors);
+                    let watch = watch_cluster(client.clone(), staged.clone(), selectors);
                     let limit = if timeout.is_zero() {
                         Duration::MAX
                     } else {

@@ -32,6 +32,7 @@ pub(super) enum ProxyKind {
     Sidecar,
     Router,
     ProxylessGrpc,
+    Waypoint,
 }
 
 /// Builds resources for one proxy from one mesh snapshot.
@@ -384,8 +385,33 @@ impl Generation<'_> {
             (Generator::Grpc, _) => Some(ProxyKind::ProxylessGrpc),
             (Generator::Envoy, ProxyType::Sidecar) => Some(ProxyKind::Sidecar),
             (Generator::Envoy, ProxyType::Router) => Some(ProxyKind::Router),
+            (Generator::Envoy, ProxyType::Waypoint) => Some(ProxyKind::Waypoint),
             // Served by the ambient generator alone.
             (Generator::Envoy, ProxyType::Ztunnel) | (Generator::Event, _) => None,
+        }
+    }
+
+    /// The network of a node proxy (ztunnel, waypoint): as its node says (ztunnel sends no
+    /// NETWORK, its proxy metadata may), else that of its own pod, else its cluster's.
+    pub(super) fn node_network(&self) -> String {
+        let proxy = self.proxy;
+        if !proxy.network.is_empty() {
+            return proxy.network.to_string();
+        }
+        let Some(cluster) = &proxy.cluster_id else {
+            let mut workloads = self.mesh.workloads.iter();
+            let own = workloads.find(|w| w.addresses.iter().any(|ip| proxy.ips.contains(ip)));
+            return own.map(|pod| pod.network.to_string()).unwrap_or_default();
+        };
+        let suffix = format!(".{}", proxy.namespace);
+        let pod = proxy
+            .workload
+            .strip_suffix(&suffix)
+            .unwrap_or(&proxy.workload);
+        let uid = crate::model::pod_uid(cluster, &proxy.namespace, pod);
+        match self.mesh.workloads.get(&uid) {
+            Some(own) => own.network.to_string(),
+            None => self.mesh.cluster_network(cluster),
         }
     }
 

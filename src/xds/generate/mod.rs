@@ -1,6 +1,7 @@
 //! Resource generators, with Istio's names, and the cache that builds each distinct resource once.
 //!
-//! Each kind of proxy has its generator (`sidecar`, `router`, `grpc`), dispatched to once here;
+//! Each kind of proxy has its generator (`sidecar`, `router`, `grpc`, `waypoint`, and `ambient`
+//! for ztunnel's types), dispatched to once here;
 //! they share the building blocks below them (clusters, routes, filters, TLS, security, endpoints,
 //! secrets) and import no other generator. A resource depends on the mesh snapshot and on a few
 //! proxy traits (`generation`); the cache keys entries by (type, name, traits) and stamps them with
@@ -35,6 +36,7 @@ mod sidecar;
 pub mod tls;
 mod tracer;
 mod wasm;
+mod waypoint;
 
 use std::sync::Arc;
 
@@ -66,6 +68,7 @@ impl Generation<'_> {
             Some(ProxyKind::Sidecar) => sidecar::all(self, ty),
             Some(ProxyKind::Router) => router::all(self, ty),
             Some(ProxyKind::ProxylessGrpc) => grpc::all(self, ty),
+            Some(ProxyKind::Waypoint) => waypoint::all(self, ty),
             None => Listing::default(),
         };
         let kind = self.proxy.kind;
@@ -107,6 +110,9 @@ impl Generation<'_> {
 
     fn build(&self, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
         match ty {
+            ResourceType::Endpoint if self.kind() == Some(ProxyKind::Waypoint) => {
+                return waypoint::endpoints(self, name)
+            }
             ResourceType::Endpoint => return eds::build(self, name),
             ResourceType::Secret => return sds::build(self, name),
             // One unnamed table: a name asks for nothing that exists.
@@ -126,6 +132,7 @@ impl Generation<'_> {
             ProxyKind::Sidecar => sidecar::build(self, ty, name),
             ProxyKind::Router => router::build(self, ty, name),
             ProxyKind::ProxylessGrpc => grpc::build(self, ty, name),
+            ProxyKind::Waypoint => waypoint::build(self, ty, name),
         };
         built.or_else(|| {
             let added = self.envoy_filters().added(ty, self.proxy.kind);

@@ -67,10 +67,30 @@ pub fn parse_sni_cluster(name: &str) -> Option<ClusterName<'_>> {
     })
 }
 
-/// The service host an EDS cluster name is for, in either naming (`outbound|…` or SNI).
+/// A waypoint's cluster for a port of a service it serves: `inbound-vip|<port>|<tcp|http>|<host>`
+/// (istiod's `BuildSubsetKey` with direction `inbound-vip` and the protocol as subset).
+pub fn inbound_vip_cluster(port: u16, protocol: &str, host: &str) -> String {
+    format!("inbound-vip|{port}|{protocol}|{host}")
+}
+
+/// An `inbound-vip|<port>|<tcp|http>|<host>` name's parts, the protocol as `subset`.
+pub fn parse_inbound_vip(name: &str) -> Option<ClusterName<'_>> {
+    let rest = name.strip_prefix("inbound-vip|")?;
+    let (port, rest) = rest.split_once('|')?;
+    let (protocol, host) = rest.split_once('|')?;
+    (matches!(protocol, "tcp" | "http") && !host.is_empty()).then_some(())?;
+    Some(ClusterName {
+        port: parse_port(port)?,
+        subset: protocol,
+        host,
+    })
+}
+
+/// The service host an EDS cluster name is for, in any naming (`outbound|…`, SNI, `inbound-vip|…`).
 pub fn cluster_host(name: &str) -> Option<&str> {
     parse_outbound(name)
         .or_else(|| parse_sni_cluster(name))
+        .or_else(|| parse_inbound_vip(name))
         .map(|c| c.host)
 }
 

@@ -268,6 +268,21 @@ pub fn http2_only() -> HashMap<String, Any> {
     })
 }
 
+/// HTTP/2 with CONNECT to the upstream: HBONE tunnels.
+pub fn http2_tunnels() -> HashMap<String, Any> {
+    protocol_options(HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions {
+                    allow_connect: true,
+                    ..Default::default()
+                })),
+            },
+        )),
+        ..Default::default()
+    })
+}
+
 fn protocol_options(options: HttpProtocolOptions) -> HashMap<String, Any> {
     HashMap::from([(
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),

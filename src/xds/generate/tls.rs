@@ -12,8 +12,8 @@ use envoy_types::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBu
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
     subject_alt_name_matcher::SanType,
-    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
-    SubjectAltNameMatcher, TlsCertificate, UpstreamTlsContext,
+    tls_parameters, CertificateValidationContext, CommonTlsContext, DownstreamTlsContext,
+    SdsSecretConfig, SubjectAltNameMatcher, TlsCertificate, TlsParameters, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::{value::Kind, BoolValue, Duration, Struct, Value};
@@ -180,6 +180,52 @@ pub fn upstream_matches(sni: String, sans: &[String]) -> Vec<TransportSocketMatc
             )),
         },
     ]
+}
+
+/// HBONE's TLS as ztunnel speaks it: the workload's certificate, TLS 1.3 only, ALPN h2, peers
+/// of the mesh's trust domain (`spiffe://<trust domain>/` prefixes).
+fn hbone_common(trust_domains: &[String]) -> CommonTlsContext {
+    let mut context = common(&[], &["h2"]);
+    if let Some(ValidationContextType::CombinedValidationContext(combined)) =
+        &mut context.validation_context_type
+    {
+        let prefixes = trust_domains.iter().map(|td| SubjectAltNameMatcher {
+            san_type: SanType::Uri as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Prefix(format!("spiffe://{td}/"))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        if let Some(default) = &mut combined.default_validation_context {
+            default.match_typed_subject_alt_names = prefixes.collect();
+        }
+    }
+    context.tls_params = Some(TlsParameters {
+        tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
+        tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
+        ..Default::default()
+    });
+    context
+}
+
+/// Where HBONE tunnels end (a waypoint's `connect_terminate`): a client certificate required.
+pub fn hbone_downstream(trust_domains: &[String]) -> TransportSocket {
+    let tls = DownstreamTlsContext {
+        common_tls_context: Some(hbone_common(trust_domains)),
+        require_client_certificate: Some(BoolValue { value: true }),
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(tls))
+}
+
+/// Where HBONE tunnels start (a waypoint's `connect_originate`, to the destination's ztunnel).
+pub fn hbone_upstream(trust_domains: &[String]) -> TransportSocket {
+    let tls = UpstreamTlsContext {
+        common_tls_context: Some(hbone_common(trust_domains)),
+        ..Default::default()
+    };
+    socket("envoy.transport_sockets.tls", pack_any(tls))
 }
 
 /// Inbound mTLS: a client certificate from the mesh root is required on the TLS filter chains.

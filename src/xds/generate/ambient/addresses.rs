@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use crate::model::{ClusterId, Gateway, Health, MeshSnapshot, Service, ServiceKey, Workload};
+use crate::model::{Gateway, Health, MeshSnapshot, Service, ServiceKey, Workload};
 use crate::security::identity::Identity;
 use crate::xds::istio_protos::workload as pb;
 use crate::xds::protocol::ADDRESS_TYPE;
@@ -104,14 +104,13 @@ impl<'a> Addresses<'a> {
         if let Some(found) = self.one(name) {
             return service_named(found);
         }
-        let Some(ip) = name
+        let Some((network, ip)) = name
             .split_once('/')
-            .and_then(|(_, ip)| ip.parse::<IpAddr>().ok())
+            .and_then(|(network, ip)| Some((network, ip.parse::<IpAddr>().ok()?)))
         else {
             return Vec::new();
         };
-        let mut workloads = self.mesh.workloads.iter();
-        if let Some(workload) = workloads.find(|w| w.addresses.contains(&ip)) {
+        if let Some(workload) = self.mesh.workloads.at(network, ip) {
             return self.one(&workload.uid).into_iter().collect();
         }
         let vip = |s: &&Arc<Service>| s.cluster_vips.values().flatten().any(|v| *v == ip);
@@ -406,7 +405,7 @@ fn service_resource(mesh: &MeshSnapshot, s: &Service) -> Arc<Resource> {
         .cluster_vips
         .iter()
         .flat_map(|(cluster, vips)| {
-            let network = cluster_network(mesh, cluster);
+            let network = mesh.cluster_network(cluster);
             vips.iter()
                 .filter(|ip| !ip.is_unspecified())
                 .map(move |ip| pb::NetworkAddress {
@@ -445,14 +444,4 @@ fn service_resource(mesh: &MeshSnapshot, s: &Service) -> Arc<Resource> {
         ..Default::default()
     };
     address(&service_name(s), pb::address::Type::Service(message))
-}
-
-/// A cluster's network: that of its pods (the registry reads it from the system namespace's label
-/// or MeshNetworks), else MeshNetworks' `fromRegistry`.
-pub(super) fn cluster_network(mesh: &MeshSnapshot, cluster: &ClusterId) -> String {
-    let of_pods = mesh.workloads.first_pod_of(cluster).map(|w| &*w.network);
-    of_pods
-        .or_else(|| mesh.networks.network_of_registry(cluster.as_str()))
-        .unwrap_or_default()
-        .to_string()
 }

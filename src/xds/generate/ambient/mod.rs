@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::generation::Generation;
 use crate::istio::ConfigKind;
-use crate::model::{pod_uid, Change, MeshSnapshot};
+use crate::model::{Change, MeshSnapshot};
 use crate::xds::protocol::{ResourceType, Scope};
 use crate::xds::proxy::ProxyType;
 use crate::xds::wire::{Listing, Resource, SharedList};
@@ -23,7 +23,7 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
     if g.proxy.kind != ProxyType::Ztunnel {
         return Listing::default();
     }
-    let network = network(g);
+    let network = g.node_network();
     let stamp = [g.mesh.version, 0, 0, 0];
     let list = match ty {
         ResourceType::Address => g.cache.list(ty, g.variant_of(&network), stamp, || {
@@ -43,7 +43,7 @@ pub(super) fn changed<'n>(
     if g.proxy.kind != ProxyType::Ztunnel {
         return Vec::new();
     }
-    let network = network(g);
+    let network = g.node_network();
     let addresses = Addresses::new(g.mesh, &network);
     names.into_iter().filter_map(|n| addresses.one(n)).collect()
 }
@@ -68,7 +68,7 @@ pub(super) fn named<'n>(
     if g.proxy.kind != ProxyType::Ztunnel {
         return Vec::new();
     }
-    let network = network(g);
+    let network = g.node_network();
     let addresses = Addresses::new(g.mesh, &network);
     let mut seen = BTreeSet::new();
     let found = names.into_iter().flat_map(|name| addresses.lookup(name));
@@ -117,33 +117,6 @@ pub fn address_scope(mesh: &MeshSnapshot, change: &Change) -> Option<Scope> {
         }
     }
     (!names.is_empty()).then_some(Scope::Names(names))
-}
-
-/// The ztunnel's network: as its node says (ztunnel sends no NETWORK, its proxy metadata may),
-/// else that of its own pod, else its cluster's.
-fn network(g: &Generation<'_>) -> String {
-    let proxy = g.proxy;
-    if !proxy.network.is_empty() {
-        return proxy.network.to_string();
-    }
-    let Some(cluster) = &proxy.cluster_id else {
-        let mut workloads = g.mesh.workloads.iter();
-        let own = workloads.find(|w| w.addresses.iter().any(|ip| proxy.ips.contains(ip)));
-        return own.map(|pod| pod.network.to_string()).unwrap_or_default();
-    };
-    let suffix = format!(".{}", proxy.namespace);
-    let pod = proxy
-        .workload
-        .strip_suffix(&suffix)
-        .unwrap_or(&proxy.workload);
-    match g
-        .mesh
-        .workloads
-        .get(&pod_uid(cluster, &proxy.namespace, pod))
-    {
-        Some(own) => own.network.to_string(),
-        None => addresses::cluster_network(g.mesh, cluster),
-    }
 }
 
 #[cfg(test)]

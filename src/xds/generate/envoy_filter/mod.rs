@@ -256,7 +256,7 @@ impl ProxyPatches {
         let sides: &[PatchContext] = match kind {
             ProxyType::Router => &[PatchContext::Gateway],
             ProxyType::Sidecar => &[PatchContext::SidecarOutbound, PatchContext::SidecarInbound],
-            ProxyType::Ztunnel => return Vec::new(),
+            ProxyType::Ztunnel | ProxyType::Waypoint => return Vec::new(),
         };
         let mut by_name: BTreeMap<String, Resource> = BTreeMap::new();
         for p in self.of(target).filter(|p| p.operation() == Operation::Add) {

@@ -1,0 +1,288 @@
+//! A waypoint proxy's clusters and their endpoints: `inbound-vip|<port>|tcp|<host>` per served
+//! service port (EDS), and the cluster behind its internal listener.
+//!
+//! A waypoint's endpoints are the service's healthy endpoints on its network: a pod ztunnel
+//! captures is reached through `connect_originate` (its address passed on as the tunnel's
+//! destination; HBONE to its ztunnel on 15008), any other directly. An east-west gateway's are
+//! reached through `forward_inner_connect`, which passes the inner tunnel to 15008 of the service's
+//! endpoints — or of its waypoint's pods, so that traffic from another network is not let past the
+//! waypoint (Istio's open issue).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{
+    ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy, OriginalDstLbConfig,
+    TransportSocketMatch,
+};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::{
+    address, envoy_internal_address::AddressNameSpecifier, transport_socket, Address,
+    EnvoyInternalAddress, Metadata, TransportSocket,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::internal_upstream::v3::{
+    internal_upstream_transport::MetadataValueSource, InternalUpstreamTransport,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
+use envoy_types::pb::envoy::r#type::metadata::v3::{metadata_kind, MetadataKind};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
+use envoy_types::util::pack_any;
+
+use super::{served, Served};
+use crate::model::waypoints::HBONE_PORT;
+use crate::model::{Health, Service};
+use crate::xds::generate::common::{ads, seconds, socket};
+use crate::xds::generate::generation::Generation;
+use crate::xds::generate::names::{inbound_vip_cluster, parse_inbound_vip};
+use crate::xds::generate::policy::http2_tunnels;
+use crate::xds::generate::tls::hbone_upstream;
+use crate::xds::wire::Resource;
+
+pub(super) const CONNECT_ORIGINATE: &str = "connect_originate";
+pub(super) const FORWARD_INNER_CONNECT: &str = "forward_inner_connect";
+/// Where a cluster's endpoint passes its address to the internal listener it reaches.
+const ORIGINAL_DST: &str = "envoy.filters.listener.original_dst";
+/// Endpoint metadata choosing a transport socket, and the value of tunnelled endpoints.
+const SOCKET_MATCH: &str = "envoy.transport_socket_match";
+const TUNNEL: (&str, &str) = ("tunnel", "hbone");
+const CONNECT_TIMEOUT_SECS: i64 = 10;
+
+pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
+    let mut clusters: Vec<Cluster> = Vec::new();
+    for (service, ports) in &served.services {
+        for port in ports {
+            clusters.push(inbound_vip(
+                inbound_vip_cluster(*port, "tcp", &service.hostname),
+                served.east_west(),
+            ));
+        }
+    }
+    let trust_domains = vec![g.mesh_config().trust_domain.clone()];
+    clusters.push(match served.east_west() {
+        true => original_dst(FORWARD_INNER_CONNECT),
+        false => Cluster {
+            transport_socket: Some(hbone_upstream(&trust_domains)),
+            typed_extension_protocol_options: http2_tunnels(),
+            ..original_dst(CONNECT_ORIGINATE)
+        },
+    });
+    clusters
+        .iter()
+        .map(|c| Arc::new(Resource::encode(c.name.as_str(), c)))
+        .collect()
+}
+
+/// A service port's cluster: endpoints over EDS, internal ones given their address to pass on.
+fn inbound_vip(name: String, east_west: bool) -> Cluster {
+    let mut cluster = Cluster {
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: name.clone(),
+        }),
+        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        name,
+        ..Default::default()
+    };
+    match east_west {
+        true => cluster.transport_socket = Some(internal_upstream()),
+        false => {
+            cluster.transport_socket_matches = vec![TransportSocketMatch {
+                name: "hbone".into(),
+                r#match: Some(strings(&[TUNNEL])),
+                transport_socket: Some(internal_upstream()),
+            }];
+            cluster.transport_socket = Some(raw_buffer());
+        }
+    }
+    cluster
+}
+
+/// To the address the connection was restored to, on HBONE's port.
+fn original_dst(name: &str) -> Cluster {
+    Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        lb_config: Some(LbConfig::OriginalDstLbConfig(OriginalDstLbConfig {
+            upstream_port_override: Some(UInt32Value {
+                value: u32::from(HBONE_PORT),
+            }),
+            ..Default::default()
+        })),
+        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        ..Default::default()
+    }
+}
+
+/// The endpoints of an `inbound-vip|…` cluster of this proxy.
+pub(crate) fn endpoints(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
+    let parsed = parse_inbound_vip(name)?;
+    let served = served(g)?;
+    let (service, _) = served
+        .services
+        .iter()
+        .find(|(s, ports)| *s.hostname == *parsed.host && ports.contains(&parsed.port))?;
+    let targets = match served.east_west() {
+        true => east_west_targets(g, &served, service, parsed.port),
+        false => targets(g, &served.network, service, parsed.port),
+    };
+    let lb_endpoints = targets
+        .into_iter()
+        .map(|(address, weight, tunnel)| {
+            let endpoint = match (served.east_west(), tunnel) {
+                (true, _) => internal(FORWARD_INNER_CONNECT, address, false),
+                (false, true) => internal(CONNECT_ORIGINATE, address, true),
+                (false, false) => LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket(&address.ip().to_string(), address.port())),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+            };
+            LbEndpoint {
+                load_balancing_weight: Some(UInt32Value { value: weight }),
+                ..endpoint
+            }
+        })
+        .collect();
+    let assignment = ClusterLoadAssignment {
+        cluster_name: name.into(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Some(Arc::new(Resource::encode(name, &assignment)))
+}
+
+/// A service port's healthy endpoints on `network`: address, weight, and whether ztunnel captures
+/// the workload (reached by HBONE).
+fn targets(
+    g: &Generation<'_>,
+    network: &str,
+    service: &Service,
+    port: u16,
+) -> Vec<(SocketAddr, u32, bool)> {
+    let Some(port_name) = service.port(port).map(|p| p.name.as_str()) else {
+        return Vec::new();
+    };
+    let Some(shards) = g.mesh.endpoints.get(&service.key()) else {
+        return Vec::new();
+    };
+    let usable = shards.endpoints().filter(|e| {
+        *e.network == *network && e.health == Health::Healthy && *e.service_port_name == *port_name
+    });
+    usable
+        .map(|e| {
+            let workload = g.mesh.workloads.at(network, e.address);
+            let captured = workload.is_some_and(|w| w.captured);
+            (SocketAddr::new(e.address, e.port), e.weight, captured)
+        })
+        .collect()
+}
+
+/// Where an east-west gateway forwards a service's inner tunnels: its waypoint's pods when it has
+/// one, else its endpoints; each on 15008, where their HBONE is taken.
+fn east_west_targets(
+    g: &Generation<'_>,
+    served: &Served,
+    service: &Service,
+    port: u16,
+) -> Vec<(SocketAddr, u32, bool)> {
+    let on_hbone = |targets: Vec<(SocketAddr, u32, bool)>| {
+        let mut addresses: Vec<(IpAddr, u32)> =
+            targets.into_iter().map(|(a, w, _)| (a.ip(), w)).collect();
+        addresses.sort();
+        addresses.dedup_by_key(|(ip, _)| *ip);
+        let on = addresses.into_iter();
+        on.map(|(ip, w)| (SocketAddr::new(ip, HBONE_PORT), w, true))
+            .collect()
+    };
+    let Some(waypoint) = g.mesh.service_waypoint(service) else {
+        return on_hbone(targets(g, &served.network, service, port));
+    };
+    let Some(own) = g.mesh.services.get(&waypoint.host) else {
+        return Vec::new();
+    };
+    on_hbone(targets(g, &served.network, own, HBONE_PORT))
+}
+
+/// An endpoint reached through an internal listener, which is given its address.
+fn internal(listener: &str, address: SocketAddr, tunnel: bool) -> LbEndpoint {
+    let target = address.to_string();
+    let mut filter_metadata = std::collections::HashMap::from([(
+        ORIGINAL_DST.to_string(),
+        strings(&[("local", &target)]),
+    )]);
+    if tunnel {
+        filter_metadata.insert(SOCKET_MATCH.into(), strings(&[TUNNEL]));
+    }
+    LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+            address: Some(Address {
+                address: Some(address::Address::EnvoyInternalAddress(
+                    EnvoyInternalAddress {
+                        address_name_specifier: Some(AddressNameSpecifier::ServerListenerName(
+                            listener.into(),
+                        )),
+                        endpoint_id: target,
+                    },
+                )),
+            }),
+            ..Default::default()
+        })),
+        metadata: Some(Metadata {
+            filter_metadata,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn strings(pairs: &[(&str, &str)]) -> Struct {
+    Struct {
+        fields: pairs
+            .iter()
+            .map(|(k, v)| {
+                let value = Value {
+                    kind: Some(Kind::StringValue(v.to_string())),
+                };
+                (k.to_string(), value)
+            })
+            .collect(),
+    }
+}
+
+/// Passes an endpoint's original-destination metadata to the internal listener it reaches.
+fn internal_upstream() -> TransportSocket {
+    let config = InternalUpstreamTransport {
+        passthrough_metadata: vec![MetadataValueSource {
+            kind: Some(MetadataKind {
+                kind: Some(metadata_kind::Kind::Host(metadata_kind::Host {})),
+            }),
+            name: ORIGINAL_DST.into(),
+        }],
+        transport_socket: Some(raw_buffer()),
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.internal_upstream".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(config))),
+    }
+}
+
+fn raw_buffer() -> TransportSocket {
+    TransportSocket {
+        name: "envoy.transport_sockets.raw_buffer".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(
+            RawBuffer::default(),
+        ))),
+    }
+}

@@ -1,0 +1,115 @@
+//! Ambient mode's Envoy proxies (node type `waypoint`), named as istiod names theirs
+//! (pilot/pkg/networking/core/{listener_waypoint,cluster_waypoint,waypoint}.go):
+//! - a **waypoint** takes the HBONE tunnels ztunnel opens to the services that use it
+//!   (`istio.io/use-waypoint`) and proxies each to the service's endpoints: directly, or through
+//!   `connect_originate` (HBONE again, to the endpoint's ztunnel) for pods ztunnel captures;
+//! - an **east-west gateway** takes other networks' double-HBONE tunnels to its network's services
+//!   and forwards the inner tunnel untouched through `forward_inner_connect` to an endpoint's
+//!   ztunnel, or to the service's waypoint, on 15008.
+//!
+//! Both terminate mTLS and HTTP/2 CONNECT on `connect_terminate` (15008). A tunnel is routed by its
+//! `:authority`: `<VIP>:<port>` as ztunnel sends it to a waypoint, `<hostname>:<port>` as it sends
+//! it through an east-west gateway; each names a service port's `inbound-vip|<port>|tcp|<host>`
+//! cluster. istiod passes the tunnel through an internal listener (`main_internal`) that matches
+//! the restored destination and is where its waypoints process HTTP; meshpilot's waypoints proxy
+//! TCP (docs/ambient.md), so the route is the whole match.
+
+mod clusters;
+mod listeners;
+
+use std::sync::Arc;
+
+use super::generation::Generation;
+use crate::istio::gateway_api::GATEWAY_NAME_LABEL;
+use crate::model::waypoints::WaypointClass;
+use crate::model::{Health, Protocol, Service, Waypoint};
+use crate::xds::protocol::ResourceType;
+use crate::xds::wire::{Listing, Resource};
+
+pub(super) use clusters::endpoints;
+
+/// What one waypoint proxy serves.
+struct Served {
+    waypoint: Arc<Waypoint>,
+    /// The services it takes tunnels to, by hostname; each with its TCP ports.
+    services: Vec<(Arc<Service>, Vec<u16>)>,
+    /// The network whose endpoints it reaches.
+    network: Arc<str>,
+}
+
+impl Served {
+    fn east_west(&self) -> bool {
+        self.waypoint.class == WaypointClass::EastWest
+    }
+}
+
+pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
+    let Some(served) = served(g) else {
+        return Listing::default();
+    };
+    match ty {
+        ResourceType::Cluster => Listing::own(clusters::all(g, &served)),
+        ResourceType::Listener => Listing::own(listeners::all(g, &served)),
+        _ => Listing::default(),
+    }
+}
+
+pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
+    if ty == ResourceType::Endpoint {
+        return endpoints(g, name);
+    }
+    let listing = all(g, ty);
+    listing.own.into_iter().find(|r| *r.name == *name)
+}
+
+/// The proxy's Gateway (its pod's `gateway.networking.k8s.io/gateway-name`, in its namespace) and
+/// what it serves; none when that Gateway is no accepted ambient one.
+fn served(g: &Generation<'_>) -> Option<Served> {
+    let name = g.proxy.labels.get(GATEWAY_NAME_LABEL)?;
+    let gateway_api = g.mesh.config.gateway_api();
+    let waypoint = gateway_api.waypoint(&g.proxy.namespace, name)?.clone();
+    let network: Arc<str> = match &waypoint.network {
+        Some(network) => network.as_str().into(),
+        None => g.node_network().into(),
+    };
+    let all = g.mesh.services.all();
+    let services = all.iter().filter(|s| match waypoint.class {
+        WaypointClass::Waypoint => g
+            .mesh
+            .service_waypoint(s)
+            .is_some_and(|w| Arc::ptr_eq(w, &waypoint)),
+        WaypointClass::EastWest => reached_through(g, s, &network),
+    });
+    let services = services
+        .map(|s| {
+            let ports = s.ports.iter().filter(|p| p.protocol != Protocol::Udp);
+            (s.clone(), ports.map(|p| p.port).collect())
+        })
+        .collect();
+    Some(Served {
+        waypoint,
+        services,
+        network,
+    })
+}
+
+/// Whether an east-west gateway of `network` takes tunnels to a service: it has healthy endpoints
+/// there and is no gateway's or waypoint's own (those are how traffic enters, not destinations).
+fn reached_through(g: &Generation<'_>, service: &Service, network: &str) -> bool {
+    let gateways = g.mesh.gateways.by_network.values().flatten();
+    if gateways
+        .clone()
+        .any(|gw| gw.service.as_ref() == Some(&service.hostname))
+    {
+        return false;
+    }
+    let waypoints = &g.mesh.config.gateway_api().waypoints;
+    if waypoints.iter().any(|w| w.host == *service.hostname) {
+        return false;
+    }
+    let Some(shards) = g.mesh.endpoints.get(&service.key()) else {
+        return false;
+    };
+    let mut endpoints = shards.endpoints();
+    endpoints.any(|e| *e.network == *network && e.health == Health::Healthy)
+}

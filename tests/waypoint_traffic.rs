@@ -1,0 +1,305 @@
+//! Real HBONE through real Envoys configured by meshpilot as ambient mode's waypoint and east-west
+//! gateway, each in its own network namespace, with a backend in a third. The test speaks as a
+//! ztunnel would (mutual TLS 1.3 with a workload certificate from meshpilot's CA, then HTTP/2
+//! CONNECT): to the waypoint by the service's VIP, and across networks by double HBONE — an outer
+//! tunnel to the east-west gateway named by the service's hostname, an inner one inside it to the
+//! service's waypoint, which the gateway must not let the tunnel past.
+
+mod common;
+
+use std::time::Duration;
+
+use common::hbone::{get, mesh_client, open};
+use common::netns::{link, proxy_in, Netns};
+use common::*;
+use envoy_types::pb::envoy::config::listener::v3::{filter, Listener};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, HttpConnectionManager,
+};
+use meshpilot::security::identity::Identity;
+use prost::Message;
+
+const BOUND: Duration = Duration::from_secs(30);
+const WEB: &str = "web.shop.svc.cluster.local";
+const WEB_VIP: &str = "10.96.5.5";
+const BACKEND: &str = "10.215.1.2";
+/// The waypoint's pod: the backend's network side, and the east-west gateway's.
+const WAYPOINT_POD: &str = "10.215.2.2";
+const WAYPOINT_CTL: &str = "10.215.11.2";
+const EAST_WEST_CTL: &str = "10.215.12.2";
+const WAYPOINT_NODE: &str = "waypoint~10.215.2.2~waypoint-0.shop~shop.svc.cluster.local";
+const EAST_WEST_NODE: &str =
+    "waypoint~10.215.12.2~eastwest-0.istio-system~istio-system.svc.cluster.local";
+
+/// c1 on network net1: `web` (one plain pod, not captured) in `shop`, whose namespace names the
+/// waypoint `waypoint`, and the waypoint's own Service and pod.
+fn cluster() -> String {
+    format!(
+        "
+apiVersion: v1
+kind: Namespace
+metadata: {{name: istio-system, labels: {{topology.istio.io/network: net1}}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: shop, labels: {{istio.io/use-waypoint: waypoint}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: shop}}
+spec: {{clusterIP: {WEB_VIP}, selector: {{app: web}}, ports: [{{name: http, port: 80, targetPort: 8080}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web-0, namespace: shop, labels: {{app: web}}}}
+spec: {{serviceAccountName: web, containers: []}}
+status: {{podIP: {BACKEND}, conditions: [{{type: Ready, status: 'True'}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [{BACKEND}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: web-0, namespace: shop}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: waypoint, namespace: shop, labels: {{gateway.istio.io/managed: istio.io-mesh-controller}}}}
+spec: {{clusterIP: 10.96.5.6, selector: {{gateway.networking.k8s.io/gateway-name: waypoint}}, ports: [{{name: mesh, port: 15008}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: waypoint-0, namespace: shop, labels: {{gateway.networking.k8s.io/gateway-name: waypoint}}}}
+spec: {{serviceAccountName: waypoint, containers: []}}
+status: {{podIP: {WAYPOINT_POD}, conditions: [{{type: Ready, status: 'True'}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: waypoint-1, namespace: shop, labels: {{kubernetes.io/service-name: waypoint}}}}
+addressType: IPv4
+ports: [{{name: mesh, port: 15008}}]
+endpoints: [{{addresses: [{WAYPOINT_POD}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: waypoint-0, namespace: shop}}}}]
+"
+    )
+}
+
+/// The waypoint, and the east-west gateway as Istio's multicluster guide writes it.
+const GATEWAYS: &str = "
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: eastwest
+  namespace: istio-system
+  labels: {topology.istio.io/network: net1}
+spec:
+  gatewayClassName: istio-east-west
+  listeners:
+  - name: mesh
+    port: 15008
+    protocol: HBONE
+    tls:
+      mode: Terminate
+      options: {gateway.istio.io/tls-terminate-mode: ISTIO_MUTUAL}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
+    let tag = std::process::id() % 100_000;
+    let waypoint_ns = Netns::create(&format!("wpw{tag}"));
+    let east_west_ns = Netns::create(&format!("wpe{tag}"));
+    let mut backend_ns = Netns::create(&format!("wpb{tag}"));
+    link(
+        None,
+        &format!("wpw{tag}h"),
+        "10.215.11.1/24",
+        &waypoint_ns,
+        "ctl",
+        "10.215.11.2/24",
+    );
+    link(
+        None,
+        &format!("wpe{tag}h"),
+        "10.215.12.1/24",
+        &east_west_ns,
+        "ctl",
+        "10.215.12.2/24",
+    );
+    link(
+        Some(&waypoint_ns),
+        "pods",
+        "10.215.1.1/24",
+        &backend_ns,
+        "data",
+        "10.215.1.2/24",
+    );
+    link(
+        Some(&east_west_ns),
+        "pods",
+        "10.215.2.1/24",
+        &waypoint_ns,
+        "eastwest",
+        "10.215.2.2/24",
+    );
+    backend_ns.serve_http_echo(8080);
+
+    let dir = tempfile::tempdir().unwrap();
+    let c1 = dir.path().join("clusters/c1");
+    std::fs::create_dir_all(&c1).unwrap();
+    write_atomic(&c1.join("mesh.yaml"), &cluster());
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    write_atomic(&dir.path().join("config/gateways.yaml"), GATEWAYS);
+    let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
+
+    // What meshpilot sends the waypoint, decoded: its tunnel listener routes the VIP and the
+    // hostname authorities of web's port to web's cluster.
+    let listeners: Vec<Listener> = ads::fetch(
+        mp.xds_addr,
+        labelled_node(
+            WAYPOINT_NODE,
+            &[("CLUSTER_ID", "c1")],
+            &[("gateway.networking.k8s.io/gateway-name", "waypoint")],
+        ),
+        "type.googleapis.com/envoy.config.listener.v3.Listener",
+        &[],
+    )
+    .await;
+    let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["connect_terminate", "connect_originate"]);
+    let manager = match &listeners[0].filter_chains[0].filters[0].config_type {
+        Some(filter::ConfigType::TypedConfig(any)) => {
+            HttpConnectionManager::decode(&any.value[..]).unwrap()
+        }
+        other => panic!("no connection manager: {other:?}"),
+    };
+    let Some(RouteSpecifier::RouteConfig(routes)) = manager.route_specifier else {
+        panic!("routes inline");
+    };
+    let hosts: Vec<(&str, Vec<&str>)> = routes
+        .virtual_hosts
+        .iter()
+        .map(|v| {
+            (
+                v.name.as_str(),
+                v.domains.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    let cluster = format!("inbound-vip|80|tcp|{WEB}");
+    let (vip, host) = (format!("{WEB_VIP}:80"), format!("{WEB}:80"));
+    assert_eq!(
+        hosts,
+        [(cluster.as_str(), vec![vip.as_str(), host.as_str()])]
+    );
+
+    let waypoint = proxy_in(
+        &mp,
+        &waypoint_ns,
+        WAYPOINT_NODE,
+        &[("gateway.networking.k8s.io/gateway-name", "waypoint")],
+        "waypoint",
+        (WAYPOINT_CTL, "10.215.11.1"),
+        false,
+    )
+    .await;
+    let east_west = proxy_in(
+        &mp,
+        &east_west_ns,
+        EAST_WEST_NODE,
+        &[("gateway.networking.k8s.io/gateway-name", "eastwest")],
+        "eastwest",
+        (EAST_WEST_CTL, "10.215.12.1"),
+        false,
+    )
+    .await;
+    wait_for("the waypoint's endpoints of web", BOUND, || {
+        let (waypoint, cluster) = (&waypoint, cluster.clone());
+        async move { (waypoint.endpoints(&cluster).await == [format!("{BACKEND}:8080")]).then_some(()) }
+    })
+    .await;
+    wait_for("the gateway's route to web's waypoint", BOUND, || {
+        let (east_west, cluster) = (&east_west, cluster.clone());
+        async move {
+            let endpoints = east_west.endpoints(&cluster).await;
+            // Internal endpoints show as the listener they reach.
+            (endpoints.len() == 1).then_some(())
+        }
+    })
+    .await;
+
+    let client = mesh_client(&workload_certs(&mp, "frontend", "sleep"));
+    let waypoint_identity = Identity::new("cluster.local", "shop", "waypoint");
+
+    // A ztunnel of the waypoint's network: one tunnel to the waypoint, named by web's VIP.
+    let (status, body) = wait_for("a request through the waypoint", BOUND, || {
+        let (client, waypoint_identity) = (client.clone(), waypoint_identity.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
+                .await
+                .ok()?;
+            let tunnel = open(tcp, client, &format!("{WEB_VIP}:80")).await.ok()?;
+            assert_eq!(tunnel.peer, std::slice::from_ref(&waypoint_identity));
+            get(tunnel.stream, WEB, "/through-waypoint").await.ok()
+        }
+    })
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["path"], "/through-waypoint");
+    assert_eq!(answer["server"], BACKEND);
+
+    // An authority the waypoint does not serve opens no tunnel.
+    let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
+        .await
+        .unwrap();
+    let refused = open(tcp, client.clone(), "10.96.99.99:80").await.err();
+    assert_eq!(refused.as_deref(), Some("CONNECT answered 404 Not Found"));
+
+    // Another network's ztunnel: double HBONE. The outer tunnel ends at the east-west gateway
+    // (named by web's hostname); the inner one, inside it, at web's waypoint.
+    let (status, body) = wait_for("a request across networks", BOUND, || {
+        let (client, waypoint_identity) = (client.clone(), waypoint_identity.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect((EAST_WEST_CTL, 15008))
+                .await
+                .ok()?;
+            let outer = open(tcp, client.clone(), &format!("{WEB}:80")).await.ok()?;
+            assert_eq!(
+                outer.peer,
+                [Identity::new("cluster.local", "istio-system", "eastwest")]
+            );
+            let inner = open(outer.stream, client, &format!("{WEB}:80"))
+                .await
+                .ok()?;
+            assert_eq!(
+                inner.peer,
+                std::slice::from_ref(&waypoint_identity),
+                "past the waypoint"
+            );
+            get(inner.stream, WEB, "/across-networks").await.ok()
+        }
+    })
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["path"], "/across-networks");
+    assert_eq!(answer["server"], BACKEND);
+    assert!(
+        east_west
+            .counter(&format!("cluster.{cluster}.upstream_cx_total"))
+            .await
+            >= 1
+    );
+    assert!(
+        waypoint
+            .counter(&format!("cluster.{cluster}.upstream_cx_total"))
+            .await
+            >= 2
+    );
+}
