@@ -417,4 +417,49 @@ async fn the_leader_writes_the_status_of_config_cluster_objects() {
             "{kind} left behind"
         );
     }
+
+    // The Gateway `istioctl waypoint apply` writes deploys a waypoint proxy named after it.
+    api.apply_yaml(
+        "
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop, labels: {istio.io/waypoint-for: service}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+",
+    );
+    let service = wait_for("the waypoint's Service", BOUND, || async {
+        api.get("Service", "shop", "waypoint")
+    })
+    .await;
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    let ports: Vec<(i64, &str)> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["port"].as_i64().unwrap(),
+                p["appProtocol"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ports, [(15021, "tcp"), (15008, "hbone")]);
+    let deployment = api
+        .get("Deployment", "shop", "waypoint")
+        .expect("a Deployment");
+    let proxy = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(proxy["args"][1], "waypoint");
+    let waypoint = wait_for("the waypoint's status", BOUND, || async {
+        let gateway = api.get("Gateway.gateway.networking.k8s.io", "shop", "waypoint")?;
+        gateway["status"]["conditions"]
+            .is_array()
+            .then_some(gateway)
+    })
+    .await;
+    assert_eq!(
+        condition(&waypoint["status"]["conditions"], "Programmed"),
+        ("True".into(), "Programmed".into())
+    );
 }

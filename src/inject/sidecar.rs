@@ -377,10 +377,11 @@ pub fn volumes() -> Vec<Volume> {
     ]
 }
 
-/// A gateway pod running Istio's proxy as a router (no capture), with extra proxy environment
-/// (its network view, …) and ports: the east-west gateway of the manifests.
+/// A gateway pod running Istio's proxy as `proxy_type` (`router`, or `waypoint` for ambient
+/// mode's; no capture), with extra proxy environment (its network view, …) and ports.
 pub fn gateway_pod_spec(
     config: &InjectConfig,
+    proxy_type: &str,
     service_account: &str,
     extra_env: &[(&str, &str)],
     ports: Vec<ContainerPort>,
@@ -412,7 +413,7 @@ pub fn gateway_pod_spec(
         image: Some(config.proxy_image.clone()),
         args: Some(vec![
             "proxy".into(),
-            "router".into(),
+            proxy_type.into(),
             "--domain".into(),
             format!("$(POD_NAMESPACE).svc.{}", config.domain_suffix),
             "--proxyLogLevel=warning".into(),

@@ -69,6 +69,7 @@ pub fn deployment(values: &Values) -> Deployment {
     });
     let spec = gateway_pod_spec(
         &config,
+        "router",
         NAME,
         &[
             ("PROXY_CONFIG", &proxy_config),

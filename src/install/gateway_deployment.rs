@@ -1,10 +1,15 @@
 //! Automated deployment of Gateway API Gateways, as istiod's deployment controller
-//! (pilot/pkg/config/kube/gateway/deploymentcontroller.go, with its kube-gateway.yaml template):
-//! for every Gateway of a class meshpilot implements that names no address of its own, the leader
-//! keeps a ServiceAccount, a Deployment of Istio's proxy as a router, and a Service, all named
-//! `<gateway>-<class>` in the Gateway's namespace, labelled with the Gateway's name, and owned by
-//! the Gateway, so that the API server's garbage collector removes them with it. An object of that
-//! name that meshpilot did not make (no `gateway.istio.io/managed` label) is left alone.
+//! (pilot/pkg/config/kube/gateway/deploymentcontroller.go, with its kube-gateway.yaml and
+//! waypoint.yaml templates): for every Gateway of a class meshpilot implements that names no
+//! address of its own, the leader keeps a ServiceAccount, a Deployment of Istio's proxy and a
+//! Service in the Gateway's namespace, labelled with the Gateway's name, and owned by the Gateway,
+//! so that the API server's garbage collector removes them with it. An object of that name that
+//! meshpilot did not make (no `gateway.istio.io/managed` label) is left alone.
+//!
+//! The `istio` class deploys a router named `<gateway>-<class>` behind a LoadBalancer; the ambient
+//! classes a `waypoint` proxy named `<gateway>`, outside ambient capture, behind a ClusterIP
+//! Service (a waypoint) or a LoadBalancer carrying the Gateway's network label (an east-west
+//! gateway, which is how other networks find it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,7 +31,8 @@ use crate::inject::{gateway_pod_spec, InjectConfig};
 use crate::istio::gateway_api::{KubernetesGateway, GATEWAY_NAME_LABEL, GROUP};
 use crate::istio::{ConfigObject, Origin, Spec};
 use crate::model::gateway_api::status::ObjectStatus;
-use crate::model::{ClusterId, Mesh, MeshSnapshot};
+use crate::model::waypoints::WaypointClass;
+use crate::model::{ClusterId, Mesh, MeshSnapshot, LABEL_NETWORK};
 
 /// The label on what meshpilot deploys, with istiod's value: objects without it are not its own.
 const MANAGED_LABEL: &str = "gateway.istio.io/managed";
@@ -50,9 +56,14 @@ pub struct Manifests {
     pub service: Service,
 }
 
-/// The objects a managed Gateway deploys; None for a Gateway that names its own address (a
-/// manual deployment) or has no API server id to be owned by.
-pub fn manifests(object: &ConfigObject, config: &InjectConfig) -> Option<Manifests> {
+/// The objects a managed Gateway deploys (`ambient`: the Gateway's ambient class, if it has
+/// one); None for a Gateway that names its own address (a manual deployment) or has no API server
+/// id to be owned by.
+pub fn manifests(
+    object: &ConfigObject,
+    config: &InjectConfig,
+    ambient: Option<WaypointClass>,
+) -> Option<Manifests> {
     let Spec::KubernetesGateway(gateway) = &object.spec else {
         return None;
     };
@@ -61,13 +72,16 @@ pub fn manifests(object: &ConfigObject, config: &InjectConfig) -> Option<Manifes
     }
     let uid = object.meta.uid.clone()?;
     let annotation = |key: &str| object.meta.annotations.get(key).cloned();
-    let name = annotation(NAME_OVERRIDE)
-        .unwrap_or_else(|| format!("{}-{}", object.key.name, gateway.gateway_class_name));
+    let name = annotation(NAME_OVERRIDE).unwrap_or_else(|| match ambient {
+        Some(_) => object.key.name.to_string(),
+        None => format!("{}-{}", object.key.name, gateway.gateway_class_name),
+    });
+    let kind = Kind::of(ambient, object.meta.labels.get(LABEL_NETWORK));
     let account = annotation(SERVICE_ACCOUNT).unwrap_or_else(|| name.clone());
     let namespace = object.key.namespace.to_string();
     let selector = BTreeMap::from([(GATEWAY_NAME_LABEL.to_string(), object.key.name.to_string())]);
     let mut labels = selector.clone();
-    labels.insert(MANAGED_LABEL.into(), MANAGED.into());
+    labels.insert(MANAGED_LABEL.into(), kind.managed.into());
     let meta = |name: &str| ObjectMeta {
         name: Some(name.to_string()),
         namespace: Some(namespace.clone()),
@@ -86,14 +100,76 @@ pub fn manifests(object: &ConfigObject, config: &InjectConfig) -> Option<Manifes
             metadata: meta(&account),
             ..Default::default()
         },
-        deployment: deployment(meta(&name), &name, &account, &selector, gateway, config),
-        service: service(
+        deployment: deployment(
             meta(&name),
+            &name,
+            &account,
             &selector,
             gateway,
-            annotation(SERVICE_TYPE).unwrap_or_else(|| "LoadBalancer".into()),
+            config,
+            &kind,
+        ),
+        service: service(
+            ObjectMeta {
+                labels: Some(
+                    labels
+                        .clone()
+                        .into_iter()
+                        .chain(kind.service_labels())
+                        .collect(),
+                ),
+                ..meta(&name)
+            },
+            &selector,
+            gateway,
+            annotation(SERVICE_TYPE).unwrap_or_else(|| kind.service_type.into()),
         ),
     })
+}
+
+/// How a class's Gateways deploy.
+struct Kind<'a> {
+    /// The value of `gateway.istio.io/managed` (istiod's controller name, `/` made `-`).
+    managed: &'static str,
+    /// The proxy's node type.
+    proxy: &'static str,
+    service_type: &'static str,
+    /// An east-west gateway's network: its Service and proxy carry it.
+    network: Option<&'a String>,
+    /// Its pods stay out of ambient capture (waypoints and east-west gateways are the data path).
+    uncaptured: bool,
+}
+
+impl<'a> Kind<'a> {
+    fn of(ambient: Option<WaypointClass>, network: Option<&'a String>) -> Self {
+        let ambient_kind = |managed, service_type, network| Kind {
+            managed,
+            proxy: "waypoint",
+            service_type,
+            network,
+            uncaptured: true,
+        };
+        match ambient {
+            None => Kind {
+                managed: MANAGED,
+                proxy: "router",
+                service_type: "LoadBalancer",
+                network: None,
+                uncaptured: false,
+            },
+            Some(WaypointClass::Waypoint) => {
+                ambient_kind("istio.io-mesh-controller", "ClusterIP", None)
+            }
+            Some(WaypointClass::EastWest) => {
+                ambient_kind("istio.io-eastwest-controller", "LoadBalancer", network)
+            }
+        }
+    }
+
+    fn service_labels(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        let network = self.network.iter();
+        network.map(|n| (LABEL_NETWORK.to_string(), n.to_string()))
+    }
 }
 
 fn deployment(
@@ -103,6 +179,7 @@ fn deployment(
     selector: &BTreeMap<String, String>,
     gateway: &KubernetesGateway,
     config: &InjectConfig,
+    kind: &Kind<'_>,
 ) -> Deployment {
     let discovery = format!("istiod.{}.svc:15012", config.system_namespace);
     let proxy_config = serde_json::json!({ "discoveryAddress": discovery }).to_string();
@@ -111,10 +188,17 @@ fn deployment(
         container_port("http-envoy-prom", 15090),
     ];
     ports.extend(unique_ports(gateway).map(|(name, port, _)| container_port(&name, port)));
-    let spec = gateway_pod_spec(config, account, &[("PROXY_CONFIG", &proxy_config)], ports);
+    let mut env = vec![("PROXY_CONFIG", proxy_config.as_str())];
+    if let Some(network) = kind.network {
+        env.push(("ISTIO_META_REQUESTED_NETWORK_VIEW", network));
+    }
+    let spec = gateway_pod_spec(config, kind.proxy, account, &env, ports);
     let mut pod_labels = selector.clone();
+    if kind.uncaptured {
+        pod_labels.insert("istio.io/dataplane-mode".into(), "none".into());
+    }
     pod_labels.extend([
-        (MANAGED_LABEL.to_string(), MANAGED.to_string()),
+        (MANAGED_LABEL.to_string(), kind.managed.to_string()),
         ("sidecar.istio.io/inject".to_string(), "false".to_string()),
         (
             "service.istio.io/canonical-name".to_string(),
@@ -255,7 +339,11 @@ async fn apply_all(
         if !from_cluster || !matches!(status, ObjectStatus::Gateway(_)) {
             continue;
         }
-        let Some(manifests) = manifests(object, config) else {
+        let waypoint = snapshot
+            .config
+            .gateway_api()
+            .waypoint(&key.namespace, &key.name);
+        let Some(manifests) = manifests(object, config, waypoint.map(|w| w.class)) else {
             continue;
         };
         let objects = [
@@ -394,7 +482,7 @@ spec:
 
     #[test]
     fn a_managed_gateway_deploys_as_istiod_names_and_labels_it() {
-        let m = manifests(&gateway(""), &config()).expect("managed");
+        let m = manifests(&gateway(""), &config(), None).expect("managed");
         let service = m.service.spec.unwrap();
         let ports: Vec<(String, i32, String)> = service
             .ports
@@ -426,6 +514,47 @@ spec:
             Some("web-istio")
         );
         let manual = "  addresses: [{type: Hostname, value: ingress.shop.svc.cluster.local}]";
-        assert!(manifests(&gateway(manual), &config()).is_none());
+        assert!(manifests(&gateway(manual), &config(), None).is_none());
+    }
+
+    #[test]
+    fn ambient_gateways_deploy_a_waypoint_proxy_named_as_the_gateway() {
+        let mut object = gateway("");
+        object
+            .meta
+            .labels
+            .insert(LABEL_NETWORK.into(), "net2".into());
+        let waypoint = manifests(&object, &config(), Some(WaypointClass::Waypoint)).unwrap();
+        assert_eq!(waypoint.deployment.metadata.name.as_deref(), Some("web"));
+        let service = waypoint.service.spec.as_ref().unwrap();
+        assert_eq!(service.type_.as_deref(), Some("ClusterIP"));
+        let labels = waypoint.service.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[MANAGED_LABEL], "istio.io-mesh-controller");
+        assert!(!labels.contains_key(LABEL_NETWORK));
+        let pod = waypoint.deployment.spec.template;
+        assert_eq!(
+            pod.metadata.unwrap().labels.unwrap()["istio.io/dataplane-mode"],
+            "none"
+        );
+        let proxy = &pod.spec.unwrap().containers[0];
+        assert_eq!(proxy.args.as_ref().unwrap()[1], "waypoint");
+
+        let east_west = manifests(&object, &config(), Some(WaypointClass::EastWest)).unwrap();
+        let labels = east_west.service.metadata.labels.unwrap();
+        assert_eq!(
+            labels[LABEL_NETWORK], "net2",
+            "other networks find it by its label"
+        );
+        assert_eq!(labels[MANAGED_LABEL], "istio.io-eastwest-controller");
+        assert_eq!(
+            east_west.service.spec.unwrap().type_.as_deref(),
+            Some("LoadBalancer")
+        );
+        let proxy = &east_west.deployment.spec.template.spec.unwrap().containers[0];
+        let env = proxy.env.as_ref().unwrap();
+        let view = env
+            .iter()
+            .find(|e| e.name == "ISTIO_META_REQUESTED_NETWORK_VIEW");
+        assert_eq!(view.and_then(|e| e.value.as_deref()), Some("net2"));
     }
 }

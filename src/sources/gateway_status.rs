@@ -59,7 +59,9 @@ async fn write_changed(
     written: &mut HashMap<ConfigKey, Value>,
 ) -> bool {
     let mut all = true;
-    for (key, status) in &snapshot.config.gateway_api().status {
+    let statuses = &snapshot.config.gateway_api().status;
+    written.retain(|key, _| statuses.contains_key(key));
+    for (key, status) in statuses {
         let from_cluster = snapshot.config.get(key).is_some_and(|o| {
             matches!(&o.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str())
         });
@@ -93,6 +95,10 @@ async fn write_changed(
             Ok(Ok(_)) => {
                 debug!(object = %key, "Gateway API status written");
                 written.insert(key.clone(), wanted);
+            }
+            // Deleted since this snapshot: the next one no longer has it.
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+                debug!(object = %key, "Gateway API object gone before its status was written");
             }
             Ok(Err(e)) => {
                 warn!(object = %key, error = %crate::kube_error::Readable(&e), "cannot write the Gateway API status; retrying");
