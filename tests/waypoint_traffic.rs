@@ -3,7 +3,8 @@
 //! ztunnel would (mutual TLS 1.3 with a workload certificate from meshpilot's CA, then HTTP/2
 //! CONNECT): to the waypoint by the service's VIP, and across networks by double HBONE — an outer
 //! tunnel to the east-west gateway named by the service's hostname, an inner one inside it to the
-//! service's waypoint, which the gateway must not let the tunnel past.
+//! service's waypoint, which the gateway must not let the tunnel past. The waypoint applies the
+//! service's HTTPRoute to what the tunnels carry.
 
 mod common;
 
@@ -107,6 +108,17 @@ spec:
     tls:
       mode: Terminate
       options: {gateway.istio.io/tls-terminate-mode: ISTIO_MUTUAL}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{group: '', kind: Service, name: web, port: 80}]
+  rules:
+  - filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {add: [{name: x-waypoint, value: processed}]}
+    backendRefs: [{name: web, port: 80}]
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,7 +183,8 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     )
     .await;
     let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
-    assert_eq!(names, ["connect_terminate", "connect_originate"]);
+    let http = format!("main_internal|80|{WEB}");
+    assert_eq!(names, ["connect_terminate", "connect_originate", &http]);
     let manager = match &listeners[0].filter_chains[0].filters[0].config_type {
         Some(filter::ConfigType::TypedConfig(any)) => {
             HttpConnectionManager::decode(&any.value[..]).unwrap()
@@ -191,12 +204,10 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
             )
         })
         .collect();
-    let cluster = format!("inbound-vip|80|tcp|{WEB}");
     let (vip, host) = (format!("{WEB_VIP}:80"), format!("{WEB}:80"));
-    assert_eq!(
-        hosts,
-        [(cluster.as_str(), vec![vip.as_str(), host.as_str()])]
-    );
+    assert_eq!(hosts, [(http.as_str(), vec![vip.as_str(), host.as_str()])]);
+    let cluster = format!("inbound-vip|80|http|{WEB}");
+    let passed_on = format!("inbound-vip|80|tcp|{WEB}");
 
     let waypoint = proxy_in(
         &mp,
@@ -224,7 +235,7 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     })
     .await;
     wait_for("the gateway's route to web's waypoint", BOUND, || {
-        let (east_west, cluster) = (&east_west, cluster.clone());
+        let (east_west, cluster) = (&east_west, passed_on.clone());
         async move {
             let endpoints = east_west.endpoints(&cluster).await;
             // Internal endpoints show as the listener they reach.
@@ -253,6 +264,10 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["path"], "/through-waypoint");
     assert_eq!(answer["server"], BACKEND);
+    assert_eq!(
+        answer["headers"]["x-waypoint"], "processed",
+        "the route's filter"
+    );
 
     // An authority the waypoint does not serve opens no tunnel.
     let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
@@ -290,16 +305,18 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["path"], "/across-networks");
     assert_eq!(answer["server"], BACKEND);
+    assert_eq!(answer["headers"]["x-waypoint"], "processed");
     assert!(
         east_west
-            .counter(&format!("cluster.{cluster}.upstream_cx_total"))
+            .counter(&format!("cluster.{passed_on}.upstream_cx_total"))
             .await
             >= 1
     );
     assert!(
         waypoint
-            .counter(&format!("cluster.{cluster}.upstream_cx_total"))
+            .counter(&format!("cluster.{cluster}.upstream_rq_total"))
             .await
-            >= 2
+            >= 2,
+        "both requests through the waypoint's HTTP processing"
     );
 }

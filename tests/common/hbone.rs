@@ -155,22 +155,43 @@ where
     })
 }
 
-/// An HTTP/1.1 GET over a stream: the status and body.
+/// An HTTP/1.1 GET over a stream: the status and body (read to its `content-length`, so the
+/// answer does not depend on how the stream closes).
 pub async fn get<IO: AsyncRead + AsyncWrite + Unpin>(
     mut io: IO,
     host: &str,
     path: &str,
 ) -> std::io::Result<(u16, String)> {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n");
     io.write_all(request.as_bytes()).await?;
     let mut answer = Vec::new();
-    io.read_to_end(&mut answer).await?;
-    let text = String::from_utf8_lossy(&answer);
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Ok((status, body.to_string()))
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = io.read(&mut chunk).await?;
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        answer.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&answer);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let length = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().to_string())
+            })
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        if body.len() >= length {
+            let status = head
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            return Ok((status, body.to_string()));
+        }
+    }
 }

@@ -110,7 +110,10 @@ impl Generation<'_> {
 
     fn build(&self, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
         match ty {
-            ResourceType::Endpoint if self.kind() == Some(ProxyKind::Waypoint) => {
+            ResourceType::Endpoint
+                if self.kind() == Some(ProxyKind::Waypoint)
+                    && names::parse_inbound_vip(name).is_some() =>
+            {
                 return waypoint::endpoints(self, name)
             }
             ResourceType::Endpoint => return eds::build(self, name),

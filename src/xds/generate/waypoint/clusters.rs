@@ -1,5 +1,6 @@
-//! A waypoint proxy's clusters and their endpoints: `inbound-vip|<port>|tcp|<host>` per served
-//! service port (EDS), and the cluster behind its internal listener.
+//! A waypoint proxy's clusters and their endpoints: `inbound-vip|<port>|<tcp|http>|<host>` per
+//! served service port (EDS), `main_internal|<port>|<host>` to an HTTP port's internal listener,
+//! the outbound clusters its routes send to, and the cluster behind its internal listener.
 //!
 //! A waypoint's endpoints are the service's healthy endpoints on its network: a pod ztunnel
 //! captures is reached through `connect_originate` (its address passed on as the tunnel's
@@ -8,6 +9,7 @@
 //! endpoints — or of its waypoint's pods, so that traffic from another network is not let past the
 //! waypoint (Istio's open issue).
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -33,11 +35,12 @@ use envoy_types::util::pack_any;
 
 use super::{served, Served};
 use crate::model::waypoints::HBONE_PORT;
-use crate::model::{Health, Service};
+use crate::model::{Health, Protocol, Service};
+use crate::xds::generate::clusters as shared_clusters;
 use crate::xds::generate::common::{ads, seconds, socket};
 use crate::xds::generate::generation::Generation;
-use crate::xds::generate::names::{inbound_vip_cluster, parse_inbound_vip};
-use crate::xds::generate::policy::http2_tunnels;
+use crate::xds::generate::names::{inbound_vip_cluster, parse_inbound_vip, parse_outbound};
+use crate::xds::generate::policy::{http2_only, http2_tunnels};
 use crate::xds::generate::tls::hbone_upstream;
 use crate::xds::wire::Resource;
 
@@ -50,14 +53,36 @@ const SOCKET_MATCH: &str = "envoy.transport_socket_match";
 const TUNNEL: (&str, &str) = ("tunnel", "hbone");
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
+/// The internal listener (and the cluster reaching it) processing a served HTTP port.
+pub(super) fn main_internal(port: u16, host: &str) -> String {
+    format!("main_internal|{port}|{host}")
+}
+
 pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
     let mut clusters: Vec<Cluster> = Vec::new();
+    // Other services' outbound clusters that HTTP routes send to.
+    let mut outbound: BTreeSet<String> = BTreeSet::new();
     for (service, ports) in &served.services {
         for port in ports {
-            clusters.push(inbound_vip(
-                inbound_vip_cluster(*port, "tcp", &service.hostname),
-                served.east_west(),
-            ));
+            let host = &service.hostname;
+            if !served.http(port) {
+                let name = inbound_vip_cluster(port.port, "tcp", host);
+                clusters.push(inbound_vip(name, served.east_west()));
+                continue;
+            }
+            let mut cluster = inbound_vip(inbound_vip_cluster(port.port, "http", host), false);
+            if matches!(port.protocol, Protocol::Http2 | Protocol::Grpc) {
+                cluster.typed_extension_protocol_options = http2_only();
+            }
+            clusters.push(cluster);
+            clusters.push(to_internal_listener(&main_internal(port.port, host)));
+            let mut routes = super::http_routes(g, served, service, port.port);
+            let sent_to = routes.iter_mut().flat_map(super::destinations);
+            outbound.extend(
+                sent_to
+                    .filter(|c| parse_outbound(c).is_some())
+                    .map(|c| c.clone()),
+            );
         }
     }
     let trust_domains = vec![g.mesh_config().trust_domain.clone()];
@@ -69,10 +94,54 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
             ..original_dst(CONNECT_ORIGINATE)
         },
     });
-    clusters
+    let mut resources: Vec<Arc<Resource>> = clusters
         .iter()
         .map(|c| Arc::new(Resource::encode(c.name.as_str(), c)))
-        .collect()
+        .collect();
+    resources.extend(
+        outbound
+            .iter()
+            .filter_map(|name| shared_clusters::build(g, name)),
+    );
+    resources
+}
+
+/// A cluster of one endpoint: the internal listener of that name.
+fn to_internal_listener(name: &str) -> Cluster {
+    let endpoint = LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+            address: Some(internal_address(name, String::new())),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.into(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![endpoint],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn internal_address(listener: &str, endpoint_id: String) -> Address {
+    Address {
+        address: Some(address::Address::EnvoyInternalAddress(
+            EnvoyInternalAddress {
+                address_name_specifier: Some(AddressNameSpecifier::ServerListenerName(
+                    listener.into(),
+                )),
+                endpoint_id,
+            },
+        )),
+    }
 }
 
 /// A service port's cluster: endpoints over EDS, internal ones given their address to pass on.
@@ -124,10 +193,9 @@ fn original_dst(name: &str) -> Cluster {
 pub(crate) fn endpoints(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let parsed = parse_inbound_vip(name)?;
     let served = served(g)?;
-    let (service, _) = served
-        .services
-        .iter()
-        .find(|(s, ports)| *s.hostname == *parsed.host && ports.contains(&parsed.port))?;
+    let (service, _) = served.services.iter().find(|(s, ports)| {
+        *s.hostname == *parsed.host && ports.iter().any(|p| p.port == parsed.port)
+    })?;
     let targets = match served.east_west() {
         true => east_west_targets(g, &served, service, parsed.port),
         false => targets(g, &served.network, service, parsed.port),
@@ -227,16 +295,7 @@ fn internal(listener: &str, address: SocketAddr, tunnel: bool) -> LbEndpoint {
     }
     LbEndpoint {
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-            address: Some(Address {
-                address: Some(address::Address::EnvoyInternalAddress(
-                    EnvoyInternalAddress {
-                        address_name_specifier: Some(AddressNameSpecifier::ServerListenerName(
-                            listener.into(),
-                        )),
-                        endpoint_id: target,
-                    },
-                )),
-            }),
+            address: Some(internal_address(listener, target)),
             ..Default::default()
         })),
         metadata: Some(Metadata {

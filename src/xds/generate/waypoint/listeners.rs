@@ -1,5 +1,6 @@
 //! A waypoint proxy's listeners: `connect_terminate` on 15008, where tunnels end and are routed
-//! by authority, and the internal listener its clusters reach endpoints through —
+//! by authority, `main_internal|<port>|<host>` per served HTTP port, and the internal listener its
+//! clusters reach endpoints through —
 //! `connect_originate` (a new tunnel to a captured endpoint's ztunnel) on a waypoint,
 //! `forward_inner_connect` (the inner tunnel, passed on as bytes) on an east-west gateway.
 
@@ -31,11 +32,14 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::clusters::{CONNECT_ORIGINATE, FORWARD_INNER_CONNECT};
+use super::clusters::{main_internal, CONNECT_ORIGINATE, FORWARD_INNER_CONNECT};
 use super::Served;
 use crate::model::waypoints::HBONE_PORT;
+use crate::model::Service;
 use crate::xds::generate::common::{seconds, socket};
-use crate::xds::generate::filters::{hcm, hcm_filter, listener_filter, network_filter};
+use crate::xds::generate::filters::{
+    hcm, hcm_filter, listener_filter, network_filter, outbound_hcm,
+};
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::inbound_vip_cluster;
 use crate::xds::generate::tls::hbone_downstream;
@@ -55,10 +59,47 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
             Some("%DOWNSTREAM_LOCAL_ADDRESS%"),
         ),
     };
-    [connect_terminate(served, &trust_domains), inner]
+    let mut listeners = vec![connect_terminate(served, &trust_domains), inner];
+    for (service, ports) in &served.services {
+        for port in ports.iter().filter(|p| served.http(p)) {
+            listeners.push(http_processing(g, served, service, port.port));
+        }
+    }
+    listeners
         .iter()
         .map(|l| Arc::new(Resource::encode(l.name.as_str(), l)))
         .collect()
+}
+
+/// `main_internal|<port>|<host>`: the tunnels of a served HTTP port, processed as HTTP by the
+/// host's routes.
+fn http_processing(g: &Generation<'_>, served: &Served, service: &Service, port: u16) -> Listener {
+    let name = main_internal(port, &service.hostname);
+    let routes = RouteConfiguration {
+        name: name.clone(),
+        virtual_hosts: vec![VirtualHost {
+            name: format!("inbound|http|{port}"),
+            domains: vec!["*".into()],
+            routes: super::http_routes(g, served, service, port),
+            ..Default::default()
+        }],
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    };
+    let manager = outbound_hcm(&name, RouteSpecifier::RouteConfig(routes), &[]);
+    Listener {
+        name: name.clone(),
+        listener_specifier: Some(ListenerSpecifier::InternalListener(
+            InternalListenerConfig {},
+        )),
+        filter_chains: vec![FilterChain {
+            name,
+            filters: vec![hcm_filter(manager, None)],
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    }
 }
 
 /// Ends mTLS and HTTP/2 CONNECT on 15008; each tunnel's payload goes to the cluster its authority
@@ -66,8 +107,12 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
 fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
     let mut virtual_hosts = Vec::new();
     for (service, ports) in &served.services {
-        for port in ports {
-            let cluster = inbound_vip_cluster(*port, "tcp", &service.hostname);
+        for service_port in ports {
+            let port = &service_port.port;
+            let cluster = match served.http(service_port) {
+                true => main_internal(*port, &service.hostname),
+                false => inbound_vip_cluster(*port, "tcp", &service.hostname),
+            };
             // ztunnel names a VIP as `<VIP>:<port>` (through an east-west gateway, the hostname).
             let mut domains = vec![format!("{}:{port}", service.hostname)];
             let vips = service.cluster_vips.values().flatten();

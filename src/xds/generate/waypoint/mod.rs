@@ -9,20 +9,27 @@
 //!
 //! Both terminate mTLS and HTTP/2 CONNECT on `connect_terminate` (15008). A tunnel is routed by its
 //! `:authority`: `<VIP>:<port>` as ztunnel sends it to a waypoint, `<hostname>:<port>` as it sends
-//! it through an east-west gateway; each names a service port's `inbound-vip|<port>|tcp|<host>`
-//! cluster. istiod passes the tunnel through an internal listener (`main_internal`) that matches
-//! the restored destination and is where its waypoints process HTTP; meshpilot's waypoints proxy
-//! TCP (docs/ambient.md), so the route is the whole match.
+//! it through an east-west gateway. A TCP port's tunnel goes to `inbound-vip|<port>|tcp|<host>`
+//! (the endpoints); an HTTP port's, at a waypoint, to the internal listener
+//! `main_internal|<port>|<host>`, whose connection manager applies the host's routes and sends to
+//! `inbound-vip|<port>|http|<host>` (or a route's other destinations). istiod passes every tunnel
+//! through one internal listener (`main_internal`) matching the destination restored from the
+//! authority; routing by authority in `connect_terminate` serves the same names without restoring
+//! addresses, and hostname authorities (double HBONE) alike.
 
 mod clusters;
 mod listeners;
 
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::route::v3::{route, route_action, Route};
+
 use super::generation::Generation;
+use super::names::{inbound_vip_cluster, parse_outbound};
+use super::routes::{self, virtual_host, RouteContext};
 use crate::istio::gateway_api::GATEWAY_NAME_LABEL;
 use crate::model::waypoints::WaypointClass;
-use crate::model::{Health, Protocol, Service, Waypoint};
+use crate::model::{Health, Protocol, Service, ServicePort, Waypoint};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::{Listing, Resource};
 
@@ -31,8 +38,8 @@ pub(super) use clusters::endpoints;
 /// What one waypoint proxy serves.
 struct Served {
     waypoint: Arc<Waypoint>,
-    /// The services it takes tunnels to, by hostname; each with its TCP ports.
-    services: Vec<(Arc<Service>, Vec<u16>)>,
+    /// The services it takes tunnels to, by hostname; each with its TCP-borne ports.
+    services: Vec<(Arc<Service>, Vec<ServicePort>)>,
     /// The network whose endpoints it reaches.
     network: Arc<str>,
 }
@@ -40,6 +47,60 @@ struct Served {
 impl Served {
     fn east_west(&self) -> bool {
         self.waypoint.class == WaypointClass::EastWest
+    }
+
+    /// Whether a port's tunnels are processed as HTTP: a waypoint's HTTP ports (an east-west
+    /// gateway passes every tunnel on as it is).
+    fn http(&self, port: &ServicePort) -> bool {
+        !self.east_west() && port.protocol.is_http()
+    }
+
+    fn serves(&self, host: &str) -> bool {
+        self.services.iter().any(|(s, _)| *s.hostname == *host)
+    }
+}
+
+/// A served HTTP port's routes: the VirtualServices (and HTTPRoutes) of its host as the waypoint's
+/// namespace sees them, else everything to the service; a destination the waypoint serves is
+/// reached at its endpoints (`inbound-vip|<port>|http|<host>`), any other through its outbound
+/// cluster, as istiod's `getWaypointDestinationCluster`.
+fn http_routes(g: &Generation<'_>, served: &Served, service: &Service, port: u16) -> Vec<Route> {
+    let own = inbound_vip_cluster(port, "http", &service.hostname);
+    let mut routes = virtual_host("default", Vec::new(), &own).routes;
+    let ctx = RouteContext {
+        g,
+        port,
+        gateway: None,
+    };
+    let config = &g.mesh.config;
+    if let Some(host_routes) = config.mesh_routes(&g.proxy.namespace, &service.hostname, None) {
+        let built = routes::http_routes(&ctx, &host_routes.http);
+        if !built.is_empty() {
+            routes = built;
+        }
+    }
+    for route in &mut routes {
+        for cluster in destinations(route) {
+            let parsed = parse_outbound(cluster).filter(|c| c.subset.is_empty());
+            if let Some(c) = parsed.filter(|c| served.serves(c.host)) {
+                *cluster = inbound_vip_cluster(c.port, "http", c.host);
+            }
+        }
+    }
+    routes
+}
+
+/// The clusters a route sends to.
+fn destinations(route: &mut Route) -> Vec<&mut String> {
+    let Some(route::Action::Route(action)) = &mut route.action else {
+        return Vec::new();
+    };
+    match &mut action.cluster_specifier {
+        Some(route_action::ClusterSpecifier::Cluster(name)) => vec![name],
+        Some(route_action::ClusterSpecifier::WeightedClusters(weighted)) => {
+            weighted.clusters.iter_mut().map(|c| &mut c.name).collect()
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -83,7 +144,7 @@ fn served(g: &Generation<'_>) -> Option<Served> {
     let services = services
         .map(|s| {
             let ports = s.ports.iter().filter(|p| p.protocol != Protocol::Udp);
-            (s.clone(), ports.map(|p| p.port).collect())
+            (s.clone(), ports.cloned().collect())
         })
         .collect();
     Some(Served {
