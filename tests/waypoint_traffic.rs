@@ -34,7 +34,7 @@ const EAST_WEST_NODE: &str =
 
 /// c1 on network net1: `web` (one plain pod, not captured) in `shop`, whose namespace names the
 /// waypoint `waypoint`, and the waypoint's own Service and pod.
-fn cluster() -> String {
+fn manifests() -> String {
     format!(
         "
 apiVersion: v1
@@ -164,7 +164,7 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     let dir = tempfile::tempdir().unwrap();
     let c1 = dir.path().join("clusters/c1");
     std::fs::create_dir_all(&c1).unwrap();
-    write_atomic(&c1.join("mesh.yaml"), &cluster());
+    write_atomic(&c1.join("mesh.yaml"), &manifests());
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
     write_atomic(&dir.path().join("config/gateways.yaml"), GATEWAYS);
     let mp = start_meshpilot(dir.path(), &["--xds-addr", "0.0.0.0:0"]).await;
@@ -238,8 +238,9 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
         let (east_west, cluster) = (&east_west, passed_on.clone());
         async move {
             let endpoints = east_west.endpoints(&cluster).await;
-            // Internal endpoints show as the listener they reach.
-            (endpoints.len() == 1).then_some(())
+            // The waypoint's pod, on HBONE's port, through the internal listener.
+            let via = format!("envoy://forward_inner_connect/{WAYPOINT_POD}:15008");
+            (endpoints == [via]).then_some(())
         }
     })
     .await;
@@ -319,4 +320,17 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
             >= 2,
         "both requests through the waypoint's HTTP processing"
     );
+
+    // The waypoint's pod moves: the gateway follows it (its endpoints are named after web).
+    let moved = "10.215.2.9";
+    write_atomic(
+        &c1.join("mesh.yaml"),
+        &manifests().replace(WAYPOINT_POD, moved),
+    );
+    wait_for("the gateway following the waypoint's pod", BOUND, || {
+        let (east_west, cluster) = (&east_west, passed_on.clone());
+        let via = format!("envoy://forward_inner_connect/{moved}:15008");
+        async move { (east_west.endpoints(&cluster).await == [via]).then_some(()) }
+    })
+    .await;
 }
