@@ -4,10 +4,11 @@
 //! CONNECT): to the waypoint by the service's VIP, and across networks by double HBONE — an outer
 //! tunnel to the east-west gateway named by the service's hostname, an inner one inside it to the
 //! service's waypoint, which the gateway must not let the tunnel past. The waypoint applies the
-//! service's HTTPRoute to what the tunnels carry.
+//! service's HTTPRoute and the AuthorizationPolicies targeting it to what the tunnels carry.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::hbone::{get, mesh_client, open};
@@ -83,6 +84,26 @@ endpoints: [{{addresses: [{WAYPOINT_POD}], conditions: {{ready: true}}, targetRe
 "
     )
 }
+
+/// Policies on the waypoint (by targetRefs, as Istio's ambient guides write them): only
+/// frontend's `sleep` may call, and never `/forbidden`.
+const POLICIES: &str = "
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: only-sleep, namespace: shop}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  action: ALLOW
+  rules: [{from: [{source: {principals: [cluster.local/ns/frontend/sa/sleep]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-forbidden, namespace: shop}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  action: DENY
+  rules: [{to: [{operation: {paths: [/forbidden]}}]}]
+";
 
 /// The waypoint, and the east-west gateway as Istio's multicluster guide writes it.
 const GATEWAYS: &str = "
@@ -319,6 +340,32 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
             .await
             >= 2,
         "both requests through the waypoint's HTTP processing"
+    );
+
+    // Policies targeting the waypoint are enforced on what the tunnels carry, on the identity
+    // of the tunnel's peer (the client workload's).
+    write_atomic(&dir.path().join("config/policies.yaml"), POLICIES);
+    let intruder = mesh_client(&workload_certs(&mp, "frontend", "intruder"));
+    let status_of = |client: Arc<rustls::ClientConfig>, path: &'static str| async move {
+        let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
+            .await
+            .ok()?;
+        let tunnel = open(tcp, client, &format!("{WEB_VIP}:80")).await.ok()?;
+        get(tunnel.stream, WEB, path)
+            .await
+            .ok()
+            .map(|(status, _)| status)
+    };
+    wait_for("the waypoint's DENY", BOUND, || {
+        let client = client.clone();
+        async move { (status_of(client, "/forbidden").await? == 403).then_some(()) }
+    })
+    .await;
+    assert_eq!(status_of(client.clone(), "/allowed").await, Some(200));
+    assert_eq!(
+        status_of(intruder, "/allowed").await,
+        Some(403),
+        "only sleep is allowed"
     );
 
     // The waypoint's pod moves: the gateway follows it (its endpoints are named after web).

@@ -181,15 +181,30 @@ impl SecurityPolicies {
 
     /// The AuthorizationPolicies of a workload, by action.
     pub fn authorization(&self, ns: &str, labels: &Labels) -> SelectedAuthorization<'_> {
+        self.select_authorization(ns, labels, false)
+    }
+
+    /// The AuthorizationPolicies a waypoint enforces: those targeting its Gateway (istiod leaves
+    /// namespace-wide and selector policies to ztunnel).
+    pub fn waypoint_authorization(&self, ns: &str, labels: &Labels) -> SelectedAuthorization<'_> {
+        self.select_authorization(ns, labels, true)
+    }
+
+    fn select_authorization(
+        &self,
+        ns: &str,
+        labels: &Labels,
+        targeted_only: bool,
+    ) -> SelectedAuthorization<'_> {
         let mut out = SelectedAuthorization::default();
         let (root, own) = self.scopes(ns);
         for object in root.into_iter().chain(own).flat_map(|n| &n.authorization) {
             let Spec::AuthorizationPolicy(policy) = &object.spec else {
                 continue;
             };
-            if !policy
-                .attachment()
-                .applies(&object.key.namespace, ns, labels)
+            let attachment = policy.attachment();
+            if (targeted_only && !attachment.by_target())
+                || !attachment.applies(&object.key.namespace, ns, labels)
             {
                 continue;
             }

@@ -23,6 +23,7 @@ use tracing::warn;
 
 use self::ext_authz::{HTTP_RBAC, MATCH_PREFIX, NETWORK_RBAC, SHADOW_PREFIX};
 use self::rules::Translation;
+pub use self::rules::PEER_PRINCIPAL_STATE;
 use super::filters::network_filter;
 use crate::model::policies::{Selected, SelectedAuthorization};
 use crate::model::MeshSnapshot;
@@ -39,6 +40,8 @@ pub struct Authorization<'a> {
     mesh: &'a MeshSnapshot,
     selected: SelectedAuthorization<'a>,
     trust_domains: Vec<String>,
+    /// Behind a waypoint's tunnel: the peer is read from the filter state its end shared.
+    peer_from_filter_state: bool,
 }
 
 /// Enforced rules and dry-run (shadow) rules of one action.
@@ -53,6 +56,26 @@ impl<'a> Authorization<'a> {
         namespace: &str,
         labels: &BTreeMap<String, String>,
     ) -> Self {
+        let selected = mesh.config.security().authorization(namespace, labels);
+        Self::new(mesh, selected, false)
+    }
+
+    /// A waypoint's: the policies targeting its Gateway, enforced on what its tunnels carry.
+    pub fn for_waypoint(
+        mesh: &'a MeshSnapshot,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Self {
+        let policies = mesh.config.security();
+        let selected = policies.waypoint_authorization(namespace, labels);
+        Self::new(mesh, selected, true)
+    }
+
+    fn new(
+        mesh: &'a MeshSnapshot,
+        selected: SelectedAuthorization<'a>,
+        peer_from_filter_state: bool,
+    ) -> Self {
         let config = mesh.config.mesh();
         let mut trust_domains = vec![config.trust_domain.clone()];
         trust_domains.extend(
@@ -64,8 +87,9 @@ impl<'a> Authorization<'a> {
         );
         Self {
             mesh,
-            selected: mesh.config.security().authorization(namespace, labels),
+            selected,
             trust_domains,
+            peer_from_filter_state,
         }
     }
 
@@ -174,6 +198,7 @@ impl<'a> Authorization<'a> {
                 strict: action == rbac::Action::Allow,
                 namespace: &key.namespace,
                 trust_domains: &self.trust_domains,
+                peer_from_filter_state: self.peer_from_filter_state,
             };
             for (i, rule) in policy.rules().iter().enumerate() {
                 if let Some(generated) = rules::policy(rule, &translation) {

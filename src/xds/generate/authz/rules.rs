@@ -10,7 +10,9 @@ use envoy_types::pb::envoy::config::rbac::v3::{
     permission, principal, MetadataSource, Permission, Policy, Principal, SourcedMetadata,
 };
 use envoy_types::pb::envoy::extensions::path::r#match::uri_template::v3::UriTemplateMatchConfig;
-use envoy_types::pb::envoy::r#type::matcher::v3::{path_matcher, MetadataMatcher, PathMatcher};
+use envoy_types::pb::envoy::r#type::matcher::v3::{
+    filter_state_matcher, path_matcher, FilterStateMatcher, MetadataMatcher, PathMatcher,
+};
 use envoy_types::util::pack_any;
 
 use super::matchers::{
@@ -27,7 +29,13 @@ pub struct Translation<'a> {
     pub namespace: &'a str,
     /// The local trust domain and its aliases; principals in any of them match all of them.
     pub trust_domains: &'a [String],
+    /// Where the peer's identity is read: its TLS certificate, or (behind a waypoint's tunnel,
+    /// where the connection is internal) the filter state the tunnel's end shared.
+    pub peer_from_filter_state: bool,
 }
+
+/// The filter state a waypoint's tunnel end shares with what it forwards to: the peer's URI SAN.
+pub const PEER_PRINCIPAL_STATE: &str = "io.istio.peer_principal";
 
 /// Why a value cannot be a matcher on this chain.
 struct HttpOnly;
@@ -316,13 +324,22 @@ fn http_only<T>(t: &Translation<'_>, value: T) -> Result<T, HttpOnly> {
     }
 }
 
-fn authenticated(m: envoy_types::pb::envoy::r#type::matcher::v3::StringMatcher) -> Principal {
+/// The peer's identity matching `m`.
+fn authenticated(
+    t: &Translation<'_>,
+    m: envoy_types::pb::envoy::r#type::matcher::v3::StringMatcher,
+) -> Principal {
+    let identifier = match t.peer_from_filter_state {
+        true => principal::Identifier::FilterState(FilterStateMatcher {
+            key: PEER_PRINCIPAL_STATE.into(),
+            matcher: Some(filter_state_matcher::Matcher::StringMatch(m)),
+        }),
+        false => principal::Identifier::Authenticated(principal::Authenticated {
+            principal_name: Some(m),
+        }),
+    };
     Principal {
-        identifier: Some(principal::Identifier::Authenticated(
-            principal::Authenticated {
-                principal_name: Some(m),
-            },
-        )),
+        identifier: Some(identifier),
     }
 }
 
@@ -347,20 +364,21 @@ fn principal_of(key: Key<'_>, v: &str, t: &Translation<'_>) -> Result<Option<Pri
     Ok(match key {
         Key::SourceIp => matchers::cidr(v).map(|c| id(principal::Identifier::DirectRemoteIp(c))),
         Key::RemoteIp => matchers::cidr(v).map(|c| id(principal::Identifier::RemoteIp(c))),
-        Key::Namespace => Some(authenticated(matchers::regex(&format!(
-            ".*/ns/{}/.*",
-            v.replace('*', ".*")
-        )))),
+        Key::Namespace => Some(authenticated(
+            t,
+            matchers::regex(&format!(".*/ns/{}/.*", v.replace('*', ".*"))),
+        )),
         Key::ServiceAccount => {
             let (ns, sa) = v.split_once('/').unwrap_or((t.namespace, v));
-            Some(authenticated(matchers::regex(&format!(
-                "spiffe://.+/ns/{ns}/(.+/|)sa/{sa}(/.+)?"
-            ))))
+            Some(authenticated(
+                t,
+                matchers::regex(&format!("spiffe://.+/ns/{ns}/(.+/|)sa/{sa}(/.+)?")),
+            ))
         }
         Key::Principal => {
             let mut or: Vec<Principal> = principal_variants(v, t.trust_domains)
                 .iter()
-                .map(|p| authenticated(wildcard(p, "spiffe://")))
+                .map(|p| authenticated(t, wildcard(p, "spiffe://")))
                 .collect();
             match or.len() {
                 1 => Some(or.remove(0)),
@@ -602,6 +620,22 @@ mod tests {
         serde_json::from_value(value).unwrap()
     }
 
+    #[test]
+    fn behind_a_tunnel_the_peer_is_read_from_the_shared_filter_state() {
+        let domains = ["cluster.local".to_string()];
+        let t = Translation {
+            for_tcp: false,
+            strict: true,
+            namespace: "shop",
+            trust_domains: &domains,
+            peer_from_filter_state: true,
+        };
+        let yaml = "from: [{source: {principals: [cluster.local/ns/a/sa/b], namespaces: [a]}}]";
+        let text = format!("{:?}", policy(&rule(yaml), &t).unwrap());
+        assert!(text.contains(PEER_PRINCIPAL_STATE), "{text}");
+        assert!(!text.contains("Authenticated"), "{text}");
+    }
+
     fn translate(yaml: &str, for_tcp: bool, strict: bool) -> Option<Policy> {
         let domains = ["cluster.local".to_string()];
         let t = Translation {
@@ -609,6 +643,7 @@ mod tests {
             strict,
             namespace: "shop",
             trust_domains: &domains,
+            peer_from_filter_state: false,
         };
         policy(&rule(yaml), &t)
     }

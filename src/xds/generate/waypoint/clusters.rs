@@ -53,7 +53,7 @@ const SOCKET_MATCH: &str = "envoy.transport_socket_match";
 const TUNNEL: (&str, &str) = ("tunnel", "hbone");
 const CONNECT_TIMEOUT_SECS: i64 = 10;
 
-/// The internal listener (and the cluster reaching it) processing a served HTTP port.
+/// The internal listener (and the cluster reaching it) processing a waypoint's served port.
 pub(super) fn main_internal(port: u16, host: &str) -> String {
     format!("main_internal|{port}|{host}")
 }
@@ -65,6 +65,9 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
     for (service, ports) in &served.services {
         for port in ports {
             let host = &service.hostname;
+            if !served.east_west() {
+                clusters.push(to_internal_listener(&main_internal(port.port, host)));
+            }
             if !served.http(port) {
                 let name = inbound_vip_cluster(port.port, "tcp", host);
                 clusters.push(inbound_vip(name, served.east_west()));
@@ -75,7 +78,6 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
                 cluster.typed_extension_protocol_options = http2_only();
             }
             clusters.push(cluster);
-            clusters.push(to_internal_listener(&main_internal(port.port, host)));
             let mut routes = super::http_routes(g, served, service, port.port);
             let sent_to = routes.iter_mut().flat_map(super::destinations);
             outbound.extend(
@@ -106,7 +108,8 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
     resources
 }
 
-/// A cluster of one endpoint: the internal listener of that name.
+/// A cluster of one endpoint: the internal listener of that name, given the filter state the
+/// tunnel's end shared (the internal upstream transport passes it).
 fn to_internal_listener(name: &str) -> Cluster {
     let endpoint = LbEndpoint {
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
@@ -119,6 +122,7 @@ fn to_internal_listener(name: &str) -> Cluster {
         name: name.into(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
         connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
+        transport_socket: Some(internal_upstream()),
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: name.into(),
             endpoints: vec![LocalityLbEndpoints {

@@ -1,6 +1,6 @@
 //! A waypoint proxy's listeners: `connect_terminate` on 15008, where tunnels end and are routed
-//! by authority, `main_internal|<port>|<host>` per served HTTP port, and the internal listener its
-//! clusters reach endpoints through —
+//! by authority, a waypoint's `main_internal|<port>|<host>` per served port, and the internal
+//! listener its clusters reach endpoints through —
 //! `connect_originate` (a new tunnel to a captured endpoint's ztunnel) on a waypoint,
 //! `forward_inner_connect` (the inner tunnel, passed on as bytes) on an east-west gateway.
 
@@ -9,9 +9,12 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::core::v3::{
+    data_source, substitution_format_string, DataSource, SubstitutionFormatString,
+};
 use envoy_types::pb::envoy::config::listener::v3::{
     listener::{InternalListenerConfig, ListenerSpecifier},
-    FilterChain, Listener,
+    Filter, FilterChain, Listener, ListenerFilter,
 };
 use envoy_types::pb::envoy::config::route::v3::{
     route::Action,
@@ -20,10 +23,14 @@ use envoy_types::pb::envoy::config::route::v3::{
     route_match::{ConnectMatcher, PathSpecifier},
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
+use envoy_types::pb::envoy::extensions::filters::common::set_filter_state::v3::{
+    filter_state_value, FilterStateValue,
+};
+use envoy_types::pb::envoy::extensions::filters::http::set_filter_state::v3::Config as SetFilterState;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{RouteSpecifier, UpgradeConfig},
-    HttpConnectionManager,
+    http_filter, HttpConnectionManager, HttpFilter,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
     tcp_proxy::{ClusterSpecifier, TunnelingConfig},
@@ -36,9 +43,10 @@ use super::clusters::{main_internal, CONNECT_ORIGINATE, FORWARD_INNER_CONNECT};
 use super::Served;
 use crate::model::waypoints::HBONE_PORT;
 use crate::model::Service;
+use crate::xds::generate::authz::{Authorization, PEER_PRINCIPAL_STATE};
 use crate::xds::generate::common::{seconds, socket};
 use crate::xds::generate::filters::{
-    hcm, hcm_filter, listener_filter, network_filter, outbound_hcm,
+    hcm, hcm_filter, listener_filter, network_filter, outbound_hcm, tcp_proxy_filter,
 };
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::inbound_vip_cluster;
@@ -60,9 +68,15 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
         ),
     };
     let mut listeners = vec![connect_terminate(served, &trust_domains), inner];
-    for (service, ports) in &served.services {
-        for port in ports.iter().filter(|p| served.http(p)) {
-            listeners.push(http_processing(g, served, service, port.port));
+    if !served.east_west() {
+        let authz = Authorization::for_waypoint(g.mesh, &g.proxy.namespace, &g.proxy.labels);
+        for (service, ports) in &served.services {
+            for port in ports {
+                listeners.push(match served.http(port) {
+                    true => http_processing(g, served, service, port.port, &authz),
+                    false => tcp_processing(service, port.port, &authz),
+                });
+            }
         }
     }
     listeners
@@ -71,9 +85,50 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
         .collect()
 }
 
-/// `main_internal|<port>|<host>`: the tunnels of a served HTTP port, processed as HTTP by the
-/// host's routes.
-fn http_processing(g: &Generation<'_>, served: &Served, service: &Service, port: u16) -> Listener {
+/// `main_internal|<port>|<host>` of a served TCP port: the policies, then the endpoints.
+fn tcp_processing(service: &Service, port: u16, authz: &Authorization<'_>) -> Listener {
+    let name = main_internal(port, &service.hostname);
+    let cluster = inbound_vip_cluster(port, "tcp", &service.hostname);
+    let mut filters = authz.custom_network_filters();
+    filters.extend(authz.network_filters());
+    filters.push(tcp_proxy_filter(&cluster, &cluster, &[]));
+    processing(name, filters)
+}
+
+/// An internal listener processing tunnels: the destination and source restored from the state
+/// the tunnel's end shared (what policies match on), then `filters`.
+fn processing(name: String, filters: Vec<Filter>) -> Listener {
+    Listener {
+        name: name.clone(),
+        listener_specifier: Some(ListenerSpecifier::InternalListener(
+            InternalListenerConfig {},
+        )),
+        listener_filters: vec![original_dst()],
+        filter_chains: vec![FilterChain {
+            name,
+            filters,
+            ..Default::default()
+        }],
+        traffic_direction: TrafficDirection::Inbound as i32,
+        ..Default::default()
+    }
+}
+
+fn original_dst() -> ListenerFilter {
+    listener_filter(
+        "envoy.filters.listener.original_dst",
+        pack_any(OriginalDst::default()),
+    )
+}
+
+/// `main_internal|<port>|<host>` of a served HTTP port: the policies, then the host's routes.
+fn http_processing(
+    g: &Generation<'_>,
+    served: &Served,
+    service: &Service,
+    port: u16,
+    authz: &Authorization<'_>,
+) -> Listener {
     let name = main_internal(port, &service.hostname);
     let routes = RouteConfiguration {
         name: name.clone(),
@@ -86,20 +141,11 @@ fn http_processing(g: &Generation<'_>, served: &Served, service: &Service, port:
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
     };
-    let manager = outbound_hcm(&name, RouteSpecifier::RouteConfig(routes), &[]);
-    Listener {
-        name: name.clone(),
-        listener_specifier: Some(ListenerSpecifier::InternalListener(
-            InternalListenerConfig {},
-        )),
-        filter_chains: vec![FilterChain {
-            name,
-            filters: vec![hcm_filter(manager, None)],
-            ..Default::default()
-        }],
-        traffic_direction: TrafficDirection::Inbound as i32,
-        ..Default::default()
-    }
+    let mut manager = outbound_hcm(&name, RouteSpecifier::RouteConfig(routes), &[]);
+    let mut policies = authz.custom_http_filters();
+    policies.extend(authz.http_filters());
+    manager.http_filters.splice(0..0, policies);
+    processing(name, vec![hcm_filter(manager, None)])
 }
 
 /// Ends mTLS and HTTP/2 CONNECT on 15008; each tunnel's payload goes to the cluster its authority
@@ -109,9 +155,9 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
     for (service, ports) in &served.services {
         for service_port in ports {
             let port = &service_port.port;
-            let cluster = match served.http(service_port) {
-                true => main_internal(*port, &service.hostname),
-                false => inbound_vip_cluster(*port, "tcp", &service.hostname),
+            let cluster = match served.east_west() {
+                true => inbound_vip_cluster(*port, "tcp", &service.hostname),
+                false => main_internal(*port, &service.hostname),
             };
             // ztunnel names a VIP as `<VIP>:<port>` (through an east-west gateway, the hostname).
             let mut domains = vec![format!("{}:{port}", service.hostname)];
@@ -139,6 +185,9 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
         }),
         &[],
     );
+    if !served.east_west() {
+        manager.http_filters.insert(0, share_peer());
+    }
     manager.upgrade_configs = vec![UpgradeConfig {
         upgrade_type: CONNECT.into(),
         ..Default::default()
@@ -163,6 +212,55 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
         ..Default::default()
     }
 }
+
+/// Shares with the internal listener a tunnel goes to what its connection no longer shows: the
+/// peer's identity, its address, and the destination the authority names (istiod's
+/// `connect_authority` filter; an authority naming a host leaves the destination unset).
+fn share_peer() -> HttpFilter {
+    let state = |key: &str, factory: &str, format: &str| FilterStateValue {
+        key: Some(filter_state_value::Key::ObjectKey(key.into())),
+        factory_key: factory.into(),
+        value: Some(filter_state_value::Value::FormatString(
+            SubstitutionFormatString {
+                format: Some(substitution_format_string::Format::TextFormatSource(
+                    DataSource {
+                        specifier: Some(data_source::Specifier::InlineString(format.into())),
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            },
+        )),
+        shared_with_upstream: filter_state_value::SharedWithUpstream::Once as i32,
+        ..Default::default()
+    };
+    let config = SetFilterState {
+        on_request_headers: vec![
+            state(
+                PEER_PRINCIPAL_STATE,
+                "envoy.string",
+                "%DOWNSTREAM_PEER_URI_SAN%",
+            ),
+            state(
+                REMOTE_IP_STATE,
+                REMOTE_IP_STATE,
+                "%DOWNSTREAM_REMOTE_ADDRESS%",
+            ),
+            state(LOCAL_IP_STATE, LOCAL_IP_STATE, "%REQ(:AUTHORITY)%"),
+        ],
+        ..Default::default()
+    };
+    HttpFilter {
+        name: "envoy.filters.http.set_filter_state".into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(config))),
+        ..Default::default()
+    }
+}
+
+/// The filter state the original-destination listener filter restores an internal connection's
+/// addresses from.
+const LOCAL_IP_STATE: &str = "envoy.filters.listener.original_dst.local_ip";
+const REMOTE_IP_STATE: &str = "envoy.filters.listener.original_dst.remote_ip";
 
 /// A route ending CONNECT: the tunnel's payload is a TCP stream to `cluster`.
 fn tunnel_to(cluster: &str) -> Route {
@@ -202,10 +300,7 @@ fn internal(name: &str, cluster: &str, tunnel_authority: Option<&str>) -> Listen
         listener_specifier: Some(ListenerSpecifier::InternalListener(
             InternalListenerConfig {},
         )),
-        listener_filters: vec![listener_filter(
-            "envoy.filters.listener.original_dst",
-            pack_any(OriginalDst::default()),
-        )],
+        listener_filters: vec![original_dst()],
         filter_chains: vec![FilterChain {
             name: name.into(),
             filters: vec![network_filter(

@@ -9,10 +9,12 @@
 //!
 //! Both terminate mTLS and HTTP/2 CONNECT on `connect_terminate` (15008). A tunnel is routed by its
 //! `:authority`: `<VIP>:<port>` as ztunnel sends it to a waypoint, `<hostname>:<port>` as it sends
-//! it through an east-west gateway. A TCP port's tunnel goes to `inbound-vip|<port>|tcp|<host>`
-//! (the endpoints); an HTTP port's, at a waypoint, to the internal listener
-//! `main_internal|<port>|<host>`, whose connection manager applies the host's routes and sends to
-//! `inbound-vip|<port>|http|<host>` (or a route's other destinations). istiod passes every tunnel
+//! it through an east-west gateway. At an east-west gateway it goes to the port's
+//! `inbound-vip|<port>|tcp|<host>`. At a waypoint it goes to the internal listener
+//! `main_internal|<port>|<host>`, which enforces the AuthorizationPolicies targeting the waypoint
+//! (the peer's identity shared from the tunnel's end) and, for an HTTP port, applies the host's
+//! routes, sending to `inbound-vip|<port>|<tcp|http>|<host>` (the endpoints) or a route's other
+//! destinations. istiod passes every tunnel
 //! through one internal listener (`main_internal`) matching the destination restored from the
 //! authority; routing by authority in `connect_terminate` serves the same names without restoring
 //! addresses, and hostname authorities (double HBONE) alike.
@@ -49,8 +51,8 @@ impl Served {
         self.waypoint.class == WaypointClass::EastWest
     }
 
-    /// Whether a port's tunnels are processed as HTTP: a waypoint's HTTP ports (an east-west
-    /// gateway passes every tunnel on as it is).
+    /// Whether a port's tunnels are processed as HTTP (else as TCP) behind an internal listener:
+    /// a waypoint's HTTP ports. An east-west gateway passes every tunnel on as it is.
     fn http(&self, port: &ServicePort) -> bool {
         !self.east_west() && port.protocol.is_http()
     }
