@@ -140,6 +140,16 @@ spec:
     - type: RequestHeaderModifier
       requestHeaderModifier: {add: [{name: x-waypoint, value: processed}]}
     backendRefs: [{name: web, port: 80}]
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: waypoint-buffers, namespace: shop}
+spec:
+  workloadSelector: {labels: {gateway.networking.k8s.io/gateway-name: waypoint}}
+  configPatches:
+  - applyTo: LISTENER
+    match: {context: SIDECAR_INBOUND, listener: {name: connect_terminate}}
+    patch: {operation: MERGE, value: {per_connection_buffer_limit_bytes: 65536}}
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,6 +216,13 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
     let http = format!("main_internal|80|{WEB}");
     assert_eq!(names, ["connect_terminate", "connect_originate", &http]);
+    assert_eq!(
+        listeners[0]
+            .per_connection_buffer_limit_bytes
+            .map(|v| v.value),
+        Some(65536),
+        "the EnvoyFilter selecting the waypoint"
+    );
     let manager = match &listeners[0].filter_chains[0].filters[0].config_type {
         Some(filter::ConfigType::TypedConfig(any)) => {
             HttpConnectionManager::decode(&any.value[..]).unwrap()

@@ -190,8 +190,12 @@ impl PatchRef<'_> {
 
 /// Which side of the proxy a resource serves, as the EnvoyFilter contexts name them.
 fn context_of(proxy: &Proxy, ty: ResourceType, name: &str) -> PatchContext {
-    if proxy.kind == ProxyType::Router {
-        return PatchContext::Gateway;
+    match proxy.kind {
+        ProxyType::Router => return PatchContext::Gateway,
+        // Everything a waypoint builds serves traffic to its services (istiod builds it as
+        // inbound, buildWaypointInbound).
+        ProxyType::Waypoint => return PatchContext::SidecarInbound,
+        ProxyType::Sidecar | ProxyType::Ztunnel => {}
     }
     let inbound = match ty {
         ResourceType::Listener => name == VIRTUAL_INBOUND,
@@ -256,7 +260,8 @@ impl ProxyPatches {
         let sides: &[PatchContext] = match kind {
             ProxyType::Router => &[PatchContext::Gateway],
             ProxyType::Sidecar => &[PatchContext::SidecarOutbound, PatchContext::SidecarInbound],
-            ProxyType::Ztunnel | ProxyType::Waypoint => return Vec::new(),
+            ProxyType::Waypoint => &[PatchContext::SidecarInbound],
+            ProxyType::Ztunnel => return Vec::new(),
         };
         let mut by_name: BTreeMap<String, Resource> = BTreeMap::new();
         for p in self.of(target).filter(|p| p.operation() == Operation::Add) {

@@ -42,6 +42,7 @@ use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::{inbound_vip_cluster, parse_inbound_vip, parse_outbound};
 use crate::xds::generate::policy::{http2_only, http2_tunnels};
 use crate::xds::generate::tls::hbone_upstream;
+use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
 pub(super) const CONNECT_ORIGINATE: &str = "connect_originate";
@@ -96,9 +97,11 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
             ..original_dst(CONNECT_ORIGINATE)
         },
     });
-    let mut resources: Vec<Arc<Resource>> = clusters
+    let encoded = clusters
         .iter()
-        .map(|c| Arc::new(Resource::encode(c.name.as_str(), c)))
+        .map(|c| Resource::encode(c.name.as_str(), c));
+    let mut resources: Vec<Arc<Resource>> = encoded
+        .filter_map(|c| g.finish(ResourceType::Cluster, c))
         .collect();
     resources.extend(
         outbound

@@ -51,6 +51,8 @@ use crate::xds::generate::filters::{
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::inbound_vip_cluster;
 use crate::xds::generate::tls::hbone_downstream;
+use crate::xds::generate::wasm::ListenerClass;
+use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
 pub(super) const CONNECT_TERMINATE: &str = "connect_terminate";
@@ -74,23 +76,35 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
             for port in ports {
                 listeners.push(match served.http(port) {
                     true => http_processing(g, served, service, port.port, &authz),
-                    false => tcp_processing(service, port.port, &authz),
+                    false => tcp_processing(g, service, port.port, &authz),
                 });
             }
         }
     }
-    listeners
+    let encoded = listeners
         .iter()
-        .map(|l| Arc::new(Resource::encode(l.name.as_str(), l)))
+        .map(|l| Resource::encode(l.name.as_str(), l));
+    encoded
+        .filter_map(|l| g.finish(ResourceType::Listener, l))
         .collect()
 }
 
-/// `main_internal|<port>|<host>` of a served TCP port: the policies, then the endpoints.
-fn tcp_processing(service: &Service, port: u16, authz: &Authorization<'_>) -> Listener {
+/// `main_internal|<port>|<host>` of a served TCP port: the policies and WasmPlugins, then the
+/// endpoints.
+fn tcp_processing(
+    g: &Generation<'_>,
+    service: &Service,
+    port: u16,
+    authz: &Authorization<'_>,
+) -> Listener {
     let name = main_internal(port, &service.hostname);
     let cluster = inbound_vip_cluster(port, "tcp", &service.hostname);
+    let wasm = g.wasm_plugins().network(ListenerClass::Inbound, port);
     let mut filters = authz.custom_network_filters();
+    filters.extend(wasm.authn);
+    filters.extend(wasm.authz);
     filters.extend(authz.network_filters());
+    filters.extend(wasm.rest);
     filters.push(tcp_proxy_filter(&cluster, &cluster, &[]));
     processing(name, filters)
 }
@@ -121,7 +135,8 @@ fn original_dst() -> ListenerFilter {
     )
 }
 
-/// `main_internal|<port>|<host>` of a served HTTP port: the policies, then the host's routes.
+/// `main_internal|<port>|<host>` of a served HTTP port: the policies and WasmPlugins, then the
+/// host's routes.
 fn http_processing(
     g: &Generation<'_>,
     served: &Served,
@@ -142,9 +157,14 @@ fn http_processing(
         ..Default::default()
     };
     let mut manager = outbound_hcm(&name, RouteSpecifier::RouteConfig(routes), &[]);
-    let mut policies = authz.custom_http_filters();
-    policies.extend(authz.http_filters());
-    manager.http_filters.splice(0..0, policies);
+    // istiod's order: CUSTOM, WasmPlugins of the AUTHN and AUTHZ phases, the policies, the rest.
+    let wasm = g.wasm_plugins().http(ListenerClass::Inbound, port);
+    let mut before_router = authz.custom_http_filters();
+    before_router.extend(wasm.authn);
+    before_router.extend(wasm.authz);
+    before_router.extend(authz.http_filters());
+    before_router.extend(wasm.rest);
+    manager.http_filters.splice(0..0, before_router);
     processing(name, vec![hcm_filter(manager, None)])
 }
 
