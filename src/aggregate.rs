@@ -21,8 +21,8 @@ use crate::registry::{entry_workloads, service_entries, ClusterRegistry, SyncSta
 /// nds.go skips the others). WorkloadEntries move names through the services they change.
 const NAMING_KINDS: &[ConfigKind] = &[ConfigKind::ServiceEntry, ConfigKind::Sidecar];
 
-/// Config kinds whose changes proxies hear about, with the Gateway API's (a WorkloadGroup reaches
-/// them through the WorkloadEntries registered into it).
+/// Config kinds whose changes proxies hear about, besides the Gateway API's (a WorkloadGroup
+/// reaches them through the WorkloadEntries registered into it).
 const PUSHED_KINDS: &[ConfigKind] = &[
     ConfigKind::ServiceEntry,
     ConfigKind::WorkloadEntry,

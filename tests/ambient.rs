@@ -762,8 +762,9 @@ async fn on_demand_lookups_are_answered_by_address_and_by_service() {
     );
 }
 
-/// Waypoints (Gateways of class istio-waypoint) for c1's bookinfo: `waypoint` for its services
-/// (the namespace's label), `pod-waypoint` for workloads; `details` opts out.
+/// Waypoints (Gateways of class istio-waypoint): `waypoint` for bookinfo's services (the
+/// namespace's label), `shared` in `infra` for every namespace's (`ratings` names it), and
+/// `pod-waypoint` for workloads, refused (a waypoint serves services).
 const WAYPOINTS: &str = "
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -778,10 +779,18 @@ metadata: {name: pod-waypoint, namespace: bookinfo, labels: {istio.io/waypoint-f
 spec:
   gatewayClassName: istio-waypoint
   listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: shared, namespace: infra, labels: {istio.io/waypoint-for: all}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE, allowedRoutes: {namespaces: {from: All}}}]
 ";
 
-/// c1's additions: bookinfo labelled with its waypoint, a service opting out, a pod naming the
-/// workload waypoint, and (when `ready`) the waypoints' own Services.
+/// c1's additions: bookinfo labelled with its waypoint, a service opting out, one naming the
+/// shared waypoint, a pod naming the workload waypoint, and (when `ready`) the waypoints' own
+/// Services.
 fn c1_with_waypoints(ready: bool) -> String {
     let mut yaml = c1(true);
     yaml.push_str(
@@ -796,6 +805,14 @@ metadata: {name: details, namespace: bookinfo, labels: {istio.io/use-waypoint: n
 spec: {clusterIP: 10.96.1.21, selector: {app: details}, ports: [{name: http, port: 9080}]}
 ---
 apiVersion: v1
+kind: Service
+metadata:
+  name: ratings
+  namespace: bookinfo
+  labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}
+spec: {clusterIP: 10.96.1.22, selector: {app: ratings}, ports: [{name: http, port: 9080}]}
+---
+apiVersion: v1
 kind: Pod
 metadata: {name: notifier, namespace: bookinfo, labels: {app: notifier, istio.io/use-waypoint: pod-waypoint}}
 spec: {serviceAccountName: notifier, nodeName: node-network1, containers: []}
@@ -803,12 +820,17 @@ status: {podIP: 10.10.1.50, conditions: [{type: Ready, status: 'True'}]}
 ",
     );
     if ready {
-        for (name, vip) in [("waypoint", "10.96.1.30"), ("pod-waypoint", "10.96.1.31")] {
+        let own = [
+            ("waypoint", "bookinfo", "10.96.1.30"),
+            ("pod-waypoint", "bookinfo", "10.96.1.31"),
+            ("shared", "infra", "10.96.1.32"),
+        ];
+        for (name, namespace, vip) in own {
             yaml.push_str(&format!(
                 "---
 apiVersion: v1
 kind: Service
-metadata: {{name: {name}, namespace: bookinfo, labels: {{gateway.istio.io/managed: istio.io-mesh-controller}}}}
+metadata: {{name: {name}, namespace: {namespace}, labels: {{gateway.istio.io/managed: istio.io-mesh-controller}}}}
 spec: {{clusterIP: {vip}, selector: {{gateway.networking.k8s.io/gateway-name: {name}}}, ports: [{{name: mesh, port: 15008}}]}}
 "
             ));
@@ -860,11 +882,19 @@ async fn services_and_workloads_name_their_ready_waypoint() {
         waypoint_host(h.service(REVIEWS).waypoint.as_ref()) == waypoint("waypoint")
     })
     .await;
-    held.until(&mut client, "the workload's waypoint", |h| {
-        let notifier = h.workload("c1//Pod/bookinfo/notifier");
-        waypoint_host(notifier.waypoint.as_ref()) == waypoint("pod-waypoint")
-    })
-    .await;
+    // Another namespace's waypoint, admitting every namespace.
+    let ratings = held.service("bookinfo/ratings.bookinfo.svc.cluster.local");
+    assert_eq!(
+        waypoint_host(ratings.waypoint.as_ref()),
+        Some((
+            "infra".to_string(),
+            "shared.infra.svc.cluster.local".to_string(),
+            15008
+        ))
+    );
+    // A waypoint for workloads is refused: ztunnel is never told to send a pod's traffic there.
+    let notifier = held.workload("c1//Pod/bookinfo/notifier");
+    assert_eq!(waypoint_host(notifier.waypoint.as_ref()), None);
     // The namespace's waypoint serves services only (the default `istio.io/waypoint-for`).
     let pod = held.workload("c1//Pod/bookinfo/reviews-a");
     assert_eq!(waypoint_host(pod.waypoint.as_ref()), None);
@@ -888,9 +918,6 @@ async fn services_and_workloads_name_their_ready_waypoint() {
         h.service(REVIEWS).waypoint.is_none()
     })
     .await;
-    let notifier = held.workload("c1//Pod/bookinfo/notifier");
-    assert_eq!(
-        waypoint_host(notifier.waypoint.as_ref()),
-        waypoint("pod-waypoint")
-    );
+    let ratings = held.service("bookinfo/ratings.bookinfo.svc.cluster.local");
+    assert!(ratings.waypoint.is_some(), "the other waypoint stays");
 }

@@ -243,7 +243,7 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
         })
         .collect();
     let (vip, host) = (format!("{WEB_VIP}:80"), format!("{WEB}:80"));
-    assert_eq!(hosts, [(http.as_str(), vec![vip.as_str(), host.as_str()])]);
+    assert_eq!(hosts, [(http.as_str(), vec![host.as_str(), vip.as_str()])]);
     let cluster = format!("inbound-vip|80|http|{WEB}");
     let passed_on = format!("inbound-vip|80|tcp|{WEB}");
 

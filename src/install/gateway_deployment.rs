@@ -28,17 +28,16 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::inject::{gateway_pod_spec, InjectConfig};
-use crate::istio::gateway_api::{KubernetesGateway, GATEWAY_NAME_LABEL, GROUP};
+use crate::istio::gateway_api::{
+    KubernetesGateway, GATEWAY_NAME_LABEL, GROUP, MANAGED_BY_EAST_WEST_CONTROLLER,
+    MANAGED_BY_GATEWAY_CONTROLLER, MANAGED_BY_MESH_CONTROLLER, MANAGED_LABEL, NAME_OVERRIDE,
+};
 use crate::istio::{ConfigObject, Origin, Spec};
 use crate::model::gateway_api::status::ObjectStatus;
 use crate::model::waypoints::WaypointClass;
 use crate::model::{ClusterId, Mesh, MeshSnapshot, LABEL_NETWORK};
 
-/// The label on what meshpilot deploys, with istiod's value: objects without it are not its own.
-const MANAGED_LABEL: &str = "gateway.istio.io/managed";
-const MANAGED: &str = "istio.io-gateway-controller";
 /// The Gateway's annotations istiod reads to name what it deploys, and the Service's type.
-const NAME_OVERRIDE: &str = "gateway.istio.io/name-override";
 const SERVICE_ACCOUNT: &str = "gateway.istio.io/service-account";
 const SERVICE_TYPE: &str = "networking.istio.io/service-type";
 const STATUS_PORT: i32 = 15021;
@@ -151,17 +150,17 @@ impl<'a> Kind<'a> {
         };
         match ambient {
             None => Kind {
-                managed: MANAGED,
+                managed: MANAGED_BY_GATEWAY_CONTROLLER,
                 proxy: "router",
                 service_type: "LoadBalancer",
                 network: None,
                 uncaptured: false,
             },
             Some(WaypointClass::Waypoint) => {
-                ambient_kind("istio.io-mesh-controller", "ClusterIP", None)
+                ambient_kind(MANAGED_BY_MESH_CONTROLLER, "ClusterIP", None)
             }
             Some(WaypointClass::EastWest) => {
-                ambient_kind("istio.io-eastwest-controller", "LoadBalancer", network)
+                ambient_kind(MANAGED_BY_EAST_WEST_CONTROLLER, "LoadBalancer", network)
             }
         }
     }
@@ -336,7 +335,8 @@ async fn apply_all(
             continue;
         };
         let from_cluster = matches!(&object.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str());
-        if !from_cluster || !matches!(status, ObjectStatus::Gateway(_)) {
+        let refused = snapshot.config.gateway_api().ambient_refused.contains(key);
+        if !from_cluster || refused || !matches!(status, ObjectStatus::Gateway(_)) {
             continue;
         }
         let waypoint = snapshot

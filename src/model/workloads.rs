@@ -34,8 +34,6 @@ pub struct Workload {
     /// Captured by ztunnel: istio-cni marked the pod `ambient.istio.io/redirection: enabled`.
     pub captured: bool,
     pub host_network: bool,
-    /// Its `istio.io/use-waypoint`, else its namespace's.
-    pub use_waypoint: Option<super::UseWaypoint>,
 }
 
 /// istiod's uid of a pod (pilot/pkg/serviceregistry/ambient/helpers.go: the group is empty).
@@ -53,10 +51,13 @@ pub fn entry_uid(cluster: &ClusterId, namespace: &str, name: &str) -> String {
 pub struct WorkloadTable {
     by_uid: imbl::OrdMap<Arc<str>, Arc<Workload>>,
     entries: imbl::OrdMap<Arc<str>, Arc<Workload>>,
-    /// (network, address) → uid: how ztunnel looks workloads up, and how a waypoint tells a
-    /// captured endpoint. The latest written wins where two claim one address.
-    by_address: imbl::OrdMap<(Arc<str>, IpAddr), Arc<str>>,
+    /// Network → (address, uid): how ztunnel looks workloads up, and how a waypoint tells a
+    /// captured endpoint. Several workloads may hold one address (host-network pods).
+    by_address: imbl::OrdMap<Arc<str>, imbl::OrdSet<(IpAddr, Arc<str>)>>,
 }
+
+/// The least uid: where a range of one address's holders starts.
+static NO_UID: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
 
 impl WorkloadTable {
     /// Replaces the pods of one namespace of a cluster with `workloads`; returns the uids that
@@ -111,26 +112,25 @@ impl WorkloadTable {
         self.by_uid.insert(w.uid.clone(), w);
     }
 
-    /// Adds a workload's addresses to the index, or removes those still naming it.
+    /// Adds a workload's addresses to the index, or removes them.
     fn index(&mut self, w: &Workload, add: bool) {
+        let held = self.by_address.entry(w.network.clone()).or_default();
         for ip in &w.addresses {
-            let key = (w.network.clone(), *ip);
             match add {
-                true => {
-                    self.by_address.insert(key, w.uid.clone());
-                }
-                false => {
-                    if self.by_address.get(&key) == Some(&w.uid) {
-                        self.by_address.remove(&key);
-                    }
-                }
-            }
+                true => held.insert((*ip, w.uid.clone())),
+                false => held.remove(&(*ip, w.uid.clone())),
+            };
+        }
+        if held.is_empty() {
+            self.by_address.remove(&w.network);
         }
     }
 
-    /// The workload holding an address on a network.
+    /// A workload holding an address on a network (the least uid where several do).
     pub fn at(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
-        let uid = self.by_address.get(&(Arc::from(network), ip))?;
+        let held = self.by_address.get(network)?;
+        let (found, uid) = held.range((ip, NO_UID.clone())..).next()?;
+        (*found == ip).then_some(())?;
         self.get(uid)
     }
 
@@ -178,11 +178,13 @@ impl WorkloadTable {
             .keys()
             .filter(|uid| !entries.contains_key(*uid));
         changed.extend(gone.cloned());
-        for old in self.entries.values().cloned().collect::<Vec<_>>() {
-            self.index(&old, false);
-        }
-        for new in entries.values().cloned().collect::<Vec<_>>() {
-            self.index(&new, true);
+        for uid in &changed {
+            if let Some(old) = self.entries.get(uid).cloned() {
+                self.index(&old, false);
+            }
+            if let Some(new) = entries.get(uid).cloned() {
+                self.index(&new, true);
+            }
         }
         self.entries = entries;
         changed
@@ -250,7 +252,6 @@ mod tests {
             capacity: None,
             captured: true,
             host_network: false,
-            use_waypoint: None,
         }
     }
 
@@ -298,5 +299,17 @@ mod tests {
         assert!(!table.set("c1//Pod/a/x", None), "already gone");
         assert!(table.is_empty());
         assert!(table.at("", ip).is_none(), "its address is free again");
+
+        // Host-network pods share their node's address: each is indexed until it goes.
+        let (a, b) = (
+            pod("c1", "a", "a", [10, 0, 0, 9]),
+            pod("c1", "a", "b", [10, 0, 0, 9]),
+        );
+        table.set("c1//Pod/a/a", Some(a));
+        table.set("c1//Pod/a/b", Some(b));
+        let shared = IpAddr::from([10, 0, 0, 9]);
+        assert_eq!(&*table.at("", shared).unwrap().uid, "c1//Pod/a/a");
+        table.set("c1//Pod/a/a", None);
+        assert_eq!(&*table.at("", shared).unwrap().uid, "c1//Pod/a/b");
     }
 }

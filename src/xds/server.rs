@@ -356,12 +356,15 @@ impl XdsServer {
         let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
         // Worked out at the first ztunnel: most meshes have none.
         let addresses = std::cell::OnceCell::new();
-        // An east-west gateway forwards to waypoints' pods under the names of the services they
-        // serve: when those pods move, each waypoint proxy's endpoints are rebuilt whole.
-        let waypoints_moved = {
-            let waypoints = &snapshot.config.gateway_api().waypoints;
-            let own = |h: &Hostname| waypoints.iter().any(|w| *w.host == **h);
-            change.services.iter().any(own)
+        // Waypoint proxies' endpoints are named after the services they serve but read more: an
+        // east-west gateway forwards to waypoints' pods, a waypoint tunnels to the pods ztunnel
+        // captures. When those move, each waypoint proxy's endpoints are rebuilt whole.
+        let waypoint_endpoints_moved = !change.workloads.is_empty() || {
+            let gateway_api = snapshot.config.gateway_api();
+            change
+                .services
+                .iter()
+                .any(|h| gateway_api.is_waypoint_host(h))
         };
         for conn in self.connections.read().values() {
             // A ztunnel serves every namespace: its policies follow config anywhere, its addresses
@@ -376,7 +379,7 @@ impl XdsServer {
             };
             let all_endpoints = (full && everywhere)
                 || conn.locality_follows(&change.services, &snapshot)
-                || (waypoints_moved && conn.proxy.kind == ProxyType::Waypoint);
+                || (waypoint_endpoints_moved && conn.proxy.kind == ProxyType::Waypoint);
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
             let secrets = conn.proxy.verified
                 && change

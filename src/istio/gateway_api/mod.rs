@@ -23,6 +23,15 @@ pub const CONTROLLER: &str = "istio.io/gateway-controller";
 pub const BUILT_IN_CLASS: &str = "istio";
 /// The label gateway pods carry, naming their Gateway (automated deployment sets it).
 pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+/// The label on what Istio's gateway controllers deploy, and its values per controller (the
+/// controller's name with `/` made `-`): objects without it are not the controller's.
+pub const MANAGED_LABEL: &str = "gateway.istio.io/managed";
+pub const MANAGED_BY_GATEWAY_CONTROLLER: &str = "istio.io-gateway-controller";
+pub const MANAGED_BY_MESH_CONTROLLER: &str = "istio.io-mesh-controller";
+pub const MANAGED_BY_EAST_WEST_CONTROLLER: &str = "istio.io-eastwest-controller";
+/// The Gateway annotation naming what is deployed for it (else the Gateway's name, or
+/// `<name>-<class>` for the `istio` class).
+pub const NAME_OVERRIDE: &str = "gateway.istio.io/name-override";
 /// The port and protocol of an ambient gateway's (waypoint's, east-west gateway's) listener.
 pub const HBONE_PORT: u16 = 15008;
 pub const HBONE_PROTOCOL: &str = "HBONE";

@@ -360,7 +360,8 @@ pub(super) fn static_cluster(name: &str, local_port: Option<u16>) -> Cluster {
     }
 }
 
-fn original_dst(name: &str) -> Cluster {
+/// To the destination the connection was restored to.
+pub(super) fn original_dst(name: &str) -> Cluster {
     Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(

@@ -386,7 +386,8 @@ fn endpoint_metadata(tls: TlsMode, workload: &str) -> Metadata {
     }
 }
 
-fn strings(pairs: &[(&str, &str)]) -> Struct {
+/// A metadata struct of string values.
+pub(super) fn strings(pairs: &[(&str, &str)]) -> Struct {
     Struct {
         fields: pairs
             .iter()

@@ -174,12 +174,17 @@ pub fn upstream_matches(sni: String, sans: &[String]) -> Vec<TransportSocketMatc
         TransportSocketMatch {
             name: "tlsMode-disabled".to_string(),
             r#match: Some(Struct::default()),
-            transport_socket: Some(socket(
-                "envoy.transport_sockets.raw_buffer",
-                pack_any(RawBuffer::default()),
-            )),
+            transport_socket: Some(plaintext()),
         },
     ]
+}
+
+/// No TLS: the bytes as they are.
+pub fn plaintext() -> TransportSocket {
+    socket(
+        "envoy.transport_sockets.raw_buffer",
+        pack_any(RawBuffer::default()),
+    )
 }
 
 /// HBONE's TLS as ztunnel speaks it: the workload's certificate, TLS 1.3 only, ALPN h2, peers

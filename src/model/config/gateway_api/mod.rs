@@ -51,9 +51,16 @@ pub struct GatewayApi {
     pub status: BTreeMap<ConfigKey, ObjectStatus>,
     /// The Gateways of the ambient classes (waypoints, east-west gateways), by namespace and name.
     pub waypoints: Vec<Arc<crate::model::Waypoint>>,
+    /// Gateways of an ambient class that are refused: nothing is deployed for them.
+    pub ambient_refused: BTreeSet<ConfigKey>,
 }
 
 impl GatewayApi {
+    /// Whether `host` is the Service of an ambient Gateway (how traffic enters, no destination).
+    pub fn is_waypoint_host(&self, host: &str) -> bool {
+        self.waypoints.iter().any(|w| w.host == host)
+    }
+
     /// The ambient Gateway `<namespace>/<name>`, if accepted.
     pub fn waypoint(&self, namespace: &str, name: &str) -> Option<&Arc<crate::model::Waypoint>> {
         let at = self

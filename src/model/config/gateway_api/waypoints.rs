@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::status::{ClassStatus, Condition, GatewayStatus, ListenerStatus, ObjectStatus};
 use super::{GatewayApi, UNSUPPORTED_PROTOCOL};
-use crate::istio::gateway_api::{KubernetesGateway, HBONE_PORT, HBONE_PROTOCOL};
+use crate::istio::gateway_api::{KubernetesGateway, HBONE_PORT, HBONE_PROTOCOL, NAME_OVERRIDE};
 use crate::istio::{ConfigKind, Spec};
 use crate::model::config::ConfigStore;
 use crate::model::waypoints::{
@@ -43,12 +43,17 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
             (_, None) => Some(format!(
                 "label {WAYPOINT_FOR_LABEL} is service, workload, all or none"
             )),
+            (_, Some(TrafficType::Workload)) => Some(WORKLOAD_TRAFFIC.to_string()),
             _ => None,
         };
+        let note = (traffic == Some(TrafficType::All)).then_some(WORKLOAD_TRAFFIC);
         out.status.insert(
             object.key.clone(),
-            ObjectStatus::Gateway(status(gateway, refusal.as_deref())),
+            ObjectStatus::Gateway(status(gateway, refusal.as_deref(), note)),
         );
+        if refusal.is_some() {
+            out.ambient_refused.insert(object.key.clone());
+        }
         let (Some(hbone), Some(traffic), None) = (hbone, traffic, refusal) else {
             continue;
         };
@@ -59,12 +64,25 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
             traffic,
             from_all_namespaces: hbone.routes_from_all_namespaces(),
             network: object.meta.labels.get(LABEL_NETWORK).cloned(),
-            host: store.qualify(&object.key.name, &object.key.namespace),
+            // Its Service is named as its deployment: the override, else the Gateway's name.
+            host: store.qualify(
+                object
+                    .meta
+                    .annotations
+                    .get(NAME_OVERRIDE)
+                    .map_or(&*object.key.name, String::as_str),
+                &object.key.namespace,
+            ),
         }));
     }
     out.waypoints
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 }
+
+/// Why workload-addressed traffic is not taken: a waypoint has chains for its services only.
+const WORKLOAD_TRAFFIC: &str =
+    "waypoints serve traffic addressed to services; traffic addressed to workloads \
+     (istio.io/waypoint-for: workload) is not implemented";
 
 fn is_hbone(listener: &crate::istio::gateway_api::gateway::Listener) -> bool {
     listener.protocol == HBONE_PROTOCOL && listener.port == HBONE_PORT
@@ -104,12 +122,16 @@ fn ambient_classes<'a>(
     classes
 }
 
-/// Accepted and programmed unless `refusal`; each listener other than HBONE on 15008 is not
-/// accepted (istiod's rule: one listener, HBONE on 15008).
-fn status(gateway: &KubernetesGateway, refusal: Option<&str>) -> GatewayStatus {
+/// Accepted (with `note`, what of it is not served) and programmed unless `refusal`; each
+/// listener other than HBONE on 15008 is not accepted (istiod's rule: one listener, HBONE on
+/// 15008).
+fn status(gateway: &KubernetesGateway, refusal: Option<&str>, note: Option<&str>) -> GatewayStatus {
     let gateway_conditions = match refusal {
         None => vec![
-            Condition::yes("Accepted", "Accepted"),
+            Condition {
+                message: note.unwrap_or_default().to_string(),
+                ..Condition::yes("Accepted", "Accepted")
+            },
             Condition::yes("Programmed", "Programmed"),
         ],
         Some(why) => vec![

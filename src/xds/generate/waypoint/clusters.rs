@@ -1,6 +1,7 @@
 //! A waypoint proxy's clusters and their endpoints: `inbound-vip|<port>|<tcp|http>|<host>` per
-//! served service port (EDS), `main_internal|<port>|<host>` to an HTTP port's internal listener,
-//! the outbound clusters its routes send to, and the cluster behind its internal listener.
+//! served service port (EDS), a waypoint's `main_internal|<port>|<host>` to each port's internal
+//! listener and the outbound clusters its routes send to, and the cluster behind the internal
+//! listener its endpoints are reached through.
 //!
 //! A waypoint's endpoints are the service's healthy endpoints on its network: a pod ztunnel
 //! captures is reached through `connect_originate` (its address passed on as the tunnel's
@@ -14,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
-    ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy, OriginalDstLbConfig,
+    ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, OriginalDstLbConfig,
     TransportSocketMatch,
 };
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -28,20 +29,20 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::envoy::extensions::transport_sockets::internal_upstream::v3::{
     internal_upstream_transport::MetadataValueSource, InternalUpstreamTransport,
 };
-use envoy_types::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
 use envoy_types::pb::envoy::r#type::metadata::v3::{metadata_kind, MetadataKind};
-use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value};
+use envoy_types::pb::google::protobuf::UInt32Value;
 use envoy_types::util::pack_any;
 
-use super::{served, Served};
+use super::{gateway, ports, Served};
 use crate::model::waypoints::HBONE_PORT;
 use crate::model::{Health, Protocol, Service};
 use crate::xds::generate::clusters as shared_clusters;
 use crate::xds::generate::common::{ads, seconds, socket};
+use crate::xds::generate::eds::strings;
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::{inbound_vip_cluster, parse_inbound_vip, parse_outbound};
 use crate::xds::generate::policy::{http2_only, http2_tunnels};
-use crate::xds::generate::tls::hbone_upstream;
+use crate::xds::generate::tls::{hbone_upstream, plaintext};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
@@ -171,7 +172,7 @@ fn inbound_vip(name: String, east_west: bool) -> Cluster {
                 r#match: Some(strings(&[TUNNEL])),
                 transport_socket: Some(internal_upstream()),
             }];
-            cluster.transport_socket = Some(raw_buffer());
+            cluster.transport_socket = Some(plaintext());
         }
     }
     cluster
@@ -180,29 +181,24 @@ fn inbound_vip(name: String, east_west: bool) -> Cluster {
 /// To the address the connection was restored to, on HBONE's port.
 fn original_dst(name: &str) -> Cluster {
     Cluster {
-        name: name.into(),
-        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
-            DiscoveryType::OriginalDst as i32,
-        )),
-        lb_policy: LbPolicy::ClusterProvided as i32,
         lb_config: Some(LbConfig::OriginalDstLbConfig(OriginalDstLbConfig {
             upstream_port_override: Some(UInt32Value {
                 value: u32::from(HBONE_PORT),
             }),
             ..Default::default()
         })),
-        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
-        ..Default::default()
+        ..shared_clusters::original_dst(name)
     }
 }
 
 /// The endpoints of an `inbound-vip|…` cluster of this proxy.
 pub(crate) fn endpoints(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let parsed = parse_inbound_vip(name)?;
-    let served = served(g)?;
-    let (service, _) = served.services.iter().find(|(s, ports)| {
-        *s.hostname == *parsed.host && ports.iter().any(|p| p.port == parsed.port)
-    })?;
+    // One service looked up, not every one the proxy serves (one request per cluster).
+    let served = gateway(g)?;
+    let service = &g.mesh.services.get(parsed.host)?;
+    let served_port = ports(service).into_iter().any(|p| p.port == parsed.port);
+    (served_port && served.takes(g, service)).then_some(())?;
     let targets = match served.east_west() {
         true => east_west_targets(g, &served, service, parsed.port),
         false => targets(g, &served.network, service, parsed.port),
@@ -313,20 +309,6 @@ fn internal(listener: &str, address: SocketAddr, tunnel: bool) -> LbEndpoint {
     }
 }
 
-fn strings(pairs: &[(&str, &str)]) -> Struct {
-    Struct {
-        fields: pairs
-            .iter()
-            .map(|(k, v)| {
-                let value = Value {
-                    kind: Some(Kind::StringValue(v.to_string())),
-                };
-                (k.to_string(), value)
-            })
-            .collect(),
-    }
-}
-
 /// Passes an endpoint's original-destination metadata to the internal listener it reaches.
 fn internal_upstream() -> TransportSocket {
     let config = InternalUpstreamTransport {
@@ -336,19 +318,10 @@ fn internal_upstream() -> TransportSocket {
             }),
             name: ORIGINAL_DST.into(),
         }],
-        transport_socket: Some(raw_buffer()),
+        transport_socket: Some(plaintext()),
     };
     TransportSocket {
         name: "envoy.transport_sockets.internal_upstream".into(),
         config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(config))),
-    }
-}
-
-fn raw_buffer() -> TransportSocket {
-    TransportSocket {
-        name: "envoy.transport_sockets.raw_buffer".into(),
-        config_type: Some(transport_socket::ConfigType::TypedConfig(pack_any(
-            RawBuffer::default(),
-        ))),
     }
 }

@@ -4,6 +4,7 @@
 //! `connect_originate` (a new tunnel to a captured endpoint's ztunnel) on a waypoint,
 //! `forward_inner_connect` (the inner tunnel, passed on as bytes) on an east-west gateway.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -172,6 +173,7 @@ fn http_processing(
 /// names. An authority no served service port has gets a 404 and no tunnel.
 fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
     let mut virtual_hosts = Vec::new();
+    let mut taken: HashSet<String> = HashSet::new();
     for (service, ports) in &served.services {
         for service_port in ports {
             let port = &service_port.port;
@@ -179,15 +181,22 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
                 true => inbound_vip_cluster(*port, "tcp", &service.hostname),
                 false => main_internal(*port, &service.hostname),
             };
-            // ztunnel names a VIP as `<VIP>:<port>` (through an east-west gateway, the hostname).
+            // ztunnel names a VIP as `<VIP>:<port>`, and the service by hostname through an
+            // east-west gateway (all an east-west gateway is sent).
             let mut domains = vec![format!("{}:{port}", service.hostname)];
-            let vips = service.cluster_vips.values().flatten();
-            domains.extend(
-                vips.filter(|ip| !ip.is_unspecified())
-                    .map(|ip| SocketAddr::new(*ip, *port).to_string()),
-            );
-            domains.sort();
-            domains.dedup();
+            if !served.east_west() {
+                let vips = service.cluster_vips.values().flatten();
+                domains.extend(
+                    vips.filter(|ip| !ip.is_unspecified())
+                        .map(|ip| SocketAddr::new(*ip, *port).to_string()),
+                );
+            }
+            // Envoy refuses a domain listed twice (two clusters' services may share a VIP): the
+            // first service keeps it.
+            domains.retain(|d| taken.insert(d.clone()));
+            if domains.is_empty() {
+                continue;
+            }
             virtual_hosts.push(VirtualHost {
                 name: cluster.clone(),
                 domains,

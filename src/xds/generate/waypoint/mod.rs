@@ -40,7 +40,7 @@ pub(super) use clusters::endpoints;
 /// What one waypoint proxy serves.
 struct Served {
     waypoint: Arc<Waypoint>,
-    /// The services it takes tunnels to, by hostname; each with its TCP-borne ports.
+    /// The services it takes tunnels to, sorted by hostname; each with its ports (not UDP).
     services: Vec<(Arc<Service>, Vec<ServicePort>)>,
     /// The network whose endpoints it reaches.
     network: Arc<str>,
@@ -57,8 +57,10 @@ impl Served {
         !self.east_west() && port.protocol.is_http()
     }
 
-    fn serves(&self, host: &str) -> bool {
-        self.services.iter().any(|(s, _)| *s.hostname == *host)
+    /// Whether it processes HTTP for this port of this host (its `inbound-vip|…|http|…` exists).
+    fn serves_http(&self, host: &str, port: u16) -> bool {
+        let mut ports = self.services.iter().filter(|(s, _)| *s.hostname == *host);
+        ports.any(|(_, ports)| ports.iter().any(|p| p.port == port && self.http(p)))
     }
 }
 
@@ -84,7 +86,7 @@ fn http_routes(g: &Generation<'_>, served: &Served, service: &Service, port: u16
     for route in &mut routes {
         for cluster in destinations(route) {
             let parsed = parse_outbound(cluster).filter(|c| c.subset.is_empty());
-            if let Some(c) = parsed.filter(|c| served.serves(c.host)) {
+            if let Some(c) = parsed.filter(|c| served.serves_http(c.host, c.port)) {
                 *cluster = inbound_vip_cluster(c.port, "http", c.host);
             }
         }
@@ -117,10 +119,8 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
     }
 }
 
+/// One listener or cluster (a waypoint has few: they are built together).
 pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<Arc<Resource>> {
-    if ty == ResourceType::Endpoint {
-        return endpoints(g, name);
-    }
     let listing = all(g, ty);
     listing.own.into_iter().find(|r| *r.name == *name)
 }
@@ -128,6 +128,15 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
 /// The proxy's Gateway (its pod's `gateway.networking.k8s.io/gateway-name`, in its namespace) and
 /// what it serves; none when that Gateway is no accepted ambient one.
 fn served(g: &Generation<'_>) -> Option<Served> {
+    let mut served = gateway(g)?;
+    let all = g.mesh.services.all();
+    let services = all.iter().filter(|s| served.takes(g, s));
+    served.services = services.map(|s| (s.clone(), ports(s))).collect();
+    Some(served)
+}
+
+/// The proxy's Gateway and network, serving nothing yet.
+fn gateway(g: &Generation<'_>) -> Option<Served> {
     let name = g.proxy.labels.get(GATEWAY_NAME_LABEL)?;
     let gateway_api = g.mesh.config.gateway_api();
     let waypoint = gateway_api.waypoint(&g.proxy.namespace, name)?.clone();
@@ -135,25 +144,31 @@ fn served(g: &Generation<'_>) -> Option<Served> {
         Some(network) => network.as_str().into(),
         None => g.node_network().into(),
     };
-    let all = g.mesh.services.all();
-    let services = all.iter().filter(|s| match waypoint.class {
-        WaypointClass::Waypoint => g
-            .mesh
-            .service_waypoint(s)
-            .is_some_and(|w| Arc::ptr_eq(w, &waypoint)),
-        WaypointClass::EastWest => reached_through(g, s, &network),
-    });
-    let services = services
-        .map(|s| {
-            let ports = s.ports.iter().filter(|p| p.protocol != Protocol::Udp);
-            (s.clone(), ports.cloned().collect())
-        })
-        .collect();
     Some(Served {
         waypoint,
-        services,
+        services: Vec::new(),
         network,
     })
+}
+
+/// A service's ports tunnels carry (not UDP).
+fn ports(service: &Service) -> Vec<ServicePort> {
+    let ports = service.ports.iter().filter(|p| p.protocol != Protocol::Udp);
+    ports.cloned().collect()
+}
+
+impl Served {
+    /// Whether it takes tunnels to `service`: a waypoint, those of the services using it; an
+    /// east-west gateway, those of its network's.
+    fn takes(&self, g: &Generation<'_>, service: &Service) -> bool {
+        match self.waypoint.class {
+            WaypointClass::Waypoint => g
+                .mesh
+                .service_waypoint(service)
+                .is_some_and(|w| Arc::ptr_eq(w, &self.waypoint)),
+            WaypointClass::EastWest => reached_through(g, service, &self.network),
+        }
+    }
 }
 
 /// Whether an east-west gateway of `network` takes tunnels to a service: it has healthy endpoints
@@ -166,8 +181,11 @@ fn reached_through(g: &Generation<'_>, service: &Service, network: &str) -> bool
     {
         return false;
     }
-    let waypoints = &g.mesh.config.gateway_api().waypoints;
-    if waypoints.iter().any(|w| w.host == *service.hostname) {
+    if g.mesh
+        .config
+        .gateway_api()
+        .is_waypoint_host(&service.hostname)
+    {
         return false;
     }
     let Some(shards) = g.mesh.endpoints.get(&service.key()) else {
