@@ -764,7 +764,7 @@ async fn on_demand_lookups_are_answered_by_address_and_by_service() {
 
 /// Waypoints (Gateways of class istio-waypoint): `waypoint` for bookinfo's services (the
 /// namespace's label), `shared` in `infra` for every namespace's (`ratings` names it), and
-/// `pod-waypoint` for workloads, refused (a waypoint serves services).
+/// `pod-waypoint` for workloads (`notifier` names it).
 const WAYPOINTS: &str = "
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -892,9 +892,11 @@ async fn services_and_workloads_name_their_ready_waypoint() {
             15008
         ))
     );
-    // A waypoint for workloads is refused: ztunnel is never told to send a pod's traffic there.
-    let notifier = held.workload("c1//Pod/bookinfo/notifier");
-    assert_eq!(waypoint_host(notifier.waypoint.as_ref()), None);
+    held.until(&mut client, "the workload's waypoint", |h| {
+        let notifier = h.workload("c1//Pod/bookinfo/notifier");
+        waypoint_host(notifier.waypoint.as_ref()) == waypoint("pod-waypoint")
+    })
+    .await;
     // The namespace's waypoint serves services only (the default `istio.io/waypoint-for`).
     let pod = held.workload("c1//Pod/bookinfo/reviews-a");
     assert_eq!(waypoint_host(pod.waypoint.as_ref()), None);
@@ -920,4 +922,9 @@ async fn services_and_workloads_name_their_ready_waypoint() {
     .await;
     let ratings = held.service("bookinfo/ratings.bookinfo.svc.cluster.local");
     assert!(ratings.waypoint.is_some(), "the other waypoint stays");
+    let notifier = held.workload("c1//Pod/bookinfo/notifier");
+    assert_eq!(
+        waypoint_host(notifier.waypoint.as_ref()),
+        waypoint("pod-waypoint")
+    );
 }

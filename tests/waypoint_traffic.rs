@@ -4,7 +4,8 @@
 //! CONNECT): to the waypoint by the service's VIP, and across networks by double HBONE — an outer
 //! tunnel to the east-west gateway named by the service's hostname, an inner one inside it to the
 //! service's waypoint, which the gateway must not let the tunnel past. The waypoint applies the
-//! service's HTTPRoute and the AuthorizationPolicies targeting it to what the tunnels carry.
+//! service's HTTPRoute and the AuthorizationPolicies targeting it to what the tunnels carry, and
+//! takes traffic addressed to the pod, which uses it too.
 
 mod common;
 
@@ -53,7 +54,7 @@ spec: {{clusterIP: {WEB_VIP}, selector: {{app: web}}, ports: [{{name: http, port
 ---
 apiVersion: v1
 kind: Pod
-metadata: {{name: web-0, namespace: shop, labels: {{app: web}}}}
+metadata: {{name: web-0, namespace: shop, labels: {{app: web, istio.io/use-waypoint: waypoint}}}}
 spec: {{serviceAccountName: web, containers: []}}
 status: {{podIP: {BACKEND}, conditions: [{{type: Ready, status: 'True'}}]}}
 ---
@@ -86,7 +87,8 @@ endpoints: [{{addresses: [{WAYPOINT_POD}], conditions: {{ready: true}}, targetRe
 }
 
 /// Policies on the waypoint (by targetRefs, as Istio's ambient guides write them): only
-/// frontend's `sleep` may call, and never `/forbidden`.
+/// frontend's `sleep` may call, and never `/forbidden` on the service's port (TCP to the pod
+/// has no path: a DENY naming only a path would cut all of it, as istiod's).
 const POLICIES: &str = "
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -102,14 +104,14 @@ metadata: {name: no-forbidden, namespace: shop}
 spec:
   targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
   action: DENY
-  rules: [{to: [{operation: {paths: [/forbidden]}}]}]
+  rules: [{to: [{operation: {paths: [/forbidden], ports: ['80']}}]}]
 ";
 
 /// The waypoint, and the east-west gateway as Istio's multicluster guide writes it.
 const GATEWAYS: &str = "
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: waypoint, namespace: shop}
+metadata: {name: waypoint, namespace: shop, labels: {istio.io/waypoint-for: all}}
 spec:
   gatewayClassName: istio-waypoint
   listeners: [{name: mesh, port: 15008, protocol: HBONE}]
@@ -215,7 +217,15 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     .await;
     let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
     let http = format!("main_internal|80|{WEB}");
-    assert_eq!(names, ["connect_terminate", "connect_originate", &http]);
+    assert_eq!(
+        names,
+        [
+            "connect_terminate",
+            "connect_originate",
+            &http,
+            "direct-tcp"
+        ]
+    );
     assert_eq!(
         listeners[0]
             .per_connection_buffer_limit_bytes
@@ -243,7 +253,14 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
         })
         .collect();
     let (vip, host) = (format!("{WEB_VIP}:80"), format!("{WEB}:80"));
-    assert_eq!(hosts, [(http.as_str(), vec![host.as_str(), vip.as_str()])]);
+    let pod = format!("{BACKEND}:*");
+    assert_eq!(
+        hosts,
+        [
+            (http.as_str(), vec![host.as_str(), vip.as_str()]),
+            ("direct-tcp", vec![pod.as_str()])
+        ]
+    );
     let cluster = format!("inbound-vip|80|http|{WEB}");
     let passed_on = format!("inbound-vip|80|tcp|{WEB}");
 
@@ -307,6 +324,23 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
         answer["headers"]["x-waypoint"], "processed",
         "the route's filter"
     );
+
+    // Traffic addressed to the pod itself (it uses the waypoint for that too): `<pod IP>:<port>`.
+    let (status, body) = wait_for("a request to the pod through the waypoint", BOUND, || {
+        let client = client.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
+                .await
+                .ok()?;
+            let tunnel = open(tcp, client, &format!("{BACKEND}:8080")).await.ok()?;
+            get(tunnel.stream, WEB, "/to-the-pod").await.ok()
+        }
+    })
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["path"], "/to-the-pod");
+    assert_eq!(answer["server"], BACKEND);
 
     // An authority the waypoint does not serve opens no tunnel.
     let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
@@ -380,10 +414,23 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     .await;
     assert_eq!(status_of(client.clone(), "/allowed").await, Some(200));
     assert_eq!(
-        status_of(intruder, "/allowed").await,
+        status_of(intruder.clone(), "/allowed").await,
         Some(403),
         "only sleep is allowed"
     );
+    // To the pod itself, too: its TCP is cut for another identity.
+    let to_pod = |client: Arc<rustls::ClientConfig>| async move {
+        let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
+            .await
+            .ok()?;
+        let tunnel = open(tcp, client, &format!("{BACKEND}:8080")).await.ok()?;
+        get(tunnel.stream, WEB, "/pod")
+            .await
+            .ok()
+            .map(|(status, _)| status)
+    };
+    assert_eq!(to_pod(client.clone()).await, Some(200));
+    assert_eq!(to_pod(intruder).await, None, "only sleep reaches the pod");
 
     // The waypoint's pod moves: the gateway follows it (its endpoints are named after web).
     let moved = "10.215.2.9";

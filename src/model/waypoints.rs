@@ -1,15 +1,15 @@
 //! Waypoints: the proxies that serve a service's (or workload's) traffic in ambient mode, and the
 //! east-west gateways that take a network's HBONE traffic in. Both are Gateway API Gateways of
-//! Istio's ambient classes (compiled in `model/config/gateway_api/waypoints`); services name
-//! theirs with `istio.io/use-waypoint`, read here.
+//! Istio's ambient classes (compiled in `model/config/gateway_api/waypoints`); services and
+//! workloads name theirs with `istio.io/use-waypoint`, read here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MeshSnapshot, Service};
-use crate::istio::gateway_api::{MANAGED_BY_MESH_CONTROLLER, MANAGED_LABEL};
+use super::{MeshSnapshot, Service, Workload};
+use crate::istio::gateway_api::{GATEWAY_NAME_LABEL, MANAGED_BY_MESH_CONTROLLER, MANAGED_LABEL};
 
 /// The label naming the waypoint of an object (or, on a Namespace, of its objects).
 pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
@@ -77,6 +77,10 @@ impl TrafficType {
     pub fn serves_services(self) -> bool {
         matches!(self, Self::Service | Self::All)
     }
+
+    pub fn serves_workloads(self) -> bool {
+        matches!(self, Self::Workload | Self::All)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +116,7 @@ impl Waypoint {
     }
 }
 
-/// Which waypoint serves a service, as istiod's `fetchWaypointForTarget`
+/// Which waypoint serves a service or workload, as istiod's `fetchWaypointForTarget`
 /// (pilot/pkg/serviceregistry/kube/controller/ambient/waypoints.go): the one its
 /// `istio.io/use-waypoint` names (else its namespace's; `none` opts out of both), when that
 /// Gateway is accepted, admits the object's namespace, serves its kind of traffic and is ready.
@@ -129,6 +133,18 @@ impl MeshSnapshot {
         }
         let waypoint = self.usable_waypoint(service.use_waypoint.as_ref()?, &service.namespace)?;
         waypoint.traffic.serves_services().then_some(waypoint)
+    }
+
+    /// A workload's waypoint; none for a waypoint's own pods.
+    pub fn workload_waypoint(&self, workload: &Workload) -> Option<&Arc<Waypoint>> {
+        let gateway_api = self.config.gateway_api();
+        let instance = workload.labels.get(GATEWAY_NAME_LABEL);
+        if instance.is_some_and(|name| gateway_api.waypoint(&workload.namespace, name).is_some()) {
+            return None;
+        }
+        let use_waypoint = workload.use_waypoint.as_ref()?;
+        let waypoint = self.usable_waypoint(use_waypoint, &workload.namespace)?;
+        waypoint.traffic.serves_workloads().then_some(waypoint)
     }
 
     fn usable_waypoint(
@@ -190,10 +206,15 @@ mod tests {
     }
 
     #[test]
-    fn traffic_types_gate_services() {
-        let serves = |t: &str| TrafficType::parse(t).unwrap().serves_services();
-        assert!(serves("service") && serves("all"));
-        assert!(!serves("workload") && !serves("none"));
+    fn traffic_types_gate_services_and_workloads() {
+        let serves = |t: &str| {
+            let t = TrafficType::parse(t).unwrap();
+            (t.serves_services(), t.serves_workloads())
+        };
+        assert_eq!(serves("service"), (true, false));
+        assert_eq!(serves("workload"), (false, true));
+        assert_eq!(serves("all"), (true, true));
+        assert_eq!(serves("none"), (false, false));
         assert_eq!(TrafficType::parse("Service"), None);
     }
 }

@@ -34,6 +34,8 @@ pub struct Workload {
     /// Captured by ztunnel: istio-cni marked the pod `ambient.istio.io/redirection: enabled`.
     pub captured: bool,
     pub host_network: bool,
+    /// Its `istio.io/use-waypoint`, else its namespace's.
+    pub use_waypoint: Option<super::UseWaypoint>,
 }
 
 /// istiod's uid of a pod (pilot/pkg/serviceregistry/ambient/helpers.go: the group is empty).
@@ -252,6 +254,7 @@ mod tests {
             capacity: None,
             captured: true,
             host_network: false,
+            use_waypoint: None,
         }
     }
 

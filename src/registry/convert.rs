@@ -69,6 +69,7 @@ pub struct EndpointContext<'a> {
     pub naming: &'a MeshNaming,
     pub pods: &'a PodIndex,
     pub nodes: &'a HashMap<String, NodeObj>,
+    pub namespaces: &'a HashMap<String, NamespaceObj>,
     /// The cluster's network: its system namespace's label, else MeshNetworks `fromRegistry`.
     pub cluster_network: Option<&'a str>,
     /// MeshNetworks, for `fromCidr` when nothing else names an endpoint's network.
@@ -229,6 +230,10 @@ impl<'a> EndpointContext<'a> {
             capacity: None,
             captured: pod.captured,
             host_network: pod.host_network,
+            use_waypoint: UseWaypoint::from_labels(&pod.labels, &pod.namespace).or_else(|| {
+                let namespace = self.namespaces.get(&*pod.namespace)?;
+                namespace.use_waypoint.clone()
+            }),
         })
     }
 

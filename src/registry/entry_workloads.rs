@@ -11,7 +11,7 @@ use super::service_entries::source_cluster;
 use super::workload::canonical_service;
 use crate::istio::service_entry::WorkloadEntry;
 use crate::istio::{ConfigKind, ConfigObject, Spec};
-use crate::model::{entry_uid, Locality, MeshNetworks, MeshSnapshot, Workload};
+use crate::model::{entry_uid, Locality, MeshNetworks, MeshSnapshot, UseWaypoint, Workload};
 
 /// Writes every entry's workload; returns the uids that changed.
 pub fn sync(mesh: &mut MeshSnapshot) -> Vec<Arc<str>> {
@@ -86,5 +86,13 @@ fn workload(
         capacity: (entry.weight > 0).then_some(entry.weight),
         captured: captured.is_some_and(|v| v == "enabled"),
         host_network: false,
+        // As istiod: a WorkloadEntry's own labels, a ServiceEntry endpoint's labels.
+        use_waypoint: UseWaypoint::from_labels(
+            match object.key.kind {
+                ConfigKind::WorkloadEntry => &object.meta.labels,
+                _ => &entry.labels,
+            },
+            namespace,
+        ),
     })
 }

@@ -121,7 +121,7 @@ pub struct NamespaceObj {
     pub name: String,
     /// `topology.istio.io/network`: the network of a cluster when set on its system namespace.
     pub network: Option<String>,
-    /// `istio.io/use-waypoint`: the waypoint of its services that name none.
+    /// `istio.io/use-waypoint`: the waypoint of its services and pods that name none.
     #[serde(default)]
     pub use_waypoint: Option<UseWaypoint>,
 }

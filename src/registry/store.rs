@@ -80,8 +80,8 @@ impl Store {
                 let old = self.namespaces.insert(name.clone(), ns);
                 let new = &self.namespaces[&name];
                 let network_changed = old.as_ref().map(|o| &o.network) != Some(&new.network);
-                // A namespace's waypoint is that of its services naming none: rare, so the cluster
-                // is re-derived whole.
+                // A namespace's waypoint is that of its services and pods naming none: rare, so
+                // the cluster is re-derived whole.
                 let waypoint_changed =
                     old.as_ref().and_then(|o| o.use_waypoint.as_ref()) != new.use_waypoint.as_ref();
                 dirty.all |= (name == system_namespace && network_changed) || waypoint_changed;
@@ -281,6 +281,7 @@ impl Store {
             naming,
             pods: &self.pods,
             nodes: &self.nodes,
+            namespaces: &self.namespaces,
             cluster_network: labelled.or_else(|| networks.network_of_registry(cluster.as_str())),
             networks,
             shared: Default::default(),

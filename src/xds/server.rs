@@ -370,7 +370,10 @@ impl XdsServer {
             // A ztunnel serves every namespace: its policies follow config anywhere, its addresses
             // every pod and endpoint.
             let ztunnel = conn.proxy.kind == ProxyType::Ztunnel;
-            let full = change.full && (ztunnel || change.audience.admits(&conn.proxy.namespace));
+            // A waypoint's listeners name the workloads using it: any workload change may move them.
+            let waypoint = conn.proxy.kind == ProxyType::Waypoint;
+            let full = (change.full && (ztunnel || change.audience.admits(&conn.proxy.namespace)))
+                || (waypoint && !change.workloads.is_empty());
             let addresses = match ztunnel {
                 true => addresses
                     .get_or_init(|| address_scope(&snapshot, &change))
@@ -379,7 +382,7 @@ impl XdsServer {
             };
             let all_endpoints = (full && everywhere)
                 || conn.locality_follows(&change.services, &snapshot)
-                || (waypoint_endpoints_moved && conn.proxy.kind == ProxyType::Waypoint);
+                || (waypoint_endpoints_moved && waypoint);
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
             let secrets = conn.proxy.verified
                 && change

@@ -43,13 +43,11 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
             (_, None) => Some(format!(
                 "label {WAYPOINT_FOR_LABEL} is service, workload, all or none"
             )),
-            (_, Some(TrafficType::Workload)) => Some(WORKLOAD_TRAFFIC.to_string()),
             _ => None,
         };
-        let note = (traffic == Some(TrafficType::All)).then_some(WORKLOAD_TRAFFIC);
         out.status.insert(
             object.key.clone(),
-            ObjectStatus::Gateway(status(gateway, refusal.as_deref(), note)),
+            ObjectStatus::Gateway(status(gateway, refusal.as_deref())),
         );
         if refusal.is_some() {
             out.ambient_refused.insert(object.key.clone());
@@ -78,11 +76,6 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
     out.waypoints
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 }
-
-/// Why workload-addressed traffic is not taken: a waypoint has chains for its services only.
-const WORKLOAD_TRAFFIC: &str =
-    "waypoints serve traffic addressed to services; traffic addressed to workloads \
-     (istio.io/waypoint-for: workload) is not implemented";
 
 fn is_hbone(listener: &crate::istio::gateway_api::gateway::Listener) -> bool {
     listener.protocol == HBONE_PROTOCOL && listener.port == HBONE_PORT
@@ -122,16 +115,12 @@ fn ambient_classes<'a>(
     classes
 }
 
-/// Accepted (with `note`, what of it is not served) and programmed unless `refusal`; each
-/// listener other than HBONE on 15008 is not accepted (istiod's rule: one listener, HBONE on
-/// 15008).
-fn status(gateway: &KubernetesGateway, refusal: Option<&str>, note: Option<&str>) -> GatewayStatus {
+/// Accepted and programmed unless `refusal`; each listener other than HBONE on 15008 is not
+/// accepted (istiod's rule: one listener, HBONE on 15008).
+fn status(gateway: &KubernetesGateway, refusal: Option<&str>) -> GatewayStatus {
     let gateway_conditions = match refusal {
         None => vec![
-            Condition {
-                message: note.unwrap_or_default().to_string(),
-                ..Condition::yes("Accepted", "Accepted")
-            },
+            Condition::yes("Accepted", "Accepted"),
             Condition::yes("Programmed", "Programmed"),
         ],
         Some(why) => vec![

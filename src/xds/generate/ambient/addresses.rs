@@ -170,6 +170,7 @@ impl<'a> Addresses<'a> {
             workload_type: pb::WorkloadType::Pod as i32,
             workload_name: w.workload_name.to_string(),
             services: self.ports_of(w),
+            waypoint: super::waypoint_refs::of_workload(self.mesh, w),
             authorization_policies: super::authorization::workload_policies(self.mesh, w),
             status: match w.healthy {
                 true => pb::WorkloadStatus::Healthy as i32,

@@ -47,6 +47,11 @@ use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
 pub(super) const CONNECT_ORIGINATE: &str = "connect_originate";
+/// A waypoint's internal listeners (and the clusters reaching them) for traffic addressed to its
+/// workloads, and the cluster sending it on to the workload as it is.
+pub(super) const DIRECT_HBONE: &str = "direct-hbone";
+pub(super) const DIRECT_TCP: &str = "direct-tcp";
+pub(super) const DIRECT_PASSTHROUGH: &str = "direct-passthrough";
 pub(super) const FORWARD_INNER_CONNECT: &str = "forward_inner_connect";
 /// Where a cluster's endpoint passes its address to the internal listener it reaches.
 const ORIGINAL_DST: &str = "envoy.filters.listener.original_dst";
@@ -88,6 +93,14 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
                     .map(|c| c.clone()),
             );
         }
+    }
+    for (captured, name) in [(true, DIRECT_HBONE), (false, DIRECT_TCP)] {
+        if served.workloads.iter().any(|(_, c)| *c == captured) {
+            clusters.push(to_internal_listener(name));
+        }
+    }
+    if served.workloads.iter().any(|(_, captured)| !captured) {
+        clusters.push(shared_clusters::original_dst(DIRECT_PASSTHROUGH));
     }
     let trust_domains = vec![g.mesh_config().trust_domain.clone()];
     clusters.push(match served.east_west() {

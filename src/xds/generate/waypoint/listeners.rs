@@ -5,7 +5,7 @@
 //! `forward_inner_connect` (the inner tunnel, passed on as bytes) on an east-west gateway.
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions;
@@ -40,7 +40,10 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use envoy_types::util::pack_any;
 
-use super::clusters::{main_internal, CONNECT_ORIGINATE, FORWARD_INNER_CONNECT};
+use super::clusters::{
+    main_internal, CONNECT_ORIGINATE, DIRECT_HBONE, DIRECT_PASSTHROUGH, DIRECT_TCP,
+    FORWARD_INNER_CONNECT,
+};
 use super::Served;
 use crate::model::waypoints::HBONE_PORT;
 use crate::model::Service;
@@ -81,6 +84,11 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
                 });
             }
         }
+        for (captured, name) in [(true, DIRECT_HBONE), (false, DIRECT_TCP)] {
+            if served.workloads.iter().any(|(_, c)| *c == captured) {
+                listeners.push(direct(name, captured, &authz));
+            }
+        }
     }
     let encoded = listeners
         .iter()
@@ -108,6 +116,19 @@ fn tcp_processing(
     filters.extend(wasm.rest);
     filters.push(tcp_proxy_filter(&cluster, &cluster, &[]));
     processing(name, filters)
+}
+
+/// Traffic addressed to a workload (`<pod IP>:<port>`, istiod's `direct-*` chains): the
+/// policies, then to that address — in a new tunnel to its ztunnel when ztunnel captures it.
+fn direct(name: &str, captured: bool, authz: &Authorization<'_>) -> Listener {
+    let mut filters = authz.custom_network_filters();
+    filters.extend(authz.network_filters());
+    let proxy = match captured {
+        true => tunnel_proxy(name, CONNECT_ORIGINATE, Some("%DOWNSTREAM_LOCAL_ADDRESS%")),
+        false => tunnel_proxy(name, DIRECT_PASSTHROUGH, None),
+    };
+    filters.push(proxy);
+    processing(name.into(), filters)
 }
 
 /// An internal listener processing tunnels: the destination and source restored from the state
@@ -205,6 +226,25 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
             });
         }
     }
+    // ztunnel names a workload as `<pod IP>:<port>`, whatever the port.
+    for (captured, name) in [(true, DIRECT_HBONE), (false, DIRECT_TCP)] {
+        let addresses = served.workloads.iter().filter(|(_, c)| *c == captured);
+        let mut domains: Vec<String> = addresses
+            .map(|(ip, _)| match ip {
+                IpAddr::V4(v4) => format!("{v4}:*"),
+                IpAddr::V6(v6) => format!("[{v6}]:*"),
+            })
+            .collect();
+        domains.retain(|d| taken.insert(d.clone()));
+        if !domains.is_empty() {
+            virtual_hosts.push(VirtualHost {
+                name: name.into(),
+                domains,
+                routes: vec![tunnel_to(name)],
+                ..Default::default()
+            });
+        }
+    }
     let mut manager: HttpConnectionManager = hcm(
         CONNECT_TERMINATE,
         RouteSpecifier::RouteConfig(RouteConfiguration {
@@ -240,6 +280,20 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
         traffic_direction: TrafficDirection::Inbound as i32,
         ..Default::default()
     }
+}
+
+/// A TCP proxy to `cluster`, in a new tunnel with that authority or as bytes.
+fn tunnel_proxy(stat_prefix: &str, cluster: &str, tunnel_authority: Option<&str>) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.into(),
+        cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
+        tunneling_config: tunnel_authority.map(|hostname| TunnelingConfig {
+            hostname: hostname.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    network_filter("envoy.filters.network.tcp_proxy", pack_any(proxy))
 }
 
 /// Shares with the internal listener a tunnel goes to what its connection no longer shows: the
@@ -315,15 +369,6 @@ fn tunnel_to(cluster: &str) -> Route {
 /// metadata of `envoy.filters.listener.original_dst`), proxying to `cluster` — in a new tunnel
 /// with that authority, or as bytes.
 fn internal(name: &str, cluster: &str, tunnel_authority: Option<&str>) -> Listener {
-    let proxy = TcpProxy {
-        stat_prefix: name.into(),
-        cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
-        tunneling_config: tunnel_authority.map(|hostname| TunnelingConfig {
-            hostname: hostname.into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     Listener {
         name: name.into(),
         listener_specifier: Some(ListenerSpecifier::InternalListener(
@@ -332,10 +377,7 @@ fn internal(name: &str, cluster: &str, tunnel_authority: Option<&str>) -> Listen
         listener_filters: vec![original_dst()],
         filter_chains: vec![FilterChain {
             name: name.into(),
-            filters: vec![network_filter(
-                "envoy.filters.network.tcp_proxy",
-                pack_any(proxy),
-            )],
+            filters: vec![tunnel_proxy(name, cluster, tunnel_authority)],
             ..Default::default()
         }],
         traffic_direction: TrafficDirection::Outbound as i32,

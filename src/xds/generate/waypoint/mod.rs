@@ -1,8 +1,9 @@
 //! Ambient mode's Envoy proxies (node type `waypoint`), named as istiod names theirs
 //! (pilot/pkg/networking/core/{listener_waypoint,cluster_waypoint,waypoint}.go):
-//! - a **waypoint** takes the HBONE tunnels ztunnel opens to the services that use it
-//!   (`istio.io/use-waypoint`) and proxies each to the service's endpoints: directly, or through
-//!   `connect_originate` (HBONE again, to the endpoint's ztunnel) for pods ztunnel captures;
+//! - a **waypoint** takes the HBONE tunnels ztunnel opens to the services and workloads that use
+//!   it (`istio.io/use-waypoint`) and proxies each to the service's endpoints (or the workload):
+//!   directly, or through `connect_originate` (HBONE again, to the endpoint's ztunnel) for pods
+//!   ztunnel captures;
 //! - an **east-west gateway** takes other networks' double-HBONE tunnels to its network's services
 //!   and forwards the inner tunnel untouched through `forward_inner_connect` to an endpoint's
 //!   ztunnel, or to the service's waypoint, on 15008.
@@ -22,6 +23,7 @@
 mod clusters;
 mod listeners;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::route::v3::{route, route_action, Route};
@@ -44,6 +46,9 @@ struct Served {
     services: Vec<(Arc<Service>, Vec<ServicePort>)>,
     /// The network whose endpoints it reaches.
     network: Arc<str>,
+    /// A waypoint's workloads (those using it for traffic addressed to them), by address, and
+    /// whether ztunnel captures them.
+    workloads: Vec<(IpAddr, bool)>,
 }
 
 impl Served {
@@ -132,6 +137,19 @@ fn served(g: &Generation<'_>) -> Option<Served> {
     let all = g.mesh.services.all();
     let services = all.iter().filter(|s| served.takes(g, s));
     served.services = services.map(|s| (s.clone(), ports(s))).collect();
+    if served.waypoint.class == WaypointClass::Waypoint {
+        let mut workloads: Vec<(IpAddr, bool)> = (g.mesh.workloads.iter())
+            .filter(|w| *w.network == *served.network)
+            .filter(|w| {
+                let waypoint = g.mesh.workload_waypoint(w);
+                waypoint.is_some_and(|wp| Arc::ptr_eq(wp, &served.waypoint))
+            })
+            .flat_map(|w| w.addresses.iter().map(|ip| (*ip, w.captured)))
+            .collect();
+        workloads.sort();
+        workloads.dedup_by_key(|(ip, _)| *ip);
+        served.workloads = workloads;
+    }
     Some(served)
 }
 
@@ -148,6 +166,7 @@ fn gateway(g: &Generation<'_>) -> Option<Served> {
         waypoint,
         services: Vec::new(),
         network,
+        workloads: Vec::new(),
     })
 }
 
