@@ -152,7 +152,24 @@ spec:
   - applyTo: LISTENER
     match: {context: SIDECAR_INBOUND, listener: {name: connect_terminate}}
     patch: {operation: MERGE, value: {per_connection_buffer_limit_bytes: 65536}}
+---
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: waypoint-logs, namespace: shop}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  accessLogging: [{providers: [{name: envoy}]}]
 ";
+
+/// A listener's connection manager (its first chain's first filter).
+fn manager_of(listener: &Listener) -> HttpConnectionManager {
+    match &listener.filter_chains[0].filters[0].config_type {
+        Some(filter::ConfigType::TypedConfig(any)) => {
+            HttpConnectionManager::decode(&any.value[..]).unwrap()
+        }
+        other => panic!("{}: no connection manager: {other:?}", listener.name),
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
@@ -233,12 +250,13 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
         Some(65536),
         "the EnvoyFilter selecting the waypoint"
     );
-    let manager = match &listeners[0].filter_chains[0].filters[0].config_type {
-        Some(filter::ConfigType::TypedConfig(any)) => {
-            HttpConnectionManager::decode(&any.value[..]).unwrap()
-        }
-        other => panic!("no connection manager: {other:?}"),
-    };
+    let processing = manager_of(&listeners[2]);
+    assert_eq!(
+        processing.access_log.len(),
+        1,
+        "the Telemetry targeting the waypoint"
+    );
+    let manager = manager_of(&listeners[0]);
     let Some(RouteSpecifier::RouteConfig(routes)) = manager.route_specifier else {
         panic!("routes inline");
     };

@@ -47,6 +47,7 @@ use super::clusters::{
 use super::Served;
 use crate::model::waypoints::HBONE_PORT;
 use crate::model::Service;
+use crate::xds::generate::access_log::Side;
 use crate::xds::generate::authz::{Authorization, PEER_PRINCIPAL_STATE};
 use crate::xds::generate::common::{seconds, socket};
 use crate::xds::generate::filters::{
@@ -114,7 +115,11 @@ fn tcp_processing(
     filters.extend(wasm.authz);
     filters.extend(authz.network_filters());
     filters.extend(wasm.rest);
-    filters.push(tcp_proxy_filter(&cluster, &cluster, &[]));
+    filters.push(tcp_proxy_filter(
+        &cluster,
+        &cluster,
+        g.access_logs().of(Side::SidecarInbound),
+    ));
     processing(name, filters)
 }
 
@@ -178,7 +183,10 @@ fn http_processing(
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
     };
-    let mut manager = outbound_hcm(&name, RouteSpecifier::RouteConfig(routes), &[]);
+    // Telemetry as at a workload's inbound side: what the waypoint serves is the service's.
+    let logs = g.access_logs().of(Side::SidecarInbound);
+    let mut manager = outbound_hcm(&name, RouteSpecifier::RouteConfig(routes), logs);
+    g.tracing().of(Side::SidecarInbound).apply(&mut manager);
     // istiod's order: CUSTOM, WasmPlugins of the AUTHN and AUTHZ phases, the policies, the rest.
     let wasm = g.wasm_plugins().http(ListenerClass::Inbound, port);
     let mut before_router = authz.custom_http_filters();
@@ -187,7 +195,8 @@ fn http_processing(
     before_router.extend(authz.http_filters());
     before_router.extend(wasm.rest);
     manager.http_filters.splice(0..0, before_router);
-    processing(name, vec![hcm_filter(manager, None)])
+    let stats = g.stats(Side::SidecarInbound);
+    processing(name, vec![hcm_filter(manager, stats)])
 }
 
 /// Ends mTLS and HTTP/2 CONNECT on 15008; each tunnel's payload goes to the cluster its authority
