@@ -161,6 +161,22 @@ spec:
   accessLogging: [{providers: [{name: envoy}]}]
 ";
 
+/// A GET in one tunnel to the waypoint, named `authority`: the waypoint's identity as the
+/// tunnel's peer, the status and body (None when no tunnel opens or it is cut).
+async fn via_waypoint(
+    client: Arc<rustls::ClientConfig>,
+    authority: &str,
+    path: &str,
+) -> Option<(Vec<Identity>, u16, String)> {
+    let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
+        .await
+        .ok()?;
+    let tunnel = open(tcp, client, authority).await.ok()?;
+    let peer = tunnel.peer.clone();
+    let (status, body) = get(tunnel.stream, WEB, path).await.ok()?;
+    Some((peer, status, body))
+}
+
 /// A listener's connection manager (its first chain's first filter).
 fn manager_of(listener: &Listener) -> HttpConnectionManager {
     match &listener.filter_chains[0].filters[0].config_type {
@@ -322,18 +338,12 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     let waypoint_identity = Identity::new("cluster.local", "shop", "waypoint");
 
     // A ztunnel of the waypoint's network: one tunnel to the waypoint, named by web's VIP.
-    let (status, body) = wait_for("a request through the waypoint", BOUND, || {
-        let (client, waypoint_identity) = (client.clone(), waypoint_identity.clone());
-        async move {
-            let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
-                .await
-                .ok()?;
-            let tunnel = open(tcp, client, &format!("{WEB_VIP}:80")).await.ok()?;
-            assert_eq!(tunnel.peer, std::slice::from_ref(&waypoint_identity));
-            get(tunnel.stream, WEB, "/through-waypoint").await.ok()
-        }
+    let vip = format!("{WEB_VIP}:80");
+    let (peer, status, body) = wait_for("a request through the waypoint", BOUND, || {
+        via_waypoint(client.clone(), &vip, "/through-waypoint")
     })
     .await;
+    assert_eq!(peer, std::slice::from_ref(&waypoint_identity));
     assert_eq!(status, 200, "{body}");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["path"], "/through-waypoint");
@@ -344,15 +354,9 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     );
 
     // Traffic addressed to the pod itself (it uses the waypoint for that too): `<pod IP>:<port>`.
-    let (status, body) = wait_for("a request to the pod through the waypoint", BOUND, || {
-        let client = client.clone();
-        async move {
-            let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
-                .await
-                .ok()?;
-            let tunnel = open(tcp, client, &format!("{BACKEND}:8080")).await.ok()?;
-            get(tunnel.stream, WEB, "/to-the-pod").await.ok()
-        }
+    let pod = format!("{BACKEND}:8080");
+    let (_, status, body) = wait_for("a request to the pod through the waypoint", BOUND, || {
+        via_waypoint(client.clone(), &pod, "/to-the-pod")
     })
     .await;
     assert_eq!(status, 200, "{body}");
@@ -415,40 +419,30 @@ async fn hbone_reaches_the_service_through_its_waypoint_also_across_networks() {
     // of the tunnel's peer (the client workload's).
     write_atomic(&dir.path().join("config/policies.yaml"), POLICIES);
     let intruder = mesh_client(&workload_certs(&mp, "frontend", "intruder"));
-    let status_of = |client: Arc<rustls::ClientConfig>, path: &'static str| async move {
-        let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
-            .await
-            .ok()?;
-        let tunnel = open(tcp, client, &format!("{WEB_VIP}:80")).await.ok()?;
-        get(tunnel.stream, WEB, path)
-            .await
-            .ok()
-            .map(|(status, _)| status)
+    let status_of = |client: &Arc<rustls::ClientConfig>, authority: &str, path: &str| {
+        let (client, authority, path) = (client.clone(), authority.to_string(), path.to_string());
+        async move {
+            let answer = via_waypoint(client, &authority, &path).await;
+            answer.map(|(_, status, _)| status)
+        }
     };
-    wait_for("the waypoint's DENY", BOUND, || {
-        let client = client.clone();
-        async move { (status_of(client, "/forbidden").await? == 403).then_some(()) }
+    wait_for("the waypoint's DENY", BOUND, || async {
+        (status_of(&client, &vip, "/forbidden").await? == 403).then_some(())
     })
     .await;
-    assert_eq!(status_of(client.clone(), "/allowed").await, Some(200));
+    assert_eq!(status_of(&client, &vip, "/allowed").await, Some(200));
     assert_eq!(
-        status_of(intruder.clone(), "/allowed").await,
+        status_of(&intruder, &vip, "/allowed").await,
         Some(403),
         "only sleep is allowed"
     );
     // To the pod itself, too: its TCP is cut for another identity.
-    let to_pod = |client: Arc<rustls::ClientConfig>| async move {
-        let tcp = tokio::net::TcpStream::connect((WAYPOINT_CTL, 15008))
-            .await
-            .ok()?;
-        let tunnel = open(tcp, client, &format!("{BACKEND}:8080")).await.ok()?;
-        get(tunnel.stream, WEB, "/pod")
-            .await
-            .ok()
-            .map(|(status, _)| status)
-    };
-    assert_eq!(to_pod(client.clone()).await, Some(200));
-    assert_eq!(to_pod(intruder).await, None, "only sleep reaches the pod");
+    assert_eq!(status_of(&client, &pod, "/pod").await, Some(200));
+    assert_eq!(
+        status_of(&intruder, &pod, "/pod").await,
+        None,
+        "only sleep reaches the pod"
+    );
 
     // The waypoint's pod moves: the gateway follows it (its endpoints are named after web).
     let moved = "10.215.2.9";
