@@ -29,9 +29,12 @@ use super::proxy::{Proxy, ProxyType};
 use super::push::{moves_names, PushRequest, PushSlot};
 use super::session::{DeltaSession, SotwSession};
 use super::stream::{self, NewSession, OUTPUT_QUEUE};
+use crate::istio::gateway_api::GATEWAY_NAME_LABEL;
 use crate::istio::ConfigKey;
 use crate::istio::ConfigKind;
 use crate::metrics::XdsMetrics;
+use crate::model::gateway_api::GatewayApi;
+use crate::model::waypoints::WaypointClass;
 use crate::model::{Audience, Change, Hostname, Mesh, MeshSnapshot};
 use crate::security::authn::{Authenticator, Credentials};
 
@@ -356,24 +359,16 @@ impl XdsServer {
         let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
         // Worked out at the first ztunnel: most meshes have none.
         let addresses = std::cell::OnceCell::new();
-        // Waypoint proxies' endpoints are named after the services they serve but read more: an
-        // east-west gateway forwards to waypoints' pods, a waypoint tunnels to the pods ztunnel
-        // captures. When those move, each waypoint proxy's endpoints are rebuilt whole.
-        let waypoint_endpoints_moved = !change.workloads.is_empty() || {
-            let gateway_api = snapshot.config.gateway_api();
-            change
-                .services
-                .iter()
-                .any(|h| gateway_api.is_waypoint_host(h))
-        };
+        let gateway_api = snapshot.config.gateway_api();
+        let waypoint_pods_moved = (change.services.iter()).any(|h| gateway_api.is_waypoint_host(h));
         for conn in self.connections.read().values() {
             // A ztunnel serves every namespace: its policies follow config anywhere, its addresses
             // every pod and endpoint.
             let ztunnel = conn.proxy.kind == ProxyType::Ztunnel;
-            // A waypoint's listeners name the workloads using it: any workload change may move them.
-            let waypoint = conn.proxy.kind == ProxyType::Waypoint;
+            let waypoint =
+                WaypointMoves::of(&conn.proxy, gateway_api, &change, waypoint_pods_moved);
             let full = (change.full && (ztunnel || change.audience.admits(&conn.proxy.namespace)))
-                || (waypoint && !change.workloads.is_empty());
+                || waypoint.listeners;
             let addresses = match ztunnel {
                 true => addresses
                     .get_or_init(|| address_scope(&snapshot, &change))
@@ -382,7 +377,7 @@ impl XdsServer {
             };
             let all_endpoints = (full && everywhere)
                 || conn.locality_follows(&change.services, &snapshot)
-                || (waypoint_endpoints_moved && waypoint);
+                || waypoint.endpoints;
             // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
             let secrets = conn.proxy.verified
                 && change
@@ -609,6 +604,39 @@ impl AdsService {
         );
         tokio::spawn(stream::run_guarded(server, tx, stream));
         grpc::response(rx)
+    }
+}
+
+/// What a change moves of a waypoint proxy beyond the services it names. Its endpoints are named
+/// after the services it serves but read more: a waypoint tunnels to the pods ztunnel captures,
+/// an east-west gateway forwards to waypoints' pods. A waypoint's listeners name the workloads
+/// using it.
+#[derive(Default)]
+struct WaypointMoves {
+    listeners: bool,
+    endpoints: bool,
+}
+
+impl WaypointMoves {
+    fn of(proxy: &Proxy, gateway_api: &GatewayApi, change: &Change, waypoint_pods: bool) -> Self {
+        if proxy.kind != ProxyType::Waypoint {
+            return Self::default();
+        }
+        let name = proxy.labels.get(GATEWAY_NAME_LABEL);
+        let Some(gateway) = name.and_then(|n| gateway_api.waypoint(&proxy.namespace, n)) else {
+            return Self::default();
+        };
+        let workloads = !change.workloads.is_empty();
+        match gateway.class {
+            WaypointClass::Waypoint => Self {
+                listeners: workloads && gateway.traffic.serves_workloads(),
+                endpoints: workloads,
+            },
+            WaypointClass::EastWest => Self {
+                listeners: false,
+                endpoints: waypoint_pods,
+            },
+        }
     }
 }
 
