@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::status::{ClassStatus, Condition, GatewayStatus, ListenerStatus, ObjectStatus};
 use super::{GatewayApi, UNSUPPORTED_PROTOCOL};
+use crate::istio::gateway_api::gateway::Listener;
 use crate::istio::gateway_api::{KubernetesGateway, HBONE_PORT, HBONE_PROTOCOL, NAME_OVERRIDE};
 use crate::istio::{ConfigKind, Spec};
 use crate::model::config::ConfigStore;
@@ -34,11 +35,11 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
             .get(WAYPOINT_FOR_LABEL)
             .or_else(|| class_labels.get(WAYPOINT_FOR_LABEL))
             .map_or(Some(TrafficType::Service), |v| TrafficType::parse(v));
-        let hbone = gateway.listeners.iter().find(|l| is_hbone(l));
+        let hbone = gateway.listeners.iter().find(|l| serves(*class, l));
         let refusal = match (hbone, traffic) {
             (None, _) => Some(format!(
-                "an ambient gateway needs a listener on port {HBONE_PORT} with protocol \
-                 {HBONE_PROTOCOL}"
+                "an ambient gateway needs {}",
+                expected_listener(*class)
             )),
             (_, None) => Some(format!(
                 "label {WAYPOINT_FOR_LABEL} is service, workload, all or none"
@@ -47,7 +48,7 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
         };
         out.status.insert(
             object.key.clone(),
-            ObjectStatus::Gateway(status(gateway, refusal.as_deref())),
+            ObjectStatus::Gateway(status(*class, gateway, refusal.as_deref())),
         );
         if refusal.is_some() {
             out.ambient_refused.insert(object.key.clone());
@@ -62,13 +63,19 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
             traffic,
             from_all_namespaces: hbone.routes_from_all_namespaces(),
             network: object.meta.labels.get(LABEL_NETWORK).cloned(),
-            // Its Service is named as its deployment: the override, else the Gateway's name.
+            // The Service its address names (a manual deployment), else the one it is deployed
+            // behind, named as the deployment: the override, else the Gateway's name.
             host: store.qualify(
-                object
-                    .meta
-                    .annotations
-                    .get(NAME_OVERRIDE)
-                    .map_or(&*object.key.name, String::as_str),
+                gateway
+                    .addresses
+                    .first()
+                    .map(|a| a.value.as_str())
+                    .or(object
+                        .meta
+                        .annotations
+                        .get(NAME_OVERRIDE)
+                        .map(String::as_str))
+                    .unwrap_or(&object.key.name),
                 &object.key.namespace,
             ),
         }));
@@ -77,8 +84,21 @@ pub(super) fn compile(store: &ConfigStore, out: &mut GatewayApi) {
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 }
 
-fn is_hbone(listener: &crate::istio::gateway_api::gateway::Listener) -> bool {
-    listener.protocol == HBONE_PROTOCOL && listener.port == HBONE_PORT
+/// Whether a listener is the one a Gateway of this class serves: HBONE on 15008, terminating TLS
+/// on an east-west gateway (istiod's `unexpectedWaypointListener` and
+/// `unexpectedEastWestWaypointListener`, pilot/pkg/config/kube/gateway/conversion.go).
+fn serves(class: WaypointClass, listener: &Listener) -> bool {
+    let hbone = listener.protocol == HBONE_PROTOCOL && listener.port == HBONE_PORT;
+    let terminates = listener.tls.as_ref().is_some_and(|t| !t.passthrough());
+    hbone && (class == WaypointClass::Waypoint || terminates)
+}
+
+fn expected_listener(class: WaypointClass) -> String {
+    let tls = match class {
+        WaypointClass::Waypoint => "",
+        WaypointClass::EastWest => " and tls.mode Terminate",
+    };
+    format!("a listener on port {HBONE_PORT} with protocol {HBONE_PROTOCOL}{tls}")
 }
 
 /// The ambient classes by name, with their labels (a class may set `istio.io/waypoint-for`):
@@ -115,9 +135,13 @@ fn ambient_classes<'a>(
     classes
 }
 
-/// Accepted and programmed unless `refusal`; each listener other than HBONE on 15008 is not
-/// accepted (istiod's rule: one listener, HBONE on 15008).
-fn status(gateway: &KubernetesGateway, refusal: Option<&str>) -> GatewayStatus {
+/// Accepted and programmed unless `refusal`; each listener other than the one its class serves is
+/// not accepted (istiod's rule: one listener).
+fn status(
+    class: WaypointClass,
+    gateway: &KubernetesGateway,
+    refusal: Option<&str>,
+) -> GatewayStatus {
     let gateway_conditions = match refusal {
         None => vec![
             Condition::yes("Accepted", "Accepted"),
@@ -135,7 +159,7 @@ fn status(gateway: &KubernetesGateway, refusal: Option<&str>) -> GatewayStatus {
             name: l.name.clone(),
             supported_kinds: Vec::new(),
             attached_routes: 0,
-            conditions: match is_hbone(l) {
+            conditions: match serves(class, l) {
                 true => vec![
                     Condition::yes("Accepted", "Accepted"),
                     Condition::yes("Programmed", "Programmed"),
@@ -144,8 +168,8 @@ fn status(gateway: &KubernetesGateway, refusal: Option<&str>) -> GatewayStatus {
                     "Accepted",
                     UNSUPPORTED_PROTOCOL,
                     format!(
-                        "an ambient gateway serves one listener, on port {HBONE_PORT} with \
-                         protocol {HBONE_PROTOCOL}"
+                        "an ambient gateway serves one listener: {}",
+                        expected_listener(class)
                     ),
                 )],
             },
@@ -154,5 +178,61 @@ fn status(gateway: &KubernetesGateway, refusal: Option<&str>) -> GatewayStatus {
     GatewayStatus {
         conditions: gateway_conditions,
         listeners,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::istio::ConfigKey;
+    use crate::model::config::fixtures::object;
+    use crate::model::{ConfigSource, ConfigStore};
+
+    const API: (&str, &str) = ("gateway.networking.k8s.io/v1", "Gateway");
+
+    fn store(gateways: &[(&str, &str)]) -> ConfigStore {
+        let mut store = ConfigStore::default();
+        let changes = gateways
+            .iter()
+            .map(|(name, spec)| object(API, ("shop", name), "1", spec))
+            .collect();
+        store.apply(ConfigSource::Files, changes);
+        store
+    }
+
+    fn key(name: &str) -> ConfigKey {
+        ConfigKey {
+            kind: crate::istio::ConfigKind::KubernetesGateway,
+            namespace: "shop".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn an_east_west_gateway_terminates_tls_and_an_address_names_the_service() {
+        let hbone = "{name: mesh, port: 15008, protocol: HBONE}";
+        let terminating = "{name: mesh, port: 15008, protocol: HBONE, tls: {mode: Terminate}}";
+        let store = store(&[
+            (
+                "plain-ew",
+                &format!("{{gatewayClassName: istio-east-west, listeners: [{hbone}]}}"),
+            ),
+            (
+                "ew",
+                &format!("{{gatewayClassName: istio-east-west, listeners: [{terminating}]}}"),
+            ),
+            (
+                "manual",
+                &format!(
+                    "{{gatewayClassName: istio-waypoint, listeners: [{hbone}], \
+                     addresses: [{{type: Hostname, value: wp.infra.svc.cluster.local}}]}}"
+                ),
+            ),
+        ]);
+        let api = store.gateway_api();
+        assert!(api.waypoint("shop", "plain-ew").is_none());
+        assert!(api.ambient_refused.contains(&key("plain-ew")));
+        assert!(api.waypoint("shop", "ew").is_some());
+        let manual = api.waypoint("shop", "manual").unwrap();
+        assert_eq!(manual.host, "wp.infra.svc.cluster.local");
     }
 }
