@@ -23,6 +23,7 @@ use crate::listen::BindError;
 use crate::metrics::Metrics;
 use crate::model::ClusterId;
 use crate::security::rotation::SharedCa;
+use crate::security::secret_access::SecretAccess;
 use crate::sources::file::FileSourceError;
 use crate::sources::kube::KubeSourceError;
 use crate::supervise::{Supervisor, TaskEnded};
@@ -155,11 +156,18 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
     let draining = Arc::new(AtomicBool::new(false));
     let ready = inputs.readiness(supervisor.health(), draining.clone());
     let aggregate = &inputs.aggregate;
-    let (xds, xds_addr) =
-        serving::xds(&args, aggregate, ready.clone(), &metrics, &mut supervisor).await?;
+    let config_cluster = inputs.config_cluster.as_ref();
+    let secret_access = SecretAccess::new(trust::cluster_clients(config_cluster));
+    let (xds, xds_addr) = serving::xds(
+        &args,
+        aggregate,
+        (ready.clone(), secret_access),
+        &metrics,
+        &mut supervisor,
+    )
+    .await?;
     serving::push_loop(&args, aggregate, changes, &xds, &metrics, &mut supervisor);
 
-    let config_cluster = inputs.config_cluster.as_ref();
     let leader = trust::leader(&args, config_cluster, &mut supervisor);
     let ca = trust::ca(
         &args,

@@ -20,6 +20,7 @@ use crate::model::Change;
 use crate::security::authn::Authenticator;
 use crate::security::node_auth::NodeAuthorizer;
 use crate::security::rotation::SharedCa;
+use crate::security::secret_access::SecretAccess;
 use crate::security::service::CaService;
 use crate::security::tls::{self, ServingCert};
 use crate::sources::auto_registration::AutoRegistration;
@@ -38,7 +39,7 @@ const STREAMS_PER_CONNECTION: u32 = 32;
 pub(super) async fn xds(
     args: &DiscoveryArgs,
     aggregate: &Arc<Aggregate>,
-    ready: Readiness,
+    (ready, secret_access): (Readiness, SecretAccess),
     metrics: &Metrics,
     supervisor: &mut Supervisor,
 ) -> Result<(Arc<XdsServer>, SocketAddr), StartError> {
@@ -47,6 +48,7 @@ pub(super) async fn xds(
         ready,
         args.xds_options(),
         metrics.xds(),
+        secret_access,
     );
     xds.set_auto_registration(AutoRegistration::new(
         aggregate.clone(),

@@ -11,6 +11,7 @@ use super::StartError;
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::install::gateway_deployment;
+use crate::kube_client::ClusterClients;
 use crate::leader::{self, Leader, LeaderConfig};
 use crate::metrics::Metrics;
 use crate::model::ClusterId;
@@ -100,9 +101,16 @@ pub(super) fn authenticator(
 ) -> Arc<Authenticator> {
     Arc::new(Authenticator::new(
         &args.trust_domain,
+        cluster_clients(config_cluster),
+    ))
+}
+
+/// The API servers meshpilot may ask about callers: the config cluster's and the remotes'.
+pub(super) fn cluster_clients(config_cluster: Option<&ConfigCluster>) -> ClusterClients {
+    ClusterClients::new(
         config_cluster.map(|c| (c.id.clone(), c.client.clone())),
         config_cluster.map(|c| c.remotes.clients()),
-    ))
+    )
 }
 
 /// Who may ask for other identities' certificates: trusted node accounts, for pods on their node,

@@ -1,13 +1,14 @@
 //! What meshpilot's identity in a cluster must be allowed, asked of the cluster itself with
-//! SelfSubjectAccessReviews: the list and watch of every kind meshpilot's watchers read, and the
-//! TokenReviews that authenticate the cluster's workloads.
+//! SelfSubjectAccessReviews: the list and watch of every kind meshpilot's watchers read, the
+//! TokenReviews that authenticate the cluster's workloads and the SubjectAccessReviews that
+//! authorize their gateways' credentials.
 
 use std::fmt;
 
 use futures::{stream, StreamExt};
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -59,7 +60,8 @@ fn list_and_watch<K: k8s_openapi::Resource>(namespace: Option<&str>) -> [Access;
 }
 
 /// Every permission meshpilot uses in a cluster: what `sources::kube::watch_cluster` watches
-/// (everywhere), TokenReviews (`security::authn`), and in the config cluster the Istio kinds
+/// (everywhere), TokenReviews (`security::authn`), SubjectAccessReviews (`security::secret_access`),
+/// and in the config cluster the Istio kinds
 /// (`sources::kube_config`) and the `istio` mesh ConfigMap of the system namespace.
 pub fn needed(config_cluster: bool, system_namespace: &str) -> Vec<Access> {
     let mut needed: Vec<Access> = [
@@ -74,6 +76,7 @@ pub fn needed(config_cluster: bool, system_namespace: &str) -> Vec<Access> {
     .flatten()
     .collect();
     needed.push(of::<TokenReview>("create", None));
+    needed.push(of::<SubjectAccessReview>("create", None));
     if config_cluster {
         for kind in ConfigKind::ALL {
             for verb in ["list", "watch"] {

@@ -74,6 +74,12 @@ pub fn control_plane_role() -> ClusterRole {
                 &["get", "list", "watch", "create", "update"],
             ),
             rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+            // Whether a gateway may read a credential it asks for (istiod's SDS authorization).
+            rule(
+                &["authorization.k8s.io"],
+                &["subjectaccessreviews"],
+                &["create"],
+            ),
             rule(&CONFIG_GROUPS, &["*"], READ),
             // The leader records allocated addresses, as istiod 1.25+.
             rule(
@@ -159,7 +165,7 @@ pub fn control_plane_namespace_binding(namespace: &str) -> RoleBinding {
 
 /// What a control plane reading this cluster needs (Istio's reader role, for the kinds meshpilot
 /// reads): services, endpoints, pods, nodes, gateway credentials, Istio config; TokenReviews for
-/// its workloads.
+/// its workloads and SubjectAccessReviews for its gateways' credentials.
 pub fn reader_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(READER_ROLE, None),
@@ -172,6 +178,12 @@ pub fn reader_role() -> ClusterRole {
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
             rule(&CONFIG_GROUPS, &["*"], READ),
             rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+            // Whether a gateway may read a credential it asks for (istiod's SDS authorization).
+            rule(
+                &["authorization.k8s.io"],
+                &["subjectaccessreviews"],
+                &["create"],
+            ),
         ]),
         ..Default::default()
     }

@@ -104,6 +104,37 @@ impl RemoteClients {
     }
 }
 
+/// The API servers meshpilot can call, by cluster: the config cluster's and the remotes'. Empty
+/// when meshpilot reads only files.
+#[derive(Clone, Default)]
+pub struct ClusterClients {
+    config: Option<(ClusterId, Client)>,
+    remotes: Option<RemoteClients>,
+}
+
+impl ClusterClients {
+    pub fn new(config: Option<(ClusterId, Client)>, remotes: Option<RemoteClients>) -> Self {
+        Self { config, remotes }
+    }
+
+    /// No API server at all: clusters come from files.
+    pub fn is_empty(&self) -> bool {
+        self.config.is_none()
+    }
+
+    pub fn config_cluster(&self) -> Option<&ClusterId> {
+        self.config.as_ref().map(|(id, _)| id)
+    }
+
+    /// The client of a cluster, the config cluster's or a remote's.
+    pub fn get(&self, id: &ClusterId) -> Option<Client> {
+        match &self.config {
+            Some((config, client)) if config == id => Some(client.clone()),
+            _ => self.remotes.as_ref().and_then(|r| r.get(id)),
+        }
+    }
+}
+
 /// Retry delays of a broken watch: from 100 ms, doubling to 5 s, each stretched by up to itself at
 /// random (so the many watches of many clusters do not relist in step after an API server comes
 /// back), reset by the next event. Quicker than kube-runtime's default (800 ms to 30 s), so a

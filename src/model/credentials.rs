@@ -15,6 +15,18 @@ use super::ClusterId;
 /// The suffix of SDS names (and Secrets) that carry only a CA bundle.
 pub const CA_SUFFIX: &str = "-cacert";
 
+/// The prefix of SDS names of Secrets in the proxy's namespace (istiod's `kubernetes://`).
+pub const KUBERNETES_PREFIX: &str = "kubernetes://";
+/// The prefix of SDS names of Secrets Gateway API listeners reference (istiod's
+/// `kubernetes-gateway://<namespace>/<name>`).
+pub const GATEWAY_PREFIX: &str = "kubernetes-gateway://";
+
+/// The `credentialName` a compiled Gateway API listener gives its Secret, as istiod's
+/// `ToKubernetesGatewayResource`.
+pub fn gateway_credential(namespace: &str, name: &str) -> String {
+    format!("{GATEWAY_PREFIX}{namespace}/{name}")
+}
+
 /// What one Secret holds for TLS, in the keys istiod reads.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretMaterial {
@@ -125,19 +137,43 @@ impl Credentials {
             .collect()
     }
 
+    /// The cluster meshpilot runs in (istiod's config cluster).
+    pub fn local(&self) -> &ClusterId {
+        &self.local
+    }
+
+    /// The first of `clusters` that holds Secret `name`: where it is read from.
+    pub fn holder<'c>(
+        &self,
+        clusters: &[&'c ClusterId],
+        namespace: &str,
+        name: &str,
+    ) -> Option<&'c ClusterId> {
+        self.find_in(clusters, namespace, name).map(|(c, _)| c)
+    }
+
     fn find(
         &self,
         clusters: &[&ClusterId],
         namespace: &str,
         name: &str,
     ) -> Option<&SecretMaterial> {
+        self.find_in(clusters, namespace, name).map(|(_, m)| m)
+    }
+
+    fn find_in<'c>(
+        &self,
+        clusters: &[&'c ClusterId],
+        namespace: &str,
+        name: &str,
+    ) -> Option<(&'c ClusterId, &SecretMaterial)> {
         clusters.iter().find_map(|cluster| {
             let key = CredentialKey {
                 cluster: (*cluster).clone(),
                 namespace: namespace.into(),
                 name: name.into(),
             };
-            self.secrets.get(&key).map(|m| &**m)
+            self.secrets.get(&key).map(|m| (*cluster, &**m))
         })
     }
 

@@ -5,7 +5,7 @@
 
 pub mod allocation;
 mod config;
-mod credentials;
+pub mod credentials;
 mod endpoint;
 mod envoy_filters;
 mod jwks;

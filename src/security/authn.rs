@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use super::identity::Identity;
 use super::tls::SecureConnInfo;
-use crate::kube_client::RemoteClients;
+use crate::kube_client::ClusterClients;
 use crate::model::ClusterId;
 use crate::text::{clip, Quoted};
 
@@ -91,20 +91,14 @@ const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 pub struct Authenticator {
     trust_domain: String,
     /// The config cluster reviews tokens that name no cluster, or name it.
-    config_cluster: Option<(ClusterId, Client)>,
-    remotes: Option<RemoteClients>,
+    clusters: ClusterClients,
 }
 
 impl Authenticator {
-    pub fn new(
-        trust_domain: &str,
-        config_cluster: Option<(ClusterId, Client)>,
-        remotes: Option<RemoteClients>,
-    ) -> Self {
+    pub fn new(trust_domain: &str, clusters: ClusterClients) -> Self {
         Self {
             trust_domain: trust_domain.to_string(),
-            config_cluster,
-            remotes,
+            clusters,
         }
     }
 
@@ -129,19 +123,14 @@ impl Authenticator {
     }
 
     fn client_for(&self, cluster_id: Option<&str>) -> Result<(String, Client), AuthnError> {
-        match (cluster_id, &self.config_cluster) {
-            (None, Some((id, client))) => Ok((id.to_string(), client.clone())),
-            (Some(c), Some((id, client))) if c == id.as_str() => {
-                Ok((c.to_string(), client.clone()))
-            }
-            (Some(c), _) => self
-                .remotes
-                .as_ref()
-                .and_then(|r| r.get(&ClusterId::new(c)))
-                .map(|client| (c.to_string(), client))
-                .ok_or_else(|| AuthnError::UnknownCluster(c.to_string())),
-            (None, None) => Err(AuthnError::UnknownCluster(String::new())),
-        }
+        let id = match cluster_id {
+            Some(c) => ClusterId::new(c),
+            None => self.clusters.config_cluster().cloned().unwrap_or_default(),
+        };
+        self.clusters
+            .get(&id)
+            .map(|client| (id.to_string(), client))
+            .ok_or_else(|| AuthnError::UnknownCluster(cluster_id.unwrap_or_default().to_string()))
     }
 
     async fn review(

@@ -9,6 +9,7 @@ pub mod identity;
 pub mod keys;
 pub mod node_auth;
 pub mod rotation;
+pub mod secret_access;
 pub mod service;
 pub mod tls;
 pub mod trust;

@@ -32,7 +32,7 @@ fn viewer(server: &XdsServer, conn: &Connection) -> Result<Viewer, Status> {
     if server.options().open_debug {
         return Ok(Viewer::All);
     }
-    if !proxy.verified {
+    if !proxy.verified() {
         return Err(Status::unauthenticated(
             "authentication required: debug types are served on the secure xDS port to a \
              verified identity",

@@ -66,9 +66,9 @@ pub struct Proxy {
     pub locality: Locality,
     /// The WorkloadGroup (in the proxy's namespace) a VM's proxy registers itself into.
     pub auto_register_group: Option<String>,
-    /// The stream proved the proxy's namespace (and service account) over the secure port: what
-    /// gateway credentials it may read depends on it.
-    pub verified: bool,
+    /// The service account the stream proved over the secure port (with the proxy's namespace):
+    /// what gateway credentials it may read depends on it.
+    pub verified_account: Option<String>,
     /// Its agent answers the workload's DNS (`ISTIO_META_DNS_CAPTURE`): it resolves ServiceEntry
     /// hosts to their auto-allocated addresses, so its listeners match those addresses too.
     pub dns_capture: bool,
@@ -168,12 +168,19 @@ impl Proxy {
                 .unwrap_or_default(),
             locality,
             auto_register_group: meta.string("AUTO_REGISTER_GROUP").filter(|g| !g.is_empty()),
-            verified: false,
+            verified_account: None,
             dns_capture: meta.flag("DNS_CAPTURE"),
             mesh_id: meta.string("MESH_ID").unwrap_or_default(),
             service_cluster: node.cluster.clone(),
             metadata: meta.strings(),
         })
+    }
+}
+
+impl Proxy {
+    /// Whether the stream proved who the proxy is.
+    pub fn verified(&self) -> bool {
+        self.verified_account.is_some()
     }
 }
 

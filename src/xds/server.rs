@@ -37,6 +37,8 @@ use crate::model::gateway_api::GatewayApi;
 use crate::model::waypoints::WaypointClass;
 use crate::model::{Audience, Change, Hostname, Mesh, MeshSnapshot};
 use crate::security::authn::{Authenticator, Credentials};
+use crate::security::identity::Identity;
+use crate::security::secret_access::SecretAccess;
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -91,6 +93,8 @@ pub trait ProxyRegistrar: Send + Sync {
 
 pub struct XdsServer {
     mesh: Arc<Mesh>,
+    /// Which proxies may read which Secrets over SDS (reviews asked and their verdicts).
+    secret_access: SecretAccess,
     auto_registration: std::sync::OnceLock<Arc<dyn ProxyRegistrar>>,
     /// The debug views besides the server's own, held weakly: they hold the server.
     debug_views: std::sync::OnceLock<Weak<dyn DebugViews>>,
@@ -234,9 +238,11 @@ impl XdsServer {
         ready: Readiness,
         options: XdsOptions,
         metrics: XdsMetrics,
+        secret_access: SecretAccess,
     ) -> Arc<Self> {
         Arc::new(Self {
             mesh,
+            secret_access,
             auto_registration: Default::default(),
             debug_views: Default::default(),
             push_log: PushLog::default(),
@@ -274,6 +280,10 @@ impl XdsServer {
         self.debug_views.get().and_then(Weak::upgrade)
     }
 
+    pub fn secret_access(&self) -> &SecretAccess {
+        &self.secret_access
+    }
+
     pub fn mesh(&self) -> &Arc<Mesh> {
         &self.mesh
     }
@@ -287,7 +297,7 @@ impl XdsServer {
     /// `--insecure-open-config` says so.
     pub(super) fn serves_config_to(&self, proxy: &Proxy) -> bool {
         let root = self.mesh.snapshot().config.mesh().root_namespace.clone();
-        self.options.open_config || (proxy.verified && *proxy.namespace == *root)
+        self.options.open_config || (proxy.verified() && *proxy.namespace == *root)
     }
 
     pub(super) fn metrics(&self) -> &XdsMetrics {
@@ -378,12 +388,12 @@ impl XdsServer {
             let all_endpoints = (full && everywhere)
                 || conn.locality_follows(&change.services, &snapshot)
                 || waypoint.endpoints;
-            // Only proxies that may read a changed Secret (verified, same namespace) hear of it.
-            let secrets = conn.proxy.verified
-                && change
-                    .credentials
-                    .iter()
-                    .any(|k| *k.namespace == *conn.proxy.namespace);
+            // Only proxies that may read a changed Secret hear of it: verified, of its namespace,
+            // or routers (a Gateway API listener may name another namespace's).
+            let secrets = conn.proxy.verified()
+                && change.credentials.iter().any(|k| {
+                    *k.namespace == *conn.proxy.namespace || conn.proxy.kind == ProxyType::Router
+                });
             let names = (full && names_if_full) || (names_everywhere && conn.watches_names());
             let configs = match !kinds.is_empty() && conn.watches_config() {
                 true => kinds.clone(),
@@ -533,7 +543,7 @@ pub(super) async fn authorize(
     authn: &Authenticator,
     credentials: &Credentials,
     proxy: &Proxy,
-) -> Result<(), Status> {
+) -> Result<Identity, Status> {
     let identity = authn.authenticate(credentials).await?;
     let account_ok = proxy
         .service_account
@@ -545,7 +555,7 @@ pub(super) async fn authorize(
             proxy.id, proxy.namespace
         )));
     }
-    Ok(())
+    Ok(identity)
 }
 
 pub trait NodeOf: Send + 'static {

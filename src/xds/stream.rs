@@ -17,6 +17,7 @@ use tonic::{Status, Streaming};
 use tracing::{debug, error, warn};
 
 use super::generate::Generation;
+use super::protocol::ResourceType;
 use super::proxy::Proxy;
 use super::push::PushRequest;
 use super::server::{Connection, NodeOf, ProxyRegistrar, Registered, XdsServer};
@@ -156,12 +157,14 @@ async fn admit<Req: NodeOf>(
     };
     let authenticated = auth.is_some();
     if let Some((authn, credentials)) = auth {
-        if let Err(status) = super::server::authorize(&authn, &credentials, &proxy).await {
-            warn!(proxy = %proxy.id, %status, "refusing xDS stream");
-            let _ = tx.send(Err(status)).await;
-            return None;
+        match super::server::authorize(&authn, &credentials, &proxy).await {
+            Ok(identity) => proxy.verified_account = Some(identity.service_account),
+            Err(status) => {
+                warn!(proxy = %proxy.id, %status, "refusing xDS stream");
+                let _ = tx.send(Err(status)).await;
+                return None;
+            }
         }
-        proxy.verified = true;
         // ztunnel names its cluster in the `clusterid` header, not in its node.
         if proxy.cluster_id.is_none() {
             proxy.cluster_id = credentials.cluster_id.as_deref().map(ClusterId::new);
@@ -279,12 +282,18 @@ impl<Req: NodeOf> Stream<Req> {
                 }
             }
             Answer::Resources(ty, scope) => {
+                if ty == ResourceType::Secret {
+                    self.review_secrets().await;
+                }
                 let server = self.server.clone();
-                let Ok(_permit) = server.push_permit().await else {
-                    return false;
+                // The permit bounds building, not waiting for the proxy to read: a proxy that
+                // stops reading must not hold up anyone else's push.
+                let out = {
+                    let Ok(_permit) = server.push_permit().await else {
+                        return false;
+                    };
+                    self.build(|session, reply, out| session.respond(reply, ty, &scope, true, out))
                 };
-                let out =
-                    self.build(|session, reply, out| session.respond(reply, ty, &scope, true, out));
                 self.send(out).await
             }
         }
@@ -296,16 +305,43 @@ impl<Req: NodeOf> Stream<Req> {
         if let Some(queued) = push.queued_at {
             server.metrics().dequeued(queued.elapsed());
         }
-        let Ok(_permit) = server.push_permit().await else {
-            return false;
+        if self.session.watched().contains(&ResourceType::Secret) {
+            self.review_secrets().await;
+        }
+        let out = {
+            let Ok(_permit) = server.push_permit().await else {
+                return false;
+            };
+            self.build(|session, reply, out| session.push(reply, &push, out))
         };
-        let out = self.build(|session, reply, out| session.push(reply, &push, out));
         let sent = !out.is_empty();
         let open = self.send(out).await;
         if let (true, true, Some(triggered)) = (open, sent, push.triggered_at) {
             server.metrics().converged(triggered.elapsed());
         }
         open
+    }
+
+    /// Asks the API servers what the proxy's Secret subscriptions need reviewed (whether its
+    /// service account may read them), so that building finds the answers; reviews answered
+    /// recently are not asked again.
+    async fn review_secrets(&self) {
+        let conn = self.registered.conn();
+        if !conn.proxy.verified() {
+            return;
+        }
+        let names = conn.subscribed(ResourceType::Secret);
+        if names.is_empty() {
+            return;
+        }
+        let access = self.server.secret_access();
+        let pending = {
+            let snapshot = self.server.mesh().snapshot();
+            Generation::new(&snapshot, self.server.cache(), &conn.proxy)
+                .with_secret_access(access)
+                .pending_secret_reviews(names.iter())
+        };
+        futures::future::join_all(pending.into_iter().map(|r| access.review(r))).await;
     }
 
     /// Assembles responses from one snapshot of the mesh.
@@ -315,7 +351,8 @@ impl<Req: NodeOf> Stream<Req> {
     ) -> Vec<Encoded> {
         let snapshot = self.server.mesh().snapshot();
         let conn = self.registered.conn();
-        let generation = Generation::new(&snapshot, self.server.cache(), &conn.proxy);
+        let generation = Generation::new(&snapshot, self.server.cache(), &conn.proxy)
+            .with_secret_access(self.server.secret_access());
         let reply = Reply {
             generation: &generation,
             version: &snapshot.version_text,
@@ -366,6 +403,7 @@ mod tests {
     use super::*;
     use crate::metrics::XdsMetrics;
     use crate::model::Mesh;
+    use crate::security::secret_access::SecretAccess;
     use crate::xds::server::XdsOptions;
     use envoy_types::pb::envoy::config::core::v3::Node;
 
@@ -377,6 +415,7 @@ mod tests {
             Arc::new(|| true),
             XdsOptions::default(),
             metrics.clone(),
+            SecretAccess::new(Default::default()),
         );
         let (tx, mut rx) = mpsc::channel(OUTPUT_QUEUE);
         let inner = server.clone();
@@ -408,6 +447,7 @@ mod tests {
             Arc::new(|| true),
             XdsOptions::default(),
             XdsMetrics::default(),
+            SecretAccess::new(Default::default()),
         );
         let (tx, _rx) = mpsc::channel(OUTPUT_QUEUE);
         let large = [0u8; 4096];

@@ -20,8 +20,10 @@ use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigKey, MeshConfig};
 use crate::model::{
-    AppliedRule, AppliedTelemetry, EgressScope, Locality, MeshSnapshot, Service, SidecarScope,
+    AppliedRule, AppliedTelemetry, BoundGateway, EgressScope, Locality, MeshSnapshot, Service,
+    SidecarScope,
 };
+use crate::security::secret_access::SecretAccess;
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::{Generator, Proxy, ProxyType};
 use crate::xds::wire::{Resource, SharedList};
@@ -40,6 +42,9 @@ pub struct Generation<'a> {
     pub(super) mesh: &'a MeshSnapshot,
     pub(super) cache: &'a ResourceCache,
     pub(super) proxy: &'a Proxy,
+    /// Who may read which Secrets, as reviewed so far; without it nothing that needs a review is
+    /// served.
+    pub(super) secret_access: Option<&'a SecretAccess>,
     locality: OnceLock<Option<Locality>>,
     scope: OnceLock<Option<Arc<SidecarScope>>>,
     telemetry: OnceLock<AppliedTelemetry>,
@@ -56,6 +61,7 @@ impl<'a> Generation<'a> {
             mesh,
             cache,
             proxy,
+            secret_access: None,
             locality: OnceLock::new(),
             scope: OnceLock::new(),
             telemetry: OnceLock::new(),
@@ -65,6 +71,14 @@ impl<'a> Generation<'a> {
             envoy_filters: OnceLock::new(),
             wasm_plugins: OnceLock::new(),
         }
+    }
+}
+
+impl<'a> Generation<'a> {
+    /// Serves Secrets as these reviews allow.
+    pub fn with_secret_access(mut self, access: &'a SecretAccess) -> Self {
+        self.secret_access = Some(access);
+        self
     }
 }
 
@@ -85,6 +99,22 @@ impl Generation<'_> {
                 })
             })
             .clone()
+    }
+
+    /// The Gateways selecting this proxy (as a router), with their bound VirtualServices.
+    pub(super) fn gateways(&self) -> Vec<BoundGateway> {
+        let serves = |host: &str| {
+            self.proxy.ips.iter().any(|ip| {
+                self.mesh
+                    .endpoints
+                    .services_at(ip)
+                    .iter()
+                    .any(|key| *key.hostname == *host)
+            })
+        };
+        self.mesh
+            .config
+            .gateways_for(&self.proxy.labels, &self.proxy.namespace, &serves)
     }
 
     pub(super) fn services_version(&self) -> u64 {

@@ -1,8 +1,19 @@
 //! SDS over ADS: the TLS Secrets gateways name by `credentialName`, as istiod serves them
-//! (`kubernetes://<name>` or `kubernetes://<namespace>/<name>`; `<name>-cacert` for the CA bundle).
+//! (pilot/pkg/xds/sds.go, names parsed as pilot/pkg/model/credentials/resource.go does):
 //!
-//! Only a proxy that proved its identity on the secure port gets them, and only from its own
-//! namespace (istiod's default authorization); anything else is answered as not existing.
+//! - `kubernetes://[<namespace>/]<name>`: a Secret of the proxy's own namespace (another is never
+//!   served), read from the proxy's cluster, else meshpilot's. Its CA bundle (`<name>-cacert`) is
+//!   public and served as is; its key only when the proxy's service account may `list secrets`
+//!   in that namespace, as the API server of the cluster the Secret is read from answers a
+//!   SubjectAccessReview (`security/secret_access`). Without any API server (clusters from
+//!   files) there is no RBAC to ask and the namespace rule alone applies.
+//! - `kubernetes-gateway://<namespace>/<name>`: a Secret a Gateway API listener names, read from
+//!   the config cluster (in file mode, as above), served only to the proxies of the Gateways that
+//!   reference it (their own namespace, or another a ReferenceGrant opened, checked when the
+//!   Gateway was compiled).
+//!
+//! Only a proxy that proved its identity on the secure port gets any; anything refused is answered
+//! as not existing.
 
 use std::sync::Arc;
 
@@ -14,40 +25,171 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use tracing::warn;
 
 use super::generation::Generation;
-use crate::model::CREDENTIAL_CA_SUFFIX;
+use crate::istio::gateway::ServerTlsMode;
+use crate::model::credentials::{GATEWAY_PREFIX, KUBERNETES_PREFIX};
+use crate::model::{ClusterId, CREDENTIAL_CA_SUFFIX};
+use crate::security::secret_access::{SecretReview, Verdict};
 use crate::xds::wire::Resource;
 
-/// The prefix of SDS names istiod reads from Kubernetes Secrets.
-pub const KUBERNETES_PREFIX: &str = "kubernetes://";
-
-/// The SDS name of a `credentialName` (its CA bundle with `ca`).
+/// The SDS name of a `credentialName` (its CA bundle with `ca`): kept as written when it names
+/// its type, else a `kubernetes://` name (istiod's `ToResourceName`).
 pub fn resource_name(credential: &str, ca: bool) -> String {
     let suffix = if ca { CREDENTIAL_CA_SUFFIX } else { "" };
+    if credential.starts_with(KUBERNETES_PREFIX) || credential.starts_with(GATEWAY_PREFIX) {
+        return format!("{credential}{suffix}");
+    }
     format!("{KUBERNETES_PREFIX}{credential}{suffix}")
 }
 
-/// `kubernetes://[<namespace>/]<name>` → (namespace, name), the namespace defaulting to the proxy's.
-fn parse<'n>(name: &'n str, proxy_namespace: &'n str) -> Option<(&'n str, &'n str)> {
-    let rest = name.strip_prefix(KUBERNETES_PREFIX)?;
-    let (namespace, secret) = rest.split_once('/').unwrap_or((proxy_namespace, rest));
-    (!namespace.is_empty() && !secret.is_empty() && !secret.contains('/'))
-        .then_some((namespace, secret))
+/// A Secret an SDS name refers to.
+#[derive(Debug, PartialEq, Eq)]
+struct Reference<'n> {
+    /// Named by a Gateway API listener (`kubernetes-gateway://`).
+    gateway: bool,
+    namespace: &'n str,
+    name: &'n str,
+}
+
+impl Reference<'_> {
+    fn ca_only(&self) -> bool {
+        self.name.ends_with(CREDENTIAL_CA_SUFFIX)
+    }
+}
+
+/// `kubernetes://[<namespace>/]<name>` (the namespace defaulting to the proxy's) or
+/// `kubernetes-gateway://<namespace>/<name>`.
+fn parse<'n>(name: &'n str, proxy_namespace: &'n str) -> Option<Reference<'n>> {
+    let (gateway, namespace, secret) = match name.strip_prefix(GATEWAY_PREFIX) {
+        Some(rest) => {
+            let (namespace, secret) = rest.split_once('/')?;
+            (true, namespace, secret)
+        }
+        None => {
+            let rest = name.strip_prefix(KUBERNETES_PREFIX)?;
+            let (namespace, secret) = rest.split_once('/').unwrap_or((proxy_namespace, rest));
+            (false, namespace, secret)
+        }
+    };
+    (!namespace.is_empty() && !secret.is_empty() && !secret.contains('/')).then_some(Reference {
+        gateway,
+        namespace,
+        name: secret,
+    })
+}
+
+impl Generation<'_> {
+    /// Where a referenced Secret is looked up, in order: a Gateway API listener's in the config
+    /// cluster, which holds its Gateway and grants (in file mode, as any other: there is no
+    /// config cluster, the Gateway is in `config/` and its Secret in some cluster's files).
+    fn secret_clusters(&self, reference: &Reference<'_>) -> Vec<&ClusterId> {
+        let credentials = &self.mesh.credentials;
+        let files_only = self.secret_access.is_some_and(|a| a.without_api_servers());
+        match reference.gateway && !files_only {
+            true => vec![credentials.local()],
+            false => credentials.search_order(self.proxy.cluster_id.as_ref()),
+        }
+    }
+
+    /// The review that decides whether this proxy may read a `kubernetes://` Secret's key, where
+    /// one does: a Secret of its own namespace, with a key, that exists.
+    fn secret_review(&self, reference: &Reference<'_>) -> Option<SecretReview> {
+        let account = self.proxy.verified_account.as_ref()?;
+        if reference.gateway || reference.ca_only() || reference.namespace != &*self.proxy.namespace
+        {
+            return None;
+        }
+        let clusters = self.secret_clusters(reference);
+        let credentials = &self.mesh.credentials;
+        let holder = credentials.holder(&clusters, reference.namespace, reference.name)?;
+        Some(SecretReview {
+            cluster: holder.clone(),
+            namespace: reference.namespace.to_string(),
+            service_account: account.clone(),
+        })
+    }
+
+    /// The reviews to ask before these Secrets can be built: those not answered yet.
+    pub fn pending_secret_reviews<'n>(
+        &self,
+        names: impl IntoIterator<Item = &'n String>,
+    ) -> Vec<SecretReview> {
+        let Some(access) = self.secret_access else {
+            return Vec::new();
+        };
+        let mut pending: Vec<SecretReview> = names
+            .into_iter()
+            .filter_map(|name| parse(name, &self.proxy.namespace))
+            .filter_map(|reference| self.secret_review(&reference))
+            .filter(|review| access.verdict(review) == Verdict::Unknown)
+            .collect();
+        pending.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        pending.dedup();
+        pending
+    }
+
+    /// Whether the Gateways selecting this proxy in its own namespace reference this SDS name
+    /// (istiod's `VerifiedCertificateReferences`).
+    fn gateways_reference(&self, name: &str) -> bool {
+        self.gateways().iter().any(|bound| {
+            *bound.object.key.namespace == *self.proxy.namespace
+                && bound.gateway.servers.iter().any(|server| {
+                    let Some(tls) = &server.tls else { return false };
+                    let mutual = matches!(
+                        tls.mode,
+                        ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual
+                    );
+                    !tls.credential_name.is_empty()
+                        && (resource_name(&tls.credential_name, false) == name
+                            || (mutual && resource_name(&tls.credential_name, true) == name))
+                })
+        })
+    }
+
+    /// Why this proxy may not read this Secret, if it may not.
+    fn secret_refusal(&self, name: &str, reference: &Reference<'_>) -> Option<&'static str> {
+        if reference.gateway {
+            return (!self.gateways_reference(name))
+                .then_some("no Gateway of the proxy's namespace that selects it references it");
+        }
+        if reference.namespace != &*self.proxy.namespace {
+            return Some("a Secret of another namespace than the proxy's");
+        }
+        if reference.ca_only() {
+            return None;
+        }
+        let Some(review) = self.secret_review(reference) else {
+            return None; // Not found: reported as such.
+        };
+        let verdict = self
+            .secret_access
+            .map_or(Verdict::Unknown, |a| a.verdict(&review));
+        match verdict {
+            Verdict::Allowed => None,
+            Verdict::Denied => Some("its service account may not list Secrets in the namespace"),
+            Verdict::Unknown => Some("its service account's access has not been reviewed"),
+        }
+    }
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let proxy = g.proxy;
-    let (namespace, secret) = parse(name, &proxy.namespace)?;
-    if !proxy.verified || namespace != &*proxy.namespace {
-        warn!(proxy = %proxy.id, resource = name, verified = proxy.verified, "gateway credential refused: only a proxy proven on the secure port may read Secrets of its own namespace");
+    if !proxy.verified() {
+        warn!(proxy = %proxy.id, resource = name, "gateway credential refused: only a proxy proven on the secure port may read Secrets");
+        return None;
+    }
+    let reference = parse(name, &proxy.namespace)?;
+    if let Some(why) = g.secret_refusal(name, &reference) {
+        warn!(proxy = %proxy.id, resource = name, service_account = proxy.verified_account.as_deref(), "gateway credential refused: {why}");
         return None;
     }
     let credentials = &g.mesh.credentials;
-    let clusters = credentials.search_order(proxy.cluster_id.as_ref());
-    let material = match secret.strip_suffix(CREDENTIAL_CA_SUFFIX) {
-        Some(_) => credentials
+    let clusters = g.secret_clusters(&reference);
+    let (namespace, secret) = (reference.namespace, reference.name);
+    let material = match reference.ca_only() {
+        true => credentials
             .ca(&clusters, namespace, secret)
             .map(|ca| validation(name, ca)),
-        None => credentials
+        false => credentials
             .certificate(&clusters, namespace, secret)
             .map(|(chain, key)| certificate(name, chain, key)),
     };
@@ -96,14 +238,42 @@ mod tests {
 
     #[test]
     fn names_default_to_the_proxy_namespace() {
-        assert_eq!(parse("kubernetes://cert", "gw"), Some(("gw", "cert")));
+        let k8s = |namespace, name| Reference {
+            gateway: false,
+            namespace,
+            name,
+        };
+        assert_eq!(parse("kubernetes://cert", "gw"), Some(k8s("gw", "cert")));
         assert_eq!(
             parse("kubernetes://other/cert-cacert", "gw"),
-            Some(("other", "cert-cacert"))
+            Some(k8s("other", "cert-cacert"))
         );
+        assert_eq!(
+            parse("kubernetes-gateway://shop/cert", "gw"),
+            Some(Reference {
+                gateway: true,
+                namespace: "shop",
+                name: "cert"
+            })
+        );
+        assert_eq!(parse("kubernetes-gateway://cert", "gw"), None);
         assert_eq!(parse("default", "gw"), None);
         assert_eq!(parse("kubernetes://", "gw"), None);
         assert_eq!(parse("kubernetes://a/b/c", "gw"), None);
+        assert!(parse("kubernetes://cert-cacert", "gw").unwrap().ca_only());
+    }
+
+    #[test]
+    fn credential_names_keep_their_type() {
         assert_eq!(resource_name("cert", true), "kubernetes://cert-cacert");
+        assert_eq!(
+            resource_name("kubernetes://cert", false),
+            "kubernetes://cert"
+        );
+        let gateway = crate::model::credentials::gateway_credential("shop", "cert");
+        assert_eq!(
+            resource_name(&gateway, true),
+            "kubernetes-gateway://shop/cert-cacert"
+        );
     }
 }

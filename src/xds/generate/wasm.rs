@@ -336,7 +336,7 @@ fn pull_secret(
     object: &ConfigObject,
     spec: &WasmPlugin,
 ) -> String {
-    if !proxy.verified {
+    if !proxy.verified() {
         return String::new();
     }
     let clusters = mesh.credentials.search_order(proxy.cluster_id.as_ref());

@@ -43,7 +43,8 @@ pub fn find_proxy(
 /// The dump's sections, each an `Any` of an admin `*ConfigDump`, in istiod's order.
 pub fn sections(xds: &XdsServer, conn: &Connection, include_eds: bool) -> Vec<Any> {
     let snapshot = xds.mesh().snapshot();
-    let g = Generation::new(&snapshot, xds.cache(), &conn.proxy);
+    let g = Generation::new(&snapshot, xds.cache(), &conn.proxy)
+        .with_secret_access(xds.secret_access());
     let version = snapshot.version_text.to_string();
     let clusters = g.all(ResourceType::Cluster);
     let listeners = g.all(ResourceType::Listener);

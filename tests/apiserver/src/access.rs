@@ -1,9 +1,12 @@
 //! What a client asks before it acts: the server's version, and whether it may do something
-//! (SelfSubjectAccessReview), answered consistently with the denials a test made.
+//! (SelfSubjectAccessReview), answered consistently with the denials a test made; and whether
+//! someone else may (SubjectAccessReview), answered from the RBAC objects stored, as Kubernetes'
+//! RBAC authorizer does.
 
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
 
+use crate::store::{kind_by_name, Filter};
 use crate::{count, json_response, status_error, Body, Shared, User};
 
 /// `GET /version`, as a recent Kubernetes answers it.
@@ -47,4 +50,120 @@ pub(crate) fn self_subject_access_review(
         &json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                 "metadata": {}, "spec": review["spec"], "status": status}),
     )
+}
+
+/// `POST /apis/authorization.k8s.io/v1/subjectaccessreviews`: allowed when a ClusterRoleBinding,
+/// or a RoleBinding of the namespace asked about, binds the user (by name, as a service account,
+/// or by one of its groups) to a Role or ClusterRole with a rule for the verb and resource.
+pub(crate) fn subject_access_review(shared: &Shared, body: &[u8]) -> Response<Body> {
+    count(shared, "subjectaccessreview".into());
+    let review: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let spec = &review["spec"];
+    let user = spec["user"].as_str().unwrap_or_default();
+    let groups: Vec<&str> = spec["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let attributes = &spec["resourceAttributes"];
+    let asked = Asked {
+        namespace: attributes["namespace"].as_str().unwrap_or_default(),
+        verb: attributes["verb"].as_str().unwrap_or_default(),
+        group: attributes["group"].as_str().unwrap_or_default(),
+        resource: attributes["resource"].as_str().unwrap_or_default(),
+    };
+    let allowed = rbac_allows(shared, user, &groups, &asked);
+    let reason = match allowed {
+        true => "allowed by a role binding".to_string(),
+        false => format!(
+            "no binding lets {user} {} {} in {:?}",
+            asked.verb, asked.resource, asked.namespace
+        ),
+    };
+    json_response(
+        StatusCode::CREATED,
+        &json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "metadata": {}, "spec": spec, "status": {"allowed": allowed, "reason": reason}}),
+    )
+}
+
+struct Asked<'a> {
+    namespace: &'a str,
+    verb: &'a str,
+    group: &'a str,
+    resource: &'a str,
+}
+
+fn rbac_allows(shared: &Shared, user: &str, groups: &[&str], asked: &Asked<'_>) -> bool {
+    let store = shared.store.lock();
+    let list = |kind: &str, namespace: Option<&str>| {
+        let kind = kind_by_name(kind).expect("RBAC kinds are served");
+        store.list(kind, namespace, &Filter::default())
+    };
+    let binds = |binding: &Value| {
+        binding["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|subject| {
+                let name = subject["name"].as_str().unwrap_or_default();
+                match subject["kind"].as_str() {
+                    Some("ServiceAccount") => {
+                        let namespace = subject["namespace"].as_str().unwrap_or_default();
+                        user == format!("system:serviceaccount:{namespace}:{name}")
+                    }
+                    Some("User") => user == name,
+                    Some("Group") => groups.contains(&name),
+                    _ => false,
+                }
+            })
+    };
+    let role_allows = |binding: &Value, binding_namespace: Option<&str>| {
+        let role_ref = &binding["roleRef"];
+        let name = role_ref["name"].as_str().unwrap_or_default();
+        let role = match (role_ref["kind"].as_str(), binding_namespace) {
+            (Some("ClusterRole"), _) => {
+                store.get(kind_by_name("ClusterRole").expect("served"), "", name)
+            }
+            (Some("Role"), Some(ns)) => store.get(kind_by_name("Role").expect("served"), ns, name),
+            _ => None,
+        };
+        role.is_some_and(|role| {
+            role["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|rule| rule_allows(rule, asked))
+        })
+    };
+    let cluster_wide = list("ClusterRoleBinding", None)
+        .iter()
+        .any(|b| binds(b) && role_allows(b, None));
+    cluster_wide
+        || (!asked.namespace.is_empty()
+            && list("RoleBinding", Some(asked.namespace))
+                .iter()
+                .any(|b| binds(b) && role_allows(b, Some(asked.namespace))))
+}
+
+fn rule_allows(rule: &Value, asked: &Asked<'_>) -> bool {
+    let has = |field: &str, wanted: &str| {
+        rule[field]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|v| v == "*" || v == wanted)
+    };
+    let named = rule["resourceNames"]
+        .as_array()
+        .is_some_and(|n| !n.is_empty());
+    has("apiGroups", asked.group)
+        && has("resources", asked.resource)
+        && has("verbs", asked.verb)
+        && !named
 }

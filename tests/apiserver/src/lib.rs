@@ -536,6 +536,7 @@ fn parse_path(path: &str) -> Option<Result<Target, &'static str>> {
     Some(match rest {
         ["tokenreviews"] => return Some(Err("tokenreviews")),
         ["selfsubjectaccessreviews"] => return Some(Err("selfsubjectaccessreviews")),
+        ["subjectaccessreviews"] => return Some(Err("subjectaccessreviews")),
         ["namespaces", ns, plural] => target(plural, Some(ns), None, None),
         ["namespaces", ns, plural, name] => target(plural, Some(ns), Some(name), None),
         ["namespaces", ns, plural, name, sub] => target(plural, Some(ns), Some(name), Some(sub)),
@@ -584,6 +585,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         Some(Err("tokenreviews")) if method == Method::POST => return token_review(&shared, &body),
         Some(Err("selfsubjectaccessreviews")) if method == Method::POST => {
             return access::self_subject_access_review(&shared, &user, &body)
+        }
+        Some(Err("subjectaccessreviews")) if method == Method::POST => {
+            return access::subject_access_review(&shared, &body)
         }
         _ => {
             return status_error(

@@ -75,6 +75,20 @@ pub const KINDS: &[ResourceKind] = &[
         namespaced: false,
     },
     ResourceKind {
+        plural: "roles",
+        group: "rbac.authorization.k8s.io",
+        kind: "Role",
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "rolebindings",
+        group: "rbac.authorization.k8s.io",
+        kind: "RoleBinding",
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
         plural: "clusterrolebindings",
         group: "rbac.authorization.k8s.io",
         kind: "ClusterRoleBinding",

@@ -37,6 +37,7 @@ use crate::istio::virtual_service::{
 use crate::istio::{
     ConfigKey, ConfigKind, ConfigMeta, ConfigObject, Gateway, Spec, VirtualService,
 };
+use crate::model::credentials::gateway_credential;
 
 /// A listener's reason for not being accepted: its protocol is not its class's.
 const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
@@ -497,7 +498,8 @@ fn allowed_kinds(
 }
 
 /// The TLS of a listener's server: passed through, or terminated with its certificate (a Secret
-/// of the Gateway's namespace, served to the gateway over SDS).
+/// of the Gateway's namespace, or of one a ReferenceGrant opens, served to the gateway over SDS
+/// as `kubernetes-gateway://<namespace>/<name>`).
 fn server_tls(
     grants: &[(Arc<str>, &ReferenceGrant)],
     namespace: &str,
@@ -526,31 +528,25 @@ fn server_tls(
         );
         return (None, Some(refusal));
     }
-    if let Some(other) = certificate.namespace.as_deref().filter(|n| *n != namespace) {
-        let granted = grants_in(grants, other).any(|g| {
+    let secret_namespace = certificate.namespace.as_deref().unwrap_or(namespace);
+    if secret_namespace != namespace {
+        let granted = grants_in(grants, secret_namespace).any(|g| {
             g.allows(
                 (api::GROUP, "Gateway", namespace),
                 ("", "Secret", &certificate.name),
             )
         });
-        let refusal = match granted {
-            false => Refusal::new(
+        if !granted {
+            let refusal = Refusal::new(
                 "RefNotPermitted",
-                format!("no ReferenceGrant in {other} lets Gateways of {namespace} use Secret {}", certificate.name),
-            ),
-            true => Refusal::new(
-                "InvalidCertificateRef",
-                format!(
-                    "Secret {other}/{} is granted, but meshpilot serves gateways the Secrets of their own namespace only",
-                    certificate.name
-                ),
-            ),
-        };
-        return (None, Some(refusal));
+                format!("no ReferenceGrant in {secret_namespace} lets Gateways of {namespace} use Secret {}", certificate.name),
+            );
+            return (None, Some(refusal));
+        }
     }
     let server = ServerTls {
         mode: ServerTlsMode::Simple,
-        credential_name: certificate.name.clone(),
+        credential_name: gateway_credential(secret_namespace, &certificate.name),
         ..Default::default()
     };
     (Some(server), None)

@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use tracing::debug;
 
-use self::servers::{bound, labelled_east_west, servers, PortServer};
+use self::servers::{labelled_east_west, servers, PortServer};
 use super::access_log::Side;
 use super::clusters::{self, ClusterNeeds};
 use super::common::socket;
@@ -86,7 +86,7 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
 /// Which clusters a router lists: the mesh SNI ones where it passes mesh mTLS through by SNI
 /// (AUTO_PASSTHROUGH), the `outbound|…` ones where it routes to services itself.
 fn cluster_needs(g: &Generation<'_>) -> ClusterNeeds {
-    let bound = bound(g);
+    let bound = g.gateways();
     if bound.is_empty() {
         let east_west = labelled_east_west(g);
         return ClusterNeeds {
@@ -110,7 +110,7 @@ fn cluster_needs(g: &Generation<'_>) -> ClusterNeeds {
 
 /// Every listener of a router.
 fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
-    let bound = bound(g);
+    let bound = g.gateways();
     let by_port = servers(g, &bound);
     let ports: Vec<u16> = match bound.is_empty() {
         true if labelled_east_west(g) => vec![EAST_WEST_PORT],
@@ -126,7 +126,7 @@ fn listeners(g: &Generation<'_>) -> Vec<Arc<Resource>> {
 /// A router's listener by name.
 fn build_listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
-    let bound = bound(g);
+    let bound = g.gateways();
     listener(g, port, &servers(g, &bound))
 }
 
@@ -402,7 +402,7 @@ fn auto_passthrough_chains(g: &Generation<'_>) -> Vec<FilterChain> {
 /// A router's route configuration by name: a virtual host per host its servers of that route
 /// admit from bound VirtualServices (the oldest VirtualService claiming a host serves it).
 fn build_routes(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    let bound = bound(g);
+    let bound = g.gateways();
     let by_port = servers(g, &bound);
     let servers: Vec<&PortServer<'_>> = by_port
         .values()

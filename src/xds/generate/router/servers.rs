@@ -9,22 +9,6 @@ use crate::model::{host_match, BoundGateway};
 use crate::xds::generate::gateway_tls;
 use crate::xds::generate::generation::Generation;
 
-/// The Gateways selecting this router, with their bound VirtualServices.
-pub(super) fn bound(g: &Generation<'_>) -> Vec<BoundGateway> {
-    let serves = |host: &str| {
-        g.proxy.ips.iter().any(|ip| {
-            g.mesh
-                .endpoints
-                .services_at(ip)
-                .iter()
-                .any(|key| *key.hostname == *host)
-        })
-    };
-    g.mesh
-        .config
-        .gateways_for(&g.proxy.labels, &g.proxy.namespace, &serves)
-}
-
 pub(super) fn labelled_east_west(g: &Generation<'_>) -> bool {
     g.proxy.labels.get("istio").map(String::as_str) == Some("eastwestgateway")
 }
