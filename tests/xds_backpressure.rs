@@ -1,5 +1,6 @@
 //! A proxy that stops reading must cost meshpilot little and hold up no one: its responses wait in
-//! a bounded queue while pushes merge into one pending request.
+//! a bounded queue while pushes merge into one pending request, and waiting for it to read holds
+//! none of the permits that bound how many pushes are built at once.
 
 mod common;
 
@@ -146,6 +147,75 @@ async fn a_proxy_that_stops_reading_costs_little_and_holds_up_no_one() {
         Some(2),
         "both proxies still connected: {syncz}"
     );
+    drop(stuck);
+}
+
+/// More streams that stop reading than there are push permits: every other proxy still converges
+/// on every change (a stream waiting for room in its queue holds no permit).
+#[tokio::test]
+async fn streams_that_stop_reading_hold_up_no_push() {
+    const PERMITS: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("clusters/c1");
+    std::fs::create_dir_all(&cluster).unwrap();
+    let all: Vec<String> = (0..SERVICES).map(service).collect();
+    std::fs::write(cluster.join("services.yaml"), all.join("---")).unwrap();
+    let permits = PERMITS.to_string();
+    let mp = start_meshpilot(
+        dir.path(),
+        &[
+            "--push-concurrency",
+            &permits,
+            "--xds-send-timeout",
+            "300s",
+            "--debounce-after",
+            "0s",
+        ],
+    )
+    .await;
+
+    // Each on its own connection, so each has its own flow-control window to exhaust.
+    let mut stuck = Vec::new();
+    for i in 0..2 * PERMITS {
+        let ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+        for (n, type_url) in [CDS, LDS].into_iter().enumerate() {
+            ads.request(DiscoveryRequest {
+                node: (n == 0).then(|| sidecar(&format!("stuck-{i}"))),
+                type_url: type_url.into(),
+                ..Default::default()
+            });
+        }
+        stuck.push(ads);
+    }
+    let mut good = AdsClient::connect(mp.xds_addr).await.unwrap();
+    good.request(DiscoveryRequest {
+        node: Some(sidecar("good")),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let mut last = good.response(BOUND).await;
+    for round in 0..3 {
+        std::fs::write(
+            cluster.join(format!("added-{round}.yaml")),
+            service(SERVICES + round),
+        )
+        .unwrap();
+        let want = format!(
+            "outbound|8080||svc-{}.load.svc.cluster.local",
+            SERVICES + round
+        );
+        loop {
+            good.ack(&last, vec![]);
+            last = good.response(BOUND).await;
+            if last
+                .resources
+                .iter()
+                .any(|a| cluster_name(&a.value) == want)
+            {
+                break;
+            }
+        }
+    }
     drop(stuck);
 }
 
