@@ -336,4 +336,34 @@ async fn wasm_plugins_reach_listeners_and_ecds_as_istiod_sends_them() {
     })
     .await;
     assert_eq!(secret, r#"{"auths":{"ghcr.io":{"auth":"dXNlcjpwYXNz"}}}"#);
+
+    // A proven proxy of the namespace that the plugin does not select may read the plugin by its
+    // ECDS name (as istiod serves it), but not its registry credentials.
+    let certs = workload_certs(&f.mp, "bookinfo", "bookinfo-ratings");
+    let channel = tls_channel(
+        f.mp.secure_xds_addr,
+        &certs.root,
+        Some((&certs.chain, &certs.key)),
+    )
+    .await
+    .unwrap();
+    let mut ratings = AdsClient::over(channel).await.unwrap();
+    ratings.request(DiscoveryRequest {
+        node: Some(labelled_node(
+            "sidecar~10.1.1.12~ratings-v1-5d9f7.bookinfo~bookinfo.svc.cluster.local",
+            &[("CLUSTER_ID", "cluster1"), ("ISTIO_VERSION", "1.26.0")],
+            &[("app", "ratings")],
+        )),
+        type_url: ECDS.into(),
+        resource_names: vec![AUTH.into()],
+        ..Default::default()
+    });
+    let response = ratings.response(BOUND).await;
+    let config = TypedExtensionConfig::decode(&response.resources[0].value[..]).unwrap();
+    let wasm = Wasm::decode(&config.typed_config.unwrap().value[..]).unwrap();
+    let Some(plugin_config::Vm::VmConfig(vm)) = wasm.config.unwrap().vm else {
+        panic!("a VM config");
+    };
+    let env = vm.environment_variables.unwrap();
+    assert_eq!(env.key_values["ISTIO_META_WASM_IMAGE_PULL_SECRET"], "");
 }

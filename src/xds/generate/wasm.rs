@@ -330,13 +330,19 @@ fn code(spec: &WasmPlugin) -> AsyncDataSource {
 }
 
 /// The docker config of the plugin's pull secret (its namespace's), sent only to proxies that
-/// proved their identity; empty otherwise or when it is missing, which the agent reports.
+/// proved their identity and that the plugin applies to (istiod's `referencedSecrets`,
+/// pilot/pkg/xds/ecds.go: any proxy of the namespace may name the plugin, but only those it
+/// selects pull its module); empty otherwise or when it is missing, which the agent reports.
 fn pull_secret(
     (mesh, proxy): (&MeshSnapshot, &Proxy),
     object: &ConfigObject,
     spec: &WasmPlugin,
 ) -> String {
-    if !proxy.verified() {
+    let applies = || {
+        let applied = ProxyPlugins::for_proxy(&mesh.config, proxy);
+        applied.plugins.iter().any(|o| o.key == object.key)
+    };
+    if !proxy.verified() || !applies() {
         return String::new();
     }
     let clusters = mesh.credentials.search_order(proxy.cluster_id.as_ref());
