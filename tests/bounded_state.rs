@@ -158,6 +158,26 @@ async fn bogus_names_and_metadata_variants_leave_memory_bounded() {
         refused.message().contains("at most 16777216"),
         "{refused:?}"
     );
+    // Short names cost more to hold than their bytes: 120,000 announced 6-byte names (one
+    // request, under gRPC's 4 MiB) hold some 19 MiB, and are refused.
+    let mut announcer = DeltaClient::connect(xds).await.unwrap();
+    announcer.request(DeltaDiscoveryRequest {
+        node: Some(node(
+            "sidecar~10.1.5.5~short.bookinfo~bookinfo.svc.cluster.local",
+            &[],
+        )),
+        type_url: CDS.into(),
+        initial_resource_versions: (0..120_000)
+            .map(|i| (format!("{i:06}"), format!("{i:016x}")))
+            .collect(),
+        ..Default::default()
+    });
+    let refused = announcer.error(BOUND).await;
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
     // Ports padded with zeros: no further name for a route or a listener that exists.
     let mut sotw = AdsClient::connect(xds).await.unwrap();
     let padded: Vec<String> = (1..=1_000)

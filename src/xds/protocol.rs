@@ -205,6 +205,29 @@ impl Scope {
     }
 }
 
+/// What the server holds for one name a client makes it remember, beyond the name's bytes
+/// (measured with jemalloc in tests/held_names.rs): a subscribed name is a `String` (24 B) in a
+/// B-tree whose nodes insertions in order leave half empty; an announced resource (Delta
+/// `initial_resource_versions`) is a `Held`, an `Arc<Resource>` of 80 B with its name and version
+/// as `Arc<str>` (16 B of counts each), in a hash-set slot.
+const SUBSCRIBED_FIXED: usize = 72;
+const ANNOUNCED_FIXED: usize = 144;
+
+/// The bytes a string of `len` takes: allocations come in size classes up to a quarter apart.
+fn stored(len: usize) -> usize {
+    len + len / 4
+}
+
+/// What holding a subscribed name costs.
+fn subscribed_cost(name: &str) -> usize {
+    SUBSCRIBED_FIXED + stored(name.len())
+}
+
+/// What holding an announced resource costs.
+fn announced_cost(name: &str, version: &str) -> usize {
+    ANNOUNCED_FIXED + stored(name.len() + version.len())
+}
+
 /// State of one type on a SotW stream.
 #[derive(Debug, Default)]
 pub struct SotwWatch {
@@ -212,8 +235,8 @@ pub struct SotwWatch {
     pub names: BTreeSet<String>,
     /// Bumped whenever `names` changes, so readers recompute what depends on it only then.
     pub generation: u64,
-    /// The length of every name asked for: what the client makes us remember.
-    pub name_bytes: usize,
+    /// What the names asked for cost to hold: what the client makes us remember.
+    pub held_bytes: usize,
     pub status: TypeStatus,
 }
 
@@ -223,7 +246,7 @@ impl SotwWatch {
         let names: BTreeSet<String> = names.into_iter().collect();
         let grew = names.iter().any(|n| !self.names.contains(n));
         if names != self.names {
-            self.name_bytes = names.iter().map(String::len).sum();
+            self.held_bytes = names.iter().map(|n| subscribed_cost(n)).sum();
             self.names = names;
             self.generation += 1;
         }
@@ -311,8 +334,8 @@ pub struct DeltaWatch {
     pub subscribed: BTreeSet<String>,
     /// Bumped whenever `subscribed` changes.
     pub generation: u64,
-    /// The length of every name subscribed and announced: what the client makes us remember.
-    pub name_bytes: usize,
+    /// What the names subscribed and announced cost to hold: what the client makes us remember.
+    pub held_bytes: usize,
     /// What the client holds: the cached resources themselves, looked up by name. One pointer
     /// per resource (a wildcard CDS client holds thousands); unchanged is a pointer match.
     pub known: HashSet<Held>,
@@ -473,8 +496,8 @@ impl DeltaStream {
         let watch = self.watches.entry(req.ty).or_default();
         if first {
             watch.wildcard = wildcard_capable && req.subscribe.is_empty();
-            watch.name_bytes = (req.initial_versions.iter())
-                .map(|(name, version)| name.len() + version.len())
+            watch.held_bytes = (req.initial_versions.iter())
+                .map(|(name, version)| announced_cost(name, version))
                 .sum();
             watch.known = req
                 .initial_versions
@@ -490,7 +513,7 @@ impl DeltaStream {
             }
             if watch.subscribed.insert(name.clone()) {
                 watch.generation += 1;
-                watch.name_bytes += name.len();
+                watch.held_bytes += subscribed_cost(&name);
             }
             if !first {
                 // The client asks again for what it may hold: it expects it resent.
@@ -504,7 +527,7 @@ impl DeltaStream {
             }
             if watch.subscribed.remove(&name) {
                 watch.generation += 1;
-                watch.name_bytes -= name.len();
+                watch.held_bytes -= subscribed_cost(&name);
             }
             // The client drops what it unsubscribes from; re-subscribing must resend it.
             watch.known.remove(name.as_str());

@@ -107,12 +107,13 @@ pub struct XdsServer {
     next_id: AtomicU64,
     nonces: AtomicU64,
     metrics: XdsMetrics,
-    /// Bytes of resource names all streams subscribed to or announced (`MAX_SERVER_NAME_BYTES`).
-    name_bytes: AtomicUsize,
+    /// What the resource names all streams subscribed to or announced cost to hold
+    /// (`MAX_SERVER_HELD_BYTES`).
+    held_bytes: AtomicUsize,
 }
 
-/// Resource names (their bytes) all streams together may make the server remember.
-pub const MAX_SERVER_NAME_BYTES: usize = 1 << 30;
+/// What the resource names all streams together make the server hold may cost.
+pub const MAX_SERVER_HELD_BYTES: usize = 1 << 30;
 
 /// One connected proxy, as the push fan-out and /debug/syncz see it.
 pub struct Connection {
@@ -254,7 +255,7 @@ impl XdsServer {
             next_id: AtomicU64::new(1),
             nonces: AtomicU64::new(0),
             metrics,
-            name_bytes: AtomicUsize::new(0),
+            held_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -314,22 +315,22 @@ impl XdsServer {
 
     /// Moves a stream's share of the name budget from `from` to `to` bytes; false (and nothing
     /// moved) when the server's budget cannot take the growth.
-    pub(super) fn reserve_name_bytes(&self, from: usize, to: usize) -> bool {
+    pub(super) fn reserve_held_bytes(&self, from: usize, to: usize) -> bool {
         if to <= from {
-            self.name_bytes.fetch_sub(from - to, Ordering::Relaxed);
+            self.held_bytes.fetch_sub(from - to, Ordering::Relaxed);
             return true;
         }
         let grow = to - from;
-        let before = self.name_bytes.fetch_add(grow, Ordering::Relaxed);
-        if before + grow > MAX_SERVER_NAME_BYTES {
-            self.name_bytes.fetch_sub(grow, Ordering::Relaxed);
+        let before = self.held_bytes.fetch_add(grow, Ordering::Relaxed);
+        if before + grow > MAX_SERVER_HELD_BYTES {
+            self.held_bytes.fetch_sub(grow, Ordering::Relaxed);
             return false;
         }
         true
     }
 
-    pub(super) fn release_name_bytes(&self, bytes: usize) {
-        self.name_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    pub(super) fn release_held_bytes(&self, bytes: usize) {
+        self.held_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     pub fn connection_count(&self) -> usize {

@@ -20,9 +20,10 @@ use crate::text::clip;
 /// Unknown types a stream may ask for before it is refused: bounds what a client makes us remember.
 const MAX_UNKNOWN_TYPES: usize = 16;
 
-/// The resource names (their bytes) one stream may subscribe to or announce, all types together:
-/// a sidecar of a mesh of 20,000 services names about 2 MiB.
-pub const MAX_STREAM_NAME_BYTES: usize = 16 << 20;
+/// What the resource names one stream subscribes to or announces may cost the server to hold, all
+/// types together (`protocol`'s per-name costs): a sidecar of a mesh of 20,000 services names
+/// about 3 MiB.
+pub const MAX_STREAM_HELD_BYTES: usize = 16 << 20;
 
 /// What a request asks of the stream.
 #[derive(Debug)]
@@ -88,31 +89,31 @@ struct Common {
     /// (type, error code) of the proxy's rejects, whose gauges go when it does.
     rejected: BTreeSet<(ResourceType, String)>,
     /// The name bytes this stream counts against the server's budget.
-    name_bytes: usize,
+    held_bytes: usize,
 }
 
 impl Drop for Common {
     fn drop(&mut self) {
         let metrics = self.server.metrics();
         metrics.forget_rejects(&self.conn.proxy.id, self.rejected.iter());
-        self.server.release_name_bytes(self.name_bytes);
+        self.server.release_held_bytes(self.held_bytes);
     }
 }
 
 impl Common {
-    /// Counts the stream's names (`total` bytes) against its budget and the server's; a stream
-    /// over either is refused (and its names forgotten with it).
+    /// Counts what the stream's names cost to hold (`total` bytes) against its budget and the
+    /// server's; a stream over either is refused (and its names forgotten with it).
     fn account(&mut self, total: usize) -> Option<Answer> {
         let exhausted =
             |what: String| Some(Answer::Refuse(tonic::Status::resource_exhausted(what)));
-        if total > MAX_STREAM_NAME_BYTES {
+        if total > MAX_STREAM_HELD_BYTES {
             return exhausted(format!(
-                "the stream names {total} bytes of resources; at most {MAX_STREAM_NAME_BYTES} are kept per stream"
+                "the stream's resource names take {total} bytes to hold; at most {MAX_STREAM_HELD_BYTES} are kept per stream"
             ));
         }
-        let accounted = std::mem::replace(&mut self.name_bytes, total);
-        if !self.server.reserve_name_bytes(accounted, total) {
-            self.name_bytes = accounted;
+        let accounted = std::mem::replace(&mut self.held_bytes, total);
+        if !self.server.reserve_held_bytes(accounted, total) {
+            self.held_bytes = accounted;
             return exhausted("the server keeps no more resource names; retry later".into());
         }
         None
@@ -226,7 +227,7 @@ impl SotwSession {
                 conn,
                 unknown: HashMap::new(),
                 rejected: BTreeSet::new(),
-                name_bytes: 0,
+                held_bytes: 0,
             },
             stream: SotwStream::default(),
         }
@@ -268,7 +269,7 @@ impl Session<DiscoveryRequest> for SotwSession {
             &request.version_info,
             error,
         );
-        let names = self.stream.watches.values().map(|w| w.name_bytes).sum();
+        let names = self.stream.watches.values().map(|w| w.held_bytes).sum();
         if let Some(refusal) = self.common.account(names) {
             return refusal;
         }
@@ -338,7 +339,7 @@ impl DeltaSession {
                 conn,
                 unknown: HashMap::new(),
                 rejected: BTreeSet::new(),
-                name_bytes: 0,
+                held_bytes: 0,
             },
             stream: DeltaStream::default(),
         }
@@ -373,7 +374,7 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             nonce: &request.response_nonce,
             error: request.error_detail.map(|e| e.message),
         });
-        let names = self.stream.watches.values().map(|w| w.name_bytes).sum();
+        let names = self.stream.watches.values().map(|w| w.held_bytes).sum();
         if let Some(refusal) = self.common.account(names) {
             return refusal;
         }
