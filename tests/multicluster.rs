@@ -1067,3 +1067,50 @@ async fn sigterm_writes_what_a_remote_changed_since_its_last_snapshot() {
     assert!(status.success(), "{status}: {}", mp.log());
     assert_eq!(saved_slices(), 2, "the change written at shutdown");
 }
+
+/// A remote whose lists fail from the start (its storage down): each of its watches retries its
+/// list, waiting longer after each failure (100 ms doubling to 5 s, jittered) although the watcher
+/// begins every attempt anew; once the remote recovers, it syncs.
+#[tokio::test]
+async fn a_remote_whose_lists_fail_is_retried_ever_more_slowly_until_it_recovers() {
+    let mesh = common::primary::primary_with_prepared_remote(
+        &["--remote-cluster-timeout", "1s"],
+        |east| {
+            serve_web(east, "10.20.0.1");
+            east.set_failing(true);
+        },
+    )
+    .await;
+    let started = Instant::now();
+    let before = mesh.east.request_count("list:services");
+    wait_for(
+        "six more failed lists of Services",
+        Duration::from_secs(60),
+        || {
+            let east = &mesh.east;
+            async move { (east.request_count("list:services") >= before + 5).then_some(()) }
+        },
+    )
+    .await;
+    let elapsed = started.elapsed();
+    eprintln!(
+        "5 lists of one watch while they fail: {:.1} s, {:.2} lists per second",
+        elapsed.as_secs_f64(),
+        5.0 / elapsed.as_secs_f64()
+    );
+    // Four delays at least lie before the fifth list, never shorter than the last: at least
+    // 0.1 + 0.2 + 0.4 + 0.8 s, however far they had grown by then; a busy machine only adds.
+    assert!(
+        elapsed >= Duration::from_millis(1_500),
+        "five lists in {elapsed:?}: retries did not back off"
+    );
+
+    mesh.east.set_failing(false);
+    let admin = mesh.mp.http_addr;
+    wait_for(
+        "the remote's endpoints once it recovers",
+        BOUND,
+        || async move { (served(admin, "east").await == ["10.20.0.1"]).then_some(()) },
+    )
+    .await;
+}

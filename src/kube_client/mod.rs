@@ -3,17 +3,18 @@
 //! them (`kubeconfig`).
 
 pub mod kubeconfig;
+mod watch;
+
+pub use watch::retried;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
 use kube::client::ConfigExt;
-use kube::runtime::utils::Backoff;
 use kube::Client;
 use parking_lot::RwLock;
 use tower::{BoxError, ServiceBuilder};
@@ -132,63 +133,5 @@ impl ClusterClients {
             Some((config, client)) if config == id => Some(client.clone()),
             _ => self.remotes.as_ref().and_then(|r| r.get(id)),
         }
-    }
-}
-
-/// Retry delays of a broken watch: from 100 ms, doubling to 5 s, each stretched by up to itself at
-/// random (so the many watches of many clusters do not relist in step after an API server comes
-/// back), reset by the next event. Quicker than kube-runtime's default (800 ms to 30 s), so a
-/// restarted API server is caught up within seconds.
-pub struct WatchBackoff {
-    delays: backon::ExponentialBackoff,
-}
-
-fn delays() -> backon::ExponentialBackoff {
-    ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(5))
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self { delays: delays() }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        self.delays.next()
-    }
-}
-
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.delays = delays();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn watch_retries_double_with_jitter_up_to_their_bound_forever() {
-        let first: Vec<Duration> = WatchBackoff::default().take(12).collect();
-        let second: Vec<Duration> = WatchBackoff::default().take(12).collect();
-        assert_ne!(first, second, "jittered: two watches do not retry in step");
-        for (i, delay) in first.iter().enumerate() {
-            let base = Duration::from_millis(100 * (1 << i.min(6))).min(Duration::from_secs(5));
-            assert!(*delay >= base && *delay <= base * 2, "{i}: {delay:?}");
-        }
-        let mut backoff = WatchBackoff::default();
-        backoff.by_ref().take(100).for_each(drop);
-        backoff.reset();
-        assert!(backoff.next().unwrap() < Duration::from_millis(200));
     }
 }

@@ -14,15 +14,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::istio::KUBE_SYSTEM_NAMESPACES;
+use crate::kube_client::retried;
 use crate::kube_client::RemoteClients;
-use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
 use crate::registry::DiscoveredNamespaces;
 
@@ -55,9 +54,8 @@ pub fn publish_root(
             let root_pem = local_roots.borrow_and_update().clone();
             selection.borrow_and_update();
             let namespaces: Api<Namespace> = Api::all(config.clone());
-            let mut events = watcher::watcher(namespaces, watcher::Config::default())
-                .backoff(WatchBackoff::default())
-                .boxed();
+            let mut events =
+                retried(watcher::watcher(namespaces, watcher::Config::default())).boxed();
             loop {
                 let event = tokio::select! {
                     event = events.next() => event,

@@ -14,14 +14,13 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::istio::label_selector::LabelSelector;
-use crate::kube_client::WatchBackoff;
+use crate::kube_client::retried;
 use crate::registry::{ClusterRegistry, DiscoveredNamespaces};
 
 /// Keeps the registry's discovered namespaces as `selectors` say for the cluster behind `client`;
@@ -48,10 +47,12 @@ pub async fn run(
         }
         let streams = current.iter().enumerate().map(|(i, selector)| {
             let config = watcher::Config::default().labels(&selector.to_query());
-            watcher::watcher(Api::<Namespace>::all(client.clone()), config)
-                .backoff(WatchBackoff::default())
-                .map(move |event| (i, event))
-                .boxed()
+            retried(watcher::watcher(
+                Api::<Namespace>::all(client.clone()),
+                config,
+            ))
+            .map(move |event| (i, event))
+            .boxed()
         });
         let mut events = futures::stream::select_all(streams);
         let mut sets: Vec<BTreeSet<String>> = vec![BTreeSet::new(); current.len()];
@@ -127,9 +128,7 @@ where
                     None => {
                         selection.wait_for(|n| *n > 0).await.ok()?;
                         selection.borrow_and_update();
-                        let watch = watcher::watcher(api.clone(), config.clone())
-                            .backoff(WatchBackoff::default())
-                            .boxed();
+                        let watch = retried(watcher::watcher(api.clone(), config.clone())).boxed();
                         events.insert(watch)
                     }
                 };

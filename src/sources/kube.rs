@@ -11,7 +11,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
@@ -21,7 +20,7 @@ use tracing::{info, warn};
 
 use super::discovery;
 use crate::istio::label_selector::LabelSelector;
-use crate::kube_client::WatchBackoff;
+use crate::kube_client::retried;
 use crate::registry::objects::{self, Kind, Object, ObjectChange, ObjectKey, TrimError};
 use crate::registry::{ClusterRegistry, SyncState};
 use crate::supervise::{OwnedTasks, Supervisor};
@@ -204,9 +203,7 @@ where
     let discovered = gate.registry.discovered().clone();
     let mut events = match per_namespace {
         true => discovery::scoped_watch(api, config, &discovered),
-        false => watcher::watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .boxed(),
+        false => retried(watcher::watcher(api, config)).boxed(),
     };
     let admitted = move |object: &K| {
         !per_namespace || discovered.admits(object.namespace().as_deref().unwrap_or_default())

@@ -25,7 +25,7 @@ use super::discovery::scoped_watch;
 use crate::aggregate::Aggregate;
 use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
 use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
-use crate::kube_client::WatchBackoff;
+use crate::kube_client::retried;
 use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
 use crate::registry::DiscoveredNamespaces;
 use crate::supervise::{OwnedTasks, Supervisor};
@@ -302,8 +302,7 @@ async fn watch_mesh(
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={MESH_CONFIGMAP}"));
     let defaults = aggregate.mesh().naming.mesh_defaults();
-    let mut maps = watcher::watcher(api, config)
-        .backoff(WatchBackoff::default())
+    let mut maps = retried(watcher::watcher(api, config))
         .applied_objects()
         .boxed();
     while let Some(map) = maps.next().await {

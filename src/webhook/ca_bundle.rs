@@ -16,15 +16,14 @@ use k8s_openapi::ByteString;
 use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::kube_client::retried;
 use crate::kube_client::RemoteClients;
-use crate::kube_client::WatchBackoff;
 use crate::model::ClusterId;
 
 /// The label our webhook configurations carry (Istio's default revision).
@@ -50,12 +49,10 @@ pub fn keep_current(
         let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
         let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
         let changes = futures::stream::select(
-            watcher::watcher(mutating, config.clone())
-                .backoff(WatchBackoff::default())
+            retried(watcher::watcher(mutating, config.clone()))
                 .map(|_| ())
                 .boxed(),
-            watcher::watcher(validating, config)
-                .backoff(WatchBackoff::default())
+            retried(watcher::watcher(validating, config))
                 .map(|_| ())
                 .boxed(),
         );

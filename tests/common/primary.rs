@@ -18,9 +18,18 @@ pub struct Primary {
 
 /// Starts meshpilot as cluster `primary` with `extra` flags; `east` may still be syncing.
 pub async fn primary_with_remote(extra: &[&str]) -> Primary {
+    primary_with_prepared_remote(extra, |_| {}).await
+}
+
+/// As [`primary_with_remote`], with `east` prepared by `prepare` before meshpilot starts.
+pub async fn primary_with_prepared_remote(
+    extra: &[&str],
+    prepare: impl FnOnce(&TestApiServer),
+) -> Primary {
     let config = TestApiServer::start().await;
     config.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: istio-system}\n");
     let east = TestApiServer::start().await;
+    prepare(&east);
     east.add_token(
         "east-reader",
         User::service_account("istio-system", "istio-reader-service-account"),

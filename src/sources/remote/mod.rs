@@ -21,7 +21,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::config::Kubeconfig;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -32,7 +31,7 @@ use super::kube::{watch_cluster, KubeWatch};
 use crate::aggregate::Aggregate;
 use crate::istio::label_selector::LabelSelector;
 use crate::kube_client::kubeconfig::{self, InsecureOptions};
-use crate::kube_client::{RemoteClients, WatchBackoff};
+use crate::kube_client::{retried, RemoteClients};
 use crate::metrics::RemoteMetrics;
 use crate::model::{ClusterId, Provider, ShardKey};
 use crate::registry::{ClusterRegistry, SyncState, SECRET_SOURCE};
@@ -182,9 +181,7 @@ struct Controller {
 impl Controller {
     async fn run(mut self, secrets: Api<Secret>, mut notes: mpsc::UnboundedReceiver<Note>) {
         let config = watcher::Config::default().labels(MULTICLUSTER_LABEL);
-        let mut events = watcher::watcher(secrets, config)
-            .backoff(WatchBackoff::default())
-            .boxed();
+        let mut events = retried(watcher::watcher(secrets, config)).boxed();
         let mut listing: Option<Vec<Secret>> = None;
         let mut save = tokio::time::interval(SAVE_CHECK);
         save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

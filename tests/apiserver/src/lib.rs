@@ -96,6 +96,10 @@ struct Shared {
     tokens: Mutex<HashMap<String, User>>,
     hang: AtomicBool,
     unhang: Notify,
+    /// Lists and watches are answered 500 (`set_failing`).
+    failing: AtomicBool,
+    /// Ends every open watch.
+    watches_end: Notify,
     requests: Mutex<HashMap<String, u64>>,
     bookmark_interval: Duration,
     ca_pem: String,
@@ -211,6 +215,8 @@ impl TestApiServer {
             tokens: Mutex::new(HashMap::from([(admin_token.clone(), admin)])),
             hang: AtomicBool::new(false),
             unhang: Notify::new(),
+            failing: AtomicBool::new(false),
+            watches_end: Notify::new(),
             requests: Mutex::default(),
             bookmark_interval,
             ca_pem,
@@ -350,6 +356,16 @@ impl TestApiServer {
         self.shared.hang.store(hang, Ordering::SeqCst);
         if !hang {
             self.shared.unhang.notify_waiters();
+        }
+    }
+
+    /// While failing, every list and watch is answered 500, as by an API server whose storage is
+    /// down (they are still counted by `request_count`); other requests are served. Open watches
+    /// end when it starts failing, cleanly, as an API server going down ends them.
+    pub fn set_failing(&self, failing: bool) {
+        self.shared.failing.store(failing, Ordering::SeqCst);
+        if failing {
+            self.shared.watches_end.notify_waiters();
         }
     }
 
@@ -612,15 +628,26 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 Ok(f) => f,
                 Err(e) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", &e),
             };
-            if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
-                count(&shared, format!("watch:{}", target.kind.plural));
-                if let Some(selector) = query.get("labelSelector") {
-                    count(&shared, format!("watch:{}?{selector}", target.kind.plural));
+            let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+            match watching {
+                true => {
+                    count(&shared, format!("watch:{}", target.kind.plural));
+                    if let Some(selector) = query.get("labelSelector") {
+                        count(&shared, format!("watch:{}?{selector}", target.kind.plural));
+                    }
                 }
-                watch(shared, target, filter, &query)
-            } else {
-                count(&shared, format!("list:{}", target.kind.plural));
-                list(&shared, &target, &filter, &query)
+                false => count(&shared, format!("list:{}", target.kind.plural)),
+            }
+            if shared.failing.load(Ordering::SeqCst) {
+                return status_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "etcdserver: request timed out (the test API server is failing)",
+                );
+            }
+            match watching {
+                true => watch(shared, target, filter, &query),
+                false => list(&shared, &target, &filter, &query),
             }
         }
         (&Method::GET, Some(name), None) => {
@@ -1147,6 +1174,7 @@ fn watch(
                         "metadata": {"resourceVersion": rv}}))
                 }
                 _ = tokio::time::sleep_until(deadline) => return,
+                _ = shared.watches_end.notified() => return,
             };
             while shared.hang.load(Ordering::SeqCst) {
                 shared.unhang.notified().await;
