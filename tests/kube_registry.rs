@@ -290,3 +290,25 @@ async fn gone_resource_version_relists_and_reconciles() {
     let push = ads.next(BOUND).await.expect("EDS push").unwrap();
     assert_eq!(push.resources.len(), 1);
 }
+
+/// Lists come in pages of 500 objects, as client-go's: a page is parsed whole before its objects
+/// are trimmed, so its size bounds the memory of every relist.
+#[tokio::test]
+async fn lists_are_paged_as_client_go_pages_them() {
+    let pods: Vec<String> = (0..1_200)
+        .map(|i| {
+            pod(
+                &format!("web-{i}"),
+                &format!("10.11.{}.{}", i / 250, i % 250),
+            )
+        })
+        .collect();
+    let mut manifests = vec![BASE];
+    manifests.extend(pods.iter().map(String::as_str));
+    let c = start_cluster(&manifests, &[]).await;
+    assert_eq!(
+        c.api.request_count("list:pods"),
+        3,
+        "1,200 pods in pages of 500"
+    );
+}

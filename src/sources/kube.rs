@@ -53,9 +53,10 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Kube
     Ok(crate::kube_client::build(config)?)
 }
 
-/// Objects per list page. Larger than client-go's 500: a remote cluster of 40,000 pods is listed in
-/// 8 round trips instead of 80, and a page of trimmed-on-arrival objects is a few MB at most.
-const LIST_PAGE: u32 = 5000;
+/// Objects per list page, as client-go's 500: a page is parsed whole before its objects are
+/// trimmed, and every kind of every remote relists at once after an outage, so a page of 5,000
+/// pods (tens of MB of JSON) per watch made the relist's peak memory, not the registries'.
+const LIST_PAGE: u32 = 500;
 
 /// The running watches of one cluster; dropping it stops them.
 pub struct KubeWatch {

@@ -365,8 +365,14 @@ impl TestApiServer {
     pub fn set_failing(&self, failing: bool) {
         self.shared.failing.store(failing, Ordering::SeqCst);
         if failing {
-            self.shared.watches_end.notify_waiters();
+            self.end_watches();
         }
+    }
+
+    /// Ends every open watch, cleanly: clients watch again from where they were (or, after
+    /// `compact`, relist).
+    pub fn end_watches(&self) {
+        self.shared.watches_end.notify_waiters();
     }
 
     /// Closes the listener and every connection, as an API server going down.
