@@ -1,8 +1,13 @@
 //! Last-known-good snapshots of remote clusters: one file per cluster in the state directory, so a
 //! restart while a remote's API server is unreachable still serves its endpoints (marked stale).
 //!
-//! A file is a magic tag, a format version and the snapshot in postcard (compact binary serde),
-//! written beside and renamed in, so a crash leaves the previous file or the new one, never half.
+//! A file is a magic tag, a format version and the snapshot, written beside and renamed in, so a
+//! crash leaves the previous file or the new one, never half. The snapshot is JSON (format 2):
+//! self-describing, so a field added later (with `serde(default)`) reads from older files and an
+//! unknown one is skipped by older builds — a snapshot matters most right after an upgrade, while
+//! a remote is down. Releases before issue 48 wrote postcard (format 1), which carries no field
+//! names: it is still read, into the objects as they were then (today's; `tests/fixtures` holds
+//! such a file, and a test fails the day the objects change without a frozen copy for it).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,8 +19,11 @@ use thiserror::Error;
 use crate::model::ClusterId;
 use crate::registry::SavedObjects;
 
-/// Bumped whenever the saved objects change shape: an older file is then refused, not misread.
-pub const FORMAT: u32 = 1;
+/// The format written: JSON. Bumped only by a change older builds cannot skip (a renamed or
+/// retyped field): they then refuse the file rather than misread it.
+pub const FORMAT: u32 = 2;
+/// postcard, written by releases before issue 48.
+const POSTCARD_FORMAT: u32 = 1;
 const MAGIC: &[u8; 8] = b"MPREMOTE";
 /// Far above any real cluster's trimmed objects; a larger file is not read into memory.
 const MAX_BYTES: u64 = 1 << 30;
@@ -38,7 +46,7 @@ pub enum SnapshotError {
     },
     #[error("{path}: not a meshpilot remote-cluster snapshot")]
     Foreign { path: String },
-    #[error("{path}: snapshot format {found}; this meshpilot reads format {FORMAT}")]
+    #[error("{path}: snapshot format {found}; this meshpilot reads formats {POSTCARD_FORMAT} and {FORMAT}")]
     Format { path: String, found: u32 },
     #[error("{path}: {size} bytes, more than a snapshot may have ({MAX_BYTES})")]
     TooLarge { path: String, size: u64 },
@@ -84,7 +92,7 @@ impl SnapshotStore {
             path: path.display().to_string(),
             source,
         };
-        let body = postcard::to_allocvec(snapshot).map_err(|e| SnapshotError::Encode {
+        let body = serde_json::to_vec(snapshot).map_err(|e| SnapshotError::Encode {
             cluster: snapshot.cluster.clone(),
             detail: e.to_string(),
         })?;
@@ -148,30 +156,39 @@ pub fn decode(bytes: &[u8], path: &str) -> Result<Snapshot, SnapshotError> {
         return Err(SnapshotError::Foreign { path: path.into() });
     };
     let found = u32::from_le_bytes(*version);
-    if found != FORMAT {
-        return Err(SnapshotError::Format {
+    let corrupt = |detail: String| SnapshotError::Corrupt {
+        path: path.into(),
+        detail,
+    };
+    match found {
+        FORMAT => serde_json::from_slice(body).map_err(|e| corrupt(e.to_string())),
+        POSTCARD_FORMAT => {
+            let (snapshot, trailing) = postcard::take_from_bytes::<Snapshot>(body).map_err(|e| {
+                corrupt(format!(
+                    "{e} (format {POSTCARD_FORMAT} is read as the last release to write it wrote it)"
+                ))
+            })?;
+            match trailing.len() {
+                0 => Ok(snapshot),
+                n => Err(corrupt(format!("{n} bytes after the snapshot"))),
+            }
+        }
+        _ => Err(SnapshotError::Format {
             path: path.into(),
             found,
-        });
+        }),
     }
-    let (snapshot, trailing) =
-        postcard::take_from_bytes::<Snapshot>(body).map_err(|e| SnapshotError::Corrupt {
-            path: path.into(),
-            detail: e.to_string(),
-        })?;
-    if !trailing.is_empty() {
-        return Err(SnapshotError::Corrupt {
-            path: path.into(),
-            detail: format!("{} bytes after the snapshot", trailing.len()),
-        });
-    }
-    Ok(snapshot)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::objects::{NodeObj, ServiceObj};
+    use std::sync::Arc;
+
+    use crate::model::UseWaypoint;
+    use crate::registry::objects::{
+        NamespaceObj, NodeObj, PodObj, ServiceObj, SliceEndpoint, SliceObj,
+    };
 
     fn snapshot(cluster: &str) -> Snapshot {
         Snapshot {
@@ -197,6 +214,129 @@ mod tests {
                 ..Default::default()
             },
         }
+    }
+
+    /// The objects of the fixtures in tests/fixtures, one of each kind with most fields set.
+    fn fixture() -> Snapshot {
+        let pod = |name: &str, ip: &str, waypoint: bool| PodObj {
+            name: name.into(),
+            namespace: "shop".into(),
+            workload: "reviews-v1".into(),
+            labels: Arc::new(
+                [
+                    ("app".to_string(), "reviews".to_string()),
+                    ("version".to_string(), "v1".to_string()),
+                ]
+                .into(),
+            ),
+            service_account: "bookinfo-reviews".into(),
+            node: Some("node-a".into()),
+            ips: vec![ip.parse().unwrap()],
+            ready: true,
+            captured: waypoint,
+            host_network: false,
+            terminal: false,
+            uid: Some(format!("uid-{name}").into()),
+        };
+        Snapshot {
+            cluster: "east".into(),
+            server: "https://10.0.0.1:6443".into(),
+            saved_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000),
+            objects: SavedObjects {
+                namespaces: vec![
+                    NamespaceObj {
+                        name: "istio-system".into(),
+                        network: Some("network-east".into()),
+                        use_waypoint: None,
+                    },
+                    NamespaceObj {
+                        name: "shop".into(),
+                        network: None,
+                        use_waypoint: Some(UseWaypoint::Named {
+                            namespace: "shop".into(),
+                            name: "waypoint".into(),
+                        }),
+                    },
+                ],
+                services: vec![ServiceObj {
+                    name: "reviews".into(),
+                    namespace: "shop".into(),
+                    labels: [("app".to_string(), "reviews".to_string())].into(),
+                    cluster_ips: vec!["10.96.0.9".parse().unwrap()],
+                    headless: false,
+                    external_name: None,
+                    ports: vec![crate::model::ServicePort {
+                        name: "http".into(),
+                        port: 9080,
+                        protocol: crate::model::Protocol::Http,
+                        target_port: None,
+                    }],
+                    external_addresses: Vec::new(),
+                    export_to: vec!["*".into()],
+                }],
+                slices: vec![SliceObj {
+                    name: "reviews-abc".into(),
+                    namespace: "shop".into(),
+                    service: "reviews".into(),
+                    ports: vec![("http".into(), 9080)],
+                    endpoints: vec![
+                        SliceEndpoint {
+                            addresses: vec!["10.20.0.1".parse().unwrap()],
+                            ready: Some(true),
+                            serving: Some(true),
+                            terminating: Some(false),
+                            pod: Some("reviews-1".into()),
+                            hostname: None,
+                        },
+                        SliceEndpoint {
+                            addresses: vec!["10.20.0.2".parse().unwrap()],
+                            ready: Some(false),
+                            serving: None,
+                            terminating: None,
+                            pod: Some("reviews-2".into()),
+                            hostname: Some("reviews-2".into()),
+                        },
+                    ],
+                }],
+                pods: vec![
+                    pod("reviews-1", "10.20.0.1", false),
+                    pod("reviews-2", "10.20.0.2", true),
+                ],
+                nodes: vec![NodeObj {
+                    name: "node-a".into(),
+                    locality: crate::model::Locality::parse("eu/eu-1/rack-1").into(),
+                }],
+            },
+        }
+    }
+
+    #[test]
+    fn files_of_every_format_read_so_far_still_read() {
+        let postcard = include_bytes!("../../tests/fixtures/remote-snapshot-format1.snap");
+        assert_eq!(decode(postcard, "format1").unwrap(), fixture());
+        let json = include_bytes!("../../tests/fixtures/remote-snapshot-format2.snap");
+        assert_eq!(decode(json, "format2").unwrap(), fixture());
+    }
+
+    #[test]
+    fn fields_added_later_default_and_unknown_ones_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SnapshotStore::new(dir.path().to_path_buf());
+        store.save(&fixture()).unwrap();
+        let bytes = std::fs::read(store.path(&ClusterId::new("east"))).unwrap();
+        let (head, body) = bytes.split_at(12);
+        let mut json: serde_json::Value = serde_json::from_slice(body).unwrap();
+        // As an older build wrote it (no uid yet), and a newer one (a field unknown here).
+        for pod in json["objects"]["pods"].as_array_mut().unwrap() {
+            let pod = pod.as_object_mut().unwrap();
+            pod.remove("uid");
+            pod.insert("priority".into(), serde_json::json!(7));
+        }
+        let mut edited = head.to_vec();
+        edited.extend(serde_json::to_vec(&json).unwrap());
+        let read = decode(&edited, "p").unwrap();
+        assert!(read.objects.pods.iter().all(|p| p.uid.is_none()));
+        assert_eq!(read.objects.services, fixture().objects.services);
     }
 
     #[test]
@@ -236,17 +376,14 @@ mod tests {
         newer[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(
             error(&newer),
-            "/s/cluster-west.snap: snapshot format 7; this meshpilot reads format 1"
+            "/s/cluster-west.snap: snapshot format 7; this meshpilot reads formats 1 and 2"
         );
         assert!(
             error(&good[..good.len() - 3]).starts_with("/s/cluster-west.snap: corrupt snapshot: ")
         );
         let mut longer = good.clone();
-        longer.push(0);
-        assert_eq!(
-            error(&longer),
-            "/s/cluster-west.snap: corrupt snapshot: 1 bytes after the snapshot"
-        );
+        longer.push(b'x');
+        assert!(error(&longer).starts_with("/s/cluster-west.snap: corrupt snapshot: trailing"));
         // Every truncation and single-byte change either decodes or is refused; none panics.
         for cut in 0..good.len() {
             let _ = decode(&good[..cut], "p");
