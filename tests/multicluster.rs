@@ -269,16 +269,69 @@ endpoints:
     // A rotation to a kubeconfig that never syncs keeps the current one serving, with the error shown.
     let dead = kubeconfig_for("https://127.0.0.1:1", east.ca_pem(), "east-v3", "dead");
     primary.config.apply(remote_secret(&[("east", &dead)]));
-    let error = wait_for("failed rotation reported", BOUND, || async move {
+    let error = wait_for("pending rotation reported", BOUND, || async move {
         let view = cluster_view(admin, "east").await?;
         view["last_error"]
             .as_str()
-            .filter(|e| e.contains("rotation failed"))
+            .filter(|e| e.contains("rotation pending"))
             .map(str::to_string)
     })
     .await;
     assert!(error.contains("did not sync"), "{error}");
     assert_eq!(served(admin, "east").await, ["10.20.0.1", "10.20.0.2"]);
+}
+
+/// A rotation that cannot sync within the timeout (the remote is down) goes on until it does:
+/// the old token, revoked meanwhile, is not left serving a registry that can no longer list.
+#[tokio::test]
+async fn a_rotation_that_cannot_sync_in_time_completes_once_the_remote_is_back() {
+    let east = remote("10.20.0.1").await;
+    let primary = Primary::new().await;
+    primary
+        .config
+        .apply(remote_secret(&[("east", &reader_token(&east, "east-v1"))]));
+    let mp = start_meshpilot_with(&primary.flags(&["--remote-cluster-timeout", "1s"])).await;
+    let admin = mp.http_addr;
+    wait_for("east served", BOUND, || async move {
+        (served(admin, "east").await == ["10.20.0.1"]).then_some(())
+    })
+    .await;
+
+    east.set_failing(true);
+    primary
+        .config
+        .apply(remote_secret(&[("east", &reader_token(&east, "east-v2"))]));
+    wait_for("the rotation reported pending", BOUND, || async move {
+        let view = cluster_view(admin, "east").await?;
+        let error = view["last_error"].as_str()?;
+        error
+            .contains("did not sync within 1s; still trying")
+            .then_some(())
+    })
+    .await;
+    east.revoke_token("east-v1");
+    east.set_failing(false);
+
+    east.apply_yaml(
+        "
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 80}]
+endpoints:
+- addresses: [10.20.0.2]
+  conditions: {ready: true}
+",
+    );
+    wait_for(
+        "a change served through the new kubeconfig",
+        BOUND,
+        || async move { (served(admin, "east").await == ["10.20.0.1", "10.20.0.2"]).then_some(()) },
+    )
+    .await;
+    let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert!(metrics.contains("meshpilot_remote_cluster_rotations_total 1"));
 }
 
 #[tokio::test]

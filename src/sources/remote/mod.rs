@@ -126,7 +126,9 @@ enum Note {
         client: Client,
         server: String,
     },
-    RotationFailed {
+    /// A rotation is not through yet (its kubeconfig does not connect, or has not synced within
+    /// the timeout): it goes on, and the previous kubeconfig keeps serving.
+    RotationPending {
         id: ClusterId,
         hash: u64,
         error: String,
@@ -409,41 +411,48 @@ impl Controller {
         let (notes, timeout, id) = (self.notes.clone(), self.options.sync_timeout, id.clone());
         let selectors = cluster.selectors.effective.clone();
         let task = tokio::spawn(async move {
-            let note = match connect(config).await {
-                Err(e) => Note::RotationFailed {
-                    id,
+            // Until it syncs or the Secret changes again (which aborts this task): a new
+            // kubeconfig is usually there because the old credentials are being revoked.
+            let pending = |error: String| {
+                let _ = notes.send(Note::RotationPending {
+                    id: id.clone(),
                     hash,
-                    error: e.to_string(),
-                },
-                Ok((client, server)) => {
-                    let watch = watch_cluster(client.clone(), staged.clone(), selectors);
-                    let limit = if timeout.is_zero() {
-                        Duration::MAX
-                    } else {
-                        timeout
-                    };
-                    match tokio::time::timeout(limit, watch.synced()).await {
-                        Ok(()) => Note::Rotated {
-                            id,
-                            hash,
-                            staged,
-                            watch,
-                            client,
-                            server,
-                        },
-                        Err(_) => Note::RotationFailed {
-                            id,
-                            hash,
-                            error: format!(
-                                "the new kubeconfig did not sync within {}",
-                                humantime::format_duration(timeout)
-                            ),
-                        },
+                    error,
+                });
+            };
+            let mut delays = connect_delays();
+            let (client, server) = loop {
+                match connect(config.clone()).await {
+                    Ok(connected) => break connected,
+                    Err(e) => {
+                        let delay = delays.next().unwrap_or(CONNECT_RETRY_MAX);
+                        pending(format!(
+                            "{e}; retrying in {}",
+                            humantime::format_duration(delay)
+                        ));
+                        tokio::time::sleep(delay).await;
                     }
                 }
             };
+            let watch = watch_cluster(client.clone(), staged.clone(), selectors);
+            let in_time =
+                timeout.is_zero() || tokio::time::timeout(timeout, watch.synced()).await.is_ok();
+            if !in_time {
+                pending(format!(
+                    "the new kubeconfig did not sync within {}; still trying",
+                    humantime::format_duration(timeout)
+                ));
+                watch.synced().await;
+            }
             // The controller is gone only at shutdown.
-            let _ = notes.send(note);
+            let _ = notes.send(Note::Rotated {
+                id,
+                hash,
+                staged,
+                watch,
+                client,
+                server,
+            });
         });
         cluster.rotation = Some((hash, task));
     }
@@ -495,17 +504,16 @@ impl Controller {
                 self.metrics.rotations.inc();
                 info!(cluster = %id, "remote cluster now served through its new kubeconfig");
             }
-            Note::RotationFailed { id, hash, error } => {
-                let Some(cluster) = self.clusters.get_mut(&id) else {
+            Note::RotationPending { id, hash, error } => {
+                let Some(cluster) = self.clusters.get(&id) else {
                     return;
                 };
                 if cluster.rotation.as_ref().map(|(h, _)| *h) != Some(hash) {
                     return;
                 }
-                cluster.rotation = None;
                 let msg =
-                    format!("kubeconfig rotation failed, still serving the previous one: {error}");
-                error!(cluster = %id, error = msg, "remote cluster rotation failed");
+                    format!("kubeconfig rotation pending, still serving the previous one: {error}");
+                error!(cluster = %id, error = msg, "remote cluster rotation not through");
                 cluster.registry.set_error(Some(msg));
             }
         }
@@ -530,6 +538,21 @@ impl Controller {
 enum Leaving {
     Mesh,
     ForNewKubeconfig,
+}
+
+/// The longest wait between attempts to connect with a rotated kubeconfig.
+const CONNECT_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Waits between attempts to connect with a rotated kubeconfig: 1 s doubling to a minute,
+/// jittered.
+fn connect_delays() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(CONNECT_RETRY_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// A client for a vetted kubeconfig, and the API server it reaches.
