@@ -312,3 +312,114 @@ async fn lists_are_paged_as_client_go_pages_them() {
         "1,200 pods in pages of 500"
     );
 }
+
+/// The mesh config's `localityLbSetting` changed in the same debounce window as another
+/// service's endpoints: every assignment is recomputed, not only that service's.
+#[tokio::test]
+async fn a_mesh_locality_setting_changed_amid_endpoint_churn_reaches_every_assignment() {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use prost::Message;
+    let zones = "
+apiVersion: v1
+kind: Node
+metadata: {name: node-2, labels: {topology.kubernetes.io/region: eu, topology.kubernetes.io/zone: eu-b}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: shop}
+spec: {clusterIP: 10.96.0.90, ports: [{name: http, port: 80, targetPort: 8080}]}
+";
+    let web_b = pod("web-b", "10.10.0.2").replace("node-1", "node-2");
+    let api_slice = |ip: &str| {
+        format!(
+            "
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: api-1, namespace: shop, labels: {{kubernetes.io/service-name: api}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [{ip}], conditions: {{ready: true}}}}]
+"
+        )
+    };
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(mesh.path(), "{}\n").unwrap();
+    let c = start_cluster(
+        &[
+            BASE,
+            zones,
+            &pod("web-a", "10.10.0.1"),
+            &web_b,
+            &slice(
+                "web-1",
+                &[("web-a", "10.10.0.1", true), ("web-b", "10.10.0.2", true)],
+            ),
+            &api_slice("10.10.0.9"),
+        ],
+        &[
+            "--mesh-config",
+            mesh.path().to_str().unwrap(),
+            "--debounce-after",
+            "1s",
+        ],
+    )
+    .await;
+    let mut node = node(
+        "sidecar~10.10.9.9~client.shop~shop.svc.cluster.local",
+        &[("CLUSTER_ID", "primary")],
+    );
+    node.locality = Some(envoy_types::pb::envoy::config::core::v3::Locality {
+        region: "eu".into(),
+        zone: "eu-a".into(),
+        ..Default::default()
+    });
+    let mut ads = AdsClient::connect(c.mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(node),
+        type_url: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment".into(),
+        resource_names: vec![WEB_CLUSTER.into()],
+        ..Default::default()
+    });
+    let first = ads.response(BOUND).await;
+    ads.ack(&first, vec![WEB_CLUSTER.into()]);
+    let zones_of =
+        |response: &envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse| {
+            let cla = ClusterLoadAssignment::decode(&response.resources[0].value[..]).unwrap();
+            let mut zones: Vec<(String, u32)> = cla
+                .endpoints
+                .iter()
+                .map(|g| {
+                    let zone = g.locality.as_ref().map(|l| l.zone.clone());
+                    let weight = g.load_balancing_weight.as_ref().map_or(0, |w| w.value);
+                    (zone.unwrap_or_default(), weight)
+                })
+                .collect();
+            zones.sort();
+            zones
+        };
+    assert_eq!(zones_of(&first).len(), 2, "{first:?}");
+    // The start's own changes are pushed first (alone in their window).
+    let admin = c.mp.http_addr;
+    wait_for("the start's push", BOUND, || async move {
+        let log = get_json(admin, "/debug/pushz").await;
+        (!log.as_array()?.is_empty()).then_some(())
+    })
+    .await;
+
+    // In one debounce window: a mesh-wide setting, and another service's endpoint.
+    std::fs::write(
+        mesh.path(),
+        "localityLbSetting: {distribute: [{from: 'eu/*', to: {'eu/eu-b/*': 100}}]}\n",
+    )
+    .unwrap();
+    c.api.apply_yaml(&api_slice("10.10.0.10"));
+    // The start's push may still be on its way; then comes the setting's.
+    let distributed = [("eu-b".to_string(), 100)];
+    loop {
+        let pushed = ads.response(BOUND).await;
+        ads.ack(&pushed, vec![WEB_CLUSTER.into()]);
+        if zones_of(&pushed) == distributed {
+            break;
+        }
+    }
+}

@@ -215,6 +215,9 @@ pub struct Change {
     /// Workloads (uids) whose Address ambient mode sends may have changed: pods that came, changed
     /// or went, and those whose endpoints did.
     pub workloads: BTreeSet<Arc<str>>,
+    /// A change merged into this one touched every endpoint assignment (see
+    /// `touches_all_endpoints`), which the merged services and configs no longer tell.
+    pub(crate) all_endpoints: bool,
 }
 
 /// The proxies a full push is for.
@@ -275,7 +278,7 @@ impl Change {
     /// full change naming services and no config (their definitions or identities) leaves the
     /// assignments of other services as they were.
     pub fn touches_all_endpoints(&self) -> bool {
-        self.full && (!self.configs.is_empty() || self.services.is_empty())
+        self.all_endpoints || (self.full && (!self.configs.is_empty() || self.services.is_empty()))
     }
 
     /// Why this change pushes, as istiod names its push triggers.
@@ -295,6 +298,8 @@ impl Change {
 
     /// Folds another change into this one.
     pub fn merge(&mut self, other: Change) {
+        // Derived from what is merged (a mesh-wide change names no service), so settled first.
+        self.all_endpoints = self.touches_all_endpoints() || other.touches_all_endpoints();
         self.names_kept = match (self.full, other.full) {
             (true, true) => self.names_kept && other.names_kept,
             (false, true) => other.names_kept,
@@ -404,5 +409,31 @@ mod tests {
         ] {
             assert_eq!(naming.split_service_host(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_mesh_wide_change_merged_with_others_still_touches_every_assignment() {
+        let endpoints = || Change::endpoints(["a.shop.svc.cluster.local".into()].into());
+        let redefined = || Change {
+            services: ["b.shop.svc.cluster.local".into()].into(),
+            ..Change::full()
+        };
+        assert!(!endpoints().touches_all_endpoints());
+        assert!(!redefined().touches_all_endpoints());
+        for (first, second) in [
+            (Change::full(), endpoints()),
+            (endpoints(), Change::full()),
+            (Change::full(), redefined()),
+            (redefined(), Change::full()),
+        ] {
+            let mut merged = first;
+            merged.merge(second);
+            assert!(merged.touches_all_endpoints(), "{merged:?}");
+            merged.merge(endpoints());
+            assert!(merged.touches_all_endpoints(), "and after more: {merged:?}");
+        }
+        let mut merged = redefined();
+        merged.merge(endpoints());
+        assert!(!merged.touches_all_endpoints(), "{merged:?}");
     }
 }
