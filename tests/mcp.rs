@@ -310,6 +310,42 @@ async fn a_registry_feeds_ten_thousand_service_entries() {
     assert_eq!(source_status(&configz)["objects"], 10, "{configz}");
 }
 
+/// A registry that knows ServiceEntries at `v1alpha3` only (as Nacos and istiod before 1.22),
+/// answering the other versions empty: its entries are read.
+#[tokio::test]
+async fn a_registry_knowing_only_v1alpha3_is_read() {
+    let port = free_port();
+    let _registry = Peer::start(
+        "mcp_registry.py",
+        &[&port.port().to_string(), "3", "", "v1alpha3"],
+    );
+    let mesh = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        mesh.path(),
+        format!(
+            "configSources:\n- address: xds://{port}\n  subscribedResources: [SERVICE_REGISTRY]\n"
+        ),
+    )
+    .unwrap();
+    let clusters = copy_tree(Path::new(EXAMPLE));
+    let mp = start_meshpilot_unready(&[
+        "--config-dir",
+        clusters.path().to_str().unwrap(),
+        "--mesh-config",
+        mesh.path().to_str().unwrap(),
+    ])
+    .await;
+    let configz = wait_for("the registry's entries", BOUND, || async {
+        let configz = get_json(mp.http_addr, "/debug/configz").await;
+        (source_status(&configz)["objects"] == 3).then_some(configz)
+    })
+    .await;
+    assert_eq!(source_status(&configz)["status"], "synced", "{configz}");
+    let endpoints = get_json(mp.http_addr, "/debug/endpointShardz").await;
+    let entry = &endpoints["svc-2.registry.example"];
+    assert!(entry.to_string().contains("10.100.0.2"), "{entry}");
+}
+
 /// `fs://` names the one directory config is read from (the config directory's own files are not
 /// read then); an address of another form, or `k8s://` without a config cluster, is refused at
 /// start, naming it.

@@ -1,7 +1,12 @@
 //! MCP config sources: `xds://<host:port>` entries of the mesh config's `configSources`, read as
-//! istiod's MCP client does (pilot/pkg/bootstrap/configcontroller.go, pkg/adsc/adsc.go): one SotW
-//! subscription per Istio kind (type URL `<group>/<version>/<Kind>`) over ADS, node metadata
-//! `GENERATOR=api`; each response is the kind's whole set, so what it no longer holds goes.
+//! istiod's MCP client does (pilot/pkg/bootstrap/configcontroller.go, pkg/adsc/adsc.go): SotW
+//! subscriptions per Istio kind (type URL `<group>/<version>/<Kind>`) over ADS, node metadata
+//! `GENERATOR=api`; each response is the kind's whole set at that version, so what it no longer
+//! holds goes.
+//!
+//! Which versions a server answers depends on its age: istiod before 1.22 and Nacos serve
+//! `v1alpha3` only (and answer `v1` empty), later istiod every version. So every version of a kind
+//! is subscribed to, and the kind's set is their union by name, the newest version's copy first.
 //!
 //! Every object is validated as a file's or an API server's is: a refused one is named (on
 //! `/debug/configz`) and its last good version, if any, stays. A lost connection keeps every
@@ -125,6 +130,7 @@ pub fn clients(
                 layer: layer.clone(),
                 statuses: statuses.clone(),
                 node: node.clone(),
+                answers: Mutex::default(),
             };
             client.run()
         })
@@ -147,6 +153,14 @@ struct Client {
     layer: Arc<Mutex<Layer>>,
     statuses: SourceStatuses,
     node: NodeIdentity,
+    /// The last set each (kind, version index) was answered with.
+    answers: Mutex<BTreeMap<(ConfigKind, usize), Answer>>,
+}
+
+/// What one version of a kind was answered with.
+#[derive(Default)]
+struct Answer {
+    objects: BTreeMap<ConfigKey, Arc<ConfigObject>>,
 }
 
 impl Client {
@@ -182,10 +196,13 @@ impl Client {
         // The subscriptions go first: a server may answer the call only once it has a request.
         let (requests, outgoing) = mpsc::unbounded_channel();
         let kinds = self.spec.kinds();
-        for (i, kind) in kinds.iter().enumerate() {
+        let subscriptions = kinds
+            .iter()
+            .flat_map(|kind| kind.versions().iter().map(|v| mcp::type_url(*kind, v)));
+        for (i, type_url) in subscriptions.enumerate() {
             let _ = requests.send(DiscoveryRequest {
                 node: (i == 0).then(|| self.node()),
-                type_url: mcp::type_url(*kind, kind.versions()[0]),
+                type_url,
                 ..Default::default()
             });
         }
@@ -206,12 +223,12 @@ impl Client {
                 Ok(None) => return Ok(()),
                 Err(status) => return Err(format!("{}: {}", status.code(), status.message())),
             };
-            let Some((kind, _)) = mcp::parse_type_url(&response.type_url) else {
+            let Some((kind, version)) = mcp::parse_type_url(&response.type_url) else {
                 continue;
             };
-            self.apply(kind, &response);
-            answered.insert(kind);
-            let synced = kinds.iter().all(|k| answered.contains(k));
+            let found = self.apply(kind, version, &response);
+            answered.insert((kind, version, found));
+            let synced = kinds.iter().all(|k| kind_synced(*k, &answered));
             self.status(|s| {
                 s.synced |= synced;
                 s.last_error = None;
@@ -225,9 +242,10 @@ impl Client {
         }
     }
 
-    /// A kind's whole set: accepted objects replace what the source held of the kind; a refused
-    /// one keeps its last good version.
-    fn apply(&self, kind: ConfigKind, response: &DiscoveryResponse) {
+    /// A kind's whole set at one version: accepted objects replace what that version held, and
+    /// the kind's set becomes the union of its versions'; a refused object keeps its last good
+    /// version. Whether the response held any object.
+    fn apply(&self, kind: ConfigKind, version: usize, response: &DiscoveryResponse) -> bool {
         let source = &self.spec.address;
         let mut objects = BTreeMap::new();
         let mut refusals = Vec::new();
@@ -244,14 +262,14 @@ impl Client {
                     continue;
                 }
             };
-            let version = resource
+            let resource_version = resource
                 .metadata
                 .as_ref()
                 .map(|m| m.version.clone())
                 .unwrap_or_default();
             let origin = Origin::Mcp {
                 source: source.clone(),
-                resource_version: version,
+                resource_version,
             };
             match mcp::read(kind, &resource, origin) {
                 Ok(object) => {
@@ -260,12 +278,10 @@ impl Client {
                 Err(error) => {
                     let key = key_of(kind, &resource);
                     if let Some(key) = &key {
-                        let kept = self
-                            .layer
-                            .lock()
-                            .held
-                            .get(&self.position)
-                            .and_then(|h| h.get(key).cloned());
+                        let answers = self.answers.lock();
+                        let kept = answers
+                            .get(&(kind, version))
+                            .and_then(|a| a.objects.get(key).cloned());
                         if let Some(kept) = kept {
                             objects.insert(key.clone(), kept);
                         }
@@ -274,7 +290,13 @@ impl Client {
                 }
             }
         }
-        let changes = self.layer.lock().replace(self.position, kind, objects);
+        let found = !response.resources.is_empty();
+        let union = {
+            let mut answers = self.answers.lock();
+            answers.insert((kind, version), Answer { objects });
+            union_of(&answers, kind)
+        };
+        let changes = self.layer.lock().replace(self.position, kind, union);
         let held = self
             .layer
             .lock()
@@ -282,9 +304,10 @@ impl Client {
             .get(&self.position)
             .map_or(0, |h| h.len());
         self.status(|s| s.objects = held);
-        let unit = format!("{source} {kind}");
+        let unit = format!("{source} {}", response.type_url);
         self.aggregate
             .apply_config(ConfigSource::Mcp, changes, vec![(unit, refusals)]);
+        found
     }
 
     fn node(&self) -> Node {
@@ -311,6 +334,33 @@ impl Client {
             ..Default::default()
         }
     }
+}
+
+/// A kind's set: every version's answer, an object named at several taken from the newest.
+fn union_of(
+    answers: &BTreeMap<(ConfigKind, usize), Answer>,
+    kind: ConfigKind,
+) -> BTreeMap<ConfigKey, Arc<ConfigObject>> {
+    let mut union = BTreeMap::new();
+    // Version indexes run newest first: the first copy of a name stays.
+    for answer in answers
+        .range((kind, 0)..=(kind, usize::MAX))
+        .map(|(_, a)| a)
+    {
+        for (key, object) in &answer.objects {
+            union.entry(key.clone()).or_insert_with(|| object.clone());
+        }
+    }
+    union
+}
+
+/// Whether a kind's set is known: every version answered, or one answered with objects (a server
+/// that serves the kind at one version only may leave the others unanswered).
+fn kind_synced(kind: ConfigKind, answered: &BTreeSet<(ConfigKind, usize, bool)>) -> bool {
+    let versions = kind.versions().len();
+    let mut of_kind = answered.iter().filter(|(k, _, _)| *k == kind);
+    let seen: BTreeSet<usize> = of_kind.clone().map(|(_, v, _)| *v).collect();
+    seen.len() == versions || of_kind.any(|(_, _, found)| *found)
 }
 
 fn refusal(source: &str, kind: ConfigKind, key: Option<ConfigKey>, error: String) -> Refusal {

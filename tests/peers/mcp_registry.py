@@ -1,10 +1,12 @@
 """An MCP registry for tests, as Nacos or another service registry feeds istiod: serves COUNT
 ServiceEntries (`registry/svc-<i>`, host `svc-<i>.registry.example`, one static endpoint each)
-over ADS on PORT; every other kind is answered empty. The messages are generated here, when it
-starts, from the project's own Istio protos (proto/istio) and the ADS subset beside this file.
-Each time FILE changes (a number), the set grows or shrinks to that many and is pushed again.
+over ADS on PORT at API VERSION (default v1; Nacos and istiod before 1.22 know only v1alpha3);
+every other type, other versions of ServiceEntry included, is answered empty, as istiod 1.14
+answers them. The messages are generated here, when it starts, from the project's own Istio
+protos (proto/istio) and the ADS subset beside this file. Each time FILE changes (a number), the
+set grows or shrinks to that many and is pushed again.
 
-  mcp_registry.py PORT COUNT [FILE]
+  mcp_registry.py PORT COUNT [FILE [VERSION]]
 """
 import os
 import sys
@@ -18,7 +20,7 @@ from grpc_tools import protoc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO = os.path.join(HERE, "..", "..", "proto")
-SERVICE_ENTRY = "networking.istio.io/v1/ServiceEntry"
+SERVICE_ENTRY = "networking.istio.io/{}/ServiceEntry".format(sys.argv[4] if len(sys.argv) > 4 else "v1")
 
 
 def generate():
@@ -125,7 +127,7 @@ class Registry(discovery_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
 def main():
     port, count = int(sys.argv[1]), int(sys.argv[2])
-    control = sys.argv[3] if len(sys.argv) > 3 else None
+    control = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
     registry = Registry(count)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
                          options=[("grpc.max_send_message_length", 512 << 20)])
