@@ -203,13 +203,10 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_XDS_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
     pub xds_max_connection_age: Duration,
 
-    /// Admission webhook server (sidecar injection, config validation), over TLS.
-    #[arg(
-        long,
-        env = "MESHPILOT_WEBHOOK_ADDR",
-        default_value = "127.0.0.1:15017"
-    )]
-    pub webhook_addr: SocketAddr,
+    /// Admission webhook server (sidecar injection, config validation), over TLS. Default:
+    /// 127.0.0.1:15017 with a config cluster, none otherwise (no API server calls it).
+    #[arg(long, env = "MESHPILOT_WEBHOOK_ADDR")]
+    pub webhook_addr: Option<SocketAddr>,
 
     /// How long the leader's Lease lasts unrenewed before another replica takes over (≥ 1s).
     #[arg(long, env = "MESHPILOT_LEADER_ELECTION_LEASE_DURATION", default_value = "30s", value_parser = at_least_a_second)]
@@ -254,6 +251,15 @@ impl DiscoveryArgs {
             open_config: self.insecure_open_config,
             cache_entries: self.xds_cache_max_entries,
         }
+    }
+
+    /// Where the admission webhook listens: `--webhook-addr`, else 127.0.0.1:15017 where an API
+    /// server can call it (a config cluster); None in file mode, so meshpilots side by side on one
+    /// machine do not contend for the port.
+    pub fn webhook_addr(&self) -> Option<SocketAddr> {
+        let config_cluster = self.kubeconfig.is_some() || self.in_cluster;
+        self.webhook_addr
+            .or_else(|| config_cluster.then(|| SocketAddr::from(([127, 0, 0, 1], 15017))))
     }
 
     /// Where state is kept: `--state-dir`, else a place that does not depend on the working

@@ -153,6 +153,38 @@ fn certs_never_overwrite_a_key_unless_forced() {
     assert!(Path::new(&root).join("root-cert.pem").exists());
 }
 
+/// Two meshpilots on one machine, each with its own example and default flags but for ports of
+/// their own: neither serves the admission webhook (no API server could call it), so neither
+/// contends for its port 15017.
+#[tokio::test]
+async fn two_file_mode_meshpilots_run_side_by_side() {
+    let dirs = [reviews_config_dir(), reviews_config_dir()];
+    let processes: Vec<MeshpilotProcess> = dirs
+        .iter()
+        .map(|dir| {
+            let state = dir.path().join("state");
+            MeshpilotProcess::discovery(
+                &[
+                    "--config-dir",
+                    dir.path().to_str().unwrap(),
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                ],
+                &[],
+            )
+        })
+        .collect();
+    for process in &processes {
+        let admin = process.bound_addr("admin").await;
+        wait_for("ready", BOUND, || async move {
+            let (status, _) = http_get(admin, "/ready").await.ok()?;
+            (status == 200).then_some(())
+        })
+        .await;
+        assert!(!process.log().contains("webhook"), "{}", process.log());
+    }
+}
+
 /// A refused mesh config in a directory that also holds a log: writing the log must not reload the
 /// mesh config (before, each refusal's log line reloaded it: a storm of ~50 lines a second).
 #[tokio::test]

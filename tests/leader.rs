@@ -138,7 +138,12 @@ async fn the_leader_makes_the_api_server_call_our_webhooks() {
         "cluster-a",
     ])
     .await;
-    api.route_service("istio-system", "istiod", 443, mp.webhook_addr);
+    api.route_service(
+        "istio-system",
+        "istiod",
+        443,
+        mp.webhook_addr.expect("the webhook served"),
+    );
 
     // The leader sets our root as caBundle, then proves validation works and fails closed.
     wait_for(

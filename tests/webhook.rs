@@ -73,7 +73,7 @@ impl Webhook {
             }
         });
         let (status, body) = https::post(
-            self.mp.webhook_addr,
+            self.mp.webhook_addr.expect("the webhook served"),
             "istiod.istio-system.svc",
             self.mp.ca.current().root_pem(),
             path,

@@ -79,7 +79,8 @@ pub struct Running {
     pub http_addr: SocketAddr,
     pub xds_addr: SocketAddr,
     pub secure_xds_addr: SocketAddr,
-    pub webhook_addr: SocketAddr,
+    /// None where no webhook is served (file mode without `--webhook-addr`).
+    pub webhook_addr: Option<SocketAddr>,
     pub ca: Arc<SharedCa>,
     pub xds: Arc<XdsServer>,
     pub aggregate: Arc<Aggregate>,

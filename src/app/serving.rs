@@ -136,13 +136,17 @@ pub(super) async fn secure_xds(
     Ok(addr)
 }
 
-/// The injection and validation webhooks.
+/// The injection and validation webhooks, where an API server can call them (or `--webhook-addr`
+/// asks); the address they listen on.
 pub(super) async fn webhook(
     args: &DiscoveryArgs,
     aggregate: &Aggregate,
     serving: Arc<ServingCert>,
     supervisor: &mut Supervisor,
-) -> Result<SocketAddr, StartError> {
+) -> Result<Option<SocketAddr>, StartError> {
+    let Some(webhook_addr) = args.webhook_addr() else {
+        return Ok(None);
+    };
     let state = Arc::new(WebhookState {
         inject: args.inject.config(
             &args.cluster_id,
@@ -153,7 +157,7 @@ pub(super) async fn webhook(
         mesh: aggregate.mesh().clone(),
         cluster_id: args.cluster_id.clone(),
     });
-    let hooks = listen::bind("webhook", args.webhook_addr).await?;
+    let hooks = listen::bind("webhook", webhook_addr).await?;
     let addr = local_addr("webhook", &hooks)?;
     supervisor.adopt(
         "webhook server",
@@ -165,7 +169,7 @@ pub(super) async fn webhook(
         )
         .map_err(StartError::Webhook)?,
     );
-    Ok(addr)
+    Ok(Some(addr))
 }
 
 /// The admin server; the debug views it serves are also the xDS server's.

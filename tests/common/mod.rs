@@ -233,11 +233,17 @@ impl MeshpilotProcess {
 
     /// With extra environment variables (allocator settings, for one).
     pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_meshpilot"))
-            .args(args)
-            .env("MESHPILOT_LOG", "info")
-            // Tests run side by side: no fixed webhook port unless a test names one.
-            .env("MESHPILOT_WEBHOOK_ADDR", "127.0.0.1:0")
+        let mut command = Command::new(env!("CARGO_BIN_EXE_meshpilot"));
+        command.args(args).env("MESHPILOT_LOG", "info");
+        // Tests run side by side: a config cluster's webhook on no fixed port unless a test names
+        // one (file mode serves none).
+        if args
+            .iter()
+            .any(|a| *a == "--kubeconfig" || *a == "--in-cluster")
+        {
+            command.env("MESHPILOT_WEBHOOK_ADDR", "127.0.0.1:0");
+        }
+        let mut child = command
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
