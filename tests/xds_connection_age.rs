@@ -37,9 +37,10 @@ async fn a_stream_ends_cleanly_at_its_maximum_age_and_the_proxy_reconnects() {
             other => panic!("expected the stream to end cleanly, got {other:?}"),
         }
     };
+    // Not before its age, less the jitter (a busy machine may only end it later).
     assert!(
-        age >= Duration::from_millis(1800) && age < Duration::from_millis(2600),
-        "ended after {age:?}, not 2s ± 10 %"
+        age >= Duration::from_millis(1800),
+        "ended after {age:?}, before 2s - 10 %"
     );
     wait_for(
         "the connection unregistered",

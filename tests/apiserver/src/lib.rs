@@ -89,6 +89,8 @@ pub struct Write {
     pub plural: String,
     pub namespace: String,
     pub name: String,
+    /// The object as written (as deleted, for a delete).
+    pub object: Value,
 }
 
 struct Shared {
@@ -723,7 +725,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             }
             let verb = if create { "create" } else { "update" };
             count(&shared, format!("{verb}:{}", target.kind.plural));
-            log_write(&shared, &user, verb, &target, &ns, &name);
+            log_write(&shared, &user, verb, &target, (&ns, &name), &object);
             json_response(status, &upsert(&shared, target.kind, object))
         }
         // The status subresource, as custom resources with `subresources.status` have it: a JSON
@@ -746,7 +748,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             };
             json_patch::merge(&mut object["status"], &patch["status"]);
             count(&shared, format!("patch-status:{}", target.kind.plural));
-            log_write(&shared, &user, "patch-status", &target, &ns, name);
+            log_write(&shared, &user, "patch-status", &target, (&ns, name), &object);
             json_response(StatusCode::OK, &upsert(&shared, target.kind, object))
         }
         (&Method::DELETE, Some(name), None) => {
@@ -754,7 +756,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             let deleted = shared.store.lock().delete(target.kind, &ns, name);
             match deleted {
                 Some(obj) => {
-                    log_write(&shared, &user, "delete", &target, &ns, name);
+                    log_write(&shared, &user, "delete", &target, (&ns, name), &obj);
                     json_response(StatusCode::OK, &obj)
                 }
                 None => status_error(
@@ -861,8 +863,8 @@ fn log_write(
     user: &User,
     verb: &'static str,
     target: &Target,
-    namespace: &str,
-    name: &str,
+    (namespace, name): (&str, &str),
+    object: &Value,
 ) {
     shared.write_log.lock().push(Write {
         at: std::time::Instant::now(),
@@ -871,6 +873,7 @@ fn log_write(
         plural: target.kind.plural.to_string(),
         namespace: namespace.to_string(),
         name: name.to_string(),
+        object: object.clone(),
     });
 }
 
