@@ -111,7 +111,6 @@ struct Answer {
     seen: BTreeMap<String, String>,
     /// The response's headers.
     headers: BTreeMap<String, String>,
-    seconds: f64,
 }
 
 /// The application's requests (as its own user, so the sidecar captures them).
