@@ -12,7 +12,9 @@
 //! `single` (one change among S services reaching one subscribed proxy: file clusters, where each
 //! round renames one file into a directory of S, and the same through the Kubernetes path),
 //! `remotes` (C remote clusters of S services × E endpoints onboarded at once), `config` (S
-//! DestinationRules and VirtualServices, one rule changed per round), `all`.
+//! DestinationRules and VirtualServices, one rule changed per round), `stalled` (EDS and full-push
+//! convergence of the fleet with and without 64 streams that stopped reading), `relist` (C remotes
+//! onboarded, then every watch of every remote relisting at once: meshpilot's peak memory), `all`.
 //! Without arguments it is a small smoke run of every scenario (what CI runs).
 //!
 //! Every convergence and memory scenario runs twice in the same run: against meshpilot, then
@@ -35,7 +37,9 @@ use common::wait_for;
 use envoy_types::pb::google::protobuf::Any;
 use harness::ads::{self, contains, Raw, Subscription, CDS, EDS, LDS};
 use harness::naive::{self, NaiveServer};
-use harness::plane::{self, proc_stats, remote_secret, settled_rss, Plane, DECAY_QUIET, NS};
+use harness::plane::{
+    self, peak_rss, proc_stats, remote_secret, reset_peak_rss, settled_rss, Plane, DECAY_QUIET, NS,
+};
 use parking_lot::Mutex;
 use serde_json::json;
 use test_apiserver::TestApiServer;
@@ -624,24 +628,13 @@ async fn converge(server: &Server, a: &Args) -> Figures {
     for r in 1..=a.rounds {
         let (cpu0, _) = proc_stats(pid);
         let messages0 = observed.messages.load(Ordering::Relaxed);
-        *round.lock() = Some(Round {
-            started: Instant::now(),
-            id: r,
-        });
-        server.move_endpoint(r);
-        let obs = observed.clone();
-        let expected = a.proxies;
-        wait_for("EDS convergence", Duration::from_secs(120), || {
-            let obs = obs.clone();
-            async move { (obs.eds.lock().get(&r).map_or(0, Vec::len) >= expected).then_some(()) }
-        })
-        .await;
+        let latencies = eds_round(server, (&observed, &round), r, a.proxies).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (cpu1, _) = proc_stats(pid);
         // Each proxy got one response and sent one ACK.
         let messages = (observed.messages.load(Ordering::Relaxed) - messages0) * 2;
         cpu_per_msg.push((cpu1 - cpu0) * 1e6 / messages.max(1) as f64);
-        let (p50, p99, max) = percentiles(observed.eds.lock().remove(&r).unwrap_or_default());
+        let (p50, p99, max) = percentiles(latencies);
         println!("  EDS round {r}: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; server CPU {:.1} µs per message", cpu_per_msg.last().unwrap());
         p50s.push(p50);
         p99s.push(p99);
@@ -660,18 +653,7 @@ async fn converge(server: &Server, a: &Args) -> Figures {
     let (mut fulls, mut cpus) = (vec![], vec![]);
     for r in 1..=a.rounds.min(3) {
         let (cpu0, _) = proc_stats(pid);
-        *round.lock() = Some(Round {
-            started: Instant::now(),
-            id: r,
-        });
-        server.add_service(r);
-        let obs = observed.clone();
-        wait_for("full-push convergence", Duration::from_secs(300), || {
-            let obs = obs.clone();
-            async move { (obs.full.lock().get(&r).map_or(0, Vec::len) >= sidecars).then_some(()) }
-        })
-        .await;
-        let (_, _, max) = percentiles(observed.full.lock().remove(&r).unwrap_or_default());
+        let (_, _, max) = percentiles(full_round(server, (&observed, &round), r, sidecars).await);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let (cpu1, _) = proc_stats(pid);
         println!("  full push round {r}: all {sidecars} sidecars converged in {max:.1} ms; server CPU {:.2} s", cpu1 - cpu0);
@@ -711,6 +693,224 @@ async fn converge(server: &Server, a: &Args) -> Figures {
         a.proxies, figures.storm_p50, figures.storm_p99, figures.storm_max, figures.storm_cpu_s
     );
     figures
+}
+
+/// Round `r` of EDS convergence: the hot service's endpoint moves, and every one of `expected`
+/// proxies must hold it; each one's latency.
+async fn eds_round(
+    server: &Server,
+    (observed, round): (&Arc<Observed>, &Arc<Mutex<Option<Round>>>),
+    r: usize,
+    expected: usize,
+) -> Vec<Duration> {
+    *round.lock() = Some(Round {
+        started: Instant::now(),
+        id: r,
+    });
+    server.move_endpoint(r);
+    wait_for("EDS convergence", Duration::from_secs(120), || {
+        let observed = observed.clone();
+        async move { (observed.eds.lock().get(&r).map_or(0, Vec::len) >= expected).then_some(()) }
+    })
+    .await;
+    observed.eds.lock().remove(&r).unwrap_or_default()
+}
+
+/// Round `r` of full-push convergence: service `round-<r>` is added, and every one of `sidecars`
+/// must see its cluster; each one's latency.
+async fn full_round(
+    server: &Server,
+    (observed, round): (&Arc<Observed>, &Arc<Mutex<Option<Round>>>),
+    r: usize,
+    sidecars: usize,
+) -> Vec<Duration> {
+    *round.lock() = Some(Round {
+        started: Instant::now(),
+        id: r,
+    });
+    server.add_service(r);
+    wait_for("full-push convergence", Duration::from_secs(300), || {
+        let observed = observed.clone();
+        async move { (observed.full.lock().get(&r).map_or(0, Vec::len) >= sidecars).then_some(()) }
+    })
+    .await;
+    observed.full.lock().remove(&r).unwrap_or_default()
+}
+
+/// Streams that stop reading in `stalled`: as many as meshpilot's push permits by default, which
+/// until issue 48 each held while waiting for its proxy to read.
+const STALLED: usize = 64;
+
+/// The fleet's convergence with and without `STALLED` streams that stopped reading, meshpilot
+/// beside the naive anchor. Their sends wait 600 s (`--xds-send-timeout`), so they stay stalled
+/// throughout.
+async fn stalled(a: &Args) {
+    println!(
+        "## {} proxies, {} services × {} endpoints over {} clusters; {STALLED} streams that stop reading",
+        a.proxies, a.services, a.endpoints, a.clusters
+    );
+    let plane = start_plane_with(
+        a,
+        (a.services, a.endpoints, a.clusters),
+        &["--xds-send-timeout", "600s"],
+    )
+    .await;
+    let resources = served(plane.xds, a.services).await;
+    println!("### meshpilot");
+    let meshpilot = stall_rounds(&Server::Meshpilot(plane), a).await;
+    println!("### naive fan-out, the same {} resources", resources.len());
+    let naive = stall_rounds(&Server::Naive(NaiveServer::start(resources)), a).await;
+    println!("| median of rounds, ms | meshpilot | naive |\n|---|---|---|");
+    let rows = ["EDS p50", "EDS p99", "full push, all sidecars"];
+    for (phase, (m, n)) in ["", &format!(" with {STALLED} stalled")]
+        .iter()
+        .zip(meshpilot.iter().zip(naive.iter()))
+    {
+        for (i, what) in rows.iter().enumerate() {
+            println!("| {what}{phase} | {:.1} | {:.1} |", m[i], n[i]);
+        }
+    }
+}
+
+/// [EDS p50, EDS p99, full-push max] (medians of rounds, ms) of the fleet, then the same once
+/// `STALLED` streams asked for every cluster and listener and stopped reading.
+async fn stall_rounds(server: &Server, a: &Args) -> [[f64; 3]; 2] {
+    let observed = Arc::new(Observed::default());
+    let round: Arc<Mutex<Option<Round>>> = Arc::default();
+    let fleet = connect_proxies(server.xds(), a, a.proxies, &observed, &round).await;
+    let sidecars = (0..a.proxies).filter(|&i| watches_cds(a, i)).count();
+    let mut phases = [[0.0; 3]; 2];
+    let mut stalled = Vec::new();
+    for (phase, figures) in phases.iter_mut().enumerate() {
+        if phase == 1 {
+            stalled = stop_reading(server.xds(), STALLED).await;
+        }
+        let first = phase * (a.rounds + 1);
+        let (mut p50s, mut p99s, mut fulls) = (vec![], vec![], vec![]);
+        for r in first + 1..=first + a.rounds {
+            let (p50, p99, _) =
+                percentiles(eds_round(server, (&observed, &round), r, a.proxies).await);
+            p50s.push(p50);
+            p99s.push(p99);
+            let (_, _, max) =
+                percentiles(full_round(server, (&observed, &round), r, sidecars).await);
+            fulls.push(max);
+        }
+        *figures = [median(p50s), median(p99s), median(fulls)];
+        println!(
+            "{}: EDS p50 {:.1} ms, p99 {:.1} ms; full push {:.1} ms",
+            if phase == 0 {
+                "alone"
+            } else {
+                "with stalled streams"
+            },
+            figures[0],
+            figures[1],
+            figures[2]
+        );
+    }
+    for task in fleet {
+        task.abort();
+    }
+    drop(stalled);
+    phases
+}
+
+/// `count` streams, each on its own connection (its own flow-control window), that ask for every
+/// cluster and listener as a sidecar and never read a response.
+async fn stop_reading(xds: SocketAddr, count: usize) -> Vec<common::AdsClient> {
+    let mut streams = Vec::with_capacity(count);
+    for i in 0..count {
+        let stream = common::AdsClient::connect(xds).await.expect("ADS connects");
+        let node = common::node(
+            &format!(
+                "sidecar~10.251.0.{}~stalled-{i}.{NS}~{NS}.svc.cluster.local",
+                i + 1
+            ),
+            &[("CLUSTER_ID", "c0")],
+        );
+        for (n, type_url) in [CDS, LDS].into_iter().enumerate() {
+            stream.request(
+                envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
+                    node: (n == 0).then(|| node.clone()),
+                    type_url: type_url.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        streams.push(stream);
+    }
+    streams
+}
+
+/// C remotes onboarded, then every watch of every remote relists at once (their API servers lose
+/// their watch history and end the watches, as after an outage): meshpilot's peak memory over the
+/// relist, beside its settled memory and the naive anchor holding what meshpilot served.
+async fn relist(a: &Args) {
+    let per_remote = a.services * a.endpoints;
+    println!(
+        "## relist of {} remotes × {per_remote} endpoints ({} services each) at once",
+        a.clusters, a.services
+    );
+    let plane = start_plane_with(a, (1, 1, 1), &[]).await;
+    let mut servers = Vec::new();
+    for c in 1..=a.clusters {
+        let api = TestApiServer::start_with_bookmarks(Duration::from_secs(30)).await;
+        populate(&api, (NS, c), 1, 0..a.services, a.endpoints);
+        plane.servers[0].apply(remote_secret(&api, &format!("r{c}")));
+        servers.push(api);
+    }
+    let admin = plane.admin;
+    let remotes = a.clusters;
+    let onboarded_all = || async move {
+        let synced = onboarded(admin, |id| id.starts_with('r'), per_remote).await;
+        (synced == remotes).then_some(())
+    };
+    wait_for(
+        "every remote onboarded",
+        Duration::from_secs(600),
+        onboarded_all,
+    )
+    .await;
+    let pid = plane.process.pid();
+    let settled = settled_rss(pid, a.quiet()).await;
+    let lists = |api: &TestApiServer| api.request_count("list:pods");
+    let before: Vec<u64> = servers.iter().map(lists).collect();
+    reset_peak_rss(pid);
+    let started = Instant::now();
+    for api in &servers {
+        // Past every version a watch has seen, then forgotten: each watch is told 410 and relists.
+        api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: relist, namespace: {NS}}}\n"
+        ));
+        api.compact();
+        api.end_watches();
+    }
+    wait_for("every remote relisted", Duration::from_secs(600), || {
+        let relisted = servers.iter().zip(&before).all(|(api, b)| lists(api) > *b);
+        async move { relisted.then_some(()) }
+    })
+    .await;
+    wait_for(
+        "every remote served again",
+        Duration::from_secs(600),
+        onboarded_all,
+    )
+    .await;
+    let took = started.elapsed();
+    let peak = peak_rss(pid);
+    let resources = served(plane.xds, a.services).await;
+    drop(plane);
+    let anchor = naive_rss(resources).await;
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!(
+        "settled before: {:.1} MiB; relist of every remote at once: peak {:.1} MiB (+{:.1} MiB), {:.0} ms until every remote was served again; the naive anchor holding what meshpilot served: {:.1} MiB",
+        mib(settled),
+        mib(peak),
+        mib(peak.saturating_sub(settled)),
+        took.as_secs_f64() * 1e3,
+        mib(anchor)
+    );
 }
 
 /// Two replicas behind one address: each proxy knows both, connects to one (half the fleet to each)
@@ -1336,6 +1536,8 @@ fn main() {
             "remotes" => remotes(&a).await,
             "config" => config_at_scale(&a).await,
             "failover" => failover(&a).await,
+            "stalled" => stalled(&a).await,
+            "relist" => relist(&a).await,
             "all" | "smoke" => {
                 convergence(&a).await;
                 endpoints_memory(&a).await;
@@ -1353,6 +1555,8 @@ fn main() {
                 };
                 config_at_scale(&scoped).await;
                 failover(&a).await;
+                stalled(&a).await;
+                relist(&a).await;
             }
             other => panic!("unknown scenario {other}"),
         }

@@ -655,7 +655,10 @@ async fn a_hung_token_review_fails_the_stream_within_its_deadline() {
         "{refused:?}"
     );
     let deadline = meshpilot::security::authn::REVIEW_DEADLINE;
-    assert!(took >= deadline, "refused after {took:?}, before the deadline");
+    assert!(
+        took >= deadline,
+        "refused after {took:?}, before the deadline"
+    );
     mesh.primary
         .config
         .let_go("admin", "create", "tokenreviews");

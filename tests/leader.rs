@@ -391,7 +391,12 @@ async fn a_terminated_leader_hands_over_at_once() {
     let lease_writes: Vec<_> = log.iter().filter(|w| w.plural == "leases").collect();
     let released = lease_writes
         .iter()
-        .rposition(|w| w.object["spec"]["holderIdentity"].as_str().unwrap_or_default().is_empty())
+        .rposition(|w| {
+            w.object["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+        })
         .expect("a released the Lease");
     let spec = &lease_writes[released].object["spec"];
     assert_eq!(spec["leaseDurationSeconds"], 1, "{spec}");

@@ -48,6 +48,22 @@ pub fn proc_stats(pid: u32) -> (f64, u64) {
     (ticks / 100.0, rss_kb * 1024)
 }
 
+/// The process's peak resident memory (VmHWM) since it started or [`reset_peak_rss`], in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    kb * 1024
+}
+
+/// Starts [`peak_rss`] afresh from the current resident memory (clear_refs 5).
+pub fn reset_peak_rss(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak RSS");
+}
+
 /// Resident memory once it stops falling: the allocator returns the pages freed after a burst (an
 /// initial list decoded, tables grown) over its decay time (jemalloc: 10 s, starting slowly), so a
 /// figure read at once would count garbage. Settled when no sample within `quiet` fell; at most 60 s.

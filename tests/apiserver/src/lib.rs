@@ -748,7 +748,14 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             };
             json_patch::merge(&mut object["status"], &patch["status"]);
             count(&shared, format!("patch-status:{}", target.kind.plural));
-            log_write(&shared, &user, "patch-status", &target, (&ns, name), &object);
+            log_write(
+                &shared,
+                &user,
+                "patch-status",
+                &target,
+                (&ns, name),
+                &object,
+            );
             json_response(StatusCode::OK, &upsert(&shared, target.kind, object))
         }
         (&Method::DELETE, Some(name), None) => {
