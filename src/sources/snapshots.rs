@@ -156,9 +156,10 @@ pub fn decode(bytes: &[u8], path: &str) -> Result<Snapshot, SnapshotError> {
         return Err(SnapshotError::Foreign { path: path.into() });
     };
     let found = u32::from_le_bytes(*version);
+    // A decoder's message may quote the input (an unknown field's name): bounded.
     let corrupt = |detail: String| SnapshotError::Corrupt {
         path: path.into(),
-        detail,
+        detail: crate::text::clip(&detail),
     };
     match found {
         FORMAT => serde_json::from_slice(body).map_err(|e| corrupt(e.to_string())),
