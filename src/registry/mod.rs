@@ -87,6 +87,7 @@ impl ClusterRegistry {
                 state: SyncState::Syncing,
                 last_error: None,
                 last_error_at: None,
+                pending_rotation: None,
                 snapshot_saved_at: None,
                 discovery: None,
             }),
@@ -148,6 +149,11 @@ impl ClusterRegistry {
         let mut status = self.status.lock();
         status.last_error_at = error.as_ref().map(|_| SystemTime::now());
         status.last_error = error;
+    }
+
+    /// Records why a kubeconfig rotation is not through yet (None: none pending).
+    pub fn set_pending_rotation(&self, why: Option<String>) {
+        self.status.lock().pending_rotation = why;
     }
 
     pub fn service_count(&self) -> usize {

@@ -36,6 +36,9 @@ pub struct ClusterStatus {
     pub last_error: Option<String>,
     #[serde(with = "rfc3339")]
     pub last_error_at: Option<SystemTime>,
+    /// A kubeconfig rotation not through yet, and why (the previous kubeconfig serves meanwhile):
+    /// kept apart from `last_error`, which the watches' own errors overwrite.
+    pub pending_rotation: Option<String>,
     /// While stale: when the snapshot being served was saved.
     #[serde(with = "rfc3339")]
     pub snapshot_saved_at: Option<SystemTime>,

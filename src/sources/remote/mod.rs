@@ -399,7 +399,7 @@ impl Controller {
                 let msg =
                     format!("updated kubeconfig refused, still serving the previous one: {e}");
                 error!(cluster = %id, error = msg, "remote cluster rotation refused");
-                cluster.registry.set_error(Some(msg));
+                cluster.registry.set_pending_rotation(Some(msg));
                 return;
             }
         };
@@ -514,7 +514,7 @@ impl Controller {
                 let msg =
                     format!("kubeconfig rotation pending, still serving the previous one: {error}");
                 error!(cluster = %id, error = msg, "remote cluster rotation not through");
-                cluster.registry.set_error(Some(msg));
+                cluster.registry.set_pending_rotation(Some(msg));
             }
         }
     }
