@@ -260,7 +260,7 @@ async fn subsets_hold_only_labelled_endpoints_across_networks() {
     std::fs::create_dir_all(dir.path().join("config")).unwrap();
     std::fs::write(
         dir.path().join("config/reviews.yaml"),
-        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  host: reviews.bookinfo.svc.cluster.local\n  subsets: [{name: v2, labels: {version: v2}}]\n",
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: bookinfo}\nspec:\n  host: reviews.bookinfo.svc.cluster.local\n  trafficPolicy: {outlierDetection: {consecutive5xxErrors: 5}}\n  subsets: [{name: v2, labels: {version: v2}}]\n",
     )
     .unwrap();
     let mp = start_meshpilot(dir.path(), &["--debounce-after", "0s"]).await;

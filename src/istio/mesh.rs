@@ -24,6 +24,8 @@ pub struct MeshConfig {
     pub outbound_traffic_policy: OutboundTrafficPolicy,
     pub default_config: ProxyConfig,
     pub connect_timeout: Duration,
+    /// How often DNS clusters resolve their hosts again (at most: a record's TTL may cut it).
+    pub dns_refresh_rate: Duration,
     pub locality_lb_setting: Option<LocalityLbSetting>,
     pub default_service_export_to: Vec<String>,
     pub default_virtual_service_export_to: Vec<String>,
@@ -214,6 +216,7 @@ impl Default for MeshConfig {
             outbound_traffic_policy: OutboundTrafficPolicy::default(),
             default_config: ProxyConfig::default(),
             connect_timeout: Duration(std::time::Duration::from_secs(10)),
+            dns_refresh_rate: Duration(std::time::Duration::from_secs(60)),
             locality_lb_setting: None,
             default_service_export_to: vec!["*".into()],
             default_virtual_service_export_to: vec!["*".into()],
@@ -330,6 +333,12 @@ impl MeshConfig {
         ensure(
             self.connect_timeout.as_std() >= std::time::Duration::from_millis(1),
             "connectTimeout",
+            "must be at least 1ms",
+        )?;
+        // Envoy refuses a DNS refresh rate under a millisecond.
+        ensure(
+            self.dns_refresh_rate.as_std() >= std::time::Duration::from_millis(1),
+            "dnsRefreshRate",
             "must be at least 1ms",
         )?;
         validate::export_to("defaultServiceExportTo", &self.default_service_export_to)?;

@@ -4,14 +4,18 @@
 //! east-west gateways; Istio's fixed clusters; and the static clusters to a local workload.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
-    ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy,
+    common_lb_config::LocalityConfigSpecifier, ClusterDiscoveryType, DiscoveryType,
+    DnsLookupFamily, EdsClusterConfig, LbPolicy,
 };
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Metadata;
-use envoy_types::pb::envoy::config::core::v3::{address, Address, Locality as EnvoyLocality, Pipe};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, socket_address, Address, BindConfig, Locality as EnvoyLocality, Pipe, SocketAddress,
+};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints,
 };
@@ -20,6 +24,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, UInt32Va
 use super::common::{ads, seconds, socket};
 use super::gateway_tls;
 use super::generation::{Generation, Target};
+use super::locality;
 use super::names::{
     outbound_sni, parse_outbound, parse_sni_cluster, subset_cluster, BLACKHOLE,
     INBOUND_PASSTHROUGH, PASSTHROUGH,
@@ -135,9 +140,14 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             || Some(Resource::encode(name, &sni_cluster(name))),
         );
     }
+    let v6 = g.proxy.ips.iter().all(IpAddr::is_ipv6);
     let mut cluster = match name {
-        BLACKHOLE => static_cluster(name, None),
-        PASSTHROUGH | INBOUND_PASSTHROUGH => original_dst(name),
+        BLACKHOLE => static_cluster(name),
+        PASSTHROUGH => passthrough(name),
+        INBOUND_PASSTHROUGH => Cluster {
+            upstream_bind_config: Some(inbound_bind(v6)),
+            ..passthrough(name)
+        },
         _ => return None,
     };
     // As istiod: the passthrough to other destinations exchanges metadata, the inbound one not.
@@ -148,11 +158,49 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     g.cached(
         ResourceType::Cluster,
         name,
-        g.variant_of(&exchange.is_some()),
+        g.variant_of(&(exchange.is_some(), v6 && name == INBOUND_PASSTHROUGH)),
         [g.services_version(), 0, 0, 0],
         || Some(Resource::encode(name, &cluster)),
     )
 }
+
+/// To destinations no service claims, as the downstream spoke to them, without limits.
+fn passthrough(name: &str) -> Cluster {
+    Cluster {
+        circuit_breakers: Some(policy::unlimited_circuit_breakers()),
+        typed_extension_protocol_options: policy::downstream_protocol(),
+        ..original_dst(name)
+    }
+}
+
+/// Where the proxy's connections to its own workload come from: 127.0.0.6 (`::6`), which Istio's
+/// iptables rules let through to the workload rather than back to the proxy (a connection from
+/// the proxy to the pod's own address would otherwise be captured again).
+pub(super) fn inbound_bind(v6: bool) -> BindConfig {
+    BindConfig {
+        source_address: Some(SocketAddress {
+            address: if v6 { "::6" } else { "127.0.0.6" }.to_string(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(0)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// To the workload at the address and port the connection was for (its pod address, as the
+/// workload listens on it), from [`inbound_bind`]: istiod's inbound cluster for the default
+/// inbound traffic policy (`PASSTHROUGH`), whose original destinations it never cleans up.
+pub(super) fn to_workload(name: &str, v6: bool) -> Cluster {
+    Cluster {
+        upstream_bind_config: Some(inbound_bind(v6)),
+        cleanup_interval: Some(seconds(NEVER_CLEANED_SECS)),
+        circuit_breakers: Some(policy::unlimited_circuit_breakers()),
+        ..original_dst(name)
+    }
+}
+
+/// The longest interval Envoy takes (istiod's `maxSecondsValue`).
+const NEVER_CLEANED_SECS: i64 = 9_223_372_035;
 
 /// An outbound cluster: its discovery by resolution, the rule's policy, then TLS.
 fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) -> Cluster {
@@ -171,7 +219,6 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
                 eds_config: Some(ads()),
                 service_name: name.to_string(),
             });
-            cluster.lb_policy = LbPolicy::RoundRobin as i32;
         }
         Resolution::Passthrough => {
             cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
@@ -186,6 +233,13 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             };
             cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(kind as i32));
             cluster.dns_lookup_family = DnsLookupFamily::V4Only as i32;
+            // As istiod: the mesh's refresh rate, bounded by the records' own TTL (fields Envoy
+            // deprecated for its DNS cluster extension, which istiod does not use either).
+            #[allow(deprecated)]
+            {
+                cluster.dns_refresh_rate = Some(mesh.dns_refresh_rate.to_proto());
+                cluster.respect_dns_ttl = true;
+            }
             cluster.load_assignment = Some(dns_assignment(name, service, target.port));
         }
     }
@@ -200,8 +254,22 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
         ),
         None => Effective::default(),
     };
-    if service.resolution != Resolution::Passthrough {
-        policy::apply(&mut cluster, &effective, http, http2);
+    policy::apply(&mut cluster, &effective, http, http2);
+    // Proxyless gRPC balances round robin (or by a rule's hash); it refuses Envoy's default.
+    if g.proxy.generator == Generator::Grpc && cluster.lb_policy == LbPolicy::LeastRequest as i32 {
+        cluster.lb_policy = LbPolicy::RoundRobin as i32;
+    }
+    let locality = locality::setting(
+        effective.load_balancer.as_ref(),
+        mesh.locality_lb_setting.as_ref(),
+    );
+    if locality::weights_localities(locality, effective.outlier_detection.is_some()) {
+        let common = cluster
+            .common_lb_config
+            .get_or_insert_with(Default::default);
+        common.locality_config_specifier = Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(
+            Default::default(),
+        ));
     }
     if cluster.typed_extension_protocol_options.is_empty() && http2 {
         cluster.typed_extension_protocol_options = policy::http2_only();
@@ -343,18 +411,15 @@ fn sni_cluster(name: &str) -> Cluster {
     }
 }
 
-/// A STATIC cluster to the local workload (or with no endpoints: the black hole).
-pub(super) fn static_cluster(name: &str, local_port: Option<u16>) -> Cluster {
+/// A STATIC cluster without endpoints (the black hole, or one given its address after).
+pub(super) fn static_cluster(name: &str) -> Cluster {
     Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
         connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
-        load_assignment: Some(match local_port {
-            Some(port) => assignment(name, "127.0.0.1", port),
-            None => ClusterLoadAssignment {
-                cluster_name: name.to_string(),
-                ..Default::default()
-            },
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.to_string(),
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -381,10 +446,6 @@ pub(super) fn pipe(path: &str) -> Address {
             mode: 0,
         })),
     }
-}
-
-fn assignment(name: &str, host: &str, port: u16) -> ClusterLoadAssignment {
-    assignment_at(name, socket(host, port))
 }
 
 pub(super) fn assignment_at(name: &str, address: Address) -> ClusterLoadAssignment {

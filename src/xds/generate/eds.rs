@@ -59,14 +59,17 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         return None;
     }
     let shards = g.mesh.endpoints.get(&service.key()).cloned();
-    // The rule's setting for this (subset, port), else the mesh's.
-    let setting = target
-        .rule
+    // The rule's policy for this (subset, port): its locality setting (else the mesh's), and
+    // whether it detects outliers, without which istiod ranks no locality above another.
+    let policy = target.rule.as_ref().map(|r| {
+        let subset = target.subset.as_ref().map(|s| s.name.as_str());
+        Effective::of(&r.rule, subset, target.port)
+    });
+    let failover = policy
         .as_ref()
-        .and_then(|r| {
-            let subset = target.subset.as_ref().map(|s| s.name.as_str());
-            Effective::of(&r.rule, subset, target.port).load_balancer
-        })
+        .is_some_and(|p| p.outlier_detection.is_some());
+    let setting = policy
+        .and_then(|p| p.load_balancer)
         .and_then(|lb| lb.locality_lb_setting)
         .or_else(|| g.mesh_config().locality_lb_setting.clone());
     let proxy_locality = g.proxy_locality();
@@ -87,6 +90,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         locality: LocalityPolicy {
             proxy: proxy_locality,
             setting,
+            failover,
             proxy_labels,
         },
         gateway,

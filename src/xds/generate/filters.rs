@@ -11,10 +11,11 @@ use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
+    http_connection_manager::{PathWithEscapedSlashesAction, RouteSpecifier, UpgradeConfig},
+    http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_proxy, TcpProxy};
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration};
 use envoy_types::util::pack_any;
 
 use super::common::ads;
@@ -22,6 +23,8 @@ use super::istio_stats::SideStats;
 use super::names::BLACKHOLE;
 
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
+/// The `server` header Istio's proxies answer with (istiod's default `proxyHeaders`).
+pub const ISTIO_SERVER_NAME: &str = "istio-envoy";
 pub const CORS_FILTER: &str = "envoy.filters.http.cors";
 const HTTP_CONNECTION_MANAGER: &str = "envoy.filters.network.http_connection_manager";
 const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
@@ -34,7 +37,11 @@ pub(super) fn rds(route_name: &str) -> RouteSpecifier {
     })
 }
 
-/// A connection manager with the router as its only HTTP filter.
+/// A connection manager with the router as its only HTTP filter, and the settings istiod gives
+/// every one (`buildHTTPConnectionManager`, pilot/pkg/networking/core/listener_builder.go): paths
+/// normalised before routes and policies see them (`/a/../admin` is `/admin`), escaped slashes
+/// kept; no idle timeout on streams (long polls and gRPC streams stay); WebSocket upgrades; a
+/// `100-continue` answered by the upstream.
 pub(super) fn hcm(
     stat_prefix: &str,
     routes: RouteSpecifier,
@@ -44,6 +51,17 @@ pub(super) fn hcm(
         stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(routes),
         access_log: logs.to_vec(),
+        normalize_path: Some(BoolValue { value: true }),
+        path_with_escaped_slashes_action: PathWithEscapedSlashesAction::KeepUnchanged as i32,
+        stream_idle_timeout: Some(Duration {
+            seconds: 0,
+            nanos: 0,
+        }),
+        upgrade_configs: vec![UpgradeConfig {
+            upgrade_type: "websocket".to_string(),
+            ..Default::default()
+        }],
+        proxy_100_continue: true,
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".to_string(),
             config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(

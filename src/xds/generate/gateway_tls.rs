@@ -28,9 +28,13 @@ pub fn terminates(mode: ServerTlsMode) -> bool {
 }
 
 /// The transport socket of a server that terminates TLS.
-pub fn server_socket(settings: &ServerTls, alpn: &[&str]) -> TransportSocket {
+pub fn server_socket(
+    settings: &ServerTls,
+    alpn: &[&str],
+    trust_domains: &[String],
+) -> TransportSocket {
     if settings.mode == ServerTlsMode::IstioMutual {
-        return tls::inbound_socket();
+        return tls::inbound_socket(trust_domains, tls::INBOUND_HTTP_ALPN);
     }
     let verify_clients = matches!(
         settings.mode,

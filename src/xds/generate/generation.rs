@@ -205,6 +205,16 @@ impl Generation<'_> {
         self.mesh.config.mesh()
     }
 
+    /// The trust domains whose workloads this proxy accepts as peers: the mesh's and its aliases
+    /// (istiod's `TrustDomainsForValidation`).
+    pub(super) fn trust_domains(&self) -> Vec<String> {
+        let mesh = self.mesh_config();
+        std::iter::once(&mesh.trust_domain)
+            .chain(&mesh.trust_domain_aliases)
+            .cloned()
+            .collect()
+    }
+
     /// The proxy's `outboundTrafficPolicy`: its Sidecar's, else the mesh's.
     pub(super) fn outbound_mode(&self) -> OutboundMode {
         self.sidecar_scope()

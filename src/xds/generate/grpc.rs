@@ -12,7 +12,7 @@ use super::clusters::{self, ClusterNeeds};
 use super::filters::{hcm, rds};
 use super::generation::Generation;
 use super::names::{grpc_route_name, outbound_cluster, parse_port};
-use super::routes::virtual_host;
+use super::routes::{virtual_host, DefaultRoute};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::{Listing, Resource};
 
@@ -109,7 +109,12 @@ fn route_config(name: &str, host: &str, port: u16) -> RouteConfiguration {
     let domains = vec![name.to_string(), host.to_string()];
     RouteConfiguration {
         name: name.to_string(),
-        virtual_hosts: vec![virtual_host(name, domains, &outbound_cluster(port, host))],
+        virtual_hosts: vec![virtual_host(
+            name,
+            domains,
+            &outbound_cluster(port, host),
+            DefaultRoute::Outbound,
+        )],
         ..Default::default()
     }
 }

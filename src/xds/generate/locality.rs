@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::istio::destination_rule::{LocalityDistribute, LocalityLbSetting};
+use crate::istio::destination_rule::{LoadBalancer, LocalityDistribute, LocalityLbSetting};
 use crate::model::{Locality, LABEL_NETWORK};
 
 /// Istio's topology labels, matched by `failoverPriority` like any other label.
@@ -18,6 +18,10 @@ const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
 pub struct LocalityPolicy {
     pub proxy: Option<Locality>,
     pub setting: Option<LocalityLbSetting>,
+    /// Failover ranks endpoints (by locality, or `failoverPriority` labels): only where outlier
+    /// detection can move traffic on when the preferred ones fail, as istiod
+    /// (`getOutlierDetectionAndLoadBalancerSettings`, pilot/pkg/xds/endpoints).
+    pub failover: bool,
     /// The proxy's labels plus its network and locality as topology labels (for failoverPriority).
     pub proxy_labels: BTreeMap<String, String>,
 }
@@ -62,7 +66,7 @@ impl LocalityPolicy {
     /// does not share with the proxy), then the locality level. Lower is preferred; levels are
     /// compacted by the caller.
     pub fn level(&self, labels: &BTreeMap<String, String>, locality: &Locality) -> u32 {
-        if !self.enabled() || self.distribute().is_some() {
+        if !self.failover || !self.enabled() || self.distribute().is_some() {
             return 0;
         }
         let setting = self.setting.as_ref();
@@ -113,6 +117,26 @@ impl LocalityPolicy {
     }
 }
 
+/// The locality setting in force: the rule's, else the mesh config's; None when turned off.
+pub fn setting<'a>(
+    lb: Option<&'a LoadBalancer>,
+    mesh: Option<&'a LocalityLbSetting>,
+) -> Option<&'a LocalityLbSetting> {
+    lb.and_then(|lb| lb.locality_lb_setting.as_ref())
+        .or(mesh)
+        .filter(|s| s.enabled != Some(false))
+}
+
+/// Whether a cluster weighs its localities (`locality_weighted_lb_config`): where `distribute`
+/// gives them weights, or failover ranks them (which needs outlier detection), as istiod since
+/// 1.24 (`LocalityLBSettings.ApplyToCluster`, pilot/pkg/networking/core/loadbalancer).
+pub fn weights_localities(setting: Option<&LocalityLbSetting>, outlier_detection: bool) -> bool {
+    setting.is_some_and(|s| {
+        !s.distribute.is_empty()
+            || (outlier_detection && (!s.failover.is_empty() || !s.failover_priority.is_empty()))
+    })
+}
+
 /// Istio's locality pattern: `region[/zone[/subzone]]`, `*` for any, missing parts match anything.
 pub fn locality_match(locality: &Locality, pattern: &str) -> bool {
     let mut parts = pattern.splitn(3, '/');
@@ -151,6 +175,7 @@ mod tests {
         LocalityPolicy {
             proxy: Some(Locality::parse(proxy)),
             setting,
+            failover: true,
             proxy_labels: BTreeMap::from([("topology.istio.io/network".into(), "n1".into())]),
         }
     }

@@ -100,24 +100,30 @@ const UNLIMITED: u32 = u32::MAX;
 
 /// Applies the load balancer, connection pool and outlier detection of `policy` to `cluster`.
 /// `http` tells whether the port carries HTTP (protocol options apply), `http2` whether upstream
-/// speaks HTTP/2 already.
+/// speaks HTTP/2 already. A cluster to the original destination keeps its load balancer.
 pub fn apply(cluster: &mut Cluster, policy: &Effective, http: bool, http2: bool) {
-    apply_load_balancer(cluster, policy.load_balancer.as_ref());
+    if cluster.lb_policy != LbPolicy::ClusterProvided as i32 {
+        apply_load_balancer(cluster, policy.load_balancer.as_ref());
+    }
     apply_connection_pool(cluster, policy.connection_pool.as_ref(), http, http2);
     if let Some(outlier) = &policy.outlier_detection {
         apply_outlier(cluster, outlier);
     }
 }
 
+/// The load balancer the rule names; LEAST_REQUEST where it names none (istiod's
+/// `defaultLBAlgorithm`).
 fn apply_load_balancer(cluster: &mut Cluster, lb: Option<&LoadBalancer>) {
+    cluster.lb_policy = LbPolicy::LeastRequest as i32;
     let Some(lb) = lb else { return };
     if let Some(simple) = lb.simple {
         cluster.lb_policy = match simple {
             SimpleLb::Random => LbPolicy::Random,
-            SimpleLb::LeastConn | SimpleLb::LeastRequest => LbPolicy::LeastRequest,
-            SimpleLb::Unspecified | SimpleLb::RoundRobin | SimpleLb::Passthrough => {
-                LbPolicy::RoundRobin
-            }
+            SimpleLb::RoundRobin => LbPolicy::RoundRobin,
+            SimpleLb::Unspecified
+            | SimpleLb::LeastConn
+            | SimpleLb::LeastRequest
+            | SimpleLb::Passthrough => LbPolicy::LeastRequest,
         } as i32;
     }
     if let Some(hash) = &lb.consistent_hash {
@@ -152,23 +158,12 @@ fn apply_connection_pool(
 ) {
     let tcp = pool.and_then(|p| p.tcp.as_ref());
     let http_settings = pool.and_then(|p| p.http.as_ref());
-    let limit = |v: Option<i32>| {
-        Some(UInt32Value {
-            value: v.filter(|v| *v > 0).map_or(UNLIMITED, |v| v.unsigned_abs()),
-        })
-    };
-    cluster.circuit_breakers = Some(CircuitBreakers {
-        thresholds: vec![Thresholds {
-            priority: RoutingPriority::Default as i32,
-            max_connections: limit(tcp.and_then(|t| t.max_connections)),
-            max_pending_requests: limit(http_settings.and_then(|h| h.http1_max_pending_requests)),
-            max_requests: limit(http_settings.and_then(|h| h.http2_max_requests)),
-            max_retries: limit(http_settings.and_then(|h| h.max_retries)),
-            track_remaining: true,
-            ..Default::default()
-        }],
-        ..Default::default()
-    });
+    cluster.circuit_breakers = Some(circuit_breakers(
+        tcp.and_then(|t| t.max_connections),
+        http_settings.and_then(|h| h.http1_max_pending_requests),
+        http_settings.and_then(|h| h.http2_max_requests),
+        http_settings.and_then(|h| h.max_retries),
+    ));
     if let Some(timeout) = tcp.and_then(|t| t.connect_timeout) {
         cluster.connect_timeout = Some(timeout.to_proto());
     }
@@ -245,6 +240,61 @@ fn apply_connection_pool(
     cluster.typed_extension_protocol_options = protocol_options(options);
 }
 
+/// Circuit breakers at these limits, each unlimited where unset (istiod's
+/// `getDefaultCircuitBreakerThresholds`).
+fn circuit_breakers(
+    connections: Option<i32>,
+    pending: Option<i32>,
+    requests: Option<i32>,
+    retries: Option<i32>,
+) -> CircuitBreakers {
+    let limit = |v: Option<i32>| {
+        Some(UInt32Value {
+            value: v.filter(|v| *v > 0).map_or(UNLIMITED, |v| v.unsigned_abs()),
+        })
+    };
+    CircuitBreakers {
+        thresholds: vec![Thresholds {
+            priority: RoutingPriority::Default as i32,
+            max_connections: limit(connections),
+            max_pending_requests: limit(pending),
+            max_requests: limit(requests),
+            max_retries: limit(retries),
+            track_remaining: true,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// No limits: the circuit breakers istiod sets on clusters no rule shapes (passthrough, inbound).
+pub fn unlimited_circuit_breakers() -> CircuitBreakers {
+    circuit_breakers(None, None, None, None)
+}
+
+/// The protocol of a passthrough cluster: whatever the downstream spoke (HTTP/2 for gRPC to an
+/// unknown destination), idle connections closed after five minutes (istiod's
+/// `passthroughHttpProtocolOptions`, pilot/pkg/networking/core/cluster_builder.go).
+pub fn downstream_protocol() -> HashMap<String, Any> {
+    protocol_options(HttpProtocolOptions {
+        common_http_protocol_options: Some(CommonHttpOptions {
+            idle_timeout: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: 300,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }),
+        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(Http2ProtocolOptions::default()),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    })
+}
+
 fn http2_options(max_concurrent_streams: Option<i32>) -> Http2ProtocolOptions {
     Http2ProtocolOptions {
         max_concurrent_streams: max_concurrent_streams.map(|v| UInt32Value {
@@ -290,44 +340,47 @@ fn protocol_options(options: HttpProtocolOptions) -> HashMap<String, Any> {
     )])
 }
 
+/// As istiod's `applyOutlierDetection` (pilot/pkg/networking/core/cluster_traffic_policy.go):
+/// success-rate ejection off; the consecutive-error counts the rule names, enforced when above
+/// zero (Envoy's defaults where it names none); the panic threshold at `minHealthPercent`, zero
+/// unless set (Envoy's 50 % would send traffic to ejected hosts in services of few pods).
 fn apply_outlier(cluster: &mut Cluster, outlier: &OutlierDetection) {
     let u32v = |value: u32| Some(UInt32Value { value });
+    let enforcing = |n: u32| u32v(if n > 0 { 100 } else { 0 });
     let mut out = EnvoyOutlier {
+        enforcing_success_rate: u32v(0),
         interval: outlier.interval.map(|d| d.to_proto()),
         base_ejection_time: outlier.base_ejection_time.map(|d| d.to_proto()),
         max_ejection_percent: outlier
             .max_ejection_percent
             .and_then(|v| u32::try_from(v).ok())
+            .filter(|v| *v > 0)
             .and_then(u32v),
-        split_external_local_origin_errors: outlier
-            .split_external_local_origin_errors
-            .unwrap_or(false),
         ..Default::default()
     };
-    // Envoy counts 5xx and gateway errors by default; Istio turns on only what the rule names.
+    // `consecutiveErrors`, deprecated, named the same count.
     let five_xx = outlier.consecutive_5xx_errors.or(outlier
         .consecutive_errors
         .and_then(|v| u32::try_from(v).ok()));
-    match five_xx {
-        Some(0) | None => out.enforcing_consecutive_5xx = u32v(0),
-        Some(n) => {
-            out.consecutive_5xx = u32v(n);
-            out.enforcing_consecutive_5xx = u32v(100);
-        }
+    if let Some(n) = five_xx {
+        out.consecutive_5xx = u32v(n);
+        out.enforcing_consecutive_5xx = enforcing(n);
     }
-    match outlier.consecutive_gateway_errors {
-        Some(0) | None => out.enforcing_consecutive_gateway_failure = u32v(0),
-        Some(n) => {
-            out.consecutive_gateway_failure = u32v(n);
-            out.enforcing_consecutive_gateway_failure = u32v(100);
-        }
+    if let Some(n) = outlier.consecutive_gateway_errors {
+        out.consecutive_gateway_failure = u32v(n);
+        out.enforcing_consecutive_gateway_failure = enforcing(n);
     }
-    if let Some(n) = outlier.consecutive_local_origin_failures {
-        out.consecutive_local_origin_failure = u32v(n);
-        out.enforcing_consecutive_local_origin_failure = u32v(100);
+    if outlier.split_external_local_origin_errors == Some(true) {
+        out.split_external_local_origin_errors = true;
+        if let Some(n) = outlier.consecutive_local_origin_failures.filter(|n| *n > 0) {
+            out.consecutive_local_origin_failure = u32v(n);
+            out.enforcing_consecutive_local_origin_failure = u32v(100);
+        }
+        out.enforcing_local_origin_success_rate = u32v(0);
     }
     cluster.outlier_detection = Some(out);
-    if let Some(min_health) = outlier.min_health_percent {
+    let min_health = outlier.min_health_percent.unwrap_or(0);
+    if min_health >= 0 {
         cluster.common_lb_config = Some(CommonLbConfig {
             healthy_panic_threshold: Some(Percent {
                 value: f64::from(min_health),
@@ -406,12 +459,10 @@ trafficPolicy:
         let o = c.outlier_detection.as_ref().unwrap();
         assert_eq!(o.consecutive_5xx.as_ref().unwrap().value, 2);
         assert_eq!(o.enforcing_consecutive_5xx.as_ref().unwrap().value, 100);
-        assert_eq!(
-            o.enforcing_consecutive_gateway_failure
-                .as_ref()
-                .unwrap()
-                .value,
-            0
+        assert_eq!(o.enforcing_success_rate.as_ref().unwrap().value, 0);
+        assert!(
+            o.enforcing_consecutive_gateway_failure.is_none(),
+            "Envoy's default where the rule names no count"
         );
         assert_eq!(o.base_ejection_time.as_ref().unwrap().seconds, 180);
         let panic = &c.common_lb_config.as_ref().unwrap().healthy_panic_threshold;

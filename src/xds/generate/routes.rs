@@ -12,10 +12,11 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::route::v3::redirect_action::{
     PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier,
 };
+use envoy_types::pb::envoy::config::route::v3::retry_policy::RetryHostPredicate;
 use envoy_types::pb::envoy::config::route::v3::route_action::RequestMirrorPolicy;
 use envoy_types::pb::envoy::config::route::v3::weighted_cluster::ClusterWeight;
 use envoy_types::pb::envoy::config::route::v3::{
-    header_matcher, query_parameter_matcher, route, route_action, route_match,
+    header_matcher, query_parameter_matcher, retry_policy, route, route_action, route_match,
     DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
     RouteAction, RouteMatch, VirtualHost, WeightedCluster,
 };
@@ -26,6 +27,7 @@ use envoy_types::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy as E
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
     fault_abort::ErrorType, FaultAbort, HttpFault,
 };
+use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use envoy_types::pb::envoy::r#type::matcher::v3::{
     string_matcher::MatchPattern, RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
 };
@@ -85,9 +87,53 @@ pub fn http_routes(ctx: &RouteContext<'_, '_>, routes: &[HttpRoute]) -> Vec<Rout
     out
 }
 
-/// A virtual host with Istio's default route: everything to `cluster`, no timeout (long streams
-/// must not be cut), the default retries.
-pub(super) fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> VirtualHost {
+/// Which of istiod's default routes a virtual host gets (pilot/pkg/networking/core/route/route.go).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum DefaultRoute {
+    /// To a service (`BuildDefaultHTTPOutboundRoute`): the default retries, no timeout, and the
+    /// client's `grpc-timeout` honoured.
+    Outbound,
+    /// To the passthrough cluster (`allow_any`, `buildCatchAllVirtualHost`): no retries, no
+    /// timeout.
+    Passthrough,
+    /// To the local workload (`BuildDefaultHTTPInboundRoute`): retried only when reset before
+    /// the request reached it (never on gRPC ports, whose streams that breaks), no timeout, the
+    /// `grpc-timeout` header honoured without a bound.
+    Inbound { grpc: bool },
+}
+
+/// A virtual host with one of Istio's default routes: everything to `cluster`.
+pub(super) fn virtual_host(
+    name: &str,
+    domains: Vec<String>,
+    cluster: &str,
+    kind: DefaultRoute,
+) -> VirtualHost {
+    let mut action = RouteAction {
+        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_string())),
+        // No timeout: long streams must not be cut.
+        timeout: Some(proto_duration(0, 0)),
+        ..Default::default()
+    };
+    match kind {
+        DefaultRoute::Outbound => {
+            action.retry_policy = retry_policy(&HttpRoute::default());
+            set_grpc_timeout(&mut action);
+        }
+        DefaultRoute::Passthrough => set_grpc_timeout(&mut action),
+        DefaultRoute::Inbound { grpc } => {
+            action.max_stream_duration = Some(route_action::MaxStreamDuration {
+                max_stream_duration: Some(proto_duration(0, 0)),
+                grpc_timeout_header_max: Some(proto_duration(0, 0)),
+                ..Default::default()
+            });
+            action.retry_policy = (!grpc).then(|| RetryPolicy {
+                retry_on: INBOUND_RETRY_ON.to_string(),
+                num_retries: Some(UInt32Value { value: 2 }),
+                ..Default::default()
+            });
+        }
+    }
     VirtualHost {
         name: name.to_string(),
         domains,
@@ -97,20 +143,19 @@ pub(super) fn virtual_host(name: &str, domains: Vec<String>, cluster: &str) -> V
                 path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
                 ..Default::default()
             }),
-            action: Some(route::Action::Route(RouteAction {
-                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
-                    cluster.to_string(),
-                )),
-                timeout: Some(Duration {
-                    seconds: 0,
-                    nanos: 0,
-                }),
-                retry_policy: retry_policy(&HttpRoute::default()),
-                ..Default::default()
-            })),
+            action: Some(route::Action::Route(action)),
             ..Default::default()
         }],
         ..Default::default()
+    }
+}
+
+/// Envoy applies a gRPC client's `grpc-timeout` header, bounded by the route's timeout (istiod's
+/// `setTimeout`: `max_grpc_timeout` is the timeout, zero when there is none).
+fn set_grpc_timeout(action: &mut RouteAction) {
+    #[allow(deprecated)]
+    {
+        action.max_grpc_timeout = action.timeout;
     }
 }
 
@@ -348,6 +393,7 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
             .collect(),
         ..Default::default()
     };
+    set_grpc_timeout(&mut action);
     if route.gateway_semantics {
         action.cluster_not_found_response_code =
             route_action::ClusterNotFoundResponseCode::InternalServerError as i32;
@@ -381,8 +427,10 @@ pub fn cluster_for(ctx: &RouteContext<'_, '_>, destination: &Destination) -> Str
     subset_cluster(port, &destination.subset, &destination.host)
 }
 
-/// The route's retries, else Istio's default (2 attempts on connection failures and 503s); none
-/// for `attempts: 0`.
+/// The route's retries, else Istio's default (2 attempts on connection failures and refused or
+/// cancelled streams, each to another host); none for `attempts: 0`. As istiod's `ConvertPolicy`
+/// (pilot/pkg/networking/core/route/retry/retry.go), which since 1.24 no longer retries 503s by
+/// default: an application's 503 may have had effects.
 pub fn retry_policy(route: &HttpRoute) -> Option<RetryPolicy> {
     let retries = route.retries.as_ref();
     if retries.is_some_and(|r| r.attempts == 0) {
@@ -413,18 +461,28 @@ pub fn retry_policy(route: &HttpRoute) -> Option<RetryPolicy> {
         per_try_timeout: retries
             .and_then(|r| r.per_try_timeout)
             .map(|d| d.to_proto()),
-        retriable_status_codes: if codes.is_empty() && retries.is_none() {
-            vec![503]
-        } else {
-            codes
-        },
+        retriable_status_codes: codes,
         host_selection_retry_max_attempts: 5,
+        retry_host_predicate: vec![previous_hosts()],
         ..Default::default()
     })
 }
 
+/// A retry goes to another host than the one that failed.
+fn previous_hosts() -> RetryHostPredicate {
+    RetryHostPredicate {
+        name: "envoy.retry_host_predicates.previous_hosts".to_string(),
+        config_type: Some(retry_policy::retry_host_predicate::ConfigType::TypedConfig(
+            pack_any(PreviousHostsPredicate::default()),
+        )),
+    }
+}
+
 const DEFAULT_RETRY_ON: &str =
     "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
+/// A request reset before it reached the application was never processed: retrying it is safe
+/// for any method.
+const INBOUND_RETRY_ON: &str = "reset-before-request";
 
 /// The fault and CORS settings of a route, for the HTTP filters of those names.
 fn per_filter_config(route: &HttpRoute) -> HashMap<String, Any> {

@@ -97,9 +97,48 @@ fn common(sans: &[String], alpn: &[&str]) -> CommonTlsContext {
 }
 
 /// ISTIO_MUTUAL to every endpoint: the workload's certificate, the mesh root, a SAN check.
+/// TLS 1.2 to 1.3 upstream (Envoy's client default stops at 1.2), as istiod's
+/// `defaultUpstreamCommonTLSContext` (pilot/pkg/networking/core/cluster_tls.go).
+pub(super) fn upstream_tls_params() -> TlsParameters {
+    TlsParameters {
+        tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
+        tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
+        ..Default::default()
+    }
+}
+
+/// The ciphers istiod allows workloads' mTLS servers (`BuildInboundTLS`,
+/// pilot/pkg/security/authn/utils/utils.go).
+const INBOUND_CIPHERS: [&str; 6] = [
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "AES256-GCM-SHA384",
+    "AES128-GCM-SHA256",
+];
+
+/// Certificates issued in one of these trust domains.
+fn trust_domain_matchers(trust_domains: &[String]) -> Vec<SubjectAltNameMatcher> {
+    trust_domains
+        .iter()
+        .map(|td| SubjectAltNameMatcher {
+            san_type: SanType::Uri as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Prefix(format!("spiffe://{td}/"))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect()
+}
+
 pub fn upstream_istio(sni: String, sans: &[String]) -> TransportSocket {
     let tls = UpstreamTlsContext {
-        common_tls_context: Some(common(sans, &["istio-peer-exchange", "istio"])),
+        common_tls_context: Some(CommonTlsContext {
+            tls_params: Some(upstream_tls_params()),
+            ..common(sans, &["istio-peer-exchange", "istio"])
+        }),
         sni,
         ..Default::default()
     };
@@ -112,7 +151,10 @@ pub fn upstream_files(tls: &ClientTls, default_sni: &str) -> TransportSocket {
         specifier: Some(data_source::Specifier::Filename(path.to_string())),
         ..Default::default()
     };
-    let mut context = CommonTlsContext::default();
+    let mut context = CommonTlsContext {
+        tls_params: Some(upstream_tls_params()),
+        ..Default::default()
+    };
     if tls.mode == ClientTlsMode::Mutual && !tls.client_certificate.is_empty() {
         context.tls_certificates = vec![TlsCertificate {
             certificate_chain: Some(file(&tls.client_certificate)),
@@ -152,7 +194,10 @@ const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// destination's identities); the others plaintext.
 pub fn upstream_matches(sni: String, sans: &[String]) -> Vec<TransportSocketMatch> {
     let tls = UpstreamTlsContext {
-        common_tls_context: Some(common(sans, &["istio-peer-exchange", "istio"])),
+        common_tls_context: Some(CommonTlsContext {
+            tls_params: Some(upstream_tls_params()),
+            ..common(sans, &["istio-peer-exchange", "istio"])
+        }),
         sni,
         ..Default::default()
     };
@@ -191,21 +236,7 @@ pub fn plaintext() -> TransportSocket {
 /// of the mesh's trust domain (`spiffe://<trust domain>/` prefixes).
 fn hbone_common(trust_domains: &[String]) -> CommonTlsContext {
     let mut context = common(&[], &["h2"]);
-    if let Some(ValidationContextType::CombinedValidationContext(combined)) =
-        &mut context.validation_context_type
-    {
-        let prefixes = trust_domains.iter().map(|td| SubjectAltNameMatcher {
-            san_type: SanType::Uri as i32,
-            matcher: Some(StringMatcher {
-                match_pattern: Some(MatchPattern::Prefix(format!("spiffe://{td}/"))),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        if let Some(default) = &mut combined.default_validation_context {
-            default.match_typed_subject_alt_names = prefixes.collect();
-        }
-    }
+    accept_trust_domains(&mut context, trust_domains);
     context.tls_params = Some(TlsParameters {
         tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
         tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
@@ -234,9 +265,34 @@ pub fn hbone_upstream(trust_domains: &[String]) -> TransportSocket {
 }
 
 /// Inbound mTLS: a client certificate from the mesh root is required on the TLS filter chains.
-pub fn inbound_socket() -> TransportSocket {
+/// Accepts client certificates of these trust domains only (a root may be shared with others).
+fn accept_trust_domains(context: &mut CommonTlsContext, trust_domains: &[String]) {
+    if let Some(ValidationContextType::CombinedValidationContext(combined)) =
+        &mut context.validation_context_type
+    {
+        if let Some(default) = &mut combined.default_validation_context {
+            default.match_typed_subject_alt_names = trust_domain_matchers(trust_domains);
+        }
+    }
+}
+
+/// The ALPN a workload's mTLS server offers for HTTP, and for TCP (where the peer metadata
+/// exchange is negotiated too).
+pub const INBOUND_HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
+pub const INBOUND_TCP_ALPN: &[&str] = &["istio-peer-exchange", "h2", "http/1.1"];
+
+/// A workload's mTLS server, as istiod's `BuildInboundTLS`: the workload certificate, a client
+/// certificate required from one of the mesh's trust domains, TLS 1.2 to 1.3 with istiod's
+/// ciphers.
+pub fn inbound_socket(trust_domains: &[String], alpn: &[&str]) -> TransportSocket {
+    let mut context = common(&[], alpn);
+    accept_trust_domains(&mut context, trust_domains);
+    context.tls_params = Some(TlsParameters {
+        cipher_suites: INBOUND_CIPHERS.iter().map(|c| c.to_string()).collect(),
+        ..upstream_tls_params()
+    });
     let tls = DownstreamTlsContext {
-        common_tls_context: Some(common(&[], &["h2", "http/1.1"])),
+        common_tls_context: Some(context),
         require_client_certificate: Some(BoolValue { value: true }),
         ..Default::default()
     };

@@ -100,8 +100,8 @@ struct Shared {
     unhang: Notify,
     /// Lists and watches are answered 500 (`set_failing`).
     failing: AtomicBool,
-    /// Ends every open watch.
-    watches_end: Notify,
+    /// Bumped to end every open watch (a watch channel: no watch misses it, however busy).
+    watches_end: tokio::sync::watch::Sender<u64>,
     requests: Mutex<HashMap<String, u64>>,
     bookmark_interval: Duration,
     ca_pem: String,
@@ -218,7 +218,7 @@ impl TestApiServer {
             hang: AtomicBool::new(false),
             unhang: Notify::new(),
             failing: AtomicBool::new(false),
-            watches_end: Notify::new(),
+            watches_end: tokio::sync::watch::Sender::new(0),
             requests: Mutex::default(),
             bookmark_interval,
             ca_pem,
@@ -374,7 +374,7 @@ impl TestApiServer {
     /// Ends every open watch, cleanly: clients watch again from where they were (or, after
     /// `compact`, relist).
     pub fn end_watches(&self) {
-        self.shared.watches_end.notify_waiters();
+        self.shared.watches_end.send_modify(|n| *n += 1);
     }
 
     /// Closes the listener and every connection, as an API server going down.
@@ -1135,6 +1135,7 @@ fn watch(
             .is_none_or(|ns| object["metadata"]["namespace"].as_str() == Some(ns))
             && filter.matches(object)
     };
+    let mut ended = shared.watches_end.subscribe();
     tokio::spawn(async move {
         let (replay, mut live) = {
             let store = shared.store.lock();
@@ -1190,7 +1191,7 @@ fn watch(
                         "metadata": {"resourceVersion": rv}}))
                 }
                 _ = tokio::time::sleep_until(deadline) => return,
-                _ = shared.watches_end.notified() => return,
+                _ = ended.changed() => return,
             };
             while shared.hang.load(Ordering::SeqCst) {
                 shared.unhang.notified().await;

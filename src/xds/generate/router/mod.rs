@@ -24,6 +24,9 @@ use envoy_types::pb::envoy::config::listener::v3::{
 use envoy_types::pb::envoy::config::route::v3::{
     virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost,
 };
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
+    ForwardClientCertDetails, SetCurrentClientCertDetails,
+};
 use envoy_types::pb::google::protobuf::BoolValue;
 use tracing::debug;
 
@@ -33,6 +36,7 @@ use super::clusters::{self, ClusterNeeds};
 use super::common::socket;
 use super::filters::{
     hcm_filter, outbound_hcm, rds, tcp_proxy_filter, tls_inspector, weighted_tcp_proxy,
+    ISTIO_SERVER_NAME,
 };
 use super::gateway_tls;
 use super::generation::Generation;
@@ -233,7 +237,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                         .server
                         .tls
                         .as_ref()
-                        .map(|t| gateway_tls::server_socket(t, &HTTP_ALPN));
+                        .map(|t| gateway_tls::server_socket(t, &HTTP_ALPN, &g.trust_domains()));
                     chains.tls(
                         ps.server_names(),
                         FilterChain {
@@ -276,7 +280,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                     .server
                     .tls
                     .as_ref()
-                    .map(|t| gateway_tls::server_socket(t, &[]));
+                    .map(|t| gateway_tls::server_socket(t, &[], &g.trust_domains()));
                 let chain = FilterChain {
                     name,
                     filters,
@@ -306,6 +310,20 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
 /// then the VirtualService filters and the router.
 fn http_filter(g: &Generation<'_>, route: &str, port: u16, security: &WorkloadSecurity) -> Filter {
     let mut hcm = outbound_hcm(route, rds(route), g.access_logs().of(Side::Gateway));
+    // As istiod's `buildGatewayConnectionManager`: the client's address is the peer's (appended
+    // to x-forwarded-for, trusted for internal/external), a client certificate's details replace
+    // any the client sent.
+    hcm.use_remote_address = Some(BoolValue { value: true });
+    hcm.forward_client_cert_details = ForwardClientCertDetails::SanitizeSet as i32;
+    hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+        subject: Some(BoolValue { value: true }),
+        cert: true,
+        uri: true,
+        dns: true,
+        ..Default::default()
+    });
+    hcm.server_name = ISTIO_SERVER_NAME.to_string();
+    hcm.http_protocol_options = Some(Default::default());
     g.tracing().of(Side::Gateway).apply(&mut hcm);
     let wasm = g.wasm_plugins().http(ListenerClass::Gateway, port);
     hcm.http_filters.splice(0..0, security.http_filters(wasm));

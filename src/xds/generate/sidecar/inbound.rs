@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::{TrafficDirection, TransportSocket};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
@@ -21,10 +22,10 @@ use crate::istio::security::peer::MtlsMode;
 use crate::istio::sidecar::IngressEndpoint;
 use crate::model::{IngressPort, Protocol, ServiceKey};
 use crate::xds::generate::access_log::Side;
-use crate::xds::generate::clusters::{assignment_at, pipe, static_cluster};
+use crate::xds::generate::clusters::{assignment_at, pipe, static_cluster, to_workload};
 use crate::xds::generate::common::socket;
 use crate::xds::generate::filters::{
-    hcm, hcm_filter, listener_filter, tcp_proxy_filter, tls_inspector,
+    hcm, hcm_filter, listener_filter, tcp_proxy_filter, tls_inspector, ISTIO_SERVER_NAME,
 };
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::istio_stats::{tcp_chain, SideStats};
@@ -32,7 +33,7 @@ use crate::xds::generate::names::{
     inbound_cluster, parse_port, INBOUND_PASSTHROUGH, VIRTUAL_INBOUND,
 };
 use crate::xds::generate::policy;
-use crate::xds::generate::routes::virtual_host;
+use crate::xds::generate::routes::{virtual_host, DefaultRoute};
 use crate::xds::generate::security::WorkloadSecurity;
 use crate::xds::generate::tls;
 use crate::xds::generate::wasm::{ListenerClass, Phased};
@@ -78,8 +79,9 @@ impl Transport {
         }
     }
 
-    fn socket(self) -> Option<TransportSocket> {
-        (self == Transport::Mtls).then(tls::inbound_socket)
+    fn socket(self, trust_domains: &[String]) -> Option<TransportSocket> {
+        (self == Transport::Mtls)
+            .then(|| tls::inbound_socket(trust_domains, tls::INBOUND_HTTP_ALPN))
     }
 }
 
@@ -104,7 +106,7 @@ fn listener(g: &Generation<'_>) -> Listener {
             let filters = match protocol.is_http() {
                 true => {
                     let mut filters = wasm.all();
-                    filters.push(http_filter(g, port, &cluster, &security));
+                    filters.push(http_filter(g, (port, protocol), &cluster, &security));
                     filters
                 }
                 false => with_network(
@@ -124,7 +126,7 @@ fn listener(g: &Generation<'_>) -> Listener {
                     ..Default::default()
                 }),
                 filters,
-                transport_socket: transport.socket(),
+                transport_socket: transport.socket(&g.trust_domains()),
                 ..Default::default()
             });
         }
@@ -146,7 +148,7 @@ fn listener(g: &Generation<'_>) -> Listener {
             stats,
             tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH, logs),
         ),
-        transport_socket: passthrough.socket(),
+        transport_socket: passthrough.socket(&g.trust_domains()),
         ..Default::default()
     });
     Listener {
@@ -179,11 +181,11 @@ fn with_network(
 
 fn http_filter(
     g: &Generation<'_>,
-    port: u16,
+    (port, protocol): (u16, Protocol),
     cluster: &str,
     security: &WorkloadSecurity,
 ) -> Filter {
-    let route = route_config(port, cluster);
+    let route = route_config(port, cluster, protocol);
     let mut hcm = hcm(
         &format!("inbound_0.0.0.0_{port}"),
         RouteSpecifier::RouteConfig(route),
@@ -192,12 +194,16 @@ fn http_filter(
     g.tracing().of(Side::SidecarInbound).apply(&mut hcm);
     let wasm = g.wasm_plugins().http(ListenerClass::Inbound, port);
     hcm.http_filters.splice(0..0, security.http_filters(wasm));
-    // The application learns the caller's verified identity, as with Istio (XFCC).
+    // The application learns the caller's verified identity, as with Istio (XFCC; istiod's
+    // `buildSidecarInboundHTTPOpts`).
     hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
     hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
+        subject: Some(BoolValue { value: true }),
         uri: true,
+        dns: true,
         ..Default::default()
     });
+    hcm.server_name = ISTIO_SERVER_NAME.to_string();
     hcm_filter(hcm, g.stats(Side::SidecarInbound))
 }
 
@@ -209,23 +215,32 @@ pub(super) fn cluster_names(g: &Generation<'_>) -> Vec<String> {
         .collect()
 }
 
-/// A STATIC cluster to the workload's port (or where its Sidecar's ingress port says).
+/// The cluster of a port of the workload: to the address and port the connection was for, as
+/// istiod delivers inbound traffic (the workload may listen on its pod address only); or where
+/// its Sidecar's ingress port says.
 pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name.strip_prefix("inbound|")?.strip_suffix("||")?)?;
     let (_, protocol) = ports(g).into_iter().find(|(p, _)| *p == port)?;
-    let mut cluster = static_cluster(name, Some(port));
-    // A Sidecar's ingress port goes where its defaultEndpoint says.
-    if let Some(ingress) = ingress(g).iter().find(|i| i.port == port) {
-        let address = match &ingress.endpoint {
-            IngressEndpoint::Loopback(to) => socket("127.0.0.1", *to),
-            IngressEndpoint::Workload(to) => match g.proxy.ips.first() {
-                Some(ip) => socket(&ip.to_string(), *to),
-                None => socket("127.0.0.1", *to),
-            },
-            IngressEndpoint::Unix(path) => pipe(path),
-        };
-        cluster.load_assignment = Some(assignment_at(name, address));
-    }
+    let v6 = g.proxy.ips.iter().all(IpAddr::is_ipv6);
+    let mut cluster = match ingress(g).iter().find(|i| i.port == port) {
+        // A Sidecar's ingress port goes where its defaultEndpoint says.
+        Some(ingress) => {
+            let address = match &ingress.endpoint {
+                IngressEndpoint::Loopback(to) => socket("127.0.0.1", *to),
+                IngressEndpoint::Workload(to) => match g.proxy.ips.first() {
+                    Some(ip) => socket(&ip.to_string(), *to),
+                    None => socket("127.0.0.1", *to),
+                },
+                IngressEndpoint::Unix(path) => pipe(path),
+            };
+            Cluster {
+                load_assignment: Some(assignment_at(name, address)),
+                circuit_breakers: Some(policy::unlimited_circuit_breakers()),
+                ..static_cluster(name)
+            }
+        }
+        None => to_workload(name, v6),
+    };
     if protocol.is_http() && protocol != Protocol::Http {
         cluster.typed_extension_protocol_options = policy::http2_only();
     }
@@ -275,13 +290,16 @@ fn collect(g: &Generation<'_>, ip: &IpAddr, key: &ServiceKey, ports: &mut Vec<(u
 }
 
 /// The route of an inbound HTTP filter chain: everything to the local workload.
-fn route_config(port: u16, cluster: &str) -> RouteConfiguration {
+fn route_config(port: u16, cluster: &str, protocol: Protocol) -> RouteConfiguration {
     RouteConfiguration {
         name: format!("inbound|{port}||"),
         virtual_hosts: vec![virtual_host(
             &format!("inbound|http|{port}"),
             vec!["*".to_string()],
             cluster,
+            DefaultRoute::Inbound {
+                grpc: protocol == Protocol::Grpc,
+            },
         )],
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()

@@ -14,7 +14,9 @@ use crate::model::{Resolution, Service};
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::{outbound_cluster, parse_port, PASSTHROUGH};
 use crate::xds::generate::policy::Effective;
-use crate::xds::generate::routes::{answering_all, http_routes, virtual_host, RouteContext};
+use crate::xds::generate::routes::{
+    answering_all, http_routes, virtual_host, DefaultRoute, RouteContext,
+};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
@@ -69,6 +71,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                     &format!("{}:{port}", s.hostname),
                     domains,
                     &outbound_cluster(port, &s.hostname),
+                    DefaultRoute::Outbound,
                 );
                 // A VirtualService for the host replaces the default route.
                 let ctx = RouteContext {
@@ -125,7 +128,12 @@ fn domains(g: &Generation<'_>, service: &Service, port: u16) -> Vec<String> {
 /// 502 (REGISTRY_ONLY, `block_all`), as istiod.
 fn catch_all(mode: OutboundMode) -> VirtualHost {
     match mode {
-        OutboundMode::AllowAny => virtual_host("allow_any", vec!["*".to_string()], PASSTHROUGH),
+        OutboundMode::AllowAny => virtual_host(
+            "allow_any",
+            vec!["*".to_string()],
+            PASSTHROUGH,
+            DefaultRoute::Passthrough,
+        ),
         OutboundMode::RegistryOnly => answering_all("block_all", "block_all", 502),
     }
 }
@@ -169,6 +177,10 @@ fn set_hash_policy(g: &Generation<'_>, service: &Service, port: u16, vhost: &mut
                 policy_specifier: Some(policy.clone()),
                 ..Default::default()
             }];
+            // A retry stays on the hashed host (istiod's `DefaultConsistentHashPolicy`).
+            if let Some(retry) = &mut action.retry_policy {
+                retry.retry_host_predicate.clear();
+            }
         }
     }
 }

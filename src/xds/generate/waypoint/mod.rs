@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::config::route::v3::{route, route_action, Route};
 
 use super::generation::Generation;
 use super::names::{inbound_vip_cluster, parse_outbound};
-use super::routes::{self, virtual_host, RouteContext};
+use super::routes::{self, virtual_host, DefaultRoute, RouteContext};
 use crate::istio::gateway_api::GATEWAY_NAME_LABEL;
 use crate::model::waypoints::WaypointClass;
 use crate::model::{Health, Protocol, Service, ServicePort, Waypoint};
@@ -75,7 +75,7 @@ impl Served {
 /// cluster, as istiod's `getWaypointDestinationCluster`.
 fn http_routes(g: &Generation<'_>, served: &Served, service: &Service, port: u16) -> Vec<Route> {
     let own = inbound_vip_cluster(port, "http", &service.hostname);
-    let mut routes = virtual_host("default", Vec::new(), &own).routes;
+    let mut routes = virtual_host("default", Vec::new(), &own, DefaultRoute::Outbound).routes;
     let ctx = RouteContext {
         g,
         port,
