@@ -139,11 +139,13 @@ async fn next_listeners<T>(
     }
 }
 
-fn chains<'a>(listeners: &'a BTreeMap<String, Listener>, prefix: &str) -> Vec<&'a FilterChain> {
+/// The chains of `virtualInbound` named `name`: `0.0.0.0_<port>` for a declared port,
+/// `virtualInbound` and `virtualInbound-catchall-http` for passthrough (istiod's names).
+fn chains<'a>(listeners: &'a BTreeMap<String, Listener>, name: &str) -> Vec<&'a FilterChain> {
     listeners["virtualInbound"]
         .filter_chains
         .iter()
-        .filter(|c| c.name.starts_with(prefix))
+        .filter(|c| c.name == name)
         .collect()
 }
 
@@ -202,27 +204,33 @@ async fn policies_shape_the_inbound_listener_and_client_endpoints(source: Source
     let (mut reviews, listeners) =
         connect(&f.mp, REVIEWS, &[("app", "reviews"), ("version", "v1")]).await;
 
-    // STRICT: mutual TLS only, on the service port and on ports no service declares.
-    let port: Vec<&str> = chains(&listeners, "inbound|9080||")
-        .iter()
-        .map(|c| c.name.as_str())
-        .collect();
-    assert_eq!(port, ["inbound|9080||-mtls"]);
-    let catchall = chains(&listeners, "virtualInbound-catchall")[0];
-    assert_eq!(
-        catchall
+    // STRICT: mutual TLS only, on the service port and on ports no service declares (HTTP and
+    // TCP alike).
+    let port = chains(&listeners, "0.0.0.0_9080");
+    let passthrough = [
+        chains(&listeners, "virtualInbound-catchall-http"),
+        chains(&listeners, "virtualInbound"),
+    ];
+    for chain in port.iter().chain(passthrough.iter().flatten()) {
+        let transport = chain
             .filter_chain_match
             .as_ref()
-            .map(|m| m.transport_protocol.as_str()),
-        Some("tls")
+            .map(|m| m.transport_protocol.as_str());
+        assert_eq!(transport, Some("tls"), "{}", chain.name);
+        assert!(
+            chain.transport_socket.is_some(),
+            "STRICT terminates mTLS: {}",
+            chain.name
+        );
+    }
+    assert_eq!(
+        (port.len(), passthrough[0].len(), passthrough[1].len()),
+        (1, 1, 1)
     );
-    assert!(
-        catchall.transport_socket.is_some(),
-        "STRICT terminates mTLS on passthrough too"
-    );
+    let catchall = passthrough[1][0];
 
     // istiod's order: authentication, then DENY (the mesh-wide root-namespace policy), then ALLOW.
-    let filters = http_filters(chains(&listeners, "inbound|9080||")[0]);
+    let filters = http_filters(chains(&listeners, "0.0.0.0_9080")[0]);
     let names: Vec<&str> = filters.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -311,7 +319,7 @@ async fn policies_shape_the_inbound_listener_and_client_endpoints(source: Source
     // Port-level DISABLE on reviews: plaintext chains there, and clients stop sending mTLS.
     f.apply("reviews-mtls.yaml", PORT_DISABLE);
     next_listeners(&mut reviews, "9080 in plaintext", |l| {
-        let port = chains(l, "inbound|9080||");
+        let port = chains(l, "0.0.0.0_9080");
         (port.len() == 1 && port[0].transport_socket.is_none()).then_some(())
     })
     .await;
@@ -381,7 +389,7 @@ async fn a_policy_change_reaches_the_proxies_it_concerns_within_a_second(source:
     let (mut reviews, _) = connect(&f.mp, REVIEWS, &[("app", "reviews")]).await;
     let (mut other, _) = connect(&f.mp, OTHER, &[("app", "client")]).await;
     let has_rbac = |l: &BTreeMap<String, Listener>| {
-        chains(l, "inbound|9080||")
+        chains(l, "0.0.0.0_9080")
             .first()
             .is_some_and(|c| {
                 http_filters(c)
@@ -429,7 +437,7 @@ spec:
         "reviews",
     );
     next_listeners(&mut reviews, "the policy gone", |l| {
-        let filters = http_filters(chains(l, "inbound|9080||")[0]);
+        let filters = http_filters(chains(l, "0.0.0.0_9080")[0]);
         let rbac = filters
             .iter()
             .filter(|(n, _)| n == "envoy.filters.http.rbac")

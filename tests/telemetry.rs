@@ -336,7 +336,7 @@ async fn istio_proxies_get_istios_stats_and_plain_envoy_none() {
     let catch_all = listeners["virtualInbound"]
         .filter_chains
         .iter()
-        .find(|c| c.name == "virtualInbound-catchall-tcp")
+        .find(|c| c.name == "virtualInbound")
         .expect("the inbound catch-all");
     let names: Vec<&str> = catch_all.filters.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names.first(), Some(&"istio.metadata_exchange"));

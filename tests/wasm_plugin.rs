@@ -92,7 +92,12 @@ fn node(version: &str) -> envoy_types::pb::envoy::config::core::v3::Node {
 
 /// The HTTP filters (name, whether its config is discovered) of every connection manager of a
 /// proxy's listener.
-async fn http_filters(f: &ConfigFixture, version: &str, listener: &str) -> Vec<Vec<String>> {
+async fn http_filters(
+    f: &ConfigFixture,
+    version: &str,
+    listener: &str,
+    port: Option<u32>,
+) -> Vec<Vec<String>> {
     let listeners: Vec<Listener> = common::ads::fetch(f.mp.xds_addr, node(version), LDS, &[]).await;
     let listener = listeners
         .iter()
@@ -101,7 +106,13 @@ async fn http_filters(f: &ConfigFixture, version: &str, listener: &str) -> Vec<V
     let chains = listener
         .filter_chains
         .iter()
-        .chain(listener.default_filter_chain.iter());
+        .chain(listener.default_filter_chain.iter())
+        .filter(|c| {
+            port.is_none_or(|p| {
+                let m = c.filter_chain_match.as_ref();
+                m.and_then(|m| m.destination_port).map(|d| d.value) == Some(p)
+            })
+        });
     chains
         .flat_map(|c| &c.filters)
         .filter_map(|f| match &f.config_type {
@@ -148,7 +159,7 @@ async fn wasm_plugins_reach_listeners_and_ecds_as_istiod_sends_them() {
     );
 
     // Inbound on 9080: the AUTHN plugin before the router; both plugins for Istio's proxy.
-    let inbound = http_filters(&f, "1.26.0", "virtualInbound").await;
+    let inbound = http_filters(&f, "1.26.0", "virtualInbound", Some(9080)).await;
     assert!(!inbound.is_empty());
     for names in &inbound {
         let at = names.iter().position(|n| n == AUTH).expect("the plugin");
@@ -157,12 +168,12 @@ async fn wasm_plugins_reach_listeners_and_ecds_as_istiod_sends_them() {
         assert_eq!(names.last().unwrap(), "envoy.filters.http.router");
     }
     // Outbound: not a SERVER listener; the root's plugin (no match) is.
-    for names in http_filters(&f, "1.26.0", "0.0.0.0_9080").await {
+    for names in http_filters(&f, "1.26.0", "0.0.0.0_9080", None).await {
         assert!(!names.contains(&AUTH.to_string()), "{names:?}");
         assert!(names.contains(&LOCAL.to_string()), "{names:?}");
     }
     // A proxy without Istio's agent cannot fetch the OCI module: only the local one.
-    for names in http_filters(&f, "", "virtualInbound").await {
+    for names in http_filters(&f, "", "virtualInbound", None).await {
         assert!(!names.contains(&AUTH.to_string()), "{names:?}");
         assert!(names.contains(&LOCAL.to_string()), "{names:?}");
     }

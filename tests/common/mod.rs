@@ -21,6 +21,7 @@ pub mod https;
 pub mod jwt;
 pub mod nds;
 pub mod netns;
+pub mod pair;
 pub mod primary;
 pub mod sds;
 #[allow(unused_imports)] // each test binary uses its own subset

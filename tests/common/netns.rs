@@ -152,8 +152,13 @@ impl Netns {
 
     /// The HTTP echo peer on `port`, for as long as the namespace lives.
     pub fn serve_http_echo(&mut self, port: u16) {
+        self.serve_http_echo_at(&port.to_string());
+    }
+
+    /// The HTTP echo peer listening on `address` (`ip:port`) only.
+    pub fn serve_http_echo_at(&mut self, address: &str) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/http_echo.py");
-        self.spawn("python3", &[script, &port.to_string()]);
+        self.spawn("python3", &[script, address]);
     }
 
     /// A Zipkin collector on `port` (`GET /spans` lists what it received).

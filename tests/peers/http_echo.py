@@ -3,7 +3,9 @@ and the address it was reached at (which backend answered). Query parameters sha
 `status=N` answers with that status, `delay=S` waits S seconds first. `GET /_counts` returns how
 many requests each path (without its query) has seen.
 
-  http_echo.py PORT [CERT KEY CLIENT_CA]
+  http_echo.py [ADDRESS:]PORT [CERT KEY CLIENT_CA]
+
+Without ADDRESS it listens on every address (an application bound to its pod IP gives one).
 
 With CERT, KEY and CLIENT_CA it serves HTTPS and requires a client certificate CLIENT_CA signed;
 the answer then names the client certificate's subject (`client`).
@@ -61,7 +63,8 @@ class Echo(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    server = ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Echo)
+    address, _, port = sys.argv[1].rpartition(":")
+    server = ThreadingHTTPServer((address or "0.0.0.0", int(port)), Echo)
     if len(sys.argv) > 4:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(sys.argv[2], sys.argv[3])

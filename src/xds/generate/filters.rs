@@ -9,7 +9,6 @@ use envoy_types::pb::envoy::config::listener::v3::{
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{PathWithEscapedSlashesAction, RouteSpecifier, UpgradeConfig},
     http_filter, HttpConnectionManager, HttpFilter, Rds,
@@ -165,12 +164,4 @@ pub(super) fn listener_filter(name: &str, config: Any) -> ListenerFilter {
         config_type: Some(listener_filter::ConfigType::TypedConfig(config)),
         ..Default::default()
     }
-}
-
-/// Reads SNI and the transport protocol for filter chain matches.
-pub(super) fn tls_inspector() -> ListenerFilter {
-    listener_filter(
-        "envoy.filters.listener.tls_inspector",
-        pack_any(TlsInspector::default()),
-    )
 }

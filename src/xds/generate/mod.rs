@@ -22,6 +22,7 @@ mod filters;
 mod gateway_tls;
 mod generation;
 mod grpc;
+mod inspectors;
 mod istio_stats;
 mod locality;
 mod mcp;

@@ -35,11 +35,11 @@ use super::access_log::Side;
 use super::clusters::{self, ClusterNeeds};
 use super::common::socket;
 use super::filters::{
-    hcm_filter, outbound_hcm, rds, tcp_proxy_filter, tls_inspector, weighted_tcp_proxy,
-    ISTIO_SERVER_NAME,
+    hcm_filter, outbound_hcm, rds, tcp_proxy_filter, weighted_tcp_proxy, ISTIO_SERVER_NAME,
 };
 use super::gateway_tls;
 use super::generation::Generation;
+use super::inspectors::tls_inspector;
 use super::istio_stats::tcp_chain;
 use super::names::{parse_port, port_listener_name};
 use super::routes::{answering_all, cluster_for, http_routes, RouteContext};

@@ -1,89 +1,48 @@
 //! The sidecar's inbound side: `virtualInbound` on 15006, where iptables sends connections to the
-//! workload, with filter chains per port of the workload as its PeerAuthentication says (STRICT:
-//! mutual TLS only; PERMISSIVE: mutual TLS and plaintext, told apart by the TLS inspector;
-//! DISABLE: plaintext), each with the workload's authentication and authorization filters, and
-//! one cluster per port to the workload.
+//! workload, with filter chains per port of the workload as its PeerAuthentication says (the
+//! table in `inbound_chains`), each with the workload's authentication and authorization filters,
+//! and one cluster per port to the workload.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
-use envoy_types::pb::envoy::config::core::v3::{TrafficDirection, TransportSocket};
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
     ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails,
 };
-use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
 use envoy_types::util::pack_any;
 
-use crate::istio::security::peer::MtlsMode;
 use crate::istio::sidecar::IngressEndpoint;
 use crate::model::{IngressPort, Protocol, ServiceKey};
 use crate::xds::generate::access_log::Side;
 use crate::xds::generate::clusters::{assignment_at, pipe, static_cluster, to_workload};
 use crate::xds::generate::common::socket;
 use crate::xds::generate::filters::{
-    hcm, hcm_filter, listener_filter, tcp_proxy_filter, tls_inspector, ISTIO_SERVER_NAME,
+    hcm, hcm_filter, listener_filter, tcp_proxy_filter, ISTIO_SERVER_NAME,
 };
 use crate::xds::generate::generation::Generation;
+use crate::xds::generate::inspectors;
 use crate::xds::generate::istio_stats::{tcp_chain, SideStats};
 use crate::xds::generate::names::{
-    inbound_cluster, parse_port, INBOUND_PASSTHROUGH, VIRTUAL_INBOUND,
+    inbound_cluster, parse_port, BLACKHOLE, INBOUND_PASSTHROUGH, VIRTUAL_INBOUND,
 };
 use crate::xds::generate::policy;
 use crate::xds::generate::routes::{virtual_host, DefaultRoute};
 use crate::xds::generate::security::WorkloadSecurity;
-use crate::xds::generate::tls;
 use crate::xds::generate::wasm::{ListenerClass, Phased};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
+use super::inbound_chains::{options, ChainOption, Class};
+
 const INBOUND_PORT: u16 = 15006;
-
-/// How a chain receives connections.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    /// Mutual TLS terminated here (a verified client certificate required).
-    Mtls,
-    /// Plaintext, told from TLS by the inspector.
-    Plaintext,
-    /// Whatever arrives, passed on as it is.
-    Any,
-}
-
-/// The chains a mode asks for.
-fn transports(mode: MtlsMode) -> &'static [Transport] {
-    match mode {
-        MtlsMode::Strict => &[Transport::Mtls],
-        MtlsMode::Permissive | MtlsMode::Unset => &[Transport::Mtls, Transport::Plaintext],
-        MtlsMode::Disable => &[Transport::Any],
-    }
-}
-
-impl Transport {
-    fn name(self) -> &'static str {
-        match self {
-            Transport::Mtls => "-mtls",
-            Transport::Plaintext => "-plaintext",
-            Transport::Any => "",
-        }
-    }
-
-    fn protocol(self) -> &'static str {
-        match self {
-            Transport::Mtls => "tls",
-            Transport::Plaintext => "raw_buffer",
-            Transport::Any => "",
-        }
-    }
-
-    fn socket(self, trust_domains: &[String]) -> Option<TransportSocket> {
-        (self == Transport::Mtls)
-            .then(|| tls::inbound_socket(trust_domains, tls::INBOUND_HTTP_ALPN))
-    }
-}
+/// Passthrough chains that serve HTTP (the others are named `virtualInbound`).
+const PASSTHROUGH_HTTP_CHAIN: &str = "virtualInbound-catchall-http";
 
 /// `virtualInbound`, with the workload's ports: the proxy's own listener (patched; None when an
 /// EnvoyFilter removes it).
@@ -94,76 +53,142 @@ pub(super) fn virtual_inbound(g: &Generation<'_>) -> Option<Arc<Resource>> {
     )
 }
 
+/// istiod's layout (`buildInboundListeners`, pilot/pkg/networking/core/listener_inbound.go): a
+/// chain that refuses connections to 15006 itself (a loop), the chains of each declared port,
+/// then passthrough chains for every other port, as the mTLS mode of each says.
 fn listener(g: &Generation<'_>) -> Listener {
     let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
-    let logs = g.access_logs().of(Side::SidecarInbound);
-    let stats = g.stats(Side::SidecarInbound);
-    let mut filter_chains: Vec<FilterChain> = Vec::new();
-    for (port, protocol) in ports(g) {
-        let cluster = inbound_cluster(port);
-        for transport in transports(security.mtls.for_port(port)) {
-            let wasm = g.wasm_plugins().network(ListenerClass::Inbound, port);
-            let filters = match protocol.is_http() {
-                true => {
-                    let mut filters = wasm.all();
-                    filters.push(http_filter(g, (port, protocol), &cluster, &security));
-                    filters
-                }
-                false => with_network(
-                    &security,
-                    wasm,
-                    stats,
-                    tcp_proxy_filter(&cluster, &cluster, logs),
-                ),
-            };
-            filter_chains.push(FilterChain {
-                name: format!("{cluster}{}", transport.name()),
-                filter_chain_match: Some(FilterChainMatch {
-                    destination_port: Some(UInt32Value {
-                        value: u32::from(port),
-                    }),
-                    transport_protocol: transport.protocol().to_string(),
-                    ..Default::default()
-                }),
-                filters,
-                transport_socket: transport.socket(&g.trust_domains()),
-                ..Default::default()
-            });
+    let mut filter_chains = vec![blackhole(g)];
+    let declared = ports(g);
+    for (port, protocol) in &declared {
+        let mode = security.mtls.for_port(*port);
+        let target = Target::Port(*port, *protocol);
+        for option in options(Class::of(*protocol), mode) {
+            filter_chains.push(chain(g, &security, option, target));
         }
     }
-    // Ports no service declares: mutual TLS only under STRICT, else passed through as they come.
-    let passthrough = match security.mtls.mode {
-        MtlsMode::Strict => Transport::Mtls,
-        _ => Transport::Any,
-    };
-    filter_chains.push(FilterChain {
-        name: "virtualInbound-catchall-tcp".to_string(),
-        filter_chain_match: (passthrough == Transport::Mtls).then(|| FilterChainMatch {
-            transport_protocol: passthrough.protocol().to_string(),
-            ..Default::default()
-        }),
-        filters: with_network(
-            &security,
-            Phased::default(),
-            stats,
-            tcp_proxy_filter(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH, logs),
-        ),
-        transport_socket: passthrough.socket(&g.trust_domains()),
-        ..Default::default()
-    });
+    // A port-level mode for a port no Service declares still decides that port's passthrough.
+    for (port, mode) in &security.mtls.ports {
+        if declared.iter().all(|(p, _)| p != port) {
+            for option in options(Class::Auto, *mode) {
+                filter_chains.push(chain(
+                    g,
+                    &security,
+                    option,
+                    Target::Passthrough(Some(*port)),
+                ));
+            }
+        }
+    }
+    for option in options(Class::Auto, security.mtls.mode) {
+        filter_chains.push(chain(g, &security, option, Target::Passthrough(None)));
+    }
+    let mut listener_filters = vec![listener_filter(
+        "envoy.filters.listener.original_dst",
+        pack_any(OriginalDst::default()),
+    )];
+    listener_filters.extend(inspectors::for_chains(&filter_chains));
     Listener {
         name: VIRTUAL_INBOUND.to_string(),
         address: Some(socket("0.0.0.0", INBOUND_PORT)),
-        listener_filters: vec![
-            listener_filter(
-                "envoy.filters.listener.original_dst",
-                pack_any(OriginalDst::default()),
-            ),
-            tls_inspector(),
-        ],
+        listener_filters,
+        // mesh `protocolDetectionTimeout` (0s: sniffing waits for the client's first bytes).
+        listener_filters_timeout: Some(Duration::default()),
+        continue_on_listener_filters_timeout: true,
         filter_chains,
         traffic_direction: TrafficDirection::Inbound as i32,
         access_log: g.access_logs().listener(Side::SidecarInbound),
+        ..Default::default()
+    }
+}
+
+/// Where a chain delivers.
+#[derive(Clone, Copy)]
+enum Target {
+    /// A declared port of the workload: its `inbound|<port>||` cluster.
+    Port(u16, Protocol),
+    /// Any other port (or this one): to the address it was for, through `InboundPassthroughCluster`.
+    Passthrough(Option<u16>),
+}
+
+impl Target {
+    fn port(self) -> Option<u16> {
+        match self {
+            Target::Port(port, _) => Some(port),
+            Target::Passthrough(port) => port,
+        }
+    }
+}
+
+fn chain(
+    g: &Generation<'_>,
+    security: &WorkloadSecurity,
+    option: &ChainOption,
+    target: Target,
+) -> FilterChain {
+    let port = target.port();
+    let (name, cluster, protocol) = match target {
+        Target::Port(port, protocol) => {
+            (format!("0.0.0.0_{port}"), inbound_cluster(port), protocol)
+        }
+        Target::Passthrough(_) => (
+            match option.http {
+                true => PASSTHROUGH_HTTP_CHAIN.to_string(),
+                false => VIRTUAL_INBOUND.to_string(),
+            },
+            INBOUND_PASSTHROUGH.to_string(),
+            Protocol::Http,
+        ),
+    };
+    // Plugins and policies by port see passthrough as port 0, as istiod's do.
+    let plugin_port = match target {
+        Target::Port(port, _) => port,
+        Target::Passthrough(_) => 0,
+    };
+    let wasm = g
+        .wasm_plugins()
+        .network(ListenerClass::Inbound, plugin_port);
+    let filters = match option.http {
+        true => {
+            let mut filters = wasm.all();
+            filters.push(http_filter(g, (plugin_port, protocol), &cluster, security));
+            filters
+        }
+        false => with_network(
+            security,
+            wasm,
+            g.stats(Side::SidecarInbound),
+            tcp_proxy_filter(&cluster, &cluster, g.access_logs().of(Side::SidecarInbound)),
+        ),
+    };
+    FilterChain {
+        name,
+        filter_chain_match: Some(option.matching(port)),
+        filters,
+        transport_socket: option.socket(&g.trust_domains()),
+        ..Default::default()
+    }
+}
+
+/// Connections to 15006 itself would loop back into this listener: refused.
+fn blackhole(g: &Generation<'_>) -> FilterChain {
+    FilterChain {
+        name: "virtualInbound-blackhole".to_string(),
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(INBOUND_PORT),
+            }),
+            ..Default::default()
+        }),
+        filters: tcp_chain(
+            g.stats(Side::SidecarInbound),
+            Vec::new(),
+            tcp_proxy_filter(
+                BLACKHOLE,
+                BLACKHOLE,
+                g.access_logs().of(Side::SidecarInbound),
+            ),
+        ),
         ..Default::default()
     }
 }
@@ -243,6 +268,10 @@ pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     };
     if protocol.is_http() && protocol != Protocol::Http {
         cluster.typed_extension_protocol_options = policy::http2_only();
+    }
+    // A sniffed port forwards HTTP as it arrived (istiod's `setUpstreamProtocol`).
+    if protocol == Protocol::Unsupported {
+        cluster.typed_extension_protocol_options = policy::downstream_protocol();
     }
     g.finish(ResourceType::Cluster, Resource::encode(name, &cluster))
 }

@@ -1,11 +1,13 @@
 //! A sidecar's configuration, laid out as Istio's so iptables-captured traffic works:
 //! - outbound: `virtualOutbound` on 15001 hands connections, by original destination, to per-port
-//!   listeners `0.0.0.0_<port>` that are not bound themselves — HTTP via RDS route `<port>`, TCP
-//!   services matched by VIP — over the clusters of the services it sees and Istio's fixed ones;
-//! - inbound: `virtualInbound` on 15006, a filter chain per port of the proxy's own workload, to
-//!   one `inbound|<port>||` cluster each.
+//!   listeners `0.0.0.0_<port>` that are not bound themselves — HTTP by sniffing via RDS route
+//!   `<port>`, TCP services matched by VIP or SNI — over the clusters of the services it sees and
+//!   Istio's fixed ones;
+//! - inbound: `virtualInbound` on 15006, filter chains per port of the proxy's own workload, to
+//!   one `inbound|<port>||` cluster each, and passthrough chains for every other port.
 
 mod inbound;
+mod inbound_chains;
 mod outbound;
 mod route_config;
 
@@ -15,7 +17,6 @@ use std::sync::Arc;
 use super::clusters::{self, ClusterNeeds};
 use super::generation::Generation;
 use super::names::{parse_port, port_listener_name, VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
-use crate::model::Resolution;
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::{Listing, Resource, SharedList};
 
@@ -73,7 +74,7 @@ fn listeners(g: &Generation<'_>) -> Arc<SharedList> {
         let ports: BTreeSet<u16> = g
             .routable_services()
             .iter()
-            .filter(|s| s.resolution != Resolution::Passthrough)
+            .filter(|s| outbound::has_port_chains(s))
             .flat_map(|s| s.ports.iter().map(|p| p.port).filter(|p| g.sees(s, *p)))
             .collect();
         std::iter::once(VIRTUAL_OUTBOUND.to_string())

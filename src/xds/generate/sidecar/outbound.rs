@@ -1,7 +1,7 @@
 //! The sidecar's outbound listeners: `virtualOutbound` on 15001 hands connections, by original
-//! destination, to per-port listeners `0.0.0.0_<port>` that are not bound themselves — HTTP via
-//! RDS route `<port>`, TCP services matched by VIP and proxied to their cluster (or as their
-//! VirtualService's TCP routes say).
+//! destination, to per-port listeners `0.0.0.0_<port>` that are not bound themselves — HTTP,
+//! told by sniffing, via RDS route `<port>`; TCP services matched by VIP (TLS ones without an
+//! address by SNI) and proxied to their cluster (or as their VirtualService's TCP routes say).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,52 +10,78 @@ use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener,
 };
-use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
 
-use crate::model::{Resolution, Service};
+use crate::model::{Protocol, Registry, Resolution, Service};
 use crate::xds::generate::access_log::Side;
 use crate::xds::generate::common::socket;
 use crate::xds::generate::filters::{
     hcm_filter, outbound_hcm, rds, tcp_proxy_filter, weighted_tcp_proxy,
 };
 use crate::xds::generate::generation::Generation;
+use crate::xds::generate::inspectors::{self, PLAINTEXT_HTTP_ALPN};
 use crate::xds::generate::istio_stats::tcp_chain;
-use crate::xds::generate::names::{outbound_cluster, VIRTUAL_OUTBOUND};
+use crate::xds::generate::names::{outbound_cluster, BLACKHOLE, VIRTUAL_OUTBOUND};
 use crate::xds::generate::routes::{cluster_for, RouteContext};
 use crate::xds::generate::wasm::ListenerClass;
 
 const OUTBOUND_PORT: u16 = 15001;
 
 /// Connections to addresses no listener claims go to `fallback`: PassthroughCluster with mesh
-/// config `outboundTrafficPolicy: ALLOW_ANY`, BlackHoleCluster with REGISTRY_ONLY.
+/// config `outboundTrafficPolicy: ALLOW_ANY`, BlackHoleCluster with REGISTRY_ONLY. Connections
+/// to 15001 itself would loop back here: refused (istiod's `blackholeFilterChain`).
 pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
-    let fallback = g.outbound_fallback();
     let logs = g.access_logs();
+    let blackhole = FilterChain {
+        name: "virtualOutbound-blackhole".to_string(),
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(OUTBOUND_PORT),
+            }),
+            ..Default::default()
+        }),
+        filters: tcp_chain(
+            g.stats(Side::SidecarOutbound),
+            Vec::new(),
+            tcp_proxy_filter(BLACKHOLE, BLACKHOLE, logs.of(Side::SidecarOutbound)),
+        ),
+        ..Default::default()
+    };
     Listener {
         name: VIRTUAL_OUTBOUND.to_string(),
         address: Some(socket("0.0.0.0", OUTBOUND_PORT)),
         use_original_dst: Some(BoolValue { value: true }),
-        filter_chains: vec![FilterChain {
-            name: "virtualOutbound-catchall-tcp".to_string(),
-            filters: tcp_chain(
-                g.stats(Side::SidecarOutbound),
-                Vec::new(),
-                tcp_proxy_filter(fallback, fallback, logs.of(Side::SidecarOutbound)),
-            ),
-            ..Default::default()
-        }],
+        filter_chains: vec![
+            blackhole,
+            FilterChain {
+                name: "virtualOutbound-catchall-tcp".to_string(),
+                filters: fallback_filters(g),
+                ..Default::default()
+            },
+        ],
         traffic_direction: TrafficDirection::Outbound as i32,
         access_log: logs.listener(Side::SidecarOutbound),
         ..Default::default()
     }
 }
 
-/// The listener for one service port, reached through `virtualOutbound`'s original-destination hand-off.
+/// Whether a service has a listener chain on its ports: every service but headless Kubernetes
+/// ones, whose pods are reached by their own addresses through `virtualOutbound`.
+pub(super) fn has_port_chains(service: &Service) -> bool {
+    service.resolution != Resolution::Passthrough || service.registry == Registry::External
+}
+
+/// The listener for one service port, reached through `virtualOutbound`'s original-destination
+/// hand-off, laid out as istiod's outbound listeners (`buildSidecarOutboundListener`,
+/// pilot/pkg/networking/core/listener.go): a TCP service by its addresses; one without any by
+/// SNI when it speaks TLS, else for every address; HTTP services by sniffing, so bytes that are
+/// not HTTP pass through instead of reaching the connection manager; anything else as
+/// `virtualOutbound` would (PassthroughCluster or BlackHoleCluster).
 pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option<Listener> {
     let services: Vec<Arc<Service>> = g
         .routable_services()
         .into_iter()
-        .filter(|s| s.resolution != Resolution::Passthrough && s.port(port).is_some())
+        .filter(|s| has_port_chains(s) && s.port(port).is_some())
         .filter(|s| g.sees(s, port))
         .collect();
     if services.is_empty() {
@@ -65,15 +91,20 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         .iter()
         .any(|s| s.port(port).is_some_and(|p| p.protocol.is_http()));
     let mut seen_vips = BTreeSet::new();
+    let mut seen_sni = BTreeSet::new();
     let mut filter_chains = Vec::new();
-    for service in services
-        .iter()
-        .filter(|s| s.port(port).is_some_and(|p| !p.protocol.is_http()))
-    {
-        let vips: Vec<CidrRange> = g
-            .service_addresses(service)
-            .into_iter()
-            .filter(|vip| seen_vips.insert(*vip))
+    let mut match_all = None;
+    for service in &services {
+        let Some(protocol) = service.port(port).map(|p| p.protocol) else {
+            continue;
+        };
+        if protocol.is_http() {
+            continue;
+        }
+        let addresses = g.service_addresses(service);
+        let vips: Vec<CidrRange> = addresses
+            .iter()
+            .filter(|vip| seen_vips.insert(**vip))
             .map(|vip| CidrRange {
                 prefix_len: Some(UInt32Value {
                     value: if vip.is_ipv6() { 128 } else { 32 },
@@ -81,62 +112,102 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
                 address_prefix: vip.to_string(),
             })
             .collect();
-        if vips.is_empty() {
-            continue;
-        }
         let cluster = outbound_cluster(port, &service.hostname);
-        filter_chains.push(FilterChain {
-            name: cluster.clone(),
-            filter_chain_match: Some(FilterChainMatch {
+        let filter_chain_match = match (addresses.is_empty(), protocol) {
+            (false, _) if vips.is_empty() => continue,
+            (false, _) => FilterChainMatch {
                 prefix_ranges: vips,
                 ..Default::default()
-            }),
-            filters: tcp_chain(
-                g.stats(Side::SidecarOutbound),
-                g.wasm_plugins()
-                    .network(ListenerClass::Outbound, port)
-                    .all(),
-                tcp_route(g, service, port, &cluster),
-            ),
+            },
+            (true, Protocol::Tls | Protocol::Https) => {
+                if !seen_sni.insert(service.hostname.to_string()) {
+                    continue;
+                }
+                FilterChainMatch {
+                    server_names: vec![service.hostname.to_string()],
+                    ..Default::default()
+                }
+            }
+            // The first address-less TCP service takes every other connection on the port.
+            (true, _) => {
+                if match_all.is_none() {
+                    match_all = Some(FilterChain {
+                        name: cluster.clone(),
+                        filters: tcp_filters(g, service, port, &cluster),
+                        ..Default::default()
+                    });
+                }
+                continue;
+            }
+        };
+        filter_chains.push(FilterChain {
+            name: cluster.clone(),
+            filter_chain_match: Some(filter_chain_match),
+            filters: tcp_filters(g, service, port, &cluster),
             ..Default::default()
         });
     }
-    let default_chain = if has_http {
+    if has_http {
         let mut filters = g
             .wasm_plugins()
             .network(ListenerClass::Outbound, port)
             .all();
         filters.push(http_filter(g, name, port));
-        FilterChain {
+        filter_chains.push(FilterChain {
             name: format!("{name}-http"),
+            filter_chain_match: Some(FilterChainMatch {
+                transport_protocol: "raw_buffer".to_string(),
+                application_protocols: PLAINTEXT_HTTP_ALPN.iter().map(|a| a.to_string()).collect(),
+                ..Default::default()
+            }),
             filters,
             ..Default::default()
-        }
-    } else {
-        let fallback = g.outbound_fallback();
-        FilterChain {
-            name: format!("{name}-fallback"),
-            filters: tcp_chain(
-                g.stats(Side::SidecarOutbound),
-                Vec::new(),
-                tcp_proxy_filter(
-                    fallback,
-                    fallback,
-                    g.access_logs().of(Side::SidecarOutbound),
-                ),
-            ),
-            ..Default::default()
-        }
-    };
+        });
+    }
+    let default_chain = match_all.unwrap_or_else(|| FilterChain {
+        name: "PassthroughFilterChain".to_string(),
+        filters: fallback_filters(g),
+        ..Default::default()
+    });
+    let listener_filters = inspectors::for_chains(&filter_chains);
     Some(Listener {
         name: name.to_string(),
         address: Some(socket("0.0.0.0", port)),
         bind_to_port: Some(BoolValue { value: false }),
+        listener_filters,
+        // mesh `protocolDetectionTimeout` (0s: sniffing waits for the client's first bytes).
+        listener_filters_timeout: Some(Duration::default()),
+        continue_on_listener_filters_timeout: true,
         filter_chains,
         default_filter_chain: Some(default_chain),
         traffic_direction: TrafficDirection::Outbound as i32,
         ..Default::default()
     })
+}
+
+/// Where `virtualOutbound` sends what no listener claims.
+fn fallback_filters(g: &Generation<'_>) -> Vec<Filter> {
+    let fallback = g.outbound_fallback();
+    tcp_chain(
+        g.stats(Side::SidecarOutbound),
+        Vec::new(),
+        tcp_proxy_filter(
+            fallback,
+            fallback,
+            g.access_logs().of(Side::SidecarOutbound),
+        ),
+    )
+}
+
+/// A TCP service's chain: plugins and stats around its proxying.
+fn tcp_filters(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) -> Vec<Filter> {
+    tcp_chain(
+        g.stats(Side::SidecarOutbound),
+        g.wasm_plugins()
+            .network(ListenerClass::Outbound, port)
+            .all(),
+        tcp_route(g, service, port, cluster),
+    )
 }
 
 /// The connection manager of a port's HTTP services, routed by RDS route `<port>`.

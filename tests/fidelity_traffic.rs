@@ -1,0 +1,298 @@
+//! Real traffic where following istiod's layout changes what happens (issue 49): each test sends
+//! through Envoy sidecars in network namespaces with Istio-style capture, and checks what
+//! meshpilot sent over a raw ADS stream too. Needs root.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use common::pair::Workloads;
+use common::*;
+use envoy_types::pb::envoy::config::cluster::v3::{cluster::DiscoveryType, Cluster};
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BOUND: Duration = Duration::from_secs(30);
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+
+/// What meshpilot sends the pair's `role` (client or server) over a fresh ADS stream.
+async fn fetch_as<T: prost::Message + Default>(
+    pair: &Workloads,
+    role: &str,
+    type_url: &str,
+) -> Vec<T> {
+    let sub = if role == "client" { 1 } else { 2 };
+    let id = format!(
+        "sidecar~10.{}.3.{sub}~{role}.default~default.svc.cluster.local",
+        pair.net
+    );
+    let xds = SocketAddr::from(([127, 0, 0, 1], pair.mp.xds_addr.port()));
+    common::ads::fetch(xds, node(&id, &[("CLUSTER_ID", "c1")]), type_url, &[]).await
+}
+
+fn listener<'l>(listeners: &'l [Listener], name: &str) -> &'l Listener {
+    listeners
+        .iter()
+        .find(|l| l.name == name)
+        .unwrap_or_else(|| panic!("no listener {name}"))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// istiod delivers inbound traffic to the address it was sent to, from 127.0.0.6; an application
+/// that listens on its pod IP only (not on localhost) is reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_listening_only_on_its_pod_ip_is_reached() {
+    let mut pair = Workloads::start_bare("ip", 241, &[], "").await;
+    let server_ip = pair.server_ip();
+    pair.server_ns
+        .serve_http_echo_at(&format!("{server_ip}:8080"));
+
+    let clusters: Vec<Cluster> = fetch_as(&pair, "server", CDS).await;
+    let inbound = clusters
+        .iter()
+        .find(|c| c.name == "inbound|8080||")
+        .expect("the inbound cluster");
+    assert_eq!(
+        inbound.cluster_discovery_type,
+        Some(
+            envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32
+            )
+        )
+    );
+    let bind = inbound
+        .upstream_bind_config
+        .as_ref()
+        .and_then(|b| b.source_address.as_ref())
+        .map(|a| a.address.as_str());
+    assert_eq!(bind, Some("127.0.0.6"));
+
+    let _client = pair
+        .client_sidecar(workload_certs(&pair.mp, "default", "client"))
+        .await;
+    let _server = pair
+        .server_sidecar(workload_certs(&pair.mp, "default", "server"))
+        .await;
+    let response = pair.call().await;
+    assert_eq!(response["server"], server_ip.as_str(), "{response}");
+}
+
+/// Istio's mTLS to a port no Service declares is terminated by the server's sidecar and the
+/// application gets plaintext, whether the client speaks HTTP (`istio-http/1.1`: the caller's
+/// identity in XFCC) or TCP (`istio`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_to_a_port_no_service_declares_is_terminated() {
+    let mut pair = Workloads::start("mt", 242, &[], "").await;
+    let server_ip = pair.server_ip();
+    pair.server_ns.serve_http_echo(9999);
+    let _server = pair
+        .server_sidecar(workload_certs(&pair.mp, "default", "server"))
+        .await;
+
+    let certs = workload_certs(&pair.mp, "default", "client");
+    let dir = tempfile::tempdir().unwrap();
+    let cert = write(dir.path(), "cert.pem", &certs.chain);
+    let key = write(dir.path(), "key.pem", &certs.key);
+    let root = write(dir.path(), "root.pem", &certs.root);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/mtls_call.py");
+    for alpn in ["istio-http/1.1", "istio"] {
+        let body = wait_for("an answer over mTLS", BOUND, || {
+            let output = pair
+                .client_ns
+                .command("python3")
+                .args([
+                    script,
+                    &server_ip,
+                    "9999",
+                    &cert,
+                    &key,
+                    &root,
+                    alpn,
+                    "/undeclared",
+                ])
+                .output()
+                .expect("python runs");
+            async move {
+                let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+                (body["path"] == "/undeclared").then_some(body)
+            }
+        })
+        .await;
+        let xfcc = body["headers"]["x-forwarded-client-cert"].as_str();
+        match alpn {
+            "istio-http/1.1" => assert!(
+                xfcc.is_some_and(|x| x.contains("spiffe://cluster.local/ns/default/sa/client")),
+                "{body}"
+            ),
+            _ => assert_eq!(xfcc, None, "TCP passthrough adds no header: {body}"),
+        }
+    }
+}
+
+/// HTTPS to a TLS ServiceEntry without addresses on 443 reaches its endpoints by SNI, beside the
+/// Kubernetes API service's own address on the same port; before, it passed through to whatever
+/// address the name resolved to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_to_a_tls_service_entry_on_443_goes_to_its_endpoints() {
+    let entry = "
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: default}
+spec:
+  hosts: [api.example.com]
+  ports: [{number: 443, name: tls, protocol: TLS}]
+  resolution: STATIC
+  location: MESH_EXTERNAL
+  endpoints: [{address: 10.{net}.3.2}]
+";
+    let mut pair = Workloads::start("sni", 243, &[], entry).await;
+    let (ca, chain, key) = gateway_certs::issue("api.example.com");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = write(dir.path(), "ca.pem", &ca);
+    let chain = write(dir.path(), "chain.pem", &chain);
+    let key = write(dir.path(), "key.pem", &key);
+    pair.server_ns
+        .serve_https_echo(443, Path::new(&chain), Path::new(&key), Path::new(&ca));
+
+    let listeners: Vec<Listener> = fetch_as(&pair, "client", LDS).await;
+    let https = listener(&listeners, "0.0.0.0_443");
+    let matches: Vec<_> = https
+        .filter_chains
+        .iter()
+        .filter_map(|c| c.filter_chain_match.as_ref())
+        .collect();
+    assert!(
+        matches
+            .iter()
+            .any(|m| m.server_names == ["api.example.com"]),
+        "{matches:?}"
+    );
+    assert!(
+        matches.iter().any(|m| m
+            .prefix_ranges
+            .iter()
+            .any(|r| r.address_prefix == "10.96.0.1")),
+        "the Kubernetes API service keeps its address: {matches:?}"
+    );
+    let filters: Vec<&str> = https
+        .listener_filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(filters, ["envoy.filters.listener.tls_inspector"]);
+
+    let client = pair
+        .client_sidecar(workload_certs(&pair.mp, "default", "client"))
+        .await;
+    let _server = pair
+        .server_sidecar(workload_certs(&pair.mp, "default", "server"))
+        .await;
+    // The name resolves to an address nothing serves: only SNI can find the endpoint.
+    let body = wait_for("an answer from the ServiceEntry's endpoint", BOUND, || {
+        let output = pair.as_client_app(
+            "curl",
+            &[
+                "-s",
+                "-m",
+                "3",
+                "--resolve",
+                "api.example.com:443:10.96.99.99",
+                "--cacert",
+                &ca,
+                "--cert",
+                &chain,
+                "--key",
+                &key,
+                "https://api.example.com/by-sni",
+            ],
+        );
+        async move {
+            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+            (body["path"] == "/by-sni").then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(body["server"], pair.server_ip().as_str());
+    let via = client
+        .counter("cluster.outbound|443||api.example.com.upstream_cx_total")
+        .await;
+    assert!(via >= 1, "not through the ServiceEntry's cluster");
+}
+
+/// Bytes that are not HTTP, sent to a port where the mesh has an HTTP service, pass through to
+/// where they were going (istiod sniffs the protocol); before, the HTTP connection manager got
+/// them and closed the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_that_are_not_http_on_an_http_port_pass_through() {
+    let pair = Workloads::start("sn", 244, &[], "").await;
+    let listeners: Vec<Listener> = fetch_as(&pair, "client", LDS).await;
+    let port = listener(&listeners, "0.0.0.0_8080");
+    let http = port
+        .filter_chains
+        .iter()
+        .filter_map(|c| c.filter_chain_match.as_ref())
+        .find(|m| !m.application_protocols.is_empty())
+        .expect("an HTTP chain matched by sniffing");
+    assert_eq!(http.application_protocols, ["http/1.1", "h2c"]);
+    assert_eq!(
+        port.default_filter_chain.as_ref().map(|c| c.name.as_str()),
+        Some("PassthroughFilterChain")
+    );
+    let filters: Vec<&str> = port
+        .listener_filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(filters, ["envoy.filters.listener.http_inspector"]);
+
+    // A line protocol's server outside the mesh, on the host's end of the client's link.
+    let host = format!("10.{}.1.1", pair.net);
+    let server = tokio::net::TcpListener::bind((host.as_str(), 8080))
+        .await
+        .unwrap();
+    let echo = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = server.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut line = [0u8; 64];
+                if let Ok(n) = socket.read(&mut line).await {
+                    let _ = socket.write_all(&line[..n]).await;
+                }
+            });
+        }
+    });
+    let client = pair
+        .client_sidecar(workload_certs(&pair.mp, "default", "client"))
+        .await;
+    let send = "import socket,sys\n\
+                s=socket.create_connection((sys.argv[1],8080),3)\n\
+                s.sendall(b'PING not-http\\r\\n')\n\
+                print(s.recv(64).decode())";
+    wait_for("the line echoed back", BOUND, || {
+        let output = pair.as_client_app("/usr/bin/python3", &["-c", send, &host]);
+        async move {
+            String::from_utf8_lossy(&output.stdout)
+                .contains("PING not-http")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        client
+            .counter("cluster.PassthroughCluster.upstream_cx_total")
+            .await
+            >= 1,
+        "not through PassthroughCluster"
+    );
+    echo.abort();
+}
