@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod aggregate;
 pub mod app;
+pub mod compare;
 pub mod config;
 pub mod debug;
 pub mod doctor;

@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use meshpilot::compare::CompareArgs;
 use meshpilot::config::DiscoveryArgs;
 use meshpilot::doctor::{DoctorArgs, OutputFormat};
 use meshpilot::inject::offline::InjectCmdArgs;
@@ -52,6 +53,9 @@ enum Command {
     /// Check a multicluster set-up: kubeconfigs, API servers, permissions, cluster ids, networks,
     /// gateways, roots of trust and clocks of the config cluster and every remote Secret.
     Doctor(Box<DoctorArgs>),
+    /// Compare what two control planes (live, or dumps of their answers) send one proxy, for what
+    /// changes traffic; exit 1 on a difference.
+    Compare(CompareArgs),
 }
 
 /// An error's message followed by each cause whose text it does not already contain.
@@ -120,6 +124,22 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => {
                 eprintln!("error: {e}");
                 std::process::exit(1);
+            }
+        },
+        Command::Compare(args) => match meshpilot::compare::run(&args).await {
+            Ok(report) => {
+                match args.output {
+                    meshpilot::compare::OutputFormat::Table => print!("{}", report.text()),
+                    meshpilot::compare::OutputFormat::Json => println!("{:#}", report.json()),
+                }
+                if !report.differences.is_empty() {
+                    std::process::exit(1);
+                }
+            }
+            // As diff(1): 1 for a difference, 2 when the comparison could not be made.
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(2);
             }
         },
         Command::Doctor(args) => match meshpilot::doctor::run(&args).await {

@@ -26,7 +26,7 @@ const LAYERS: &[&[&str]] = &[
     // Where clusters and config come from; injection.
     &["sources", "inject"],
     // Views and tools over the whole: debug views, webhooks, manifests, doctor.
-    &["debug", "webhook", "install", "doctor"],
+    &["debug", "webhook", "install", "doctor", "compare"],
     // Entry points: the admin server, flags, the remote-secret tool.
     &["admin", "config", "remote_secret"],
     // Wiring.

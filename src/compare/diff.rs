@@ -1,0 +1,285 @@
+//! What two control planes send one proxy, compared for what traffic does. Resources are matched
+//! by name; inside them, lists whose order carries no meaning are matched by what identifies an
+//! item (a filter chain by its match, a filter by its name, a virtual host by its domains, an
+//! endpoint by its address, a locality by locality and priority), routes by position. Before
+//! comparing, both sides lose what only labels or reports (`NORMALISED`); the rest is reported.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::source::{State, TYPES};
+use crate::text::clip;
+
+/// What is left out before comparing, and why it cannot change where traffic goes.
+pub const NORMALISED: &[(&str, &str)] = &[
+    (
+        "stat_prefix, alt_stat_name, observability_name",
+        "names in statistics",
+    ),
+    (
+        "name of filter chains, virtual hosts and routes",
+        "labels; chains are matched by their match",
+    ),
+    (
+        "decorator, tracing, access_log, request_id_extension",
+        "reporting",
+    ),
+    (
+        "metadata.filter_metadata.istio",
+        "Istio's telemetry labels (TLS metadata stays)",
+    ),
+    (
+        "istio.stats, istio.metadata_exchange, grpc_stats, Istio's WASM metadata exchange filters",
+        "telemetry filters",
+    ),
+    (
+        "InboundPassthroughClusterIpv4/Ipv6 read as InboundPassthroughCluster",
+        "one cluster since istiod 1.23",
+    ),
+    (
+        "integers written as strings",
+        "protobuf JSON writes 64-bit integers so",
+    ),
+];
+
+/// Keys dropped wherever they appear.
+const DROPPED_KEYS: &[&str] = &[
+    "stat_prefix",
+    "alt_stat_name",
+    "observability_name",
+    "decorator",
+    "tracing",
+    "access_log",
+    "request_id_extension",
+    "version_info",
+];
+
+/// Filters (network, HTTP, cluster) dropped by name.
+const TELEMETRY_FILTERS: &[&str] = &[
+    "istio.stats",
+    "istio.metadata_exchange",
+    "envoy.filters.http.grpc_stats",
+    "envoy.filters.network.metadata_exchange",
+    "envoy.wasm.metadata_exchange",
+    "istio.peer_metadata",
+];
+
+/// One difference: where, and each side's value (None: absent there).
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Difference {
+    #[serde(rename = "type")]
+    pub type_name: &'static str,
+    pub resource: String,
+    pub path: String,
+    pub left: Option<Value>,
+    pub right: Option<Value>,
+}
+
+/// Every difference between the two states.
+pub fn compare(left: &State, right: &State) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for (i, type_name) in TYPES.iter().enumerate() {
+        let (l, r) = (normalised(&left[i]), normalised(&right[i]));
+        let names: std::collections::BTreeSet<&String> = l.keys().chain(r.keys()).collect();
+        for name in names {
+            let mut found = Vec::new();
+            walk(l.get(name), r.get(name), String::new(), &mut found);
+            out.extend(found.into_iter().map(|(path, left, right)| Difference {
+                type_name,
+                resource: name.clone(),
+                path,
+                left,
+                right,
+            }));
+        }
+    }
+    out
+}
+
+fn normalised(resources: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    resources
+        .iter()
+        .map(|(name, v)| (renamed(name), normalise(v, "")))
+        .collect()
+}
+
+fn renamed(name: &str) -> String {
+    match name {
+        "InboundPassthroughClusterIpv4" | "InboundPassthroughClusterIpv6" => {
+            "InboundPassthroughCluster".to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
+fn normalise(v: &Value, key: &str) -> Value {
+    match v {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (k, v) in map {
+                if DROPPED_KEYS.contains(&k.as_str()) {
+                    continue;
+                }
+                if k == "name" && matches!(key, "filter_chains" | "virtual_hosts" | "routes") {
+                    continue;
+                }
+                if key == "filter_metadata" && k == "istio" {
+                    continue;
+                }
+                let normal = normalise(v, k);
+                // Emptied by normalisation (only telemetry was there): as if never set.
+                if is_empty(&normal) && !is_empty(v) {
+                    continue;
+                }
+                out.insert(k.clone(), normal);
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .filter(|i| !is_telemetry_filter(i))
+                .map(|i| normalise(i, key))
+                .collect(),
+        ),
+        Value::String(s) => Value::String(renamed(s)),
+        Value::Number(n) => Value::String(n.to_string()),
+        other => other.clone(),
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn is_telemetry_filter(item: &Value) -> bool {
+    item.get("name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| TELEMETRY_FILTERS.contains(&n))
+}
+
+/// What identifies an item of the list under `key`; None: compared by position.
+fn identity(key: &str, item: &Value) -> Option<String> {
+    let field = |name: &str| item.get(name).map(Value::to_string);
+    match key {
+        "filter_chains" => Some(field("filter_chain_match").unwrap_or_else(|| "{}".to_string())),
+        "filters" | "http_filters" | "listener_filters" | "transport_socket_matches" => {
+            field("name")
+        }
+        "virtual_hosts" => {
+            let mut domains: Vec<String> = item
+                .get("domains")?
+                .as_array()?
+                .iter()
+                .map(Value::to_string)
+                .collect();
+            domains.sort();
+            Some(domains.join(","))
+        }
+        "lb_endpoints" => Some(
+            item.pointer("/endpoint/address/socket_address")
+                .map(Value::to_string)
+                .unwrap_or_else(|| item.to_string()),
+        ),
+        "endpoints" => Some(format!(
+            "{} priority {}",
+            field("locality").unwrap_or_default(),
+            field("priority").unwrap_or_else(|| "0".to_string())
+        )),
+        // Sets: the order of these never matters.
+        "domains"
+        | "server_names"
+        | "application_protocols"
+        | "prefix_ranges"
+        | "source_prefix_ranges"
+        | "match_subject_alt_names"
+        | "match_typed_subject_alt_names" => Some(item.to_string()),
+        _ => None,
+    }
+}
+
+type Found = Vec<(String, Option<Value>, Option<Value>)>;
+
+fn walk(left: Option<&Value>, right: Option<&Value>, path: String, out: &mut Found) {
+    match (left, right) {
+        (Some(Value::Object(l)), Some(Value::Object(r))) => {
+            let keys: std::collections::BTreeSet<&String> = l.keys().chain(r.keys()).collect();
+            for k in keys {
+                walk(l.get(k), r.get(k), join(&path, k), out);
+            }
+        }
+        (Some(Value::Array(l)), Some(Value::Array(r))) => {
+            let key = path.rsplit('.').next().unwrap_or_default();
+            let key = key.split('[').next().unwrap_or_default();
+            match (keyed(key, l), keyed(key, r)) {
+                (Some(lk), Some(rk)) if lk.len() == l.len() && rk.len() == r.len() => {
+                    let ids: std::collections::BTreeSet<&String> =
+                        lk.keys().chain(rk.keys()).collect();
+                    for id in ids {
+                        let at = format!("{path}[{}]", clip(id));
+                        walk(lk.get(id).copied(), rk.get(id).copied(), at, out);
+                    }
+                }
+                _ => {
+                    for i in 0..l.len().max(r.len()) {
+                        walk(l.get(i), r.get(i), format!("{path}[{i}]"), out);
+                    }
+                }
+            }
+        }
+        (l, r) if l == r => {}
+        (l, r) => out.push((path, l.cloned(), r.cloned())),
+    }
+}
+
+/// The items of a list by identity; None when some item has none.
+fn keyed<'v>(key: &str, items: &'v [Value]) -> Option<BTreeMap<String, &'v Value>> {
+    items.iter().map(|i| Some((identity(key, i)?, i))).collect()
+}
+
+fn join(path: &str, key: &str) -> String {
+    match path.is_empty() {
+        true => key.to_string(),
+        false => format!("{path}.{key}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn state(cds: Value) -> State {
+        let mut s = State::default();
+        for c in cds.as_array().unwrap() {
+            s[0].insert(c["name"].as_str().unwrap().to_string(), c.clone());
+        }
+        s
+    }
+
+    #[test]
+    fn order_labels_and_telemetry_do_not_count_and_policy_does() {
+        let left = state(json!([{
+            "name": "c", "lb_policy": "LEAST_REQUEST", "connect_timeout": "10s",
+            "filters": [{"name": "istio.metadata_exchange"}],
+            "metadata": {"filter_metadata": {"istio": {"services": []}}},
+            "transport_socket_matches": [{"name": "tlsMode-istio"}, {"name": "tlsMode-disabled"}],
+        }]));
+        let same = state(json!([{
+            "name": "c", "lb_policy": "LEAST_REQUEST", "connect_timeout": "10s",
+            "transport_socket_matches": [{"name": "tlsMode-disabled"}, {"name": "tlsMode-istio"}],
+        }]));
+        assert_eq!(compare(&left, &same), []);
+        let other = state(json!([{"name": "c", "connect_timeout": "10s"}]));
+        let found = compare(&left, &other);
+        let paths: Vec<&str> = found.iter().map(|d| d.path.as_str()).collect();
+        assert!(paths.contains(&"lb_policy"), "{found:?}");
+    }
+}
