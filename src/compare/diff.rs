@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::equivalent;
 use super::source::{State, TYPES};
 use crate::text::clip;
 
@@ -19,7 +20,7 @@ pub const NORMALISED: &[(&str, &str)] = &[
         "names in statistics",
     ),
     (
-        "name of filter chains, virtual hosts and routes",
+        "name of filter chains (the default one too), virtual hosts and routes",
         "labels; chains are matched by their match",
     ),
     (
@@ -33,6 +34,10 @@ pub const NORMALISED: &[(&str, &str)] = &[
     (
         "istio.stats, istio.metadata_exchange, grpc_stats, Istio's WASM metadata exchange filters",
         "telemetry filters",
+    ),
+    (
+        "fault and CORS filters without config",
+        "they act only through a route's per-filter config",
     ),
     (
         "InboundPassthroughClusterIpv4/Ipv6 read as InboundPassthroughCluster",
@@ -81,7 +86,13 @@ pub struct Difference {
 pub fn compare(left: &State, right: &State) -> Vec<Difference> {
     let mut out = Vec::new();
     for (i, type_name) in TYPES.iter().enumerate() {
-        let (l, r) = (normalised(&left[i]), normalised(&right[i]));
+        let (l, r) = match *type_name {
+            "lds" => (
+                normalised(&equivalent::listeners(&left[i])),
+                normalised(&equivalent::listeners(&right[i])),
+            ),
+            _ => (normalised(&left[i]), normalised(&right[i])),
+        };
         let names: std::collections::BTreeSet<&String> = l.keys().chain(r.keys()).collect();
         for name in names {
             let mut found = Vec::new();
@@ -101,7 +112,7 @@ pub fn compare(left: &State, right: &State) -> Vec<Difference> {
 fn normalised(resources: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
     resources
         .iter()
-        .map(|(name, v)| (renamed(name), normalise(v, "")))
+        .map(|(name, v)| (renamed(name), normalise(&equivalent::encodings(v), "")))
         .collect()
 }
 
@@ -122,7 +133,11 @@ fn normalise(v: &Value, key: &str) -> Value {
                 if DROPPED_KEYS.contains(&k.as_str()) {
                     continue;
                 }
-                if k == "name" && matches!(key, "filter_chains" | "virtual_hosts" | "routes") {
+                let labelled = matches!(
+                    key,
+                    "filter_chains" | "default_filter_chain" | "virtual_hosts" | "routes"
+                );
+                if k == "name" && labelled {
                     continue;
                 }
                 if key == "filter_metadata" && k == "istio" {
@@ -159,9 +174,17 @@ fn is_empty(v: &Value) -> bool {
 }
 
 fn is_telemetry_filter(item: &Value) -> bool {
-    item.get("name")
-        .and_then(Value::as_str)
-        .is_some_and(|n| TELEMETRY_FILTERS.contains(&n))
+    let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
+    TELEMETRY_FILTERS.contains(&name) || is_idle_route_filter(name, item)
+}
+
+/// Fault injection and CORS with no config of their own: they act only where a route's
+/// per-filter config asks them to.
+fn is_idle_route_filter(name: &str, item: &Value) -> bool {
+    let idle = item["typed_config"]
+        .as_object()
+        .is_some_and(|c| c.len() == 1);
+    idle && matches!(name, "envoy.filters.http.fault" | "envoy.filters.http.cors")
 }
 
 /// What identifies an item of the list under `key`; None: compared by position.

@@ -4,6 +4,7 @@
 //! other side's `node.json`).
 
 mod diff;
+mod equivalent;
 mod json;
 mod source;
 
@@ -14,6 +15,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use thiserror::Error;
 
 pub use diff::{Difference, NORMALISED};
+pub use equivalent::EQUIVALENCES;
 pub use source::{SourceError, State};
 
 use crate::text::clip;
@@ -85,7 +87,7 @@ impl Report {
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "differences": self.differences,
-            "normalised": NORMALISED.iter().map(|(what, why)| serde_json::json!({"what": what, "why": why})).collect::<Vec<_>>(),
+            "normalised": NORMALISED.iter().chain(EQUIVALENCES).map(|(what, why)| serde_json::json!({"what": what, "why": why})).collect::<Vec<_>>(),
         })
     }
 }

@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, UInt32Value, Value};
 
-use super::common::{ads, seconds, socket};
+use super::common::{ads_awaited, seconds, socket};
 use super::gateway_tls;
 use super::generation::{Generation, Target};
 use super::locality;
@@ -142,7 +142,11 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     }
     let v6 = g.proxy.ips.iter().all(IpAddr::is_ipv6);
     let mut cluster = match name {
-        BLACKHOLE => static_cluster(name),
+        // No endpoints at all (istiod's `buildBlackHoleCluster`).
+        BLACKHOLE => Cluster {
+            load_assignment: None,
+            ..static_cluster(name)
+        },
         PASSTHROUGH => passthrough(name),
         INBOUND_PASSTHROUGH => Cluster {
             upstream_bind_config: Some(inbound_bind(v6)),
@@ -216,7 +220,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             cluster.cluster_discovery_type =
                 Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
             cluster.eds_cluster_config = Some(EdsClusterConfig {
-                eds_config: Some(ads()),
+                eds_config: Some(ads_awaited()),
                 service_name: name.to_string(),
             });
         }
@@ -403,7 +407,7 @@ fn sni_cluster(name: &str) -> Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
         eds_cluster_config: Some(EdsClusterConfig {
-            eds_config: Some(ads()),
+            eds_config: Some(ads_awaited()),
             service_name: name.to_string(),
         }),
         connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),

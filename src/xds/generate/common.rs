@@ -17,6 +17,17 @@ pub(super) fn ads() -> ConfigSource {
     }
 }
 
+/// Resources a cluster or listener cannot work without (EDS, RDS): waited for however long they
+/// take, not given up on after Envoy's default 15 s (istiod's `initial_fetch_timeout: 0s`,
+/// `maybeApplyEdsConfig` in cluster_builder.go). Secrets are not: a missing credential must not
+/// hold up its listener.
+pub(super) fn ads_awaited() -> ConfigSource {
+    ConfigSource {
+        initial_fetch_timeout: Some(Duration::default()),
+        ..ads()
+    }
+}
+
 pub(super) fn socket(ip: &str, port: u16) -> Address {
     Address {
         address: Some(address::Address::SocketAddress(SocketAddress {

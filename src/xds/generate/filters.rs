@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{tcp_pr
 use envoy_types::pb::google::protobuf::{Any, BoolValue, Duration};
 use envoy_types::util::pack_any;
 
-use super::common::ads;
+use super::common::ads_awaited;
 use super::istio_stats::SideStats;
 use super::names::BLACKHOLE;
 
@@ -31,7 +31,7 @@ const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
 /// Routes named `route_name`, fetched over ADS.
 pub(super) fn rds(route_name: &str) -> RouteSpecifier {
     RouteSpecifier::Rds(Rds {
-        config_source: Some(ads()),
+        config_source: Some(ads_awaited()),
         route_config_name: route_name.to_string(),
     })
 }
@@ -51,6 +51,8 @@ pub(super) fn hcm(
         route_specifier: Some(routes),
         access_log: logs.to_vec(),
         normalize_path: Some(BoolValue { value: true }),
+        // Said outright, as istiod does; routers set it.
+        use_remote_address: Some(BoolValue { value: false }),
         path_with_escaped_slashes_action: PathWithEscapedSlashesAction::KeepUnchanged as i32,
         stream_idle_timeout: Some(Duration {
             seconds: 0,

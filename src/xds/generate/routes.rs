@@ -137,6 +137,9 @@ pub(super) fn virtual_host(
     VirtualHost {
         name: name.to_string(),
         domains,
+        // Applications see `x-envoy-attempt-count` from the client's sidecar (istiod's
+        // `proxyHeaders` default; not on inbound routes).
+        include_request_attempt_count: !matches!(kind, DefaultRoute::Inbound { .. }),
         routes: vec![Route {
             name: "default".to_string(),
             r#match: Some(RouteMatch {

@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::extensions::wasm::v3::{
 use envoy_types::pb::google::protobuf::{Any, Duration, StringValue};
 use envoy_types::util::pack_any;
 
-use super::common::ads;
+use super::common::ads_awaited;
 use super::providers::report_unbuilt;
 use crate::istio::telemetry::WorkloadMode;
 use crate::istio::wasm_plugin::{EnvValueSource, FailStrategy, PluginPhase, PullPolicy};
@@ -192,10 +192,7 @@ fn matches_listener(plugin: &WasmPlugin, class: ListenerClass, port: u16) -> boo
 /// be skipped while its config is on the way).
 fn discovery(type_urls: &[&str]) -> ExtensionConfigSource {
     ExtensionConfigSource {
-        config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
-            initial_fetch_timeout: Some(Duration::default()),
-            ..ads()
-        }),
+        config_source: Some(ads_awaited()),
         type_urls: type_urls.iter().map(|u| u.to_string()).collect(),
         ..Default::default()
     }

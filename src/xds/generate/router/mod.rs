@@ -18,6 +18,7 @@ mod servers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener,
 };
@@ -160,6 +161,8 @@ fn listener(
             false => Vec::new(),
         },
         filter_chains: chains,
+        // As istiod marks a gateway's listeners.
+        traffic_direction: TrafficDirection::Outbound as i32,
         access_log: g.access_logs().listener(Side::Gateway),
         ..Default::default()
     };
@@ -445,6 +448,7 @@ fn build_routes(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                     name: format!("{host}:{}", ps.number()),
                     domains: domains(&host),
                     routes: routes.clone(),
+                    include_request_attempt_count: true,
                     require_tls: match ps.redirects_to_https() {
                         true => TlsRequirementType::All as i32,
                         false => TlsRequirementType::None as i32,

@@ -19,6 +19,8 @@ pub(super) struct PortServer<'a> {
     pub(super) server: &'a Server,
     /// `<namespace>/<name>` of its Gateway.
     pub(super) gateway: String,
+    /// The port it listens on in the gateway's pod.
+    listen: u16,
 }
 
 impl PortServer<'_> {
@@ -42,10 +44,11 @@ impl PortServer<'_> {
         self.server.tls.as_ref().is_some_and(|t| t.https_redirect)
     }
 
-    /// The RDS route of an HTTP server (istiod's names).
+    /// The RDS route of an HTTP server (istiod's names, `gatewayRDSRouteName` in
+    /// pilot/pkg/model/gateway.go: plain HTTP by the port listened on, HTTPS by the server's).
     pub(super) fn route_name(&self) -> Option<String> {
         if self.is_plain_http() {
-            return Some(format!("http.{}", self.number()));
+            return Some(format!("http.{}", self.listen));
         }
         let terminated_https =
             self.server.protocol() == "HTTPS" && self.mode().is_some_and(gateway_tls::terminates);
@@ -140,15 +143,14 @@ pub(super) fn servers<'a>(
     for b in bound {
         let gateway = format!("{}/{}", b.object.key.namespace, b.object.key.name);
         for server in &b.gateway.servers {
-            let ps = PortServer {
+            let number = u16::try_from(server.port.number).unwrap_or_default();
+            let listen = listen_port(g, number);
+            by_port.entry(listen).or_default().push(PortServer {
                 bound: b,
                 server,
                 gateway: gateway.clone(),
-            };
-            by_port
-                .entry(listen_port(g, ps.number()))
-                .or_default()
-                .push(ps);
+                listen,
+            });
         }
     }
     by_port

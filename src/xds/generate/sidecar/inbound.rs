@@ -318,10 +318,11 @@ fn collect(g: &Generation<'_>, ip: &IpAddr, key: &ServiceKey, ports: &mut Vec<(u
     }
 }
 
-/// The route of an inbound HTTP filter chain: everything to the local workload.
+/// The route of an inbound HTTP filter chain: everything to the local workload, named after the
+/// cluster as istiod names it.
 fn route_config(port: u16, cluster: &str, protocol: Protocol) -> RouteConfiguration {
     RouteConfiguration {
-        name: format!("inbound|{port}||"),
+        name: cluster.to_string(),
         virtual_hosts: vec![virtual_host(
             &format!("inbound|http|{port}"),
             vec!["*".to_string()],

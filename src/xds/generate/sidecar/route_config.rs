@@ -80,6 +80,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                     gateway: None,
                 };
                 let scope = g.egress_scope(port);
+                let mut routed = false;
                 if let Some(routes) =
                     g.mesh
                         .config
@@ -88,9 +89,10 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                     let routes = http_routes(&ctx, &routes.http);
                     if !routes.is_empty() {
                         vhost.routes = routes;
+                        routed = true;
                     }
                 }
-                set_hash_policy(g, s, port, &mut vhost);
+                set_hash_policy(g, s, port, &mut vhost, routed);
                 vhost
             })
         })
@@ -134,13 +136,24 @@ fn catch_all(mode: OutboundMode) -> VirtualHost {
             PASSTHROUGH,
             DefaultRoute::Passthrough,
         ),
-        OutboundMode::RegistryOnly => answering_all("block_all", "block_all", 502),
+        OutboundMode::RegistryOnly => VirtualHost {
+            include_request_attempt_count: true,
+            ..answering_all("block_all", "block_all", 502)
+        },
     }
 }
 
 /// A DestinationRule's consistent hash needs the route to say what to hash (istiod sets it on the
-/// route to the cluster the rule applies to).
-fn set_hash_policy(g: &Generation<'_>, service: &Service, port: u16, vhost: &mut VirtualHost) {
+/// route to the cluster the rule applies to). A VirtualService's retries then stay on the hashed
+/// host; the default route keeps istiod's default policy, host predicate included
+/// (`ConvertPolicy`, pilot/pkg/networking/core/route/retry/retry.go).
+fn set_hash_policy(
+    g: &Generation<'_>,
+    service: &Service,
+    port: u16,
+    vhost: &mut VirtualHost,
+    from_virtual_service: bool,
+) {
     let Some(rule) = g.destination_rule(service) else {
         return;
     };
@@ -177,8 +190,11 @@ fn set_hash_policy(g: &Generation<'_>, service: &Service, port: u16, vhost: &mut
                 policy_specifier: Some(policy.clone()),
                 ..Default::default()
             }];
-            // A retry stays on the hashed host (istiod's `DefaultConsistentHashPolicy`).
-            if let Some(retry) = &mut action.retry_policy {
+            if let Some(retry) = action
+                .retry_policy
+                .as_mut()
+                .filter(|_| from_virtual_service)
+            {
                 retry.retry_host_predicate.clear();
             }
         }

@@ -37,7 +37,7 @@ use super::{gateway, ports, Served};
 use crate::model::waypoints::HBONE_PORT;
 use crate::model::{Health, Protocol, Service};
 use crate::xds::generate::clusters as shared_clusters;
-use crate::xds::generate::common::{ads, seconds, socket};
+use crate::xds::generate::common::{ads_awaited, seconds, socket};
 use crate::xds::generate::eds::strings;
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::{inbound_vip_cluster, parse_inbound_vip, parse_outbound};
@@ -170,7 +170,7 @@ fn inbound_vip(name: String, east_west: bool) -> Cluster {
     let mut cluster = Cluster {
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
         eds_cluster_config: Some(EdsClusterConfig {
-            eds_config: Some(ads()),
+            eds_config: Some(ads_awaited()),
             service_name: name.clone(),
         }),
         connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),

@@ -1,0 +1,232 @@
+//! Configurations that make Envoy do the same, rewritten to one form on both sides before
+//! comparing (`EQUIVALENCES` says which and why).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+/// What is read as the same, and why Envoy treats it so.
+pub const EQUIVALENCES: &[(&str, &str)] = &[
+    (
+        "outbound listeners `<address>_<port>` read as chains of `0.0.0.0_<port>` matching that address",
+        "the original-destination hand-off picks the exact address's listener first, as a chain's address match is picked before the port's others",
+    ),
+    (
+        "`match_subject_alt_names` read as `match_typed_subject_alt_names` (URI for `scheme://` values, DNS otherwise)",
+        "the deprecated field, with its one kind of SAN",
+    ),
+    (
+        "an empty `filter_chain_match`, and `prefix_ranges` of only 0.0.0.0/0 or ::/0, as no match",
+        "both match every connection",
+    ),
+    (
+        "a chain matching everything, as the listener's `default_filter_chain` (and, for a port with only address listeners, `virtualOutbound`'s catch-all)",
+        "Envoy uses either for a connection no other chain matches",
+    ),
+    (
+        "`transport_protocol: tls` beside `server_names`",
+        "only TLS carries a server name",
+    ),
+];
+
+/// Rewrites listeners (by name) to one layout: each outbound listener bound to an address merged
+/// into the port's `0.0.0.0_<port>`, its chains matching that address.
+pub fn listeners(listeners: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    let catch_all = listeners
+        .get("virtualOutbound")
+        .and_then(|l| l["filter_chains"].as_array())
+        .and_then(|chains| chains.iter().find(|c| is_match_all(c)))
+        .cloned();
+    let mut out: BTreeMap<String, Value> = BTreeMap::new();
+    let mut by_address: Vec<(String, u64, &Value)> = Vec::new();
+    for (name, listener) in listeners {
+        match address_bound(listener) {
+            Some((ip, port)) => by_address.push((ip, port, listener)),
+            None => {
+                out.insert(name.clone(), listener.clone());
+            }
+        }
+    }
+    for (ip, port, listener) in by_address {
+        let name = format!("0.0.0.0_{port}");
+        let merged = out.entry(name.clone()).or_insert_with(|| {
+            let mut base = listener.clone();
+            if let Some(fields) = base.as_object_mut() {
+                fields.insert("name".to_string(), json!(name));
+                fields.insert(
+                    "address".to_string(),
+                    json!({"socket_address": {"address": "0.0.0.0", "port_value": port}}),
+                );
+                fields.insert("filter_chains".to_string(), json!([]));
+                match &catch_all {
+                    Some(chain) => fields.insert("default_filter_chain".to_string(), chain.clone()),
+                    None => fields.remove("default_filter_chain"),
+                };
+            }
+            base
+        });
+        let prefix =
+            json!([{"address_prefix": ip, "prefix_len": if ip.contains(':') { 128 } else { 32 }}]);
+        let chains: Vec<Value> = listener["filter_chains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|chain| {
+                let mut chain = chain.clone();
+                if let Some(fields) = chain.as_object_mut() {
+                    let m = fields
+                        .entry("filter_chain_match")
+                        .or_insert_with(|| json!({}));
+                    if let Some(m) = m.as_object_mut() {
+                        m.entry("prefix_ranges").or_insert_with(|| prefix.clone());
+                    }
+                }
+                chain
+            })
+            .collect();
+        if let Some(Value::Array(existing)) = merged.get_mut("filter_chains") {
+            existing.extend(chains);
+        }
+    }
+    for listener in out.values_mut() {
+        default_chain(listener);
+    }
+    out
+}
+
+/// A chain in `filter_chains` that matches everything becomes the default chain.
+fn default_chain(listener: &mut Value) {
+    let Some(fields) = listener.as_object_mut() else {
+        return;
+    };
+    if fields.contains_key("default_filter_chain") {
+        return;
+    }
+    let Some(Value::Array(chains)) = fields.get_mut("filter_chains") else {
+        return;
+    };
+    if let Some(at) = chains.iter().position(is_match_all) {
+        let chain = chains.remove(at);
+        fields.insert("default_filter_chain".to_string(), chain);
+    }
+}
+
+fn is_match_all(chain: &Value) -> bool {
+    match chain.get("filter_chain_match").map(encodings) {
+        None => true,
+        Some(m) => m.as_object().is_none_or(|m| m.is_empty()),
+    }
+}
+
+/// An outbound listener not bound to a port, on an address other than 0.0.0.0: (address, port).
+fn address_bound(listener: &Value) -> Option<(String, u64)> {
+    let socket = listener.pointer("/address/socket_address")?;
+    let ip = socket["address"].as_str()?;
+    let port = socket["port_value"]
+        .as_u64()
+        .or_else(|| socket["port_value"].as_str()?.parse().ok())?;
+    let outbound = listener["traffic_direction"] == "OUTBOUND";
+    let unbound = listener["bind_to_port"] == json!(false);
+    (outbound && unbound && ip != "0.0.0.0" && ip != "::").then(|| (ip.to_string(), port))
+}
+
+/// Rewrites equivalent encodings inside a resource.
+pub fn encodings(v: &Value) -> Value {
+    match v {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (k, v) in map {
+                match k.as_str() {
+                    "match_subject_alt_names" => {
+                        let typed = v.as_array().into_iter().flatten().map(typed_san).collect();
+                        let entry = out
+                            .entry("match_typed_subject_alt_names".to_string())
+                            .or_insert_with(|| json!([]));
+                        if let Value::Array(items) = entry {
+                            items.extend::<Vec<Value>>(typed);
+                        }
+                    }
+                    "filter_chain_match" => {
+                        let mut m = encodings(v);
+                        if let Some(fields) = m.as_object_mut() {
+                            let tls = fields.get("transport_protocol") == Some(&json!("tls"));
+                            if tls && fields.contains_key("server_names") {
+                                fields.remove("transport_protocol");
+                            }
+                        }
+                        if m.as_object().is_some_and(|m| !m.is_empty()) {
+                            out.insert(k.clone(), m);
+                        }
+                    }
+                    "prefix_ranges" if matches_everything(v) => {}
+                    _ => {
+                        out.insert(k.clone(), encodings(v));
+                    }
+                }
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(encodings).collect()),
+        other => other.clone(),
+    }
+}
+
+fn typed_san(matcher: &Value) -> Value {
+    let text = matcher
+        .as_object()
+        .and_then(|m| m.values().find_map(Value::as_str))
+        .unwrap_or_default();
+    let san_type = if text.contains("://") { "URI" } else { "DNS" };
+    json!({"san_type": san_type, "matcher": matcher})
+}
+
+fn matches_everything(ranges: &Value) -> bool {
+    ranges.as_array().is_some_and(|r| {
+        r.iter().all(|range| {
+            let len = range
+                .get("prefix_len")
+                .map(|l| l.to_string().trim_matches('"').to_string());
+            let all = matches!(len.as_deref(), None | Some("0"));
+            all && matches!(range["address_prefix"].as_str(), Some("0.0.0.0" | "::"))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_per_address_reads_as_chains_of_the_ports_listener() {
+        let vip = json!({
+            "name": "10.96.0.1_443", "traffic_direction": "OUTBOUND", "bind_to_port": false,
+            "address": {"socket_address": {"address": "10.96.0.1", "port_value": 443}},
+            "filter_chains": [{"filters": [{"name": "tcp"}]}],
+        });
+        let wildcard = json!({
+            "name": "0.0.0.0_443", "traffic_direction": "OUTBOUND", "bind_to_port": false,
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": 443}},
+            "filter_chains": [{"filter_chain_match": {"server_names": ["a.example"]}}],
+        });
+        let both = BTreeMap::from([
+            ("10.96.0.1_443".to_string(), vip),
+            ("0.0.0.0_443".to_string(), wildcard),
+        ]);
+        let merged = listeners(&both);
+        assert_eq!(merged.len(), 1);
+        let chains = merged["0.0.0.0_443"]["filter_chains"].as_array().unwrap();
+        assert_eq!(chains.len(), 2);
+        assert_eq!(
+            chains[1]["filter_chain_match"]["prefix_ranges"][0]["address_prefix"],
+            "10.96.0.1"
+        );
+    }
+
+    #[test]
+    fn deprecated_sans_and_match_all_ranges_read_as_their_plain_forms() {
+        let old = json!({"match_subject_alt_names": [{"exact": "spiffe://td/ns/a/sa/b"}],
+            "filter_chain_match": {"prefix_ranges": [{"address_prefix": "0.0.0.0", "prefix_len": 0}]}});
+        let new = json!({"match_typed_subject_alt_names": [{"san_type": "URI", "matcher": {"exact": "spiffe://td/ns/a/sa/b"}}]});
+        assert_eq!(encodings(&old), encodings(&new));
+    }
+}
