@@ -16,7 +16,7 @@ use crate::text::clip;
 /// What is left out before comparing, and why it cannot change where traffic goes.
 pub const NORMALISED: &[(&str, &str)] = &[
     (
-        "stat_prefix, alt_stat_name, observability_name",
+        "stat_prefix, shadow_rules_stat_prefix, alt_stat_name, observability_name",
         "names in statistics",
     ),
     (
@@ -52,6 +52,7 @@ pub const NORMALISED: &[(&str, &str)] = &[
 /// Keys dropped wherever they appear.
 const DROPPED_KEYS: &[&str] = &[
     "stat_prefix",
+    "shadow_rules_stat_prefix",
     "alt_stat_name",
     "observability_name",
     "decorator",
@@ -263,7 +264,20 @@ fn walk(left: Option<&Value>, right: Option<&Value>, path: String, out: &mut Fou
 
 /// The items of a list by identity; None when some item has none.
 fn keyed<'v>(key: &str, items: &'v [Value]) -> Option<BTreeMap<String, &'v Value>> {
-    items.iter().map(|i| Some((identity(key, i)?, i))).collect()
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    items
+        .iter()
+        .map(|i| {
+            let id = identity(key, i)?;
+            // Two filters of one name (DENY and ALLOW RBAC) are told apart by their order.
+            let n = seen.entry(id.clone()).or_default();
+            *n += 1;
+            Some(match *n {
+                1 => (id, i),
+                n => (format!("{id}#{n}"), i),
+            })
+        })
+        .collect()
 }
 
 fn join(path: &str, key: &str) -> String {

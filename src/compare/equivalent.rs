@@ -27,6 +27,22 @@ pub const EQUIVALENCES: &[(&str, &str)] = &[
         "`transport_protocol: tls` beside `server_names`",
         "only TLS carries a server name",
     ),
+    (
+        "a locality group without endpoints, as none",
+        "it receives nothing",
+    ),
+    (
+        "a header matcher's `exact_match`, `prefix_match`, `suffix_match`, `contains_match` read as `string_match`",
+        "the deprecated fields, with the same match",
+    ),
+];
+
+/// A header matcher's deprecated fields and their `string_match` counterparts.
+const HEADER_MATCHES: [(&str, &str); 4] = [
+    ("exact_match", "exact"),
+    ("prefix_match", "prefix"),
+    ("suffix_match", "suffix"),
+    ("contains_match", "contains"),
 ];
 
 /// Rewrites listeners (by name) to one layout: each outbound listener bound to an address merged
@@ -159,6 +175,15 @@ pub fn encodings(v: &Value) -> Value {
                         }
                     }
                     "prefix_ranges" if matches_everything(v) => {}
+                    old if map.contains_key("name")
+                        && HEADER_MATCHES.iter().any(|(o, _)| *o == old) =>
+                    {
+                        let new = HEADER_MATCHES
+                            .iter()
+                            .find(|(o, _)| *o == old)
+                            .map(|(_, n)| *n);
+                        out.insert("string_match".to_string(), json!({ new.unwrap_or(old): v }));
+                    }
                     _ => {
                         out.insert(k.clone(), encodings(v));
                     }
@@ -166,9 +191,19 @@ pub fn encodings(v: &Value) -> Value {
             }
             Value::Object(out)
         }
-        Value::Array(items) => Value::Array(items.iter().map(encodings).collect()),
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .filter(|i| !is_empty_locality(i))
+                .map(encodings)
+                .collect(),
+        ),
         other => other.clone(),
     }
+}
+
+fn is_empty_locality(item: &Value) -> bool {
+    item.get("locality").is_some() && item.get("lb_endpoints").is_none()
 }
 
 fn typed_san(matcher: &Value) -> Value {

@@ -3,6 +3,7 @@
 //! server's plaintext xDS address; a live side is asked as the node `--node` names (else the
 //! other side's `node.json`).
 
+mod accept;
 mod diff;
 mod equivalent;
 mod json;
@@ -14,9 +15,10 @@ use clap::{Args, ValueEnum};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use thiserror::Error;
 
-pub use diff::{Difference, NORMALISED};
+pub use accept::{AcceptError, Accepted};
+pub use diff::{compare, Difference, NORMALISED};
 pub use equivalent::EQUIVALENCES;
-pub use source::{SourceError, State};
+pub use source::{fetch_live, read_dump, read_node, SourceError, State};
 
 use crate::text::clip;
 
@@ -40,6 +42,10 @@ pub struct CompareArgs {
     /// Also write what the left side sent as a dump directory here.
     #[arg(long)]
     pub save_left: Option<PathBuf>,
+    /// Differences accepted, with their reasons: lines `<type> <resource> <path> — <why>` (`*`
+    /// matches any text); in a Markdown file, those of its ```accepted blocks.
+    #[arg(long)]
+    pub accept: Option<PathBuf>,
     #[arg(short, long, value_enum, default_value_t)]
     pub output: OutputFormat,
 }
@@ -52,11 +58,14 @@ pub enum CompareError {
         "{0} is a live server: give --node, or a dump directory with node.json on the other side"
     )]
     NoNode(String),
+    #[error("{path}: {error}")]
+    Accept { path: String, error: String },
 }
 
-/// The comparison's outcome.
+/// The comparison's outcome: the differences not accepted, and how many were.
 pub struct Report {
     pub differences: Vec<Difference>,
+    pub accepted: usize,
 }
 
 impl Report {
@@ -81,26 +90,45 @@ impl Report {
             ));
         }
         out.push_str(&format!("{} difference(s)\n", self.differences.len()));
+        if self.accepted > 0 {
+            out.push_str(&format!("{} accepted\n", self.accepted));
+        }
         out
     }
 
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "differences": self.differences,
+            "accepted": self.accepted,
             "normalised": NORMALISED.iter().chain(EQUIVALENCES).map(|(what, why)| serde_json::json!({"what": what, "why": why})).collect::<Vec<_>>(),
         })
     }
 }
 
 pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
+    let accepted = match &args.accept {
+        Some(path) => {
+            let failed = |error: String| CompareError::Accept {
+                path: path.display().to_string(),
+                error,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+            Accepted::parse(&text).map_err(|e| failed(e.to_string()))?
+        }
+        None => Accepted::default(),
+    };
     let node = node_for(args)?;
     let left = read(&args.left, node.as_ref()).await?;
     let right = read(&args.right, node.as_ref()).await?;
     if let (Some(dir), Some(node)) = (&args.save_left, node.as_ref()) {
         source::write_dump(dir, &left, node)?;
     }
+    let (accepted_ones, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right)
+        .into_iter()
+        .partition(|d| accepted.covers(d));
     Ok(Report {
-        differences: diff::compare(&left, &right),
+        differences,
+        accepted: accepted_ones.len(),
     })
 }
 

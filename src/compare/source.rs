@@ -160,7 +160,11 @@ pub async fn fetch_live(address: &str, node: &Node) -> Result<State, SourceError
         for any in &response.resources {
             let message =
                 envoy_api::unpack(&any.type_url, &any.value).map_err(|e| failed(e.to_string()))?;
-            let value = json::message(&message);
+            let mut value = json::message(&message);
+            // As a dump writes each resource: its type beside its fields.
+            if let Some(fields) = value.as_object_mut() {
+                fields.insert("@type".to_string(), json!(any.type_url));
+            }
             let name = value[NAME_FIELD[i]]
                 .as_str()
                 .unwrap_or_default()

@@ -296,9 +296,14 @@ fn endpoints(
             "" => "".into(),
             sa => naming.spiffe_id(&object.key.namespace, sa).into(),
         };
+        // istiod's `getTLSModeFromWorkloadEntry` (pilot/pkg/serviceregistry/serviceentry/
+        // conversion.go): the label, else a service account means a sidecar. Clusters of
+        // MESH_EXTERNAL services never originate mTLS, whatever their endpoints say.
         let tls_mode = match we.labels.get(LABEL_TLS_MODE).map(String::as_str) {
-            Some("istio") if entry.location == Location::MeshInternal => TlsMode::Istio,
-            _ => TlsMode::Disabled,
+            Some("istio") => TlsMode::Istio,
+            Some(_) => TlsMode::Disabled,
+            None if !we.service_account.is_empty() => TlsMode::Istio,
+            None => TlsMode::Disabled,
         };
         let workload: Arc<str> = name.unwrap_or_default().into();
         for port in &entry.ports {

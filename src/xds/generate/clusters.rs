@@ -296,6 +296,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
                 cluster.transport_socket = Some(tls::upstream_istio(
                     if t.sni.is_empty() { sni } else { t.sni.clone() },
                     &sans,
+                    http2,
                 ));
             }
             // As istiod (pilot/pkg/networking/core/cluster_tls.go): a Secret named by a rule
@@ -310,7 +311,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
                 cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));
             }
             None if auto_mtls(g, service) => {
-                cluster.transport_socket_matches = tls::upstream_matches(sni, sans);
+                cluster.transport_socket_matches = tls::upstream_matches(sni, sans, http2);
             }
             None => {}
         }

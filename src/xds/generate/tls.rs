@@ -133,11 +133,20 @@ fn trust_domain_matchers(trust_domains: &[String]) -> Vec<SubjectAltNameMatcher>
         .collect()
 }
 
-pub fn upstream_istio(sni: String, sans: &[String]) -> TransportSocket {
+/// The ALPN Istio's clients offer over mTLS, `h2` too for an HTTP/2 upstream (istiod's
+/// `ALPNInMeshH2WithMxc`, pilot/pkg/networking/core/cluster_tls.go).
+fn mesh_alpn(http2: bool) -> &'static [&'static str] {
+    match http2 {
+        true => &["istio-peer-exchange", "istio", "h2"],
+        false => &["istio-peer-exchange", "istio"],
+    }
+}
+
+pub fn upstream_istio(sni: String, sans: &[String], http2: bool) -> TransportSocket {
     let tls = UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_params: Some(upstream_tls_params()),
-            ..common(sans, &["istio-peer-exchange", "istio"])
+            ..common(sans, mesh_alpn(http2))
         }),
         sni,
         ..Default::default()
@@ -192,11 +201,11 @@ const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Endpoints labelled `tlsMode: istio` get ISTIO_MUTUAL TLS (SNI and a SAN check against the
 /// destination's identities); the others plaintext.
-pub fn upstream_matches(sni: String, sans: &[String]) -> Vec<TransportSocketMatch> {
+pub fn upstream_matches(sni: String, sans: &[String], http2: bool) -> Vec<TransportSocketMatch> {
     let tls = UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_params: Some(upstream_tls_params()),
-            ..common(sans, &["istio-peer-exchange", "istio"])
+            ..common(sans, mesh_alpn(http2))
         }),
         sni,
         ..Default::default()

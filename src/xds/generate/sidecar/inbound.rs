@@ -229,6 +229,9 @@ fn http_filter(
         ..Default::default()
     });
     hcm.server_name = ISTIO_SERVER_NAME.to_string();
+    if matches!(protocol, Protocol::Http2 | Protocol::Grpc) {
+        hcm.http2_protocol_options = Some(Default::default());
+    }
     hcm_filter(hcm, g.stats(Side::SidecarInbound))
 }
 
