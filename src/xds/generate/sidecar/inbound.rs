@@ -63,26 +63,35 @@ fn listener(g: &Generation<'_>) -> Listener {
     for (port, protocol) in &declared {
         let mode = security.mtls.for_port(*port);
         let target = Target::Port(*port, *protocol);
-        for option in options(Class::of(*protocol), mode) {
-            filter_chains.push(chain(g, &security, option, target));
-        }
+        chains(
+            g,
+            &security,
+            options(Class::of(*protocol), mode),
+            target,
+            &mut filter_chains,
+        );
     }
     // A port-level mode for a port no Service declares still decides that port's passthrough.
     for (port, mode) in &security.mtls.ports {
         if declared.iter().all(|(p, _)| p != port) {
-            for option in options(Class::Auto, *mode) {
-                filter_chains.push(chain(
-                    g,
-                    &security,
-                    option,
-                    Target::Passthrough(Some(*port)),
-                ));
-            }
+            let target = Target::Passthrough(Some(*port));
+            chains(
+                g,
+                &security,
+                options(Class::Auto, *mode),
+                target,
+                &mut filter_chains,
+            );
         }
     }
-    for option in options(Class::Auto, security.mtls.mode) {
-        filter_chains.push(chain(g, &security, option, Target::Passthrough(None)));
-    }
+    let passthrough = options(Class::Auto, security.mtls.mode);
+    chains(
+        g,
+        &security,
+        passthrough,
+        Target::Passthrough(None),
+        &mut filter_chains,
+    );
     let mut listener_filters = vec![listener_filter(
         "envoy.filters.listener.original_dst",
         pack_any(OriginalDst::default()),
@@ -120,53 +129,56 @@ impl Target {
     }
 }
 
-fn chain(
+/// The chains `options` ask for toward `target`: the connection manager and the TCP proxy are
+/// each built once and shared by the chains that differ only in what they match.
+fn chains(
     g: &Generation<'_>,
     security: &WorkloadSecurity,
-    option: &ChainOption,
+    options: &[ChainOption],
     target: Target,
-) -> FilterChain {
+    out: &mut Vec<FilterChain>,
+) {
     let port = target.port();
-    let (name, cluster, protocol) = match target {
-        Target::Port(port, protocol) => {
-            (format!("0.0.0.0_{port}"), inbound_cluster(port), protocol)
-        }
-        Target::Passthrough(_) => (
-            match option.http {
-                true => PASSTHROUGH_HTTP_CHAIN.to_string(),
-                false => VIRTUAL_INBOUND.to_string(),
-            },
-            INBOUND_PASSTHROUGH.to_string(),
-            Protocol::Http,
-        ),
+    let (cluster, protocol) = match target {
+        Target::Port(port, protocol) => (inbound_cluster(port), protocol),
+        Target::Passthrough(_) => (INBOUND_PASSTHROUGH.to_string(), Protocol::Http),
     };
     // Plugins and policies by port see passthrough as port 0, as istiod's do.
-    let plugin_port = match target {
-        Target::Port(port, _) => port,
-        Target::Passthrough(_) => 0,
+    let plugin_port = port
+        .filter(|_| matches!(target, Target::Port(..)))
+        .unwrap_or(0);
+    let wasm = || {
+        g.wasm_plugins()
+            .network(ListenerClass::Inbound, plugin_port)
     };
-    let wasm = g
-        .wasm_plugins()
-        .network(ListenerClass::Inbound, plugin_port);
-    let filters = match option.http {
-        true => {
-            let mut filters = wasm.all();
-            filters.push(http_filter(g, (plugin_port, protocol), &cluster, security));
-            filters
-        }
-        false => with_network(
-            security,
-            wasm,
-            g.stats(Side::SidecarInbound),
-            tcp_proxy_filter(&cluster, &cluster, g.access_logs().of(Side::SidecarInbound)),
-        ),
-    };
-    FilterChain {
-        name,
-        filter_chain_match: Some(option.matching(port)),
-        filters,
-        transport_socket: option.socket(&g.trust_domains()),
-        ..Default::default()
+    let http = std::cell::OnceCell::new();
+    let tcp = std::cell::OnceCell::new();
+    let trust_domains = g.trust_domains();
+    for option in options {
+        let filters = match option.http {
+            true => http.get_or_init(|| {
+                let mut filters = wasm().all();
+                filters.push(http_filter(g, (plugin_port, protocol), &cluster, security));
+                filters
+            }),
+            false => tcp.get_or_init(|| {
+                let logs = g.access_logs().of(Side::SidecarInbound);
+                let proxy = tcp_proxy_filter(&cluster, &cluster, logs);
+                with_network(security, wasm(), g.stats(Side::SidecarInbound), proxy)
+            }),
+        };
+        let name = match (target, option.http) {
+            (Target::Port(port, _), _) => format!("0.0.0.0_{port}"),
+            (Target::Passthrough(_), true) => PASSTHROUGH_HTTP_CHAIN.to_string(),
+            (Target::Passthrough(_), false) => VIRTUAL_INBOUND.to_string(),
+        };
+        out.push(FilterChain {
+            name,
+            filter_chain_match: Some(option.matching(port)),
+            filters: filters.clone(),
+            transport_socket: option.socket(&trust_domains),
+            ..Default::default()
+        });
     }
 }
 
