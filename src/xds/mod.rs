@@ -9,6 +9,7 @@ pub mod name_table;
 pub mod protocol;
 pub mod proxy;
 pub mod push;
+mod resource_type;
 pub mod server;
 mod session;
 mod stream;
