@@ -60,6 +60,8 @@ pub enum CompareError {
     NoNode(String),
     #[error("{path}: {error}")]
     Accept { path: String, error: String },
+    #[error("--save-left needs a node: give --node, or a dump side with node.json")]
+    SaveWithoutNode,
 }
 
 /// The comparison's outcome: the differences not accepted, and how many were.
@@ -120,7 +122,8 @@ pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
     let node = node_for(args)?;
     let left = read(&args.left, node.as_ref()).await?;
     let right = read(&args.right, node.as_ref()).await?;
-    if let (Some(dir), Some(node)) = (&args.save_left, node.as_ref()) {
+    if let Some(dir) = &args.save_left {
+        let node = node.as_ref().ok_or(CompareError::SaveWithoutNode)?;
         source::write_dump(dir, &left, node)?;
     }
     let (accepted_ones, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right)

@@ -53,7 +53,10 @@ pub(super) fn for_chains<'c>(
 ) -> Vec<ListenerFilter> {
     let mut ports: BTreeMap<i32, Needs> = BTreeMap::new();
     for chain in chains {
-        let m = chain.filter_chain_match.clone().unwrap_or_default();
+        let Some(m) = chain.filter_chain_match.as_ref() else {
+            ports.entry(0).or_default();
+            continue;
+        };
         let port = m.destination_port.map_or(0, |p| p.value as i32);
         let needs = ports.entry(port).or_default();
         needs.tls |= m.transport_protocol == "tls" || !m.server_names.is_empty();
