@@ -230,13 +230,18 @@ fn at_least_a_second(text: &str) -> Result<Duration, String> {
 }
 
 impl DiscoveryArgs {
-    /// DNS names of the secure xDS server's certificate, as istiod's.
+    /// DNS names of the secure xDS server's certificate, as istiod's (istio/istio
+    /// pilot/pkg/bootstrap/server.go getDNSNames): a named revision's Service besides.
     pub fn serving_names(&self) -> Vec<String> {
         let ns = &self.system_namespace;
         let mut names: Vec<String> = ["istiod", "istiod-remote", "istio-pilot"]
             .iter()
             .map(|svc| format!("{svc}.{ns}.svc"))
             .collect();
+        let revision = &self.inject.revision;
+        if !revision.is_default() {
+            names.push(revision.service_host(ns));
+        }
         names.extend(self.xds_dns_names.iter().filter(|n| !n.is_empty()).cloned());
         names
     }

@@ -199,6 +199,130 @@ fn the_primary_runs_as_istiod_would_be_found() {
 }
 
 #[test]
+fn a_revision_renders_istios_per_revision_objects_and_nothing_shared() {
+    let (ok, yaml, stderr) = meshpilot(&["manifest", "--profile", "primary", "--revision", "1-28"]);
+    assert!(ok, "{stderr}");
+    let docs = documents(&yaml);
+    let names: BTreeSet<(String, String)> = docs
+        .iter()
+        .map(|d| {
+            let field = |f: &str| d["metadata"][f].as_str().unwrap_or_default().to_string();
+            assert_eq!(
+                d["metadata"]["labels"]["istio.io/rev"],
+                "1-28",
+                "{} {} carries the revision",
+                d["kind"],
+                field("name")
+            );
+            (d["kind"].as_str().unwrap().to_string(), field("name"))
+        })
+        .collect();
+    for (kind, name) in [
+        ("ServiceAccount", "istiod-1-28"),
+        ("Deployment", "istiod-1-28"),
+        ("Service", "istiod-1-28"),
+        ("ConfigMap", "istio-1-28"),
+        ("ConfigMap", "istio-sidecar-injector-1-28"),
+        (
+            "MutatingWebhookConfiguration",
+            "istio-sidecar-injector-1-28",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "istio-validator-1-28-istio-system",
+        ),
+    ] {
+        assert!(
+            names.contains(&(kind.into(), name.into())),
+            "no {kind} {name}"
+        );
+    }
+    // The mesh's shared objects stay with the installation that has them.
+    for kind in ["Namespace", "CustomResourceDefinition"] {
+        assert!(
+            !names.iter().any(|(k, _)| k == kind),
+            "a revision renders no {kind}"
+        );
+    }
+    let find = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    };
+    let deployment = find("Deployment", "istiod-1-28");
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(pod_labels["app"], "istiod");
+    assert_eq!(pod_labels["istio.io/rev"], "1-28");
+    assert_ne!(
+        pod_labels["istio"], "pilot",
+        "Service istiod must not select it"
+    );
+    let selector = &find("Service", "istiod-1-28")["spec"]["selector"];
+    assert_eq!(selector["istio.io/rev"], "1-28");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().unwrap();
+    assert!(env
+        .iter()
+        .any(|e| e["name"] == "MESHPILOT_REVISION" && e["value"] == "1-28"));
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        "istiod-1-28"
+    );
+    // Proxies of the revision (and its mesh config's default) reach its own Service.
+    let mesh = find("ConfigMap", "istio-1-28")["data"]["mesh"]
+        .as_str()
+        .unwrap();
+    let mesh = MeshConfig::parse(mesh, &MeshConfig::default()).unwrap();
+    assert_eq!(
+        mesh.default_config.discovery_address,
+        "istiod-1-28.istio-system.svc:15012"
+    );
+    let values: Value = serde_json::from_str(
+        find("ConfigMap", "istio-sidecar-injector-1-28")["data"]["values"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(values["revision"], "1-28");
+    assert_eq!(values["global"]["istioNamespace"], "istio-system");
+    // Only the revision's own entries: istio-injection=enabled belongs to the default tag.
+    let injector = find(
+        "MutatingWebhookConfiguration",
+        "istio-sidecar-injector-1-28",
+    );
+    let hooks = injector["webhooks"].as_array().unwrap();
+    let hook_names: Vec<&str> = hooks.iter().map(|h| h["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        hook_names,
+        [
+            "rev.namespace.sidecar-injector.istio.io",
+            "rev.object.sidecar-injector.istio.io"
+        ]
+    );
+    for hook in hooks {
+        assert_eq!(hook["clientConfig"]["service"]["name"], "istiod-1-28");
+        assert!(hook.to_string().contains(r#""values":["1-28"]"#), "{hook}");
+    }
+    let validator = find(
+        "ValidatingWebhookConfiguration",
+        "istio-validator-1-28-istio-system",
+    );
+    let hooks = validator["webhooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1);
+    assert_eq!(
+        hooks[0]["objectSelector"]["matchExpressions"][0],
+        serde_json::json!({"key": "istio.io/rev", "operator": "In", "values": ["1-28"]})
+    );
+    assert_eq!(hooks[0]["clientConfig"]["service"]["name"], "istiod-1-28");
+
+    let (ok, _, stderr) = meshpilot(&["manifest", "--profile", "primary", "--revision", "Canary"]);
+    assert!(
+        !ok && stderr.contains("revision \"Canary\": must be a DNS-1123 label"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_remote_points_at_the_primary() {
     let (ok, yaml, stderr) = meshpilot(&[
         "manifest",

@@ -18,7 +18,7 @@ use crate::sources::allocated::AllocatedFile;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileWatch};
 use crate::sources::kube::{self as kube_source, KubeWatch};
-use crate::sources::kube_config::{self, KubeConfigWatch};
+use crate::sources::kube_config::{self, ConfigScope, KubeConfigWatch};
 use crate::sources::mcp::{self, NodeIdentity, SourceStatuses};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
 use crate::sources::networks::{self, NetworksWatch};
@@ -247,12 +247,16 @@ async fn config_cluster(
     let discovered = registry.discovered().clone();
     let watch =
         kube_source::watch_cluster(client.clone(), registry, aggregate.discovery_selectors());
+    let scope = ConfigScope {
+        cluster: id.clone(),
+        discovered,
+        revision: args.inject.revision.clone(),
+        system_namespace: args.system_namespace.clone(),
+    };
     let config = kube_config::watch(
         client.clone(),
-        id.clone(),
-        discovered,
+        scope,
         aggregate.clone(),
-        &args.system_namespace,
         args.mesh_config.is_none(),
         istio_config,
     );

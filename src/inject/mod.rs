@@ -15,7 +15,7 @@ use std::sync::Arc;
 use clap::Args;
 use thiserror::Error;
 
-use crate::istio::MeshConfig;
+use crate::istio::{MeshConfig, Revision};
 use crate::model::ProxyConfigs;
 use crate::text::Quoted;
 
@@ -43,6 +43,12 @@ pub struct InjectArgs {
     /// Mesh id of injected proxies, ISTIO_META_MESH_ID (empty: the trust domain).
     #[arg(long, env = "MESHPILOT_MESH_ID", default_value = "")]
     pub mesh_id: String,
+
+    /// The control-plane revision of this installation (Istio's `istio.io/rev`): the objects it
+    /// is named by (`istiod-<revision>`), the config and webhooks it owns, where its injected
+    /// proxies connect.
+    #[arg(long, env = "MESHPILOT_REVISION", default_value = "default")]
+    pub revision: Revision,
 }
 
 impl InjectArgs {
@@ -60,6 +66,7 @@ impl InjectArgs {
             cluster_id: cluster_id.to_string(),
             network: self.network.clone(),
             mesh_id: self.mesh_id.clone(),
+            revision: self.revision.clone(),
             system_namespace: system_namespace.to_string(),
             domain_suffix: domain_suffix.to_string(),
             mesh,
@@ -75,6 +82,7 @@ pub struct InjectConfig {
     pub cluster_id: String,
     pub network: String,
     pub mesh_id: String,
+    pub revision: Revision,
     pub system_namespace: String,
     pub domain_suffix: String,
     /// The mesh config in force: trust domain and the proxies' default config.
@@ -84,9 +92,13 @@ pub struct InjectConfig {
 }
 
 impl InjectConfig {
-    /// The secure xDS and CA address of this control plane, as proxies reach it.
+    /// The secure xDS and CA address of this control plane (its revision's Service), as proxies
+    /// reach it.
     pub fn ca_address(&self) -> String {
-        format!("istiod.{}.svc:15012", self.system_namespace)
+        format!(
+            "{}:15012",
+            self.revision.service_host(&self.system_namespace)
+        )
     }
 }
 

@@ -13,6 +13,7 @@ use super::annotations::{Settings, PROXY_OVERRIDES, STATUS};
 use super::policy::injection_required;
 use super::sidecar::{build, Placement, INIT_CONTAINER, PROXY_CONTAINER};
 use super::{InjectConfig, InjectError, Overrides, Workload};
+use crate::istio::revision::REVISION_LABEL;
 use crate::registry::workload::canonical_service;
 
 const NETWORK_LABEL: &str = "topology.istio.io/network";
@@ -151,8 +152,10 @@ pub fn inject(
         containers: Some(vec![PROXY_CONTAINER.into()]),
         volumes: Some(volume_names),
         image_pull_secrets: None,
-        revision: "default".into(),
+        revision: config.revision.to_string(),
     };
+    // Which control plane injected the pod, as istiod's template records it.
+    pod_annotations.insert(REVISION_LABEL.into(), config.revision.to_string());
     pod_annotations.insert(
         STATUS.into(),
         serde_json::to_string(&status).unwrap_or_default(),

@@ -15,17 +15,49 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
-use super::rbac::CONTROL_PLANE_ACCOUNT;
+use super::rbac::control_plane_account;
 use super::{labels, meta, meta_labelled, Values};
 use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
+use crate::istio::revision::REVISION_LABEL;
 
-/// Istio's labels of istiod pods, which its tools select on.
-fn pod_labels() -> BTreeMap<String, String> {
-    labels(&[("app", "istiod"), ("istio", "pilot")])
+/// What selects the revision's pods (Deployment, PodDisruptionBudget, Service): `istio=pilot` for
+/// the default revision, the revision label for another, so neither Service picks the other's
+/// pods (Istio's chart, manifests/charts/istio-control/istio-discovery/templates/service.yaml).
+fn selector(values: &Values) -> BTreeMap<String, String> {
+    match values.revision.is_default() {
+        true => labels(&[("app", "istiod"), ("istio", "pilot")]),
+        false => labels(&[
+            ("app", "istiod"),
+            (REVISION_LABEL, values.revision.as_str()),
+        ]),
+    }
+}
+
+/// Istio's labels of istiod pods, which its tools select on (`app=istiod`, `istio.io/rev`).
+fn pod_labels(values: &Values) -> BTreeMap<String, String> {
+    let mut pod = selector(values);
+    pod.insert(REVISION_LABEL.into(), values.revision.to_string());
+    if !values.revision.is_default() {
+        pod.insert("istio".into(), "istiod".into());
+    }
+    pod
+}
+
+/// The labels of the Deployment, budget and Service: a named revision's objects all carry it.
+fn object_labels(values: &Values) -> BTreeMap<String, String> {
+    match values.revision.is_default() {
+        true => selector(values),
+        false => pod_labels(values),
+    }
+}
+
+/// The revision's control-plane objects' name: `istiod`, `istiod-<revision>`.
+pub fn name(values: &Values) -> String {
+    values.revision.suffixed("istiod")
 }
 
 /// The `istio` ConfigMap: mesh config with the trust domain, root namespace, the proxies'
@@ -41,9 +73,9 @@ pub fn mesh_config(values: &Values) -> Result<ConfigMap, serde_yaml_ng::Error> {
     }
     Ok(ConfigMap {
         metadata: meta_labelled(
-            MESH_CONFIGMAP,
+            &values.revision.suffixed(MESH_CONFIGMAP),
             Some(&values.namespace),
-            labels(&[("istio.io/rev", "default")]),
+            labels(&[(REVISION_LABEL, values.revision.as_str())]),
         ),
         data: Some(BTreeMap::from([(
             MESH_KEY.to_string(),
@@ -75,6 +107,10 @@ fn port(name: &str, number: i32) -> ContainerPort {
 const STATE_DIR: &str = "/var/lib/meshpilot";
 
 pub fn deployment(values: &Values) -> Deployment {
+    let revision = match values.revision.is_default() {
+        true => String::new(),
+        false => values.revision.to_string(),
+    };
     let mut variables = vec![
         env("MESHPILOT_IN_CLUSTER", "true"),
         env("MESHPILOT_CLUSTER_ID", &values.cluster_id),
@@ -101,6 +137,7 @@ pub fn deployment(values: &Values) -> Deployment {
     for (name, value) in [
         ("MESHPILOT_NETWORK", &values.network),
         ("MESHPILOT_MESH_ID", &values.mesh_id),
+        ("MESHPILOT_REVISION", &revision),
         // Remote API servers call the webhook at this address: the certificate must name it.
         ("MESHPILOT_XDS_DNS_NAMES", &values.remote_pilot_address),
     ] {
@@ -164,16 +201,13 @@ pub fn deployment(values: &Values) -> Deployment {
         topology_key: key.into(),
         when_unsatisfiable: "ScheduleAnyway".into(),
         label_selector: Some(LabelSelector {
-            match_labels: Some(pod_labels()),
+            match_labels: Some(selector(values)),
             match_expressions: None,
         }),
         ..Default::default()
     };
-    let mut template_labels = pod_labels();
-    template_labels.extend(labels(&[
-        ("istio.io/rev", "default"),
-        ("sidecar.istio.io/inject", "false"),
-    ]));
+    let mut template_labels = pod_labels(values);
+    template_labels.insert("sidecar.istio.io/inject".into(), "false".into());
     let mut template_meta = meta_labelled("", None, template_labels);
     template_meta.name = None;
     template_meta.annotations = Some(labels(&[
@@ -182,11 +216,15 @@ pub fn deployment(values: &Values) -> Deployment {
         ("prometheus.io/scrape", "true"),
     ]));
     Deployment {
-        metadata: meta_labelled("istiod", Some(&values.namespace), pod_labels()),
+        metadata: meta_labelled(
+            &name(values),
+            Some(&values.namespace),
+            object_labels(values),
+        ),
         spec: DeploymentSpec {
             replicas: Some(values.replicas),
             selector: LabelSelector {
-                match_labels: Some(pod_labels()),
+                match_labels: Some(selector(values)),
                 match_expressions: None,
             },
             strategy: Some(DeploymentStrategy {
@@ -199,7 +237,7 @@ pub fn deployment(values: &Values) -> Deployment {
             template: PodTemplateSpec {
                 metadata: Some(template_meta),
                 spec: Some(PodSpec {
-                    service_account_name: Some(CONTROL_PLANE_ACCOUNT.into()),
+                    service_account_name: Some(control_plane_account(&values.revision)),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(1337),
@@ -233,11 +271,15 @@ pub fn deployment(values: &Values) -> Deployment {
 /// Voluntary evictions (node drains) take at most one replica at a time.
 pub fn disruption_budget(values: &Values) -> PodDisruptionBudget {
     PodDisruptionBudget {
-        metadata: meta_labelled("istiod", Some(&values.namespace), pod_labels()),
+        metadata: meta_labelled(
+            &name(values),
+            Some(&values.namespace),
+            object_labels(values),
+        ),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
             selector: Some(LabelSelector {
-                match_labels: Some(pod_labels()),
+                match_labels: Some(selector(values)),
                 match_expressions: None,
             }),
             ..Default::default()
@@ -256,13 +298,17 @@ fn service_port(name: &str, port: i32, target: i32) -> ServicePort {
     }
 }
 
-/// Service `istiod`, with Istio's port names: what proxies (CA_ADDR, discovery address) and the
-/// webhook configurations name.
+/// Service `istiod` (`istiod-<revision>`), with Istio's port names: what proxies (CA_ADDR,
+/// discovery address) and the webhook configurations name.
 pub fn service(values: &Values) -> Service {
     Service {
-        metadata: meta_labelled("istiod", Some(&values.namespace), pod_labels()),
+        metadata: meta_labelled(
+            &name(values),
+            Some(&values.namespace),
+            object_labels(values),
+        ),
         spec: Some(ServiceSpec {
-            selector: Some(pod_labels()),
+            selector: Some(selector(values)),
             ports: Some(vec![
                 service_port("grpc-xds", 15010, 15010),
                 service_port("https-dns", 15012, 15012),
@@ -279,10 +325,16 @@ pub fn service(values: &Values) -> Service {
 /// remote clusters' proxies and API servers (`remotePilotAddress` is its address).
 pub fn external_service(values: &Values) -> Service {
     Service {
-        metadata: meta("istiod-external", Some(&values.namespace)),
+        metadata: ObjectMeta {
+            labels: (!values.revision.is_default()).then(|| object_labels(values)),
+            ..meta(
+                &values.revision.suffixed("istiod-external"),
+                Some(&values.namespace),
+            )
+        },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".into()),
-            selector: Some(pod_labels()),
+            selector: Some(selector(values)),
             ports: Some(vec![
                 service_port("tls-xds", 15012, 15012),
                 service_port("tls-webhook", 15017, 15017),
@@ -290,5 +342,33 @@ pub fn external_service(values: &Values) -> Service {
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// ConfigMap `istio-sidecar-injector-<revision>`, as Istio's chart names it: the injection
+/// settings tools read (`values`: the revision, its namespace, proxy image, network, mesh id;
+/// `config`: the policy). meshpilot's templates are built in, so there are none here.
+pub fn injector_config(values: &Values) -> ConfigMap {
+    let settings = json!({
+        "revision": values.revision.as_str(),
+        "global": {
+            "istioNamespace": values.namespace,
+            "network": values.network,
+            "meshID": values.mesh_id,
+            "proxy": {"image": values.proxy_image},
+        },
+    });
+    let config = json!({"policy": "enabled", "defaultTemplates": ["sidecar"]});
+    ConfigMap {
+        metadata: meta_labelled(
+            &values.revision.suffixed("istio-sidecar-injector"),
+            Some(&values.namespace),
+            labels(&[(REVISION_LABEL, values.revision.as_str())]),
+        ),
+        data: Some(BTreeMap::from([
+            ("values".to_string(), settings.to_string()),
+            ("config".to_string(), config.to_string()),
+        ])),
+        ..Default::default()
     }
 }

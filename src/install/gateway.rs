@@ -45,6 +45,7 @@ pub fn deployment(values: &Values) -> Deployment {
         cluster_id: values.cluster_id.clone(),
         network: values.network.clone(),
         mesh_id: values.mesh_id.clone(),
+        revision: values.revision.clone(),
         system_namespace: values.namespace.clone(),
         domain_suffix: "cluster.local".into(),
         mesh: Arc::new(default_mesh(&values.trust_domain, &values.namespace)),
@@ -175,7 +176,10 @@ pub fn istiod_gateway(values: &Values) -> Gateway {
 }
 
 pub fn istiod_virtual_service(values: &Values) -> VirtualService {
-    let host = format!("istiod.{}.svc.cluster.local", values.namespace);
+    let host = format!(
+        "{}.cluster.local",
+        values.revision.service_host(&values.namespace)
+    );
     let route = |port: u32, target: u32| TlsRoute {
         matches: vec![TlsMatch {
             port,

@@ -473,6 +473,7 @@ spec:
             cluster_id: "c1".into(),
             network: String::new(),
             mesh_id: String::new(),
+            revision: Default::default(),
             system_namespace: "istio-system".into(),
             domain_suffix: "cluster.local".into(),
             mesh: Arc::new(crate::istio::MeshConfig::default()),

@@ -96,6 +96,14 @@ impl Object {
             .to_string()
     }
 
+    /// The object with one more label (an object of a named revision carries its name).
+    pub fn labelled(self, key: &str, value: &str) -> Self {
+        let mut json = self.value();
+        json["metadata"]["labels"][key] = Value::String(value.to_string());
+        // The same kind with one more string label always reads back.
+        Self::parse(&json).unwrap_or(self)
+    }
+
     fn value(&self) -> Value {
         serde_json::to_value(self).unwrap_or_default()
     }

@@ -8,8 +8,9 @@ use k8s_openapi::api::rbac::v1::{
 };
 
 use super::meta;
+use crate::istio::Revision;
 
-pub const CONTROL_PLANE_ACCOUNT: &str = "meshpilot";
+const CONTROL_PLANE_ACCOUNT: &str = "meshpilot";
 pub const READER_ACCOUNT: &str = "istio-reader-service-account";
 pub const READER_ROLE: &str = "meshpilot-reader";
 const REMOTE_WRITER_ROLE: &str = "meshpilot-remote-writer";
@@ -26,6 +27,20 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 }
 
 const READ: &[&str] = &["get", "list", "watch"];
+
+/// The control plane's service account: `meshpilot`, or Istio's `istiod-<revision>` for a named
+/// revision, whose RBAC objects are named `meshpilot-<revision>` so removing one revision leaves
+/// the other's in place.
+pub fn control_plane_account(revision: &Revision) -> String {
+    match revision.is_default() {
+        true => CONTROL_PLANE_ACCOUNT.into(),
+        false => revision.suffixed("istiod"),
+    }
+}
+
+fn control_plane_role_name(revision: &Revision) -> String {
+    revision.suffixed(CONTROL_PLANE_ACCOUNT)
+}
 
 pub fn service_account(name: &str, namespace: &str) -> ServiceAccount {
     ServiceAccount {
@@ -58,9 +73,9 @@ fn cluster_binding(name: &str, role: &str, account: &str, namespace: &str) -> Cl
 /// What the control plane does in its own cluster: read services, endpoints, Istio config and
 /// gateway credentials (Secrets), review tokens, publish root certificates, keep webhook
 /// configurations current.
-pub fn control_plane_role() -> ClusterRole {
+pub fn control_plane_role(revision: &Revision) -> ClusterRole {
     ClusterRole {
-        metadata: meta(CONTROL_PLANE_ACCOUNT, None),
+        metadata: meta(&control_plane_role_name(revision), None),
         rules: Some(vec![
             rule(
                 &[""],
@@ -122,20 +137,16 @@ pub fn control_plane_role() -> ClusterRole {
     }
 }
 
-pub fn control_plane_binding(namespace: &str) -> ClusterRoleBinding {
-    cluster_binding(
-        CONTROL_PLANE_ACCOUNT,
-        CONTROL_PLANE_ACCOUNT,
-        CONTROL_PLANE_ACCOUNT,
-        namespace,
-    )
+pub fn control_plane_binding(namespace: &str, revision: &Revision) -> ClusterRoleBinding {
+    let role = control_plane_role_name(revision);
+    cluster_binding(&role, &role, &control_plane_account(revision), namespace)
 }
 
 /// In the system namespace only: remote-cluster kubeconfigs and CA keys (Secrets), the leader
-/// Lease.
-pub fn control_plane_namespace_role(namespace: &str) -> Role {
+/// Leases.
+pub fn control_plane_namespace_role(namespace: &str, revision: &Revision) -> Role {
     Role {
-        metadata: meta(CONTROL_PLANE_ACCOUNT, Some(namespace)),
+        metadata: meta(&control_plane_role_name(revision), Some(namespace)),
         rules: Some(vec![
             rule(
                 &[""],
@@ -151,15 +162,16 @@ pub fn control_plane_namespace_role(namespace: &str) -> Role {
     }
 }
 
-pub fn control_plane_namespace_binding(namespace: &str) -> RoleBinding {
+pub fn control_plane_namespace_binding(namespace: &str, revision: &Revision) -> RoleBinding {
+    let role = control_plane_role_name(revision);
     RoleBinding {
-        metadata: meta(CONTROL_PLANE_ACCOUNT, Some(namespace)),
+        metadata: meta(&role, Some(namespace)),
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
-            name: CONTROL_PLANE_ACCOUNT.into(),
+            name: role.clone(),
         },
-        subjects: Some(vec![subject(CONTROL_PLANE_ACCOUNT, namespace)]),
+        subjects: Some(vec![subject(&control_plane_account(revision), namespace)]),
     }
 }
 

@@ -27,7 +27,7 @@ fn port(name: &str, port: i32, target: Option<i32>) -> ServicePort {
 pub fn service(values: &Values) -> Service {
     let external = values.remote_pilot_address.parse::<IpAddr>().is_err();
     Service {
-        metadata: meta("istiod", Some(&values.namespace)),
+        metadata: meta(&values.revision.suffixed("istiod"), Some(&values.namespace)),
         spec: Some(ServiceSpec {
             ports: Some(vec![
                 port("tcp-istiod", 15012, None),
@@ -50,12 +50,13 @@ pub fn endpoints(values: &Values) -> Option<EndpointSlice> {
         protocol: Some("TCP".into()),
         app_protocol: None,
     };
+    let service = values.revision.suffixed("istiod");
     Some(EndpointSlice {
         metadata: meta_labelled(
-            "istiod-remote",
+            &values.revision.suffixed("istiod-remote"),
             Some(&values.namespace),
             labels(&[
-                ("kubernetes.io/service-name", "istiod"),
+                ("kubernetes.io/service-name", service.as_str()),
                 ("endpointslice.kubernetes.io/managed-by", "meshpilot"),
             ]),
         ),

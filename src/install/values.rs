@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use super::Profile;
 use crate::inject::DEFAULT_PROXY_IMAGE;
-use crate::istio::MeshConfig;
+use crate::istio::{MeshConfig, Revision};
 
 /// Every key `--set` knows, with what it means (shown when a key is unknown).
 pub const KEYS: &[(&str, &str)] = &[
@@ -82,6 +82,8 @@ pub struct Values {
     pub remote_pilot_address: String,
     pub expose_control_plane: bool,
     pub control_plane_clusters: String,
+    /// The control-plane revision (`--revision`).
+    pub revision: Revision,
     /// Mesh config fields given with `meshConfig.<field>`, checked as the mesh config.
     pub mesh: BTreeMap<String, String>,
 }
@@ -100,6 +102,7 @@ impl Default for Values {
             remote_pilot_address: String::new(),
             expose_control_plane: false,
             control_plane_clusters: "*".into(),
+            revision: Revision::default(),
             mesh: BTreeMap::new(),
         }
     }
@@ -211,9 +214,9 @@ impl Values {
         }
     }
 
-    /// The control plane's secure address inside the cluster, as proxies reach it.
+    /// The revision's secure address inside the cluster, as proxies reach it.
     pub fn discovery_address(&self) -> String {
-        format!("istiod.{}.svc:15012", self.namespace)
+        format!("{}:15012", self.revision.service_host(&self.namespace))
     }
 }
 

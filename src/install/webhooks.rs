@@ -4,6 +4,10 @@
 //! opting out), `failurePolicy: Fail`; the validator for Istio's config groups,
 //! `failurePolicy: Ignore` until the leader has seen it refuse invalid config. No `caBundle`: the
 //! leader sets it, and leaving it out lets `kubectl apply` of these manifests keep it.
+//!
+//! A named revision's configurations (Istio's chart, templates/mutatingwebhook.yaml and
+//! validatingwebhookconfiguration.yaml) hold only the `rev.` entries for that revision, call the
+//! Service `istiod-<revision>` and are named after it: `istioctl tag set` copies the injector.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
@@ -12,11 +16,16 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::{labels, meta_labelled};
+use crate::istio::revision::REVISION_LABEL;
+use crate::istio::Revision;
 
 /// How the API server reaches the webhook.
 pub enum Endpoint<'a> {
-    /// Service `istiod` in the namespace, port 443.
-    Service { namespace: &'a str },
+    /// The revision's Service (`istiod`, `istiod-<revision>`) in the namespace, port 443.
+    Service {
+        namespace: &'a str,
+        revision: &'a Revision,
+    },
     /// A URL base (`https://<address>:15017`) for clusters without the control plane.
     Url(String),
 }
@@ -24,9 +33,12 @@ pub enum Endpoint<'a> {
 impl Endpoint<'_> {
     fn client(&self, path: &str) -> WebhookClientConfig {
         match self {
-            Endpoint::Service { namespace } => WebhookClientConfig {
+            Endpoint::Service {
+                namespace,
+                revision,
+            } => WebhookClientConfig {
                 service: Some(ServiceReference {
-                    name: "istiod".into(),
+                    name: revision.suffixed("istiod"),
                     namespace: namespace.to_string(),
                     path: Some(path.into()),
                     port: Some(443),
@@ -60,11 +72,12 @@ fn review_versions() -> Vec<String> {
     vec!["v1beta1".into(), "v1".into()]
 }
 
-/// Name of the injector configuration in a namespace.
-pub fn injector_name(namespace: &str) -> String {
+/// Name of the injector configuration of a revision in a namespace (as Istio's chart names it).
+pub fn injector_name(namespace: &str, revision: &Revision) -> String {
+    let name = revision.suffixed("istio-sidecar-injector");
     match namespace {
-        "istio-system" => "istio-sidecar-injector".into(),
-        ns => format!("istio-sidecar-injector-{ns}"),
+        "istio-system" => name,
+        ns => format!("{name}-{ns}"),
     }
 }
 
@@ -73,13 +86,15 @@ pub fn injector(
     namespace: &str,
     endpoint: &Endpoint<'_>,
     path: &str,
+    revision: &Revision,
 ) -> MutatingWebhookConfiguration {
+    let rev = revision.as_str();
     let not_opted_out = requirement("sidecar.istio.io/inject", "NotIn", &["false"]);
-    let entries = [
+    let mut entries = vec![
         (
             "rev.namespace.sidecar-injector.istio.io",
             vec![
-                requirement("istio.io/rev", "In", &["default"]),
+                requirement(REVISION_LABEL, "In", &[rev]),
                 requirement("istio-injection", "DoesNotExist", &[]),
             ],
             vec![not_opted_out.clone()],
@@ -87,31 +102,19 @@ pub fn injector(
         (
             "rev.object.sidecar-injector.istio.io",
             vec![
-                requirement("istio.io/rev", "DoesNotExist", &[]),
+                requirement(REVISION_LABEL, "DoesNotExist", &[]),
                 requirement("istio-injection", "DoesNotExist", &[]),
             ],
             vec![
                 not_opted_out.clone(),
-                requirement("istio.io/rev", "In", &["default"]),
-            ],
-        ),
-        (
-            "namespace.sidecar-injector.istio.io",
-            vec![requirement("istio-injection", "In", &["enabled"])],
-            vec![not_opted_out],
-        ),
-        (
-            "object.sidecar-injector.istio.io",
-            vec![
-                requirement("istio-injection", "DoesNotExist", &[]),
-                requirement("istio.io/rev", "DoesNotExist", &[]),
-            ],
-            vec![
-                requirement("sidecar.istio.io/inject", "In", &["true"]),
-                requirement("istio.io/rev", "DoesNotExist", &[]),
+                requirement(REVISION_LABEL, "In", &[rev]),
             ],
         ),
     ];
+    // Only the unrevisioned install answers `istio-injection=enabled` and the pod opt-in.
+    if revision.is_default() {
+        entries.extend(default_injector_entries(not_opted_out));
+    }
     let webhooks = entries
         .into_iter()
         .map(|(name, namespaces, objects)| MutatingWebhook {
@@ -135,16 +138,51 @@ pub fn injector(
         .collect();
     MutatingWebhookConfiguration {
         metadata: meta_labelled(
-            &injector_name(namespace),
+            &injector_name(namespace, revision),
             None,
-            labels(&[("app", "sidecar-injector"), ("istio.io/rev", "default")]),
+            labels(&[("app", "sidecar-injector"), (REVISION_LABEL, rev)]),
         ),
         webhooks: Some(webhooks),
     }
 }
 
-/// Validation of the Istio config groups meshpilot reads, for objects of the default revision.
-pub fn validator(namespace: &str, endpoint: &Endpoint<'_>) -> ValidatingWebhookConfiguration {
+type Entry = (
+    &'static str,
+    Vec<LabelSelectorRequirement>,
+    Vec<LabelSelectorRequirement>,
+);
+
+/// The namespace opt-in by `istio-injection=enabled` and the pod opt-in by
+/// `sidecar.istio.io/inject=true`, where neither names a revision.
+fn default_injector_entries(not_opted_out: LabelSelectorRequirement) -> [Entry; 2] {
+    [
+        (
+            "namespace.sidecar-injector.istio.io",
+            vec![requirement("istio-injection", "In", &["enabled"])],
+            vec![not_opted_out],
+        ),
+        (
+            "object.sidecar-injector.istio.io",
+            vec![
+                requirement("istio-injection", "DoesNotExist", &[]),
+                requirement(REVISION_LABEL, "DoesNotExist", &[]),
+            ],
+            vec![
+                requirement("sidecar.istio.io/inject", "In", &["true"]),
+                requirement(REVISION_LABEL, "DoesNotExist", &[]),
+            ],
+        ),
+    ]
+}
+
+/// Validation of the Istio config groups meshpilot reads, for objects of the revision (and, for
+/// the default revision, unlabelled ones).
+pub fn validator(
+    namespace: &str,
+    endpoint: &Endpoint<'_>,
+    revision: &Revision,
+) -> ValidatingWebhookConfiguration {
+    let rev = revision.as_str();
     let rules = vec![RuleWithOperations {
         operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
         api_groups: Some(
@@ -167,25 +205,26 @@ pub fn validator(namespace: &str, endpoint: &Endpoint<'_>) -> ValidatingWebhookC
         object_selector: selector(vec![objects]),
         ..Default::default()
     };
+    let mut entries = vec![entry(
+        "rev.validation.istio.io",
+        requirement(REVISION_LABEL, "In", &[rev]),
+    )];
+    if revision.is_default() {
+        entries.push(entry(
+            "validation.istio.io",
+            requirement(REVISION_LABEL, "DoesNotExist", &[]),
+        ));
+    }
     ValidatingWebhookConfiguration {
         metadata: meta_labelled(
-            &format!("istio-validator-{namespace}"),
+            &format!("{}-{namespace}", revision.suffixed("istio-validator")),
             None,
             labels(&[
                 ("app", "istiod"),
                 ("istio", "istiod"),
-                ("istio.io/rev", "default"),
+                (REVISION_LABEL, rev),
             ]),
         ),
-        webhooks: Some(vec![
-            entry(
-                "rev.validation.istio.io",
-                requirement("istio.io/rev", "In", &["default"]),
-            ),
-            entry(
-                "validation.istio.io",
-                requirement("istio.io/rev", "DoesNotExist", &[]),
-            ),
-        ]),
+        webhooks: Some(entries),
     }
 }

@@ -14,6 +14,7 @@ pub mod label_selector;
 pub mod mcp;
 pub mod mesh;
 pub mod proxy_config;
+pub mod revision;
 pub mod security;
 pub mod service_entry;
 pub mod sidecar;
@@ -40,6 +41,7 @@ pub use gateway_api::{
 };
 pub use mesh::MeshConfig;
 pub use proxy_config::ProxyConfig;
+pub use revision::Revision;
 pub use security::authorization::AuthorizationPolicy;
 pub use security::peer::PeerAuthentication;
 pub use security::request::RequestAuthentication;

@@ -24,7 +24,9 @@ use tracing::{error, info, warn};
 use super::discovery::scoped_watch;
 use crate::aggregate::Aggregate;
 use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
-use crate::istio::{ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin};
+use crate::istio::{
+    ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin, Revision,
+};
 use crate::kube_client::retried;
 use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
 use crate::registry::DiscoveredNamespaces;
@@ -55,16 +57,30 @@ impl KubeConfigWatch {
     }
 }
 
-/// Starts watching every Istio kind, and (without `--mesh-config`) the `istio` ConfigMap.
+/// What the config cluster's Istio config is read as.
+pub struct ConfigScope {
+    pub cluster: ClusterId,
+    pub discovered: Arc<DiscoveredNamespaces>,
+    /// Objects labelled for another revision are not this control plane's.
+    pub revision: Revision,
+    pub system_namespace: String,
+}
+
+/// Starts watching every Istio kind, and (without `--mesh-config`) the revision's mesh ConfigMap
+/// (`istio`, `istio-<revision>`).
 pub fn watch(
     client: Client,
-    cluster: ClusterId,
-    discovered: Arc<DiscoveredNamespaces>,
+    scope: ConfigScope,
     aggregate: Arc<Aggregate>,
-    system_namespace: &str,
     watch_mesh_config: bool,
     istio_config: bool,
 ) -> KubeConfigWatch {
+    let ConfigScope {
+        cluster,
+        discovered,
+        revision,
+        system_namespace,
+    } = scope;
     let (listed, synced) = watch::channel(0usize);
     let listed = Arc::new(listed);
     // Where the mesh config names config sources without k8s://, the cluster's are not read.
@@ -78,7 +94,7 @@ pub fn watch(
             tokio::spawn(watch_kind(
                 client.clone(),
                 *kind,
-                (cluster.clone(), discovered.clone()),
+                (cluster.clone(), discovered.clone(), revision.clone()),
                 aggregate.clone(),
                 listed.clone(),
             ))
@@ -88,7 +104,7 @@ pub fn watch(
     if watch_mesh_config {
         tasks.push(tokio::spawn(watch_mesh(
             client,
-            system_namespace.to_string(),
+            (system_namespace, revision.suffixed(MESH_CONFIGMAP)),
             aggregate,
             mesh_error.clone(),
         )));
@@ -126,7 +142,7 @@ pub(super) async fn served_version(client: &Client, kind: ConfigKind) -> Option<
 async fn watch_kind(
     client: Client,
     kind: ConfigKind,
-    (cluster, discovered): (ClusterId, Arc<DiscoveredNamespaces>),
+    (cluster, discovered, revision): (ClusterId, Arc<DiscoveredNamespaces>, Revision),
     aggregate: Arc<Aggregate>,
     listed: Arc<watch::Sender<usize>>,
 ) {
@@ -151,6 +167,7 @@ async fn watch_kind(
         keys: BTreeSet::new(),
         relist: None,
         discovered,
+        revision,
         aggregate,
     };
     while let Some(event) = events.next().await {
@@ -172,6 +189,7 @@ struct Held {
     keys: BTreeSet<ConfigKey>,
     relist: Option<BTreeMap<ConfigKey, Converted>>,
     discovered: Arc<DiscoveredNamespaces>,
+    revision: Revision,
     aggregate: Arc<Aggregate>,
 }
 
@@ -206,15 +224,19 @@ impl Held {
                     .apply_config(ConfigSource::ConfigCluster, changes, refusals);
                 return true;
             }
-            Event::Apply(object) => {
-                if let Some((key, converted)) = self.convert(&object) {
+            Event::Apply(object) => match self.convert(&object) {
+                Some((key, converted)) => {
                     self.keys.insert(key.clone());
                     let (mut changes, mut refusals) = (Vec::new(), Vec::new());
                     apply_converted(key, converted, &mut changes, &mut refusals);
                     self.aggregate
                         .apply_config(ConfigSource::ConfigCluster, changes, refusals);
                 }
-            }
+                // Relabelled for another revision: no longer ours.
+                None => {
+                    self.on(Event::Delete(object));
+                }
+            },
             Event::Delete(object) => {
                 if let Some(key) = key_of(self.kind, &object).filter(|k| self.keys.remove(k)) {
                     let refusals = vec![(key.to_string(), Vec::new())];
@@ -229,10 +251,11 @@ impl Held {
         false
     }
 
-    /// The object validated, unless its namespace is not discovered.
+    /// The object validated, unless its namespace is not discovered or it belongs to another
+    /// revision (istiod's `LabelsInRevision`).
     fn convert(&self, object: &DynamicObject) -> Option<(ConfigKey, Converted)> {
         let namespace = object.namespace().unwrap_or_default();
-        if !self.discovered.admits(&namespace) {
+        if !self.discovered.admits(&namespace) || !self.revision.reads(Some(object.labels())) {
             return None;
         }
         convert(&self.cluster, object)
@@ -292,15 +315,16 @@ fn key_of(kind: ConfigKind, object: &DynamicObject) -> Option<ConfigKey> {
     })
 }
 
-/// The `istio` ConfigMap's `mesh` key, as istiod reads it when no mesh config file is mounted.
+/// The revision's mesh ConfigMap's `mesh` key, as istiod reads it when no mesh config file is
+/// mounted (`istio`, `istio-<revision>`: istio/istio pilot/pkg/bootstrap/mesh.go).
 async fn watch_mesh(
     client: Client,
-    namespace: String,
+    (namespace, name): (String, String),
     aggregate: Arc<Aggregate>,
     last_error: Arc<Mutex<Option<String>>>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().fields(&format!("metadata.name={MESH_CONFIGMAP}"));
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let defaults = aggregate.mesh().naming.mesh_defaults();
     let mut maps = retried(watcher::watcher(api, config))
         .applied_objects()
@@ -323,12 +347,11 @@ async fn watch_mesh(
             Ok(mesh) => {
                 *last_error.lock() = None;
                 if aggregate.set_mesh_config(mesh) {
-                    info!(namespace, "mesh config changed (ConfigMap istio)");
+                    info!(namespace, configmap = name, "mesh config changed");
                 }
             }
             Err(e) => {
-                let message =
-                    format!("ConfigMap {namespace}/{MESH_CONFIGMAP}, key {MESH_KEY}: {e}");
+                let message = format!("ConfigMap {namespace}/{name}, key {MESH_KEY}: {e}");
                 error!(error = %message, "mesh config refused; keeping the last good one");
                 *last_error.lock() = Some(message);
             }

@@ -111,6 +111,7 @@ mod tests {
                 cluster_id: "c1".into(),
                 network: String::new(),
                 mesh_id: String::new(),
+                revision: Default::default(),
                 system_namespace: "istio-system".into(),
                 domain_suffix: "cluster.local".into(),
                 mesh: Arc::new(MeshConfig::default()),

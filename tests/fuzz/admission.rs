@@ -21,6 +21,7 @@ static STATE: LazyLock<WebhookState> = LazyLock::new(|| WebhookState {
         cluster_id: "cluster1".into(),
         network: "net1".into(),
         mesh_id: String::new(),
+        revision: Default::default(),
         system_namespace: "istio-system".into(),
         domain_suffix: "cluster.local".into(),
         mesh: Arc::new(MeshConfig::default()),
