@@ -12,7 +12,7 @@ use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::install::gateway_deployment;
 use crate::kube_client::ClusterClients;
-use crate::leader::{self, Leader, LeaderConfig};
+use crate::leader::{self, Leader, LeaderConfig, LockKind};
 use crate::metrics::Metrics;
 use crate::model::ClusterId;
 use crate::security::authn::Authenticator;
@@ -22,6 +22,7 @@ use crate::security::node_auth::{NodeAuthorizer, PodDirectory, PodFacts};
 use crate::security::rotation::{self, SharedCa};
 use crate::security::tls::ServingCert;
 use crate::security::trust;
+use crate::sources::revision_tags::RevisionTags;
 use crate::sources::{allocation_status, gateway_status};
 use crate::supervise::Supervisor;
 use crate::webhook::ca_bundle;
@@ -34,18 +35,25 @@ pub(super) fn leader(
 ) -> Option<Leader> {
     let mut leader = Leader::start(
         config_cluster?.client.clone(),
-        LeaderConfig {
-            namespace: args.system_namespace.clone(),
-            name: leader::LEASE_NAME.into(),
-            identity: args
-                .leader_identity
-                .clone()
-                .unwrap_or_else(leader::default_identity),
-            lease_duration: args.leader_election_lease_duration,
-        },
+        lock_config(
+            args,
+            args.inject.revision.suffixed(leader::LEASE_NAME),
+            LockKind::Lease,
+        ),
     );
     leader.supervise(supervisor);
     Some(leader)
+}
+
+/// This replica competing for one lock in the system namespace.
+fn lock_config(args: &DiscoveryArgs, name: String, lock: LockKind) -> LeaderConfig {
+    LeaderConfig {
+        namespace: args.system_namespace.clone(),
+        name,
+        identity: (args.leader_identity.clone()).unwrap_or_else(leader::default_identity),
+        lease_duration: args.leader_election_lease_duration,
+        lock,
+    }
 }
 
 /// The CA, from the first key source given; a self-signed root is kept rotated.
@@ -157,9 +165,11 @@ pub(super) fn serving_cert(
     Ok(serving)
 }
 
-/// While leading: the root published in every namespace's `istio-ca-root-cert`, the webhooks'
-/// caBundles kept current, allocated addresses recorded in ServiceEntries' status, the Gateway
-/// API's status written and its managed Gateways deployed.
+/// While leading our Lease: the webhooks' caBundles kept current; and, each while also holding
+/// istiod's lock for it, the root published in every namespace's `istio-ca-root-cert` and
+/// allocated addresses recorded in ServiceEntries' status (cluster-wide ConfigMap locks, which
+/// the default tag's revision takes over), the Gateway API's status written and its managed
+/// Gateways deployed (per-revision Leases), for the Gateways this revision owns.
 pub(super) fn leader_work(
     args: &DiscoveryArgs,
     config_cluster: Option<&ConfigCluster>,
@@ -177,6 +187,7 @@ pub(super) fn leader_work(
     let discovered_of: trust::DiscoveredOf =
         Arc::new(move |id| clusters.cluster(id).map(|c| c.discovered().clone()));
     let namespace = args.system_namespace.clone();
+    let revision = args.inject.revision.clone();
     let roots = ca.roots();
     let inject = args.inject.config(
         &args.cluster_id,
@@ -184,39 +195,88 @@ pub(super) fn leader_work(
         &args.domain_suffix,
         mesh.snapshot().config.mesh().clone(),
     );
+    let args = args.clone();
     supervisor.adopt(
         "leader work",
         leader::run_while_leading(leader.leading(), move || {
-            let mut work = trust::publish_root(
-                (client.clone(), id.clone()),
-                remotes.clone(),
-                discovered_of.clone(),
-                namespace.clone(),
-                roots.clone(),
-            );
+            let (tags, mut work) =
+                RevisionTags::watch(client.clone(), &namespace, revision.clone());
+            let cluster_wide = |name: &str| {
+                let lock = LockKind::ConfigMap {
+                    revision: revision.clone(),
+                    preferred: tags.default_tag(),
+                };
+                lock_config(&args, name.to_string(), lock)
+            };
+            let per_revision =
+                |name: &str| lock_config(&args, format!("{name}-{revision}"), LockKind::Lease);
             work.extend(ca_bundle::keep_current(
                 client.clone(),
                 id.clone(),
                 remotes.clone(),
-                namespace.clone(),
+                (namespace.clone(), revision.clone()),
                 roots.clone(),
             ));
-            work.push(allocation_status::keep(
-                client.clone(),
-                id.clone(),
-                mesh.clone(),
-            ));
-            work.push(gateway_status::keep(
-                client.clone(),
-                id.clone(),
-                mesh.clone(),
-            ));
-            work.push(gateway_deployment::keep(
-                client.clone(),
-                id.clone(),
-                mesh.clone(),
-                inject.clone(),
-            ));
+            let publish = {
+                let (client, id, remotes) = (client.clone(), id.clone(), remotes.clone());
+                let (discovered_of, namespace, roots) =
+                    (discovered_of.clone(), namespace.clone(), roots.clone());
+                move || {
+                    trust::publish_root(
+                        (client.clone(), id.clone()),
+                        remotes.clone(),
+                        discovered_of.clone(),
+                        namespace.clone(),
+                        roots.clone(),
+                    )
+                }
+            };
+            let lock = cluster_wide(leader::NAMESPACE_CONTROLLER);
+            work.push(leader::while_holding(client.clone(), lock, publish));
+            let allocate = {
+                let (client, id, mesh) = (client.clone(), id.clone(), mesh.clone());
+                move || {
+                    vec![allocation_status::keep(
+                        client.clone(),
+                        id.clone(),
+                        mesh.clone(),
+                    )]
+                }
+            };
+            let lock = cluster_wide(leader::IP_AUTOALLOCATE);
+            work.push(leader::while_holding(client.clone(), lock, allocate));
+            let status = {
+                let (client, id, mesh, tags) =
+                    (client.clone(), id.clone(), mesh.clone(), tags.clone());
+                move || {
+                    let keep = gateway_status::keep(
+                        client.clone(),
+                        id.clone(),
+                        mesh.clone(),
+                        tags.clone(),
+                    );
+                    vec![keep]
+                }
+            };
+            let lock = per_revision(leader::GATEWAY_STATUS);
+            work.push(leader::while_holding(client.clone(), lock, status));
+            let deploy = {
+                let (client, id, mesh, tags) =
+                    (client.clone(), id.clone(), mesh.clone(), tags.clone());
+                let inject = inject.clone();
+                move || {
+                    let keep = gateway_deployment::keep(
+                        client.clone(),
+                        id.clone(),
+                        mesh.clone(),
+                        inject.clone(),
+                        tags.clone(),
+                    );
+                    vec![keep]
+                }
+            };
+            let lock = per_revision(leader::GATEWAY_DEPLOYMENT);
+            work.push(leader::while_holding(client.clone(), lock, deploy));
             work
         }),
     );

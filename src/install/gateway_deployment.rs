@@ -36,6 +36,7 @@ use crate::istio::{ConfigObject, Origin, Spec};
 use crate::model::gateway_api::status::ObjectStatus;
 use crate::model::waypoints::WaypointClass;
 use crate::model::{ClusterId, Mesh, MeshSnapshot, LABEL_NETWORK};
+use crate::sources::revision_tags::RevisionTags;
 
 /// The Gateway's annotations istiod reads to name what it deploys, and the Service's type.
 const SERVICE_ACCOUNT: &str = "gateway.istio.io/service-account";
@@ -180,8 +181,7 @@ fn deployment(
     config: &InjectConfig,
     kind: &Kind<'_>,
 ) -> Deployment {
-    let discovery = format!("istiod.{}.svc:15012", config.system_namespace);
-    let proxy_config = serde_json::json!({ "discoveryAddress": discovery }).to_string();
+    let proxy_config = serde_json::json!({ "discoveryAddress": config.ca_address() }).to_string();
     let mut ports = vec![
         container_port("status-port", STATUS_PORT),
         container_port("http-envoy-prom", 15090),
@@ -297,23 +297,26 @@ pub fn keep(
     cluster: ClusterId,
     mesh: Arc<Mesh>,
     config: InjectConfig,
+    tags: RevisionTags,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         // What was last applied, by (plural, namespace, name): applied again only when it changes.
         let mut applied: HashMap<(&'static str, String, String), Value> = HashMap::new();
-        let mut last: Option<Arc<MeshSnapshot>> = None;
+        let mut last: Option<(Arc<MeshSnapshot>, u64)> = None;
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
             let snapshot = mesh.snapshot();
-            if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
+            let owners = tags.fingerprint();
+            if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == owners) {
                 continue;
             }
             let config = InjectConfig {
                 mesh: snapshot.config.mesh().clone(),
                 ..config.clone()
             };
-            match apply_all(&client, &cluster, &snapshot, &config, &mut applied).await {
-                true => last = Some(snapshot),
+            let scope = (cluster.clone(), tags.clone());
+            match apply_all(&client, &scope, &snapshot, &config, &mut applied).await {
+                true => last = Some((snapshot, owners)),
                 false => tokio::time::sleep(RETRY_AFTER).await,
             }
         }
@@ -323,7 +326,7 @@ pub fn keep(
 /// Applies what every managed Gateway deploys; whether every call succeeded.
 async fn apply_all(
     client: &Client,
-    cluster: &ClusterId,
+    (cluster, tags): &(ClusterId, RevisionTags),
     snapshot: &MeshSnapshot,
     config: &InjectConfig,
     applied: &mut HashMap<(&'static str, String, String), Value>,
@@ -336,7 +339,8 @@ async fn apply_all(
         };
         let from_cluster = matches!(&object.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str());
         let refused = snapshot.config.gateway_api().ambient_refused.contains(key);
-        if !from_cluster || refused || !matches!(status, ObjectStatus::Gateway(_)) {
+        let owned = tags.owns(&object.meta.labels, &key.namespace);
+        if !from_cluster || !owned || refused || !matches!(status, ObjectStatus::Gateway(_)) {
             continue;
         }
         let waypoint = snapshot

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use super::revision_tags::RevisionTags;
 use crate::istio::{ConfigKey, ConfigKind, Origin};
 use crate::model::gateway_api::status::ObjectStatus;
 use crate::model::{ClusterId, Mesh, MeshSnapshot};
@@ -27,23 +28,31 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// How long one status write may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Keeps the config cluster's Gateway API objects' status current while this replica leads.
-pub fn keep(client: Client, cluster: ClusterId, mesh: Arc<Mesh>) -> JoinHandle<()> {
+/// Keeps the status of the config cluster's Gateway API objects this revision owns current
+/// while this replica leads (istiod's status writer asks `IsMine` too).
+pub fn keep(
+    client: Client,
+    cluster: ClusterId,
+    mesh: Arc<Mesh>,
+    tags: RevisionTags,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut resources: HashMap<ConfigKind, ApiResource> = HashMap::new();
         // What was written, without transition times: rewritten only when it changes.
         let mut written: HashMap<ConfigKey, Value> = HashMap::new();
-        let mut last: Option<Arc<MeshSnapshot>> = None;
+        let mut last: Option<(Arc<MeshSnapshot>, u64)> = None;
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
             let snapshot = mesh.snapshot();
-            if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
+            let owners = tags.fingerprint();
+            if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == owners) {
                 continue;
             }
+            let scope = (cluster.clone(), tags.clone());
             let done =
-                write_changed(&client, &cluster, &snapshot, &mut resources, &mut written).await;
+                write_changed(&client, &scope, &snapshot, &mut resources, &mut written).await;
             match done {
-                true => last = Some(snapshot),
+                true => last = Some((snapshot, owners)),
                 false => tokio::time::sleep(RETRY_AFTER).await,
             }
         }
@@ -53,7 +62,7 @@ pub fn keep(client: Client, cluster: ClusterId, mesh: Arc<Mesh>) -> JoinHandle<(
 /// Writes every status that differs from the one last written; whether all writes succeeded.
 async fn write_changed(
     client: &Client,
-    cluster: &ClusterId,
+    (cluster, tags): &(ClusterId, RevisionTags),
     snapshot: &MeshSnapshot,
     resources: &mut HashMap<ConfigKind, ApiResource>,
     written: &mut HashMap<ConfigKey, Value>,
@@ -62,10 +71,11 @@ async fn write_changed(
     let statuses = &snapshot.config.gateway_api().status;
     written.retain(|key, _| statuses.contains_key(key));
     for (key, status) in statuses {
-        let from_cluster = snapshot.config.get(key).is_some_and(|o| {
+        let ours = snapshot.config.get(key).is_some_and(|o| {
             matches!(&o.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str())
+                && tags.owns(&o.meta.labels, &key.namespace)
         });
-        if !from_cluster {
+        if !ours {
             continue;
         }
         let mut status: ObjectStatus = status.clone();

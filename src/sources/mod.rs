@@ -17,5 +17,6 @@ pub mod mcp;
 pub mod mesh_config;
 pub mod networks;
 pub mod remote;
+pub mod revision_tags;
 pub mod snapshots;
 pub mod watch;

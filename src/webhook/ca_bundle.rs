@@ -1,9 +1,11 @@
 //! Leader work: the webhook configurations that call this control plane trust its root. In the
-//! config cluster, every Mutating- and ValidatingWebhookConfiguration labelled `istio.io/rev=default`
-//! gets our root as `caBundle` (injector entries: names ending in `sidecar-injector.istio.io`);
-//! a validating configuration stays `failurePolicy: Ignore` until a dry-run create of an invalid
-//! DestinationRule is refused by it, then becomes `Fail` — istiod's rule, so a webhook that is not
-//! reachable yet never blocks config. Remote clusters that opted in to this control plane
+//! config cluster, every Mutating- and ValidatingWebhookConfiguration labelled with our revision
+//! (`istio.io/rev=<revision>`: its own, and tags pointing at it) gets our root as `caBundle`
+//! (injector entries: names ending in `sidecar-injector.istio.io`); another revision's are never
+//! touched (istio/istio pkg/webhooks/webhookpatch.go). A validating configuration stays
+//! `failurePolicy: Ignore` until a dry-run create of an invalid DestinationRule labelled with our
+//! revision (so it reaches our validator, not another's) is refused, then becomes `Fail` —
+//! istiod's rule, so a webhook that is not reachable yet never blocks config. Remote clusters that opted in to this control plane
 //! (`topology.istio.io/controlPlaneClusters`) get their caBundles kept the same way.
 
 use std::time::Duration;
@@ -22,12 +24,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::istio::revision::REVISION_LABEL;
+use crate::istio::Revision;
 use crate::kube_client::retried;
 use crate::kube_client::RemoteClients;
 use crate::model::ClusterId;
 
-/// The label our webhook configurations carry (Istio's default revision).
-pub const REVISION_SELECTOR: &str = "istio.io/rev=default";
 const INJECTOR_SUFFIX: &str = "sidecar-injector.istio.io";
 /// Reconciled this often besides on every change, so a failed update is retried.
 const RESYNC: Duration = Duration::from_secs(10);
@@ -38,14 +40,16 @@ pub fn keep_current(
     client: Client,
     config_cluster: ClusterId,
     remotes: RemoteClients,
-    system_namespace: String,
+    (system_namespace, revision): (String, Revision),
     roots: watch::Receiver<String>,
 ) -> Vec<JoinHandle<()>> {
     let local_roots = roots.clone();
     let local_namespace = system_namespace.clone();
+    let selector = format!("{REVISION_LABEL}={revision}");
+    let remote_selector = selector.clone();
     let local = tokio::spawn(async move {
         let mut fail_closed = false;
-        let config = watcher::Config::default().labels(REVISION_SELECTOR);
+        let config = watcher::Config::default().labels(&selector);
         let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
         let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
         let changes = futures::stream::select(
@@ -63,11 +67,12 @@ pub fn keep_current(
         let mut wake = futures::stream::select(changes, futures::stream::select(ticks, rotations));
         while wake.next().await.is_some() {
             if !fail_closed {
-                fail_closed = rejects_invalid_config(&client, &local_namespace).await;
+                fail_closed = rejects_invalid_config(&client, &local_namespace, &revision).await;
             }
             let policy = if fail_closed { "Fail" } else { "Ignore" };
             let root_pem = local_roots.borrow().clone();
-            reconcile(&client, &root_pem, Some(policy), "config cluster").await;
+            let scope = (selector.as_str(), "config cluster");
+            reconcile(&client, &root_pem, Some(policy), scope).await;
         }
     });
     let remote = tokio::spawn(async move {
@@ -77,7 +82,8 @@ pub fn keep_current(
                     .await
                 {
                     let root_pem = roots.borrow().clone();
-                    reconcile(&client, &root_pem, None, id.as_str()).await;
+                    let scope = (remote_selector.as_str(), id.as_str());
+                    reconcile(&client, &root_pem, None, scope).await;
                 }
             }
             tokio::time::sleep(RESYNC).await;
@@ -88,9 +94,14 @@ pub fn keep_current(
 
 /// Sets the caBundle (and the validating failure policy, if given) of every labelled
 /// configuration that differs.
-async fn reconcile(client: &Client, root_pem: &str, policy: Option<&str>, cluster: &str) {
+async fn reconcile(
+    client: &Client,
+    root_pem: &str,
+    policy: Option<&str>,
+    (selector, cluster): (&str, &str),
+) {
     let bundle = ByteString(root_pem.as_bytes().to_vec());
-    let list = ListParams::default().labels(REVISION_SELECTOR);
+    let list = ListParams::default().labels(selector);
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     match mutating.list(&list).await {
         Ok(configs) => {
@@ -160,11 +171,12 @@ where
 /// Whether the validating webhook refuses invalid config: a dry-run create of a DestinationRule
 /// without a host must be denied. A cluster without the CRD cannot be checked: taken as ready, as
 /// istiod does.
-async fn rejects_invalid_config(client: &Client, namespace: &str) -> bool {
+async fn rejects_invalid_config(client: &Client, namespace: &str, revision: &Revision) -> bool {
     let gvk = GroupVersionKind::gvk("networking.istio.io", "v1", "DestinationRule");
     let resource = ApiResource::from_gvk(&gvk);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
     let mut invalid = DynamicObject::new("meshpilot-validation-check", &resource);
+    invalid.metadata.labels = Some([(REVISION_LABEL.to_string(), revision.to_string())].into());
     invalid.data = json!({"spec": {}});
     let params = PostParams {
         dry_run: true,

@@ -89,7 +89,7 @@ impl CaBundle {
     pub fn from_files(get: impl Fn(&str) -> Option<String>) -> Result<Self, CaError> {
         let need = |file: &'static str| get(file).ok_or(CaError::Missing { file });
         let ca_cert = need(CA_CERT)?;
-        Ok(Self {
+        let mut bundle = Self {
             ca_key: need(CA_KEY)?,
             cert_chain: get(CERT_CHAIN)
                 .filter(|c| !c.trim().is_empty())
@@ -98,7 +98,15 @@ impl CaBundle {
                 .filter(|c| !c.trim().is_empty())
                 .unwrap_or_else(|| ca_cert.clone()),
             ca_cert,
-        })
+        };
+        // istiod's root rotator rewrites only ca-cert.pem and ca-key.pem of istio-ca-secret
+        // (security/pkg/pki/ca/selfsignedcarootcertrotator.go): a self-signed signing root is
+        // trusted whatever root-cert.pem still says, and what it says stays trusted beside it
+        // until it expires.
+        if !bundle.root_cert.contains(bundle.ca_cert.trim()) && bundle.is_self_signed_root()? {
+            bundle.root_cert = format!("{}\n{}", bundle.ca_cert.trim_end(), bundle.root_cert);
+        }
+        Ok(bundle)
     }
 
     /// A new self-signed root (ECDSA P-256) that is its own signing CA.
@@ -263,4 +271,36 @@ fn subject_of(cert: &X509Certificate<'_>) -> DistinguishedName {
         dn.push(DnType::from_oid(&oid.collect::<Vec<u64>>()), value);
     }
     dn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_rotated_by_istiod_is_trusted_beside_the_stale_root_cert_file() {
+        let old = CaBundle::self_signed_root("td", ROOT_LIFETIME).unwrap();
+        let new = CaBundle::self_signed_root("td", ROOT_LIFETIME).unwrap();
+        // As istiod leaves istio-ca-secret after a rotation: new signing root, old root-cert.pem.
+        let secret = |file: &str| match file {
+            CA_CERT => Some(new.ca_cert.clone()),
+            CA_KEY => Some(new.ca_key.clone()),
+            ROOT_CERT => Some(old.ca_cert.clone()),
+            _ => Some(String::new()),
+        };
+        let bundle = CaBundle::from_files(secret).unwrap();
+        assert!(bundle.root_cert.starts_with(new.ca_cert.trim()));
+        assert!(bundle.root_cert.contains(old.ca_cert.trim()));
+        assert_eq!(bundle.cert_chain, new.ca_cert);
+        // As istiod creates it: one root, named twice.
+        let created = |file: &str| match file {
+            CA_CERT | ROOT_CERT => Some(old.ca_cert.clone()),
+            CA_KEY => Some(old.ca_key.clone()),
+            _ => Some(String::new()),
+        };
+        assert_eq!(
+            CaBundle::from_files(created).unwrap().root_cert,
+            old.ca_cert
+        );
+    }
 }

@@ -8,10 +8,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+mod lock;
+
 use kube::{Api, Client};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -19,27 +17,83 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::istio::Revision;
 use crate::kube_error::Readable;
 use crate::supervise::{OwnedTasks, Supervisor};
+use lock::{LockApi, Record};
 
+/// meshpilot's own Lease (`meshpilot-leader-<revision>` for a named revision).
 pub const LEASE_NAME: &str = "meshpilot-leader";
+/// istiod's cluster-wide ConfigMap locks (pilot/pkg/leaderelection/leaderelection.go): root
+/// certificate ConfigMaps, allocated ServiceEntry addresses.
+pub const NAMESPACE_CONTROLLER: &str = "istio-namespace-controller-election";
+pub const IP_AUTOALLOCATE: &str = "istio-ip-autoallocate";
+/// istiod's per-revision Leases (named `<name>-<revision>`): Gateway deployments and status.
+pub const GATEWAY_DEPLOYMENT: &str = "istio-gateway-deployment";
+pub const GATEWAY_STATUS: &str = "istio-gateway-status-leader";
 
 #[derive(Debug, Error)]
-#[error("Lease {namespace}/{name}: {verb} failed: {}", Readable(.source))]
+#[error("{kind} {namespace}/{name}: {verb} failed: {}", Readable(.source))]
 pub struct LeaseError {
+    kind: &'static str,
     namespace: String,
     name: String,
     verb: &'static str,
     source: kube::Error,
 }
 
-/// Who competes for which Lease, and for how long a holder's silence is tolerated.
+/// Who competes for which lock, and for how long a holder's silence is tolerated.
 #[derive(Clone, Debug)]
 pub struct LeaderConfig {
     pub namespace: String,
     pub name: String,
     pub identity: String,
     pub lease_duration: Duration,
+    pub lock: LockKind,
+}
+
+/// What an election is held in.
+#[derive(Clone, Debug)]
+pub enum LockKind {
+    /// A Lease: meshpilot's own election and istiod's per-revision ones.
+    Lease,
+    /// A ConfigMap keyed by revision: istiod's cluster-wide elections, in which the revision the
+    /// `default` tag points at (`preferred`) takes the lock from any other at once
+    /// (pilot/pkg/leaderelection/leaderelection.go LocationPrioritizedComparison).
+    ConfigMap {
+        revision: Revision,
+        preferred: watch::Receiver<Option<Revision>>,
+    },
+}
+
+impl LockKind {
+    fn key(&self) -> &str {
+        match self {
+            Self::Lease => "",
+            Self::ConfigMap { revision, .. } => revision.as_str(),
+        }
+    }
+
+    /// Whether a live holder of `key` yields to us: we are the default revision and it is not,
+    /// or it is our revision run remotely (`^<revision>`).
+    fn takes_over_from(&self, key: &str) -> bool {
+        let Self::ConfigMap {
+            revision,
+            preferred,
+        } = self
+        else {
+            return false;
+        };
+        let (holder, remote) = match key.strip_prefix('^') {
+            Some(rest) => (rest, true),
+            None => (key, false),
+        };
+        let preferred = preferred.borrow();
+        match holder == revision.as_str() {
+            true => remote,
+            false => preferred.as_ref() == Some(revision),
+        }
+    }
 }
 
 impl LeaderConfig {
@@ -58,16 +112,19 @@ impl LeaderConfig {
 pub struct Leader {
     leading: watch::Receiver<bool>,
     task: OwnedTasks,
-    lease: LeaseClient,
+    lease: LockClient,
 }
 
 impl Leader {
     pub fn start(client: Client, config: LeaderConfig) -> Self {
         let (tx, leading) = watch::channel(false);
-        let lease = LeaseClient {
-            api: Api::namespaced(client, &config.namespace),
-            config,
+        let api = match config.lock {
+            LockKind::Lease => LockApi::Lease(Api::namespaced(client, &config.namespace)),
+            LockKind::ConfigMap { .. } => {
+                LockApi::ConfigMap(Api::namespaced(client, &config.namespace))
+            }
         };
+        let lease = LockClient { api, config };
         let mut task = OwnedTasks::default();
         task.push(tokio::spawn(campaign(lease.clone(), tx)));
         Self {
@@ -98,7 +155,7 @@ impl Leader {
 }
 
 /// Tries to acquire or renew every retry period, publishing whether this replica leads.
-async fn campaign(lease: LeaseClient, leading: watch::Sender<bool>) {
+async fn campaign(lease: LockClient, leading: watch::Sender<bool>) {
     let config = lease.config.clone();
     let mut observer = Observer::default();
     let mut renewed: Option<Instant> = None;
@@ -149,25 +206,20 @@ async fn campaign(lease: LeaseClient, leading: watch::Sender<bool>) {
     }
 }
 
-/// The last Lease record seen and when it was first seen: a holder is alive while its record keeps
+/// The last record seen and when it was first seen: a holder is alive while its record keeps
 /// changing within the lease duration.
 #[derive(Default)]
 struct Observer {
-    record: Option<(String, Option<MicroTime>, Option<String>)>,
+    record: Option<(Record, Option<String>)>,
     since: Option<Instant>,
 }
 
 impl Observer {
     /// Notes the record; returns how long it has stayed as it is.
-    fn observe(&mut self, lease: &Lease) -> Duration {
-        let spec = lease.spec.clone().unwrap_or_default();
-        let record = (
-            spec.holder_identity.unwrap_or_default(),
-            spec.renew_time,
-            lease.metadata.resource_version.clone(),
-        );
-        if self.record.as_ref() != Some(&record) {
-            self.record = Some(record);
+    fn observe(&mut self, record: &Record, version: Option<String>) -> Duration {
+        let seen = (record.clone(), version);
+        if self.record.as_ref() != Some(&seen) {
+            self.record = Some(seen);
             self.since = Some(Instant::now());
         }
         self.since.map(|at| at.elapsed()).unwrap_or_default()
@@ -175,14 +227,15 @@ impl Observer {
 }
 
 #[derive(Clone)]
-struct LeaseClient {
-    api: Api<Lease>,
+struct LockClient {
+    api: LockApi,
     config: LeaderConfig,
 }
 
-impl LeaseClient {
+impl LockClient {
     fn error(&self, verb: &'static str) -> impl FnOnce(kube::Error) -> LeaseError + '_ {
         move |source| LeaseError {
+            kind: self.api.plural(),
             namespace: self.config.namespace.clone(),
             name: self.config.name.clone(),
             verb,
@@ -190,94 +243,67 @@ impl LeaseClient {
         }
     }
 
-    /// Whether this replica holds the Lease after one try.
-    async fn acquire_or_renew(&self, observer: &mut Observer) -> Result<bool, LeaseError> {
-        let me = &self.config.identity;
-        let now = MicroTime(Timestamp::now());
-        let seconds =
-            i32::try_from(self.config.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
-        let Some(mut lease) = self
-            .api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(self.error("get"))?
-        else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.config.name.clone()),
-                    namespace: Some(self.config.namespace.clone()),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(me.clone()),
-                    lease_duration_seconds: Some(seconds),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    lease_transitions: Some(0),
-                    ..Default::default()
-                }),
-            };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
-                Err(e) => Err(self.error("create")(e)),
-            };
-        };
-        let unchanged_for = observer.observe(&lease);
-        let mut spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().unwrap_or_default();
-        let their_duration = spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map(Duration::from_secs)
-            .unwrap_or(self.config.lease_duration);
-        if !holder.is_empty() && holder != *me && unchanged_for < their_duration {
-            debug!(%holder, "the Lease is held by another replica");
-            return Ok(false);
-        }
-        if holder != *me {
-            info!(previous = %holder, "taking over the leader Lease");
-            spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-        }
-        spec.holder_identity = Some(me.clone());
-        spec.lease_duration_seconds = Some(seconds);
-        spec.renew_time = Some(now);
-        lease.spec = Some(spec);
-        // The resourceVersion read above makes this fail if anyone wrote in between.
-        match self
-            .api
-            .replace(&self.config.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            Err(e) => Err(self.error("update")(e)),
+    /// This replica's record as holder.
+    fn mine(&self, transitions: i32) -> Record {
+        Record {
+            holder: self.config.identity.clone(),
+            key: self.config.lock.key().to_string(),
+            duration: Some(self.config.lease_duration),
+            renewed: String::new(),
+            transitions,
         }
     }
 
-    async fn release(&self) -> Result<(), LeaseError> {
-        let Some(mut lease) = self
-            .api
-            .get_opt(&self.config.name)
+    /// Whether this replica holds the lock after one try.
+    async fn acquire_or_renew(&self, observer: &mut Observer) -> Result<bool, LeaseError> {
+        let name = &self.config.name;
+        let me = &self.config.identity;
+        let Some((record, held)) = self.api.get(name).await.map_err(self.error("get"))? else {
+            return (self.api)
+                .create(name, &self.config.namespace, &self.mine(0))
+                .await
+                .map_err(self.error("create"));
+        };
+        let unchanged_for = observer.observe(&record, held.version());
+        let their_duration = record.duration.unwrap_or(self.config.lease_duration);
+        let held_by_other = !record.holder.is_empty() && record.holder != *me;
+        if held_by_other && unchanged_for < their_duration {
+            if !self.config.lock.takes_over_from(&record.key) {
+                debug!(holder = %record.holder, lock = %name, "the lock is held by another replica");
+                return Ok(false);
+            }
+            info!(holder = %record.holder, revision = %record.key, lock = %name, "taking the lock over from another revision: ours is the default");
+        }
+        let acquired = record.holder != *me;
+        if acquired {
+            info!(previous = %record.holder, lock = %name, "taking over the lock");
+        }
+        let transitions = record.transitions + i32::from(acquired);
+        // The version read above makes this fail if anyone wrote in between.
+        (self.api)
+            .update(name, held, &self.mine(transitions), acquired)
             .await
-            .map_err(self.error("get"))?
-        else {
+            .map_err(self.error("update"))
+    }
+
+    async fn release(&self) -> Result<(), LeaseError> {
+        let name = &self.config.name;
+        let Some((record, held)) = self.api.get(name).await.map_err(self.error("get"))? else {
             return Ok(());
         };
-        let mut spec = lease.spec.clone().unwrap_or_default();
-        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+        if record.holder != self.config.identity {
             return Ok(());
         }
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
-        lease.spec = Some(spec);
-        self.api
-            .replace(&self.config.name, &PostParams::default(), &lease)
+        let released = Record {
+            holder: String::new(),
+            duration: Some(Duration::from_secs(1)),
+            ..record
+        };
+        (self.api)
+            .update(name, held, &released, false)
             .await
             .map_err(self.error("update"))?;
-        info!(identity = %self.config.identity, "released the leader Lease");
+        info!(identity = %self.config.identity, lock = %name, "released the lock");
         Ok(())
     }
 }
@@ -301,6 +327,21 @@ where
                 return;
             }
         }
+    })
+}
+
+/// Work that also needs one of istiod's locks, for use inside leader work: the lock is competed
+/// for while the returned task runs and the work runs while it is held; aborting the task stops
+/// both (the lock then expires unless renewed by someone else).
+pub fn while_holding<F>(client: Client, config: LeaderConfig, start: F) -> JoinHandle<()>
+where
+    F: Fn() -> Vec<JoinHandle<()>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let election = Leader::start(client, config);
+        let _work = Tasks(vec![run_while_leading(election.leading(), start)]);
+        let _election = election;
+        std::future::pending::<()>().await;
     })
 }
 

@@ -1,0 +1,354 @@
+//! Two control-plane revisions in one cluster, against a test API server, as a mesh moves from one
+//! to the other: one root (istiod's `istio-ca-secret`, written beforehand, is used by both), each
+//! revision patches only its own webhook configurations, the API server's admission calls reach
+//! the revision a namespace names, config labelled for a revision is read by it alone, Gateways
+//! are deployed by their owner only, and moving the `default` tag moves unlabelled Gateways and
+//! istiod's cluster-wide lock, and moving it back returns the Gateways.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use meshpilot::install::{render, Object, Profile, Values};
+use meshpilot::istio::{ConfigKey, ConfigKind};
+use meshpilot::security::ca::CaBundle;
+use serde_json::{json, Value};
+use test_apiserver::{TestApiServer, User};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+/// The webhook configurations `meshpilot manifest` renders for a revision.
+fn webhook_configs(revision: &str) -> Vec<Value> {
+    let values = Values {
+        revision: revision.parse().unwrap(),
+        ..Values::default()
+    };
+    render(Profile::Primary, &values)
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.kind().ends_with("WebhookConfiguration"))
+        .map(|o: Object| serde_json::to_value(o).unwrap())
+        .collect()
+}
+
+fn user(revision: &str) -> String {
+    format!("system:serviceaccount:istio-system:istiod-{revision}")
+}
+
+/// A kubeconfig file whose token the API server knows as the revision's service account.
+fn kubeconfig(api: &TestApiServer, revision: &str) -> tempfile::NamedTempFile {
+    let token = format!("token-{revision}");
+    api.add_token(
+        &token,
+        User::service_account("istio-system", &format!("istiod-{revision}")),
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), api.kubeconfig(&token)).unwrap();
+    file
+}
+
+async fn start(kubeconfig: &tempfile::NamedTempFile, revision: &str) -> meshpilot::app::Running {
+    start_meshpilot_with(&[
+        "--kubeconfig",
+        kubeconfig.path().to_str().unwrap(),
+        "--revision",
+        revision,
+        "--webhook-addr",
+        "127.0.0.1:0",
+        "--leader-identity",
+        &format!("meshpilot-{revision}"),
+        "--leader-election-lease-duration",
+        "2s",
+    ])
+    .await
+}
+
+fn ca_bundles(api: &TestApiServer, kind: &str, name: &str) -> Option<Vec<String>> {
+    let config = api.get(kind, "", name)?;
+    config["webhooks"]
+        .as_array()?
+        .iter()
+        .map(|h| h["clientConfig"]["caBundle"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn gateway(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"gatewayClassName": "istio", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    })
+}
+
+/// Who created the Deployment of a Gateway, once one exists.
+fn deployed_by(api: &TestApiServer, namespace: &str, gateway: &str) -> Option<String> {
+    let name = format!("{gateway}-istio");
+    api.get("Deployment", namespace, &name)?;
+    api.write_log()
+        .into_iter()
+        .find(|w| w.plural == "deployments" && w.namespace == namespace && w.name == name)
+        .map(|w| w.user)
+}
+
+fn holds(running: &meshpilot::app::Running, kind: ConfigKind, namespace: &str, name: &str) -> bool {
+    let key = ConfigKey {
+        kind,
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    running
+        .aggregate
+        .mesh()
+        .snapshot()
+        .config
+        .get(&key)
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
+    let api = TestApiServer::start().await;
+    for ns in [
+        json!({"name": "istio-system"}),
+        json!({"name": "legacy", "labels": {"istio-injection": "enabled"}}),
+        json!({"name": "moved", "labels": {"istio.io/rev": "canary"}}),
+        json!({"name": "plain"}),
+    ] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": ns}));
+    }
+    // istiod's self-signed root, as istiod 1.2x writes it.
+    let root = CaBundle::self_signed_root("cluster.local", Duration::from_secs(86400)).unwrap();
+    let b64 = |text: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, text);
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "istio.io/ca-root",
+        "metadata": {"name": "istio-ca-secret", "namespace": "istio-system"},
+        "data": {
+            "ca-cert.pem": b64(&root.ca_cert), "ca-key.pem": b64(&root.ca_key),
+            "root-cert.pem": b64(&root.ca_cert), "cert-chain.pem": "", "key.pem": "",
+        }
+    }));
+    for config in webhook_configs("default")
+        .into_iter()
+        .chain(webhook_configs("canary"))
+    {
+        api.apply(config);
+    }
+    let (default_config, canary_config) = (kubeconfig(&api, "default"), kubeconfig(&api, "canary"));
+    let default = start(&default_config, "default").await;
+    let canary = start(&canary_config, "canary").await;
+    api.route_service("istio-system", "istiod", 443, default.webhook_addr.unwrap());
+    api.route_service(
+        "istio-system",
+        "istiod-canary",
+        443,
+        canary.webhook_addr.unwrap(),
+    );
+
+    // One root: both sign with istiod's, and each webhook trusts it.
+    for running in [&default, &canary] {
+        assert_eq!(running.ca.current().root_pem().trim(), root.ca_cert.trim());
+    }
+    for (kind, name) in [
+        ("MutatingWebhookConfiguration", "istio-sidecar-injector"),
+        (
+            "MutatingWebhookConfiguration",
+            "istio-sidecar-injector-canary",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "istio-validator-istio-system",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "istio-validator-canary-istio-system",
+        ),
+    ] {
+        wait_for(&format!("{name}'s caBundle"), BOUND, || {
+            let bundles = ca_bundles(&api, kind, name);
+            let root = root.ca_cert.clone();
+            async move {
+                let bundles = bundles?;
+                let decoded = |b: &String| {
+                    base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b).ok()
+                };
+                bundles
+                    .iter()
+                    .all(|b| {
+                        decoded(b)
+                            .is_some_and(|pem| String::from_utf8_lossy(&pem).trim() == root.trim())
+                    })
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    let secrets: Vec<String> = api
+        .write_log()
+        .into_iter()
+        .filter(|w| w.plural == "secrets")
+        .map(|w| format!("{} {}", w.user, w.name))
+        .collect();
+    assert!(secrets.is_empty(), "no second root: {secrets:?}");
+
+    // The admission calls reach the revision the namespace names.
+    let client = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.admin_token())).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let create_pod = |namespace: &'static str| {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        async move {
+            let pod: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+                "spec": {"containers": [{"name": "app", "image": "app:v1"}]}
+            }))
+            .unwrap();
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("pod created")
+        }
+    };
+    let ca_addr = |pod: &Pod| -> Option<String> {
+        let proxy = pod
+            .spec
+            .as_ref()?
+            .containers
+            .iter()
+            .find(|c| c.name == "istio-proxy")?;
+        let env = proxy.env.as_ref()?.iter().find(|e| e.name == "CA_ADDR")?;
+        env.value.clone()
+    };
+    let legacy = create_pod("legacy").await;
+    assert_eq!(
+        ca_addr(&legacy).as_deref(),
+        Some("istiod.istio-system.svc:15012")
+    );
+    let moved = create_pod("moved").await;
+    assert_eq!(
+        ca_addr(&moved).as_deref(),
+        Some("istiod-canary.istio-system.svc:15012")
+    );
+    assert_eq!(
+        moved.metadata.annotations.unwrap()["istio.io/rev"],
+        "canary"
+    );
+    assert_eq!(
+        ca_addr(&create_pod("plain").await),
+        None,
+        "no revision named, none injects"
+    );
+
+    // Config labelled for a revision is read by it alone; unlabelled config by both.
+    let rule = |name: &str, labels: Value| {
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+               "metadata": {"name": name, "namespace": "plain", "labels": labels},
+               "spec": {"host": format!("{name}.plain.svc.cluster.local")}})
+    };
+    api.apply(rule("shared", json!({})));
+    api.apply(rule("trial", json!({"istio.io/rev": "canary"})));
+    let dr = ConfigKind::DestinationRule;
+    wait_for("both read the shared rule, canary the trial", BOUND, || {
+        let ready = holds(&default, dr, "plain", "shared")
+            && holds(&canary, dr, "plain", "shared")
+            && holds(&canary, dr, "plain", "trial");
+        async move { ready.then_some(()) }
+    })
+    .await;
+    assert!(
+        !holds(&default, dr, "plain", "trial"),
+        "default read canary's rule"
+    );
+    // Relabelled for the other revision: it moves.
+    api.apply(rule("trial", json!({"istio.io/rev": "default"})));
+    wait_for("the relabelled rule moves", BOUND, || {
+        let moved = holds(&default, dr, "plain", "trial") && !holds(&canary, dr, "plain", "trial");
+        async move { moved.then_some(()) }
+    })
+    .await;
+
+    // Gateways: the namespace's revision, else the default revision, deploys them.
+    api.apply(gateway("moved", "edge"));
+    api.apply(gateway("plain", "front"));
+    let owner = |namespace: &'static str, name: &'static str| {
+        let api = &api;
+        async move {
+            wait_for(&format!("{namespace}/{name} deployed"), BOUND, || {
+                let by = deployed_by(api, namespace, name);
+                async move { by }
+            })
+            .await
+        }
+    };
+    assert_eq!(owner("moved", "edge").await, user("canary"));
+    assert_eq!(owner("plain", "front").await, user("default"));
+
+    // `istioctl tag set default --revision canary`: its webhook, copied from canary's.
+    let mut tag = webhook_configs("canary")
+        .into_iter()
+        .find(|c| c["kind"] == "MutatingWebhookConfiguration")
+        .unwrap();
+    tag["metadata"]["name"] = json!("istio-revision-tag-default");
+    tag["metadata"]["labels"]["istio.io/tag"] = json!("default");
+    api.apply(tag);
+    api.apply(gateway("plain", "after-tag"));
+    assert_eq!(owner("plain", "after-tag").await, user("canary"));
+    wait_for(
+        "canary takes istiod's namespace-controller lock",
+        BOUND,
+        || {
+            let key = api
+                .get(
+                    "ConfigMap",
+                    "istio-system",
+                    "istio-namespace-controller-election",
+                )
+                .and_then(|m| {
+                    let record = m["metadata"]["annotations"]
+                        ["control-plane.alpha.kubernetes.io/leader"]
+                        .as_str()
+                        .map(str::to_string)?;
+                    serde_json::from_str::<Value>(&record).ok()
+                });
+            async move { (key?["holderKey"] == "canary").then_some(()) }
+        },
+    )
+    .await;
+
+    // And back: the tag removed, unlabelled Gateways are the default revision's again.
+    api.delete(
+        "MutatingWebhookConfiguration",
+        "",
+        "istio-revision-tag-default",
+    );
+    api.apply(gateway("plain", "after-rollback"));
+    assert_eq!(owner("plain", "after-rollback").await, user("default"));
+
+    // Neither touched the other's webhook configurations.
+    for write in api.write_log() {
+        if !write.plural.ends_with("webhookconfigurations") {
+            continue;
+        }
+        let rev = write.object["metadata"]["labels"]["istio.io/rev"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if write.user == user("default") || write.user == user("canary") {
+            assert_eq!(
+                write.user,
+                user(&rev),
+                "{} wrote {}",
+                write.user,
+                write.name
+            );
+        }
+    }
+}
