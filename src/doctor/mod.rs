@@ -9,6 +9,7 @@ mod gateways;
 mod networks;
 mod probe;
 mod report;
+mod revisions;
 mod roots;
 mod survey;
 mod targets;

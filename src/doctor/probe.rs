@@ -43,6 +43,8 @@ pub struct Details {
     pub services: Result<Vec<GatewayService>, String>,
     /// The CA root kept in the system namespace (config cluster only): where from, and the PEM.
     pub ca_root: Option<(String, String)>,
+    /// The revisions installed and the namespaces each serves (config cluster only).
+    pub revisions: Vec<Check>,
 }
 
 /// What to ask a cluster.
@@ -148,12 +150,27 @@ pub async fn details(client: &Client, ask: &Ask<'_>) -> Details {
         gateway_services(client, ask.named_services, t),
         ca_root,
     );
+    let revisions = match ask.config_cluster {
+        true => {
+            let mesh_root = ca_root.as_ref().map(|(_, pem)| pem.as_str());
+            let check = super::revisions::check(client, mesh_root);
+            (tokio::time::timeout(t, check).await).unwrap_or_else(|_| {
+                let wait = humantime::format_duration(t);
+                vec![Check::warn(
+                    "revisions",
+                    format!("webhook configurations not listed within {wait}"),
+                )]
+            })
+        }
+        false => Vec::new(),
+    };
     Details {
         access,
         system,
         root,
         services,
         ca_root,
+        revisions,
     }
 }
 

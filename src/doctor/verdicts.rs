@@ -58,6 +58,7 @@ pub async fn assemble(inputs: &Inputs<'_>, clusters: Vec<Probed>) -> Report {
                 reference.as_ref(),
                 inputs.sha,
             ));
+            checks.extend(details.revisions.iter().cloned());
         }
         report.clusters.push(ClusterReport {
             id,
