@@ -291,16 +291,49 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
     assert_eq!(owner("moved", "edge").await, user("canary"));
     assert_eq!(owner("plain", "front").await, user("default"));
 
-    // `istioctl tag set default --revision canary`: its webhook, copied from canary's.
-    let mut tag = webhook_configs("canary")
+    // `istioctl tag set default --revision canary`, as istioctl/pkg/tag/generate.go renders it:
+    // the default entries (istio-injection=enabled among them) calling canary's Service, with
+    // the caBundle copied from canary's injector, labelled with the tag and its target; the old
+    // injector's selectors set to never match.
+    let canary_bundle = api
+        .get(
+            "MutatingWebhookConfiguration",
+            "",
+            "istio-sidecar-injector-canary",
+        )
+        .unwrap()["webhooks"][0]["clientConfig"]["caBundle"]
+        .clone();
+    let mut tag = webhook_configs("default")
         .into_iter()
         .find(|c| c["kind"] == "MutatingWebhookConfiguration")
         .unwrap();
     tag["metadata"]["name"] = json!("istio-revision-tag-default");
     tag["metadata"]["labels"]["istio.io/tag"] = json!("default");
+    tag["metadata"]["labels"]["istio.io/rev"] = json!("canary");
+    for hook in tag["webhooks"].as_array_mut().unwrap() {
+        hook["clientConfig"]["service"]["name"] = json!("istiod-canary");
+        hook["clientConfig"]["caBundle"] = canary_bundle.clone();
+    }
+    let old_injector = api
+        .get("MutatingWebhookConfiguration", "", "istio-sidecar-injector")
+        .unwrap();
+    let mut deactivated = old_injector.clone();
+    let never = json!({"matchLabels": {"istio.io/deactivated": "never-match"}});
+    for hook in deactivated["webhooks"].as_array_mut().unwrap() {
+        hook["namespaceSelector"] = never.clone();
+        hook["objectSelector"] = never.clone();
+    }
     api.apply(tag);
+    api.apply(deactivated);
     api.apply(gateway("plain", "after-tag"));
     assert_eq!(owner("plain", "after-tag").await, user("canary"));
+    api.delete("Pod", "legacy", "web");
+    let tagged = create_pod("legacy").await;
+    assert_eq!(
+        ca_addr(&tagged).as_deref(),
+        Some("istiod-canary.istio-system.svc:15012"),
+        "istio-injection=enabled follows the default tag"
+    );
     wait_for(
         "canary takes istiod's namespace-controller lock",
         BOUND,
@@ -323,14 +356,24 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
     )
     .await;
 
-    // And back: the tag removed, unlabelled Gateways are the default revision's again.
+    // And back: the tag removed and the old injector restored, unlabelled Gateways and
+    // istio-injection=enabled are the default revision's again.
     api.delete(
         "MutatingWebhookConfiguration",
         "",
         "istio-revision-tag-default",
     );
+    let mut restored = old_injector;
+    (restored["metadata"].as_object_mut().unwrap()).remove("resourceVersion");
+    api.apply(restored);
     api.apply(gateway("plain", "after-rollback"));
     assert_eq!(owner("plain", "after-rollback").await, user("default"));
+    api.delete("Pod", "legacy", "web");
+    let back = create_pod("legacy").await;
+    assert_eq!(
+        ca_addr(&back).as_deref(),
+        Some("istiod.istio-system.svc:15012")
+    );
 
     // Neither touched the other's webhook configurations.
     for write in api.write_log() {
@@ -351,4 +394,108 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
             );
         }
     }
+}
+
+/// `meshpilot compare --istiod`: a meshpilot standing in for the running istiod (it serves the
+/// same debug types on its secure port) and a `canary` revision reading one more
+/// DestinationRule; the connected proxy of the namespace is found and the difference named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_istiod_names_what_moving_a_namespace_would_change() {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+
+    let api = TestApiServer::start().await;
+    for ns in ["istio-system", "shop"] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    api.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "istiod-canary", "namespace": "istio-system"}}));
+    api.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "reviews", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.20", "selector": {"app": "reviews"},
+                 "ports": [{"name": "http", "port": 9080}]}}));
+    api.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"serviceAccountName": "web", "containers": [{"name": "app", "image": "web"}]},
+        "status": {"podIP": "10.1.0.5", "phase": "Running"}}));
+    api.apply(
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+        "metadata": {"name": "reviews", "namespace": "shop", "labels": {"istio.io/rev": "canary"}},
+        "spec": {"host": "reviews.shop.svc.cluster.local",
+                 "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}}),
+    );
+    let admin = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(admin.path(), api.kubeconfig(api.admin_token())).unwrap();
+    let istiod = start(&admin, "default").await;
+    let canary = start(&admin, "canary").await;
+    let dr = ConfigKind::DestinationRule;
+    wait_for("canary reads its rule", BOUND, || {
+        let read = holds(&canary, dr, "shop", "reviews");
+        async move { read.then_some(()) }
+    })
+    .await;
+
+    // The proxy of shop, connected to "istiod".
+    let id = "sidecar~10.1.0.5~web-0.shop~shop.svc.cluster.local";
+    let proxy = labelled_node(
+        id,
+        &[("NAMESPACE", "shop"), ("CLUSTER_ID", "Kubernetes")],
+        &[("app", "web")],
+    );
+    let mut client =
+        AggregatedDiscoveryServiceClient::connect(format!("http://{}", istiod.xds_addr))
+            .await
+            .unwrap();
+    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(DiscoveryRequest {
+            node: Some(proxy),
+            type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut stream = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .unwrap()
+        .into_inner();
+    stream.message().await.unwrap().expect("clusters sent");
+    // The routes its listeners name, as Envoy subscribes them (istiod dumps what was asked).
+    requests
+        .send(DiscoveryRequest {
+            type_url: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration".into(),
+            resource_names: vec!["9080".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    stream.message().await.unwrap().expect("routes sent");
+
+    let root = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(root.path(), istiod.ca.current().root_pem()).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args(["compare", &format!("127.0.0.1:{}", canary.xds_addr.port())])
+        .args([
+            "--istiod",
+            &format!("127.0.0.1:{}", istiod.secure_xds_addr.port()),
+        ])
+        .args(["--namespace", "shop", "--service-account", "istiod-canary"])
+        .args(["--kubeconfig", admin.path().to_str().unwrap()])
+        .args(["--istiod-root", root.path().to_str().unwrap()])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("1 proxies compared"), "{text}");
+    let difference = format!("{id}: cds outbound|9080||reviews.shop.svc.cluster.local lb_policy");
+    assert!(text.contains(&difference), "{text}");
+    assert!(
+        text.contains("1 difference(s)"),
+        "only the rule differs: {text}"
+    );
+    drop(requests);
 }

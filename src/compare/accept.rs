@@ -103,6 +103,7 @@ mod tests {
             path: path.to_string(),
             left: None,
             right: None,
+            proxy: None,
         }
     }
 

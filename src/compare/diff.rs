@@ -81,6 +81,9 @@ pub struct Difference {
     pub path: String,
     pub left: Option<Value>,
     pub right: Option<Value>,
+    /// The proxy it was found for, where several are compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
 }
 
 /// Every difference between the two states.
@@ -104,6 +107,7 @@ pub fn compare(left: &State, right: &State) -> Vec<Difference> {
                 path,
                 left,
                 right,
+                proxy: None,
             }));
         }
     }

@@ -6,6 +6,7 @@
 mod accept;
 mod diff;
 mod equivalent;
+mod istiod;
 mod json;
 mod source;
 
@@ -32,10 +33,35 @@ pub enum OutputFormat {
 #[derive(Args, Debug)]
 pub struct CompareArgs {
     /// A dump directory (cds.json, eds.json, lds.json, rds.json, node.json) or a server's
-    /// plaintext xDS address (host:port).
+    /// plaintext xDS address (host:port); with --istiod, meshpilot's plaintext xDS address.
     pub left: String,
-    /// The other side, in either form.
-    pub right: String,
+    /// The other side, in either form (none with --istiod).
+    pub right: Option<String>,
+    /// A running istiod's secure xDS address (host:port): every proxy of --namespace connected to
+    /// it is compared with what meshpilot (the one side given) sends the same node.
+    #[arg(long, requires = "namespace", conflicts_with_all = ["node", "save_left"])]
+    pub istiod: Option<String>,
+    /// With --istiod: the namespace whose proxies are compared.
+    #[arg(long, requires = "istiod")]
+    pub namespace: Option<String>,
+    /// With --istiod: the control plane's namespace, where our service account and the mesh root
+    /// are.
+    #[arg(long, default_value = "istio-system")]
+    pub system_namespace: String,
+    /// With --istiod: the service account istiod sees us as (meshpilot's own; `istiod-<revision>`
+    /// for a revision install).
+    #[arg(long, default_value = "meshpilot")]
+    pub service_account: String,
+    /// With --istiod: the kubeconfig of the config cluster (for the token); else the usual
+    /// places (KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --istiod: the PEM its certificate is checked against [the mesh root ConfigMap].
+    #[arg(long)]
+    pub istiod_root: Option<PathBuf>,
+    /// With --istiod: the name its certificate must carry [istiod.<system-namespace>.svc].
+    #[arg(long)]
+    pub istiod_name: Option<String>,
     /// The node a live side is asked as (protobuf JSON, as a dump's node.json).
     #[arg(long)]
     pub node: Option<PathBuf>,
@@ -62,12 +88,18 @@ pub enum CompareError {
     Accept { path: String, error: String },
     #[error("--save-left needs a node: give --node, or a dump side with node.json")]
     SaveWithoutNode,
+    #[error("istiod: {0}")]
+    Istiod(String),
+    #[error("{0}")]
+    Usage(&'static str),
 }
 
-/// The comparison's outcome: the differences not accepted, and how many were.
+/// The comparison's outcome: the differences not accepted, how many were, and (with --istiod)
+/// the proxies compared.
 pub struct Report {
     pub differences: Vec<Difference>,
     pub accepted: usize,
+    pub proxies: Vec<String>,
 }
 
 impl Report {
@@ -78,6 +110,9 @@ impl Report {
                 Some(v) => clip(&v.to_string()).to_string(),
                 None => "<absent>".to_string(),
             };
+            if let Some(proxy) = &d.proxy {
+                out.push_str(&format!("{proxy}: "));
+            }
             out.push_str(&format!(
                 "{} {} {}\n  left:  {}\n  right: {}\n",
                 d.type_name,
@@ -91,6 +126,9 @@ impl Report {
                 side(&d.right)
             ));
         }
+        if !self.proxies.is_empty() {
+            out.push_str(&format!("{} proxies compared\n", self.proxies.len()));
+        }
         out.push_str(&format!("{} difference(s)\n", self.differences.len()));
         if self.accepted > 0 {
             out.push_str(&format!("{} accepted\n", self.accepted));
@@ -102,6 +140,7 @@ impl Report {
         serde_json::json!({
             "differences": self.differences,
             "accepted": self.accepted,
+            "proxies": self.proxies,
             "normalised": NORMALISED.iter().chain(EQUIVALENCES).map(|(what, why)| serde_json::json!({"what": what, "why": why})).collect::<Vec<_>>(),
         })
     }
@@ -119,9 +158,29 @@ pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
         }
         None => Accepted::default(),
     };
+    if let Some(address) = &args.istiod {
+        if args.right.is_some() {
+            return Err(CompareError::Usage(
+                "with --istiod, give only meshpilot's address",
+            ));
+        }
+        let side = istiod::IstiodSide {
+            address: address.clone(),
+            namespace: args.namespace.clone().unwrap_or_default(),
+            system_namespace: args.system_namespace.clone(),
+            service_account: args.service_account.clone(),
+            kubeconfig: args.kubeconfig.clone(),
+            root: args.istiod_root.clone(),
+            server_name: args.istiod_name.clone(),
+        };
+        return istiod::compare_namespace(&side, &args.left, &accepted).await;
+    }
+    let right_side = (args.right.as_deref()).ok_or(CompareError::Usage(
+        "two sides are compared: give the right one (or --istiod)",
+    ))?;
     let node = node_for(args)?;
     let left = read(&args.left, node.as_ref()).await?;
-    let right = read(&args.right, node.as_ref()).await?;
+    let right = read(right_side, node.as_ref()).await?;
     if let Some(dir) = &args.save_left {
         let node = node.as_ref().ok_or(CompareError::SaveWithoutNode)?;
         source::write_dump(dir, &left, node)?;
@@ -132,6 +191,7 @@ pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
     Ok(Report {
         differences,
         accepted: accepted_ones.len(),
+        proxies: Vec::new(),
     })
 }
 
@@ -144,7 +204,7 @@ fn node_for(args: &CompareArgs) -> Result<Option<Node>, CompareError> {
     if let Some(path) = &args.node {
         return Ok(Some(source::read_node(path)?));
     }
-    for side in [&args.left, &args.right] {
+    for side in std::iter::once(&args.left).chain(&args.right) {
         let path = Path::new(side).join("node.json");
         if is_dump(side) && path.is_file() {
             return Ok(Some(source::read_node(&path)?));

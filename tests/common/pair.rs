@@ -139,9 +139,26 @@ impl Workloads {
         format!("10.{}.3.2", self.net)
     }
 
+    /// The directory the pair's meshpilot serves (another control plane may serve it too).
+    pub fn config_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     /// The client's sidecar, holding `certs`, once it knows the echo server.
     pub async fn client_sidecar(&self, certs: WorkloadCerts) -> Envoy {
-        let envoy = self.sidecar(&self.client_ns, 1, CLIENT_NODE, certs).await;
+        self.client_sidecar_fed_by(&self.mp, certs).await
+    }
+
+    /// The client's sidecar, fed by the control plane `mp` (listening on every address).
+    pub async fn client_sidecar_fed_by(
+        &self,
+        mp: &meshpilot::app::Running,
+        certs: WorkloadCerts,
+    ) -> Envoy {
+        let port = mp.xds_addr.port();
+        let envoy = self
+            .sidecar(&self.client_ns, 1, CLIENT_NODE, certs, port)
+            .await;
         let server = format!("{}:8080", self.server_ip());
         wait_for("client sidecar knows the server", BOUND, || {
             let (envoy, server) = (&envoy, &server);
@@ -153,7 +170,19 @@ impl Workloads {
 
     /// The server's sidecar, holding `certs`, once it has its inbound listener.
     pub async fn server_sidecar(&self, certs: WorkloadCerts) -> Envoy {
-        let envoy = self.sidecar(&self.server_ns, 2, SERVER_NODE, certs).await;
+        self.server_sidecar_fed_by(&self.mp, certs).await
+    }
+
+    /// The server's sidecar, fed by the control plane `mp` (listening on every address).
+    pub async fn server_sidecar_fed_by(
+        &self,
+        mp: &meshpilot::app::Running,
+        certs: WorkloadCerts,
+    ) -> Envoy {
+        let port = mp.xds_addr.port();
+        let envoy = self
+            .sidecar(&self.server_ns, 2, SERVER_NODE, certs, port)
+            .await;
         wait_for("server sidecar has its inbound listener", BOUND, || {
             let envoy = &envoy;
             async move {
@@ -168,13 +197,20 @@ impl Workloads {
         envoy
     }
 
-    async fn sidecar(&self, ns: &Netns, sub: u8, node: &str, certs: WorkloadCerts) -> Envoy {
+    async fn sidecar(
+        &self,
+        ns: &Netns,
+        sub: u8,
+        node: &str,
+        certs: WorkloadCerts,
+        xds_port: u16,
+    ) -> Envoy {
         let net = self.net;
         let workload_ip = format!("10.{net}.3.{sub}");
         let node_id: &'static str = Box::leak(node.replace("{ip}", &workload_ip).into_boxed_str());
         let host_ip: IpAddr = format!("10.{net}.{sub}.1").parse().unwrap();
         Envoy::start_with(EnvoyOptions {
-            xds: SocketAddr::new(host_ip, self.mp.xds_addr.port()),
+            xds: SocketAddr::new(host_ip, xds_port),
             replicas: &[],
             node_id,
             metadata: &[("CLUSTER_ID", "c1")],
