@@ -356,6 +356,32 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
     )
     .await;
 
+    // doctor sees the install as it now is.
+    let doctor = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args([
+            "doctor",
+            "--kubeconfig",
+            canary_config.path().to_str().unwrap(),
+        ])
+        .args(["--timeout", "5s"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout).to_string();
+    for line in [
+        "revision canary (injector istio-sidecar-injector-canary; tags default): serves legacy, moved",
+        "revision default (injector istio-sidecar-injector): serves no namespace",
+    ] {
+        assert!(report.contains(line), "{report}");
+    }
+    assert!(
+        !report
+            .lines()
+            .any(|l| l.contains("FAIL") && l.contains("revisions")),
+        "{report}"
+    );
+
     // And back: the tag removed and the old injector restored, unlabelled Gateways and
     // istio-injection=enabled are the default revision's again.
     api.delete(
@@ -498,4 +524,63 @@ async fn compare_istiod_names_what_moving_a_namespace_would_change() {
         "only the rule differs: {text}"
     );
     drop(requests);
+}
+
+/// istiod rotates its self-signed root (writing only `ca-cert.pem` and `ca-key.pem` of
+/// `istio-ca-secret`): a meshpilot revision follows, trusting the new root beside the old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_rotated_by_istiod_is_followed() {
+    let api = TestApiServer::start().await;
+    api.apply(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
+    );
+    let b64 = |text: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, text);
+    let secret = |ca: &CaBundle, root: &CaBundle| {
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "istio.io/ca-root",
+            "metadata": {"name": "istio-ca-secret", "namespace": "istio-system"},
+            "data": {
+                "ca-cert.pem": b64(&ca.ca_cert), "ca-key.pem": b64(&ca.ca_key),
+                "root-cert.pem": b64(&root.ca_cert), "cert-chain.pem": "", "key.pem": "",
+            }
+        })
+    };
+    let lifetime = Duration::from_secs(86400);
+    let old = CaBundle::self_signed_root("cluster.local", lifetime).unwrap();
+    api.apply(secret(&old, &old));
+    let config = kubeconfig(&api, "canary");
+    let canary = start_meshpilot_with(&[
+        "--kubeconfig",
+        config.path().to_str().unwrap(),
+        "--revision",
+        "canary",
+        "--webhook-addr",
+        "127.0.0.1:0",
+        "--self-signed-root-check-interval",
+        "1s",
+    ])
+    .await;
+    assert_eq!(canary.ca.current().root_pem().trim(), old.ca_cert.trim());
+
+    let new = CaBundle::self_signed_root("cluster.local", lifetime).unwrap();
+    api.apply(secret(&new, &old));
+    wait_for("the rotated root followed", BOUND, || {
+        let roots = canary.ca.current().root_pem().to_string();
+        let old = old.ca_cert.clone();
+        let new = new.ca_cert.clone();
+        async move { (roots.starts_with(new.trim()) && roots.contains(old.trim())).then_some(()) }
+    })
+    .await;
+    let (chain, _) = canary
+        .ca
+        .current()
+        .issue_workload(
+            &meshpilot::security::identity::Identity::new("cluster.local", "shop", "web"),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    assert!(
+        chain.concat().contains(new.ca_cert.trim()),
+        "workloads are signed by the new root"
+    );
 }
