@@ -296,3 +296,68 @@ async fn bytes_that_are_not_http_on_an_http_port_pass_through() {
     );
     echo.abort();
 }
+
+/// TCP to a pod of a headless service, under a STRICT PeerAuthentication, as istiod carries it: the
+/// port's listener matches the pod's address and the service's ORIGINAL_DST cluster originates
+/// mTLS (every endpoint has a sidecar). Passed through, it would reach the server in plaintext and
+/// be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_to_a_headless_services_pod_is_mutual_tls() {
+    let strict = "
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: default}
+spec: {mtls: {mode: STRICT}}
+";
+    let mut pair = Workloads::start("hl", 246, &[], strict).await;
+    let server_ip = pair.server_ip();
+    pair.server_ns.serve_http_echo(7000);
+    let headless = format!(
+        "
+apiVersion: v1
+kind: Service
+metadata: {{name: db, namespace: default}}
+spec: {{clusterIP: None, ports: [{{name: tcp-db, port: 7000}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: db-1, namespace: default, labels: {{kubernetes.io/service-name: db}}}}
+addressType: IPv4
+ports: [{{name: tcp-db, port: 7000}}]
+endpoints:
+- addresses: [{server_ip}]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: server, namespace: default}}
+"
+    );
+    write(&pair.config_dir().join("clusters/c1"), "db.yaml", &headless);
+    let _client = pair
+        .client_sidecar(workload_certs(&pair.mp, "default", "client"))
+        .await;
+    let _server = pair
+        .server_sidecar(workload_certs(&pair.mp, "default", "server"))
+        .await;
+    // What the client is sent: a chain for the pod's address on the service port.
+    let listeners = wait_for("the pod's chain", BOUND, || async {
+        let listeners: Vec<Listener> = fetch_as(&pair, "client", LDS).await;
+        listeners
+            .iter()
+            .any(|l| l.name == "0.0.0.0_7000")
+            .then_some(listeners)
+    })
+    .await;
+    let chain = &listener(&listeners, "0.0.0.0_7000").filter_chains[0];
+    let ranges = &chain.filter_chain_match.as_ref().unwrap().prefix_ranges;
+    assert_eq!(ranges[0].address_prefix, server_ip);
+
+    let url = format!("http://{server_ip}:7000/headless");
+    let body = wait_for("an answer through both sidecars", BOUND, || {
+        let output = pair.as_client_app("curl", &["-s", "-m", "3", &url]);
+        async move {
+            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+            (body["path"] == "/headless").then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(body["server"], server_ip.as_str(), "{body}");
+}

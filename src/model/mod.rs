@@ -128,6 +128,9 @@ pub struct MeshSnapshot {
     pub gateways: Arc<Gateways>,
     /// Bumped whenever the gateway set changes; keys cached EDS.
     pub gateways_version: u64,
+    /// Bumped whenever a service whose pods listeners match (`Service::listens_per_endpoint`)
+    /// changes endpoints; keys cached listeners.
+    pub pods_version: u64,
     /// Istio configuration and the mesh config.
     pub config: ConfigStore,
     /// Keys fetched for RequestAuthentications.
@@ -150,6 +153,7 @@ impl Default for MeshSnapshot {
             networks: Arc::default(),
             gateways: Arc::default(),
             gateways_version: 0,
+            pods_version: 0,
             config: ConfigStore::default(),
             jwks: JwksTable::default(),
             credentials: Credentials::default(),

@@ -164,6 +164,19 @@ impl Service {
         }
     }
 
+    /// A Kubernetes Service without a cluster IP: its pods are reached by their own addresses.
+    pub fn is_headless_kubernetes(&self) -> bool {
+        self.resolution == Resolution::Passthrough && self.registry == Registry::Kubernetes
+    }
+
+    /// Whether proxies' listeners name its endpoints: a headless Kubernetes Service with a port
+    /// that is not HTTP, whose pods outbound listeners match one by one (istio/istio
+    /// pilot/pkg/networking/core/listener.go); its endpoint changes are full pushes
+    /// (pilot/pkg/serviceregistry/kube/controller/endpointslice.go).
+    pub fn listens_per_endpoint(&self) -> bool {
+        self.is_headless_kubernetes() && self.ports.iter().any(|p| !p.protocol.is_http())
+    }
+
     pub fn port(&self, number: u16) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.port == number)
     }

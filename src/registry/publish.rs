@@ -177,7 +177,14 @@ impl ServiceUpdate {
             Some(eps) => mesh.endpoints.update(&self.key, shard, eps),
             None => mesh.endpoints.delete_service_shard(&self.key, shard),
         };
-        if defined || need == PushNeed::Full {
+        // Listeners that match a headless service's pods follow its endpoints (a full push, as
+        // istiod's).
+        let per_endpoint = need != PushNeed::None
+            && (mesh.services.get(&self.key.hostname)).is_some_and(|s| s.listens_per_endpoint());
+        if per_endpoint {
+            mesh.pods_version += 1;
+        }
+        if defined || need == PushNeed::Full || per_endpoint {
             change.full = true;
         }
         if defined || need != PushNeed::None {

@@ -32,7 +32,7 @@ use super::names::{
 use super::policy::{self, Effective};
 use super::tls;
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
-use crate::model::{Locality, Protocol, Resolution, Service};
+use crate::model::{Locality, Protocol, Resolution, Service, TlsMode};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
 use crate::xds::wire::{Resource, SharedList};
@@ -310,6 +310,9 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             Some(t) => {
                 cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));
             }
+            None if passthrough_mtls(g, service, target.port) => {
+                cluster.transport_socket = Some(tls::upstream_istio(sni, sans, http2));
+            }
             None if auto_mtls(g, service) => {
                 cluster.transport_socket_matches = tls::upstream_matches(sni, sans, http2);
             }
@@ -351,6 +354,29 @@ fn telemetry_metadata(service: &Service) -> Metadata {
 
 /// Istio's auto mTLS: to services in the mesh whose endpoints are load-balanced by the proxy, each
 /// endpoint labelled with a sidecar gets mTLS.
+/// A passthrough service's cluster (ORIGINAL_DST: no endpoint metadata to match TLS by) originates
+/// mTLS itself when every endpoint on the port has a sidecar that accepts it, as istiod infers it
+/// (pilot/pkg/model/push_context.go `BestEffortInferServiceMTLSMode`, cluster_tls.go).
+fn passthrough_mtls(g: &Generation<'_>, service: &Service, port: u16) -> bool {
+    if !g.mesh_config().enable_auto_mtls
+        || service.mesh_external
+        || service.resolution != Resolution::Passthrough
+    {
+        return false;
+    }
+    let port_name = service
+        .port(port)
+        .map(|p| p.name.as_str())
+        .unwrap_or_default();
+    let security = g.mesh.config.security();
+    let shards = g.mesh.endpoints.get(&service.key());
+    let mut on_port = (shards.iter().flat_map(|s| s.endpoints()))
+        .filter(|ep| *ep.service_port_name == *port_name)
+        .peekable();
+    on_port.peek().is_some()
+        && on_port.all(|ep| security.endpoint_tls(&service.namespace, ep) == TlsMode::Istio)
+}
+
 fn auto_mtls(g: &Generation<'_>, service: &Service) -> bool {
     g.mesh_config().enable_auto_mtls
         && !service.mesh_external

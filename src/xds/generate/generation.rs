@@ -474,7 +474,12 @@ impl Generation<'_> {
         &self,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
     ) -> Arc<SharedList> {
-        let stamp = [self.services_version(), 0, 0, self.config_version()];
+        let stamp = [
+            self.services_version(),
+            self.mesh.pods_version,
+            0,
+            self.config_version(),
+        ];
         self.cached_list(
             ResourceType::Listener,
             self.listener_variant(),

@@ -74,8 +74,11 @@ fn listeners(g: &Generation<'_>) -> Arc<SharedList> {
         let ports: BTreeSet<u16> = g
             .routable_services()
             .iter()
-            .filter(|s| outbound::has_port_chains(s))
-            .flat_map(|s| s.ports.iter().map(|p| p.port).filter(|p| g.sees(s, *p)))
+            .flat_map(|s| {
+                (s.ports.iter())
+                    .filter(|p| outbound::claims_port(s, p.protocol) && g.sees(s, p.port))
+                    .map(|p| p.port)
+            })
             .collect();
         std::iter::once(VIRTUAL_OUTBOUND.to_string())
             .chain(ports.iter().map(|p| port_listener_name(*p)))
@@ -105,11 +108,12 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_INBOUND => inbound::virtual_inbound(g),
         _ => {
             let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
+            // Headless services' pods are matched by address: their endpoints key it too.
             g.cached(
                 ResourceType::Listener,
                 name,
                 g.listener_variant(),
-                [g.services_version(), 0, 0, g.config_version()],
+                [g.services_version(), g.mesh.pods_version, 0, g.config_version()],
                 || outbound::port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
             )
         }

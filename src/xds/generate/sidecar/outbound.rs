@@ -4,6 +4,7 @@
 //! address by SNI) and proxied to their cluster (or as their VirtualService's TCP routes say).
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
@@ -12,7 +13,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
 
-use crate::model::{Protocol, Registry, Resolution, Service};
+use crate::model::{Protocol, Service};
 use crate::xds::generate::access_log::Side;
 use crate::xds::generate::common::socket;
 use crate::xds::generate::filters::{
@@ -65,11 +66,45 @@ pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
     }
 }
 
-/// Whether a service has a listener chain on its ports: every service but headless Kubernetes
-/// ones, whose pods are reached by their own addresses through `virtualOutbound`.
-pub(super) fn has_port_chains(service: &Service) -> bool {
-    service.resolution != Resolution::Passthrough || service.registry == Registry::External
+/// Whether a service has a listener chain on a port of this protocol: every service, but headless
+/// Kubernetes ones only on ports that are not HTTP, where each pod's address is matched (HTTP to
+/// their pods passes through `virtualOutbound`).
+pub(super) fn claims_port(service: &Service, protocol: Protocol) -> bool {
+    !service.is_headless_kubernetes() || !protocol.is_http()
 }
+
+/// The pods of a headless service serving `port`, as chain matches (address, range): those on the
+/// proxy's network, but the proxy itself (its traffic to itself never leaves it). Pods on other
+/// networks are reached by name through their gateway (`registry/pod_services`), not by address.
+fn pod_ranges<'a>(
+    g: &'a Generation<'_>,
+    service: &'a Service,
+    port: u16,
+) -> impl Iterator<Item = (IpAddr, CidrRange)> + 'a {
+    let port_name = service
+        .port(port)
+        .map(|p| p.name.clone())
+        .unwrap_or_default();
+    let shards = g.mesh.endpoints.get(&service.key()).cloned();
+    let own = g.proxy.ips.first().copied();
+    let network = g.proxy.network.clone();
+    let addresses: BTreeSet<IpAddr> = (shards.iter())
+        .flat_map(|s| s.endpoints())
+        .filter(|ep| *ep.service_port_name == *port_name && Some(ep.address) != own)
+        .filter(|ep| network.is_empty() || ep.network.is_empty() || ep.network == network)
+        .map(|ep| ep.address)
+        .collect();
+    addresses.into_iter().map(|ip| {
+        let range = CidrRange {
+            prefix_len: Some(UInt32Value {
+                value: if ip.is_ipv6() { 128 } else { 32 },
+            }),
+            address_prefix: ip.to_string(),
+        };
+        (ip, range)
+    })
+}
+
 
 /// The listener for one service port, reached through `virtualOutbound`'s original-destination
 /// hand-off, laid out as istiod's outbound listeners (`buildSidecarOutboundListener`,
@@ -81,7 +116,7 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
     let services: Vec<Arc<Service>> = g
         .routable_services()
         .into_iter()
-        .filter(|s| has_port_chains(s) && s.port(port).is_some())
+        .filter(|s| s.port(port).is_some_and(|p| claims_port(s, p.protocol)))
         .filter(|s| g.sees(s, port))
         .collect();
     if services.is_empty() {
@@ -90,6 +125,7 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
     let has_http = services
         .iter()
         .any(|s| s.port(port).is_some_and(|p| p.protocol.is_http()));
+    let mut pods = 0;
     let mut seen_vips = BTreeSet::new();
     let mut seen_sni = BTreeSet::new();
     let mut filter_chains = Vec::new();
@@ -99,6 +135,22 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
             continue;
         };
         if protocol.is_http() {
+            continue;
+        }
+        let cluster = outbound_cluster(port, &service.hostname);
+        if service.is_headless_kubernetes() {
+            for pod in pod_ranges(g, service, port).filter(|r| seen_vips.insert(r.0)) {
+                pods += 1;
+                filter_chains.push(FilterChain {
+                    name: cluster.clone(),
+                    filter_chain_match: Some(FilterChainMatch {
+                        prefix_ranges: vec![pod.1],
+                        ..Default::default()
+                    }),
+                    filters: tcp_filters(g, service, port, &cluster),
+                    ..Default::default()
+                });
+            }
             continue;
         }
         let addresses = g.service_addresses(service);
@@ -112,7 +164,6 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
                 address_prefix: vip.to_string(),
             })
             .collect();
-        let cluster = outbound_cluster(port, &service.hostname);
         let filter_chain_match = match (addresses.is_empty(), protocol) {
             (false, _) if vips.is_empty() => continue,
             (false, _) => FilterChainMatch {
@@ -163,6 +214,11 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
             filters,
             ..Default::default()
         });
+    }
+    // As istiod: a headless service without pods (and nothing else on the port) has no listener.
+    let only_headless = services.iter().all(|s| s.is_headless_kubernetes());
+    if only_headless && pods == 0 && !has_http {
+        return None;
     }
     let default_chain = match_all.unwrap_or_else(|| FilterChain {
         name: "PassthroughFilterChain".to_string(),

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::config::route::v3::{route, RouteConfiguration, Virtu
 use envoy_types::pb::google::protobuf::BoolValue;
 
 use crate::istio::mesh::OutboundMode;
-use crate::model::Service;
+use crate::model::{Protocol, Service};
 use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::{outbound_cluster, parse_port, PASSTHROUGH};
 use crate::xds::generate::policy::Effective;
@@ -58,8 +58,10 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
     let mut virtual_hosts: Vec<VirtualHost> = g
         .routable_services()
         .iter()
-        .filter(|s| super::outbound::has_port_chains(s))
-        .filter(|s| s.port(port).is_some_and(|p| p.protocol.is_http()) && g.sees(s, port))
+        .filter(|s| {
+            let http = s.port(port).is_some_and(|p| p.protocol.is_http());
+            http && super::outbound::claims_port(s, Protocol::Http) && g.sees(s, port)
+        })
         .filter_map(|s| {
             // Envoy rejects a domain listed twice; the first service keeps it.
             let domains: Vec<String> = domains(g, s, port)
