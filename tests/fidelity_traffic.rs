@@ -361,3 +361,98 @@ endpoints:
     .await;
     assert_eq!(body["server"], server_ip.as_str(), "{body}");
 }
+
+/// A Service port declared without a protocol is sniffed on the client side as istiod does: HTTP
+/// to it is routed (its VirtualService applies), other bytes still reach it as TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_on_a_port_without_a_protocol_is_routed() {
+    let routes = "
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: plain, namespace: default}
+spec:
+  hosts: [plain.default.svc.cluster.local]
+  http:
+  - headers: {request: {set: {x-routed: by-virtual-service}}}
+    route: [{destination: {host: plain.default.svc.cluster.local}}]
+";
+    let pair = Workloads::start("np", 247, &[], routes).await;
+    let server_ip = pair.server_ip();
+    let plain = format!(
+        "
+apiVersion: v1
+kind: Service
+metadata: {{name: plain, namespace: default}}
+spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: plain-1, namespace: default, labels: {{kubernetes.io/service-name: plain}}}}
+addressType: IPv4
+ports: [{{port: 8080}}]
+endpoints:
+- addresses: [{server_ip}]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: server, namespace: default}}
+"
+    );
+    write(&pair.config_dir().join("clusters/c1"), "plain.yaml", &plain);
+    let _client = pair
+        .client_sidecar(workload_certs(&pair.mp, "default", "client"))
+        .await;
+    let _server = pair
+        .server_sidecar(workload_certs(&pair.mp, "default", "server"))
+        .await;
+    // What the client is sent: HTTP to the VIP, by sniffing, beside its TCP chain.
+    let listeners = wait_for("the VIP's chains", BOUND, || async {
+        let listeners: Vec<Listener> = fetch_as(&pair, "client", LDS).await;
+        let vip = |l: &Listener| {
+            l.filter_chains.iter().any(|c| {
+                c.filter_chain_match.as_ref().is_some_and(|m| {
+                    m.prefix_ranges
+                        .iter()
+                        .any(|r| r.address_prefix == "10.96.88.88")
+                })
+            })
+        };
+        listeners.iter().any(vip).then_some(listeners)
+    })
+    .await;
+    let port = listener(&listeners, "0.0.0.0_8080");
+    let sniffed = port.filter_chains.iter().any(|c| {
+        c.filter_chain_match.as_ref().is_some_and(|m| {
+            m.prefix_ranges
+                .iter()
+                .any(|r| r.address_prefix == "10.96.88.88")
+                && m.application_protocols.iter().any(|a| a == "http/1.1")
+        })
+    });
+    assert!(sniffed, "no HTTP chain for the VIP: {port:?}");
+    let tcp = port.filter_chains.iter().any(|c| {
+        c.filter_chain_match.as_ref().is_some_and(|m| {
+            m.prefix_ranges.iter().any(|r| r.address_prefix == "10.96.88.88")
+                && m.application_protocols.is_empty()
+        })
+    });
+    assert!(tcp, "no TCP chain for the VIP's other bytes: {port:?}");
+
+    let body = wait_for("a routed answer", BOUND, || {
+        let output = pair.as_client_app(
+            "curl",
+            &[
+                "-s",
+                "-m",
+                "3",
+                "-H",
+                "Host: plain.default.svc.cluster.local:8080",
+                "http://10.96.88.88:8080/plain",
+            ],
+        );
+        async move {
+            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+            (body["path"] == "/plain").then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
+}

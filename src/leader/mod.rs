@@ -1,14 +1,15 @@
-//! Leader election with a coordination.k8s.io Lease, as client-go's leaderelection does it: the
-//! holder renews the Lease every retry period; another replica takes it over once it has seen no
-//! change to it for the lease duration (measured on its own clock, so clock skew between replicas
-//! does not matter); updates carry the `resourceVersion` they read, so two replicas racing for it
-//! cannot both win. A leader that cannot renew for half the lease duration steps down before any
-//! other replica may take over. Only the work one replica must do follows leadership
-//! ([`LeaderWork`]); every replica keeps serving xDS and the CA.
-
-use std::time::Duration;
+//! Leader election as client-go's leaderelection does it, in a coordination.k8s.io Lease or (for
+//! istiod's cluster-wide elections, shared with istiod's revisions) a ConfigMap lock keyed by
+//! revision (`lock`): the holder renews every retry period; another replica takes over once it has
+//! seen no change for the lease duration (measured on its own clock, so clock skew between
+//! replicas does not matter), or at once where its revision is preferred; updates carry the
+//! `resourceVersion` they read, so two replicas racing cannot both win. A leader that cannot renew
+//! for half the lease duration steps down before any other replica may take over. Only the work
+//! one replica must do follows leadership; every replica keeps serving xDS and the CA.
 
 mod lock;
+
+use std::time::Duration;
 
 use kube::{Api, Client};
 use thiserror::Error;
@@ -34,7 +35,7 @@ pub const GATEWAY_STATUS: &str = "istio-gateway-status-leader";
 
 #[derive(Debug, Error)]
 #[error("{kind} {namespace}/{name}: {verb} failed: {}", Readable(.source))]
-pub struct LeaseError {
+pub struct LockError {
     kind: &'static str,
     namespace: String,
     name: String,
@@ -233,8 +234,8 @@ struct LockClient {
 }
 
 impl LockClient {
-    fn error(&self, verb: &'static str) -> impl FnOnce(kube::Error) -> LeaseError + '_ {
-        move |source| LeaseError {
+    fn error(&self, verb: &'static str) -> impl FnOnce(kube::Error) -> LockError + '_ {
+        move |source| LockError {
             kind: self.api.plural(),
             namespace: self.config.namespace.clone(),
             name: self.config.name.clone(),
@@ -255,7 +256,7 @@ impl LockClient {
     }
 
     /// Whether this replica holds the lock after one try.
-    async fn acquire_or_renew(&self, observer: &mut Observer) -> Result<bool, LeaseError> {
+    async fn acquire_or_renew(&self, observer: &mut Observer) -> Result<bool, LockError> {
         let name = &self.config.name;
         let me = &self.config.identity;
         let Some((record, held)) = self.api.get(name).await.map_err(self.error("get"))? else {
@@ -286,7 +287,7 @@ impl LockClient {
             .map_err(self.error("update"))
     }
 
-    async fn release(&self) -> Result<(), LeaseError> {
+    async fn release(&self) -> Result<(), LockError> {
         let name = &self.config.name;
         let Some((record, held)) = self.api.get(name).await.map_err(self.error("get"))? else {
             return Ok(());

@@ -113,7 +113,12 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 ResourceType::Listener,
                 name,
                 g.listener_variant(),
-                [g.services_version(), g.mesh.pods_version, 0, g.config_version()],
+                [
+                    g.services_version(),
+                    g.mesh.pods_version,
+                    0,
+                    g.config_version(),
+                ],
                 || outbound::port_listener(g, name, port).map(|l| Resource::encode(name, &l)),
             )
         }

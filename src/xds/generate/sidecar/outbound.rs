@@ -73,6 +73,21 @@ pub(super) fn claims_port(service: &Service, protocol: Protocol) -> bool {
     !service.is_headless_kubernetes() || !protocol.is_http()
 }
 
+/// Whether a service's port of this protocol is sniffed for HTTP on the client side: one declared
+/// without a protocol, but on headless services (their pods are matched as TCP).
+pub(super) fn sniffed(service: &Service, protocol: Protocol) -> bool {
+    protocol == Protocol::Unsupported && !service.is_headless_kubernetes()
+}
+
+/// Plaintext HTTP, as the HTTP inspector recognises it.
+fn http_match() -> FilterChainMatch {
+    FilterChainMatch {
+        transport_protocol: "raw_buffer".to_string(),
+        application_protocols: PLAINTEXT_HTTP_ALPN.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
 /// The pods of a headless service serving `port`, as chain matches (address, range): those on the
 /// proxy's network, but the proxy itself (its traffic to itself never leaves it). Pods on other
 /// networks are reached by name through their gateway (`registry/pod_services`), not by address.
@@ -105,7 +120,6 @@ fn pod_ranges<'a>(
     })
 }
 
-
 /// The listener for one service port, reached through `virtualOutbound`'s original-destination
 /// hand-off, laid out as istiod's outbound listeners (`buildSidecarOutboundListener`,
 /// pilot/pkg/networking/core/listener.go): a TCP service by its addresses; one without any by
@@ -122,9 +136,20 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
     if services.is_empty() {
         return None;
     }
-    let has_http = services
-        .iter()
-        .any(|s| s.port(port).is_some_and(|p| p.protocol.is_http()));
+    // Ports without a declared protocol are sniffed too: HTTP is routed, anything else proxied
+    // as TCP (istiod's `buildSidecarOutboundListener` for protocol auto-detection).
+    let has_http = services.iter().any(|s| {
+        s.port(port)
+            .is_some_and(|p| p.protocol.is_http() || sniffed(s, p.protocol))
+    });
+    let http_filters = || {
+        let mut filters = g
+            .wasm_plugins()
+            .network(ListenerClass::Outbound, port)
+            .all();
+        filters.push(http_filter(g, name, port));
+        filters
+    };
     let mut pods = 0;
     let mut seen_vips = BTreeSet::new();
     let mut seen_sni = BTreeSet::new();
@@ -191,6 +216,18 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
                 continue;
             }
         };
+        // Its addresses' HTTP, by sniffing: an address match outranks the port's plain HTTP chain.
+        if sniffed(service, protocol) && !filter_chain_match.prefix_ranges.is_empty() {
+            filter_chains.push(FilterChain {
+                name: format!("{cluster}-http"),
+                filter_chain_match: Some(FilterChainMatch {
+                    prefix_ranges: filter_chain_match.prefix_ranges.clone(),
+                    ..http_match()
+                }),
+                filters: http_filters(),
+                ..Default::default()
+            });
+        }
         filter_chains.push(FilterChain {
             name: cluster.clone(),
             filter_chain_match: Some(filter_chain_match),
@@ -199,19 +236,10 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         });
     }
     if has_http {
-        let mut filters = g
-            .wasm_plugins()
-            .network(ListenerClass::Outbound, port)
-            .all();
-        filters.push(http_filter(g, name, port));
         filter_chains.push(FilterChain {
             name: format!("{name}-http"),
-            filter_chain_match: Some(FilterChainMatch {
-                transport_protocol: "raw_buffer".to_string(),
-                application_protocols: PLAINTEXT_HTTP_ALPN.iter().map(|a| a.to_string()).collect(),
-                ..Default::default()
-            }),
-            filters,
+            filter_chain_match: Some(http_match()),
+            filters: http_filters(),
             ..Default::default()
         });
     }

@@ -59,7 +59,9 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
         .routable_services()
         .iter()
         .filter(|s| {
-            let http = s.port(port).is_some_and(|p| p.protocol.is_http());
+            let http = s
+                .port(port)
+                .is_some_and(|p| p.protocol.is_http() || super::outbound::sniffed(s, p.protocol));
             http && super::outbound::claims_port(s, Protocol::Http) && g.sees(s, port)
         })
         .filter_map(|s| {
