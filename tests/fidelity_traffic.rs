@@ -430,7 +430,9 @@ endpoints:
     assert!(sniffed, "no HTTP chain for the VIP: {port:?}");
     let tcp = port.filter_chains.iter().any(|c| {
         c.filter_chain_match.as_ref().is_some_and(|m| {
-            m.prefix_ranges.iter().any(|r| r.address_prefix == "10.96.88.88")
+            m.prefix_ranges
+                .iter()
+                .any(|r| r.address_prefix == "10.96.88.88")
                 && m.application_protocols.is_empty()
         })
     });
