@@ -46,6 +46,37 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// An EndpointSlice of `service` naming the pair's server on its port `port_yaml` (`{name, port}`).
+fn server_slice(pair: &Workloads, service: &str, port_yaml: &str) -> String {
+    let ip = pair.server_ip();
+    format!(
+        "
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {service}-1, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
+addressType: IPv4
+ports: [{port_yaml}]
+endpoints:
+- addresses: [{ip}]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: server, namespace: default}}
+"
+    )
+}
+
+/// What the echo server answers the client application's `curl <args>`, once it answers for
+/// `path`.
+async fn curl_echo(pair: &Workloads, args: &[&str], path: &str) -> serde_json::Value {
+    wait_for(&format!("an answer for {path}"), BOUND, || {
+        let output = pair.as_client_app("curl", &[&["-s", "-m", "3"], args].concat());
+        async move {
+            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+            (body["path"] == path).then_some(body)
+        }
+    })
+    .await
+}
+
 /// istiod delivers inbound traffic to the address it was sent to, from 127.0.0.6; an application
 /// that listens on its pod IP only (not on localhost) is reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,30 +227,19 @@ spec:
         .server_sidecar(workload_certs(&pair.mp, "default", "server"))
         .await;
     // The name resolves to an address nothing serves: only SNI can find the endpoint.
-    let body = wait_for("an answer from the ServiceEntry's endpoint", BOUND, || {
-        let output = pair.as_client_app(
-            "curl",
-            &[
-                "-s",
-                "-m",
-                "3",
-                "--resolve",
-                "api.example.com:443:10.96.99.99",
-                "--cacert",
-                &ca,
-                "--cert",
-                &chain,
-                "--key",
-                &key,
-                "https://api.example.com/by-sni",
-            ],
-        );
-        async move {
-            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-            (body["path"] == "/by-sni").then_some(body)
-        }
-    })
-    .await;
+    let resolve = "api.example.com:443:10.96.99.99";
+    let args = [
+        "--resolve",
+        resolve,
+        "--cacert",
+        &ca,
+        "--cert",
+        &chain,
+        "--key",
+        &key,
+        "https://api.example.com/by-sni",
+    ];
+    let body = curl_echo(&pair, &args, "/by-sni").await;
     assert_eq!(body["server"], pair.server_ip().as_str());
     let via = client
         .counter("cluster.outbound|443||api.example.com.upstream_cx_total")
@@ -318,17 +338,8 @@ apiVersion: v1
 kind: Service
 metadata: {{name: db, namespace: default}}
 spec: {{clusterIP: None, ports: [{{name: tcp-db, port: 7000}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: db-1, namespace: default, labels: {{kubernetes.io/service-name: db}}}}
-addressType: IPv4
-ports: [{{name: tcp-db, port: 7000}}]
-endpoints:
-- addresses: [{server_ip}]
-  conditions: {{ready: true}}
-  targetRef: {{kind: Pod, name: server, namespace: default}}
-"
+---{}",
+        server_slice(&pair, "db", "{name: tcp-db, port: 7000}")
     );
     write(&pair.config_dir().join("clusters/c1"), "db.yaml", &headless);
     let _client = pair
@@ -351,14 +362,7 @@ endpoints:
     assert_eq!(ranges[0].address_prefix, server_ip);
 
     let url = format!("http://{server_ip}:7000/headless");
-    let body = wait_for("an answer through both sidecars", BOUND, || {
-        let output = pair.as_client_app("curl", &["-s", "-m", "3", &url]);
-        async move {
-            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-            (body["path"] == "/headless").then_some(body)
-        }
-    })
-    .await;
+    let body = curl_echo(&pair, &[&url], "/headless").await;
     assert_eq!(body["server"], server_ip.as_str(), "{body}");
 }
 
@@ -377,24 +381,14 @@ spec:
     route: [{destination: {host: plain.default.svc.cluster.local}}]
 ";
     let pair = Workloads::start("np", 247, &[], routes).await;
-    let server_ip = pair.server_ip();
     let plain = format!(
         "
 apiVersion: v1
 kind: Service
 metadata: {{name: plain, namespace: default}}
 spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: plain-1, namespace: default, labels: {{kubernetes.io/service-name: plain}}}}
-addressType: IPv4
-ports: [{{port: 8080}}]
-endpoints:
-- addresses: [{server_ip}]
-  conditions: {{ready: true}}
-  targetRef: {{kind: Pod, name: server, namespace: default}}
-"
+---{}",
+        server_slice(&pair, "plain", "{port: 8080}")
     );
     write(&pair.config_dir().join("clusters/c1"), "plain.yaml", &plain);
     let _client = pair
@@ -438,23 +432,12 @@ endpoints:
     });
     assert!(tcp, "no TCP chain for the VIP's other bytes: {port:?}");
 
-    let body = wait_for("a routed answer", BOUND, || {
-        let output = pair.as_client_app(
-            "curl",
-            &[
-                "-s",
-                "-m",
-                "3",
-                "-H",
-                "Host: plain.default.svc.cluster.local:8080",
-                "http://10.96.88.88:8080/plain",
-            ],
-        );
-        async move {
-            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-            (body["path"] == "/plain").then_some(body)
-        }
-    })
+    let host = "Host: plain.default.svc.cluster.local:8080";
+    let body = curl_echo(
+        &pair,
+        &["-H", host, "http://10.96.88.88:8080/plain"],
+        "/plain",
+    )
     .await;
     assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
 }

@@ -28,8 +28,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::source::{self, State};
-use super::{diff, json, Accepted, CompareError, Report};
-use crate::envoy_api;
+use super::{diff, Accepted, CompareError, Report};
 use crate::text::clip;
 
 const SYNCZ: &str = "istio.io/debug/syncz";
@@ -122,7 +121,8 @@ async fn kube_client(side: &IstiodSide) -> Result<Client, CompareError> {
             ))
         })?,
     };
-    Client::try_from(config).map_err(|e| failed(format!("the cluster's client: {e}")))
+    // The project's client: its deadlines on every call, HTTP/2 where offered.
+    crate::kube_client::build(config).map_err(|e| failed(format!("the cluster's client: {e}")))
 }
 
 /// A token for our service account that istiod reviews (audience `istio-ca`), as istioctl's.
@@ -233,15 +233,11 @@ async fn describe(client: &Client, mut node: Node) -> Node {
 /// istiod's config dump sections as a compared state.
 fn state_of(sections: &[Any]) -> Result<State, CompareError> {
     let mut state = State::default();
-    let mut add = |i: usize, name_field: &str, any: Option<&Any>| -> Result<(), CompareError> {
-        let Some(any) = any else { return Ok(()) };
-        let message = envoy_api::unpack(&any.type_url, &any.value).map_err(failed)?;
-        let mut value = json::message(&message);
-        if let Some(fields) = value.as_object_mut() {
-            fields.insert("@type".into(), serde_json::json!(any.type_url));
+    let mut add = |i: usize, any: Option<&Any>| -> Result<(), CompareError> {
+        if let Some(any) = any {
+            let (name, value) = source::named_json(any, i).map_err(failed)?;
+            state[i].insert(name, value);
         }
-        let name = value[name_field].as_str().unwrap_or_default().to_string();
-        state[i].insert(name, value);
         Ok(())
     };
     for section in sections {
@@ -254,23 +250,19 @@ fn state_of(sections: &[Any]) -> Result<State, CompareError> {
                     .iter()
                     .chain(&dump.dynamic_warming_clusters)
                 {
-                    add(0, "name", c.cluster.as_ref())?;
+                    add(0, c.cluster.as_ref())?;
                 }
             }
             url if url == ListenersConfigDump::type_url() => {
                 let dump = ListenersConfigDump::decode(bytes).map_err(failed)?;
                 for l in &dump.dynamic_listeners {
-                    add(
-                        2,
-                        "name",
-                        l.active_state.as_ref().and_then(|s| s.listener.as_ref()),
-                    )?;
+                    add(2, l.active_state.as_ref().and_then(|s| s.listener.as_ref()))?;
                 }
             }
             url if url == RoutesConfigDump::type_url() => {
                 let dump = RoutesConfigDump::decode(bytes).map_err(failed)?;
                 for r in &dump.dynamic_route_configs {
-                    add(3, "name", r.route_config.as_ref())?;
+                    add(3, r.route_config.as_ref())?;
                 }
             }
             _ => {}

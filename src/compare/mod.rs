@@ -46,21 +46,21 @@ pub struct CompareArgs {
     pub namespace: Option<String>,
     /// With --istiod: the control plane's namespace, where our service account and the mesh root
     /// are.
-    #[arg(long, default_value = "istio-system")]
+    #[arg(long, requires = "istiod", default_value = "istio-system")]
     pub system_namespace: String,
     /// With --istiod: the service account istiod sees us as (meshpilot's own; `istiod-<revision>`
     /// for a revision install).
-    #[arg(long, default_value = "meshpilot")]
+    #[arg(long, requires = "istiod", default_value = "meshpilot")]
     pub service_account: String,
     /// With --istiod: the kubeconfig of the config cluster (for the token); else the usual
     /// places (KUBECONFIG, ~/.kube/config, in-cluster).
-    #[arg(long)]
+    #[arg(long, requires = "istiod")]
     pub kubeconfig: Option<PathBuf>,
     /// With --istiod: the PEM its certificate is checked against [the mesh root ConfigMap].
-    #[arg(long)]
+    #[arg(long, requires = "istiod")]
     pub istiod_root: Option<PathBuf>,
     /// With --istiod: the name its certificate must carry [istiod.<system-namespace>.svc].
-    #[arg(long)]
+    #[arg(long, requires = "istiod")]
     pub istiod_name: Option<String>,
     /// The node a live side is asked as (protobuf JSON, as a dump's node.json).
     #[arg(long)]

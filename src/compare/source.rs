@@ -10,6 +10,7 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::Any;
 use serde_json::{json, Value};
 use thiserror::Error;
 use tokio::sync::mpsc;
@@ -158,21 +159,29 @@ pub async fn fetch_live(address: &str, node: &Node) -> Result<State, SourceError
             }
         };
         for any in &response.resources {
-            let message =
-                envoy_api::unpack(&any.type_url, &any.value).map_err(|e| failed(e.to_string()))?;
-            let mut value = json::message(&message);
-            // As a dump writes each resource: its type beside its fields.
-            if let Some(fields) = value.as_object_mut() {
-                fields.insert("@type".to_string(), json!(any.type_url));
-            }
-            let name = value[NAME_FIELD[i]]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+            let (name, value) = named_json(any, i).map_err(|e| failed(e.to_string()))?;
             state[i].insert(name, value);
         }
     }
     Ok(state)
+}
+
+/// A resource of type `TYPES[type_index]` as a dump writes it (its type beside its fields), and
+/// its name.
+pub(super) fn named_json(
+    any: &Any,
+    type_index: usize,
+) -> Result<(String, Value), envoy_api::ApiError> {
+    let message = envoy_api::unpack(&any.type_url, &any.value)?;
+    let mut value = json::message(&message);
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("@type".to_string(), json!(any.type_url));
+    }
+    let name = value[NAME_FIELD[type_index]]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    Ok((name, value))
 }
 
 /// The EDS names of the clusters that take endpoints over EDS.

@@ -68,7 +68,7 @@ pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
 
 /// Whether a service has a listener chain on a port of this protocol: every service, but headless
 /// Kubernetes ones only on ports that are not HTTP, where each pod's address is matched (HTTP to
-/// their pods passes through `virtualOutbound`).
+/// their pods passes through `virtualOutbound`, where istiod routes it: docs/fidelity.md, Open).
 pub(super) fn claims_port(service: &Service, protocol: Protocol) -> bool {
     !service.is_headless_kubernetes() || !protocol.is_http()
 }
