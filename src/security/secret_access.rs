@@ -1,8 +1,8 @@
 //! May a workload read its namespace's Secrets? Before istiod serves a gateway credential over SDS
 //! it asks the API server of the proxy's cluster: a SubjectAccessReview of `list secrets` in the
 //! namespace for the proxy's verified service account (pilot/pkg/credentials/kube/secrets.go,
-//! `Authorize`), cached a minute, an allowance five. meshpilot asks the cluster the Secret is read
-//! from, so a proxy naming another cluster (`CLUSTER_ID`) needs the same right there.
+//! `Authorize`), cached a minute, an allowance five. As istiod, the proxy's cluster answers
+//! wherever the Secret is read from (pilot/pkg/credentials/kube/multicluster.go).
 //!
 //! Reviews are asked by the stream before it builds (`review`); building only reads the cached
 //! verdicts (`verdict`), so generators never call an API server.
@@ -38,7 +38,7 @@ const MAX_VERDICTS: usize = 65_536;
 /// Who asks about what where.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SecretReview {
-    /// The cluster whose API server answers (where the Secret is read from).
+    /// The cluster whose API server answers: the proxy's.
     pub cluster: ClusterId,
     pub namespace: String,
     pub service_account: String,

@@ -1,16 +1,19 @@
-//! SDS over ADS: the TLS Secrets gateways name by `credentialName`, as istiod serves them
-//! (pilot/pkg/xds/sds.go, names parsed as pilot/pkg/model/credentials/resource.go does):
+//! SDS over ADS: the TLS Secrets gateways name by `credentialName`, authorized as istiod's
+//! `filterAuthorizedResources` (pilot/pkg/xds/sds.go) over the references `mergeGateways`
+//! verifies (pilot/pkg/model/gateway.go), names parsed as pilot/pkg/model/credentials/resource.go:
 //!
-//! - `kubernetes://[<namespace>/]<name>`: a Secret of the proxy's own namespace (another is never
-//!   served), read from the proxy's cluster, else meshpilot's. Its CA bundle (`<name>-cacert`) is
-//!   public and served as is; its key only when the proxy's service account may `list secrets`
-//!   in that namespace, as the API server of the cluster the Secret is read from answers a
-//!   SubjectAccessReview (`security/secret_access`). Without any API server (clusters from
-//!   files) there is no RBAC to ask and the namespace rule alone applies.
-//! - `kubernetes-gateway://<namespace>/<name>`: a Secret a Gateway API listener names, read from
-//!   the config cluster (in file mode, as above), served only to the proxies of the Gateways that
-//!   reference it (their own namespace, or another a ReferenceGrant opened, checked when the
-//!   Gateway was compiled).
+//! - `kubernetes://[<namespace>/]<name>` (and a `credentialName` without a prefix): a Secret of
+//!   the proxy's own verified namespace, never another, whatever references it; read from the
+//!   proxy's cluster, else meshpilot's. Its CA bundle (`<name>-cacert`) is public and served as
+//!   is; its key only when the proxy's service account may `list secrets` in the namespace, as
+//!   the API server of the *proxy's* cluster answers a SubjectAccessReview
+//!   (`security/secret_access`; pilot/pkg/credentials/kube/multicluster.go: "Authorization will
+//!   always use the proxy cluster"). Without any API server (clusters from files) there is no
+//!   RBAC to ask and the namespace rule alone applies.
+//! - `kubernetes-gateway://<namespace>/<name>`: served only to a router that a Gateway of its own
+//!   namespace selects, whose server names it (its `-cacert` too for MUTUAL servers), and only
+//!   when the Secret is in that namespace or a ReferenceGrant there lets Gateways of the proxy's
+//!   namespace use it. Read from the config cluster (in file mode, as above).
 //!
 //! Only a proxy that proved its identity on the secure port gets any; anything refused is answered
 //! as not existing.
@@ -91,7 +94,8 @@ impl Generation<'_> {
     }
 
     /// The review that decides whether this proxy may read a `kubernetes://` Secret's key, where
-    /// one does: a Secret of its own namespace, with a key, that exists.
+    /// one does: a Secret of its own namespace, with a key, that exists. The proxy's cluster
+    /// answers it (meshpilot's when the proxy names none), wherever the Secret is read from.
     fn secret_review(&self, reference: &Reference<'_>) -> Option<SecretReview> {
         let account = self.proxy.verified_account.as_ref()?;
         if reference.gateway || reference.ca_only() || reference.namespace != &*self.proxy.namespace
@@ -100,9 +104,14 @@ impl Generation<'_> {
         }
         let clusters = self.secret_clusters(reference);
         let credentials = &self.mesh.credentials;
-        let holder = credentials.holder(&clusters, reference.namespace, reference.name)?;
+        credentials.holder(&clusters, reference.namespace, reference.name)?;
+        let cluster = self
+            .proxy
+            .cluster_id
+            .as_ref()
+            .unwrap_or(credentials.local());
         Some(SecretReview {
-            cluster: holder.clone(),
+            cluster: cluster.clone(),
             namespace: reference.namespace.to_string(),
             service_account: account.clone(),
         })
@@ -127,29 +136,45 @@ impl Generation<'_> {
         pending
     }
 
-    /// Whether the Gateways selecting this proxy in its own namespace reference this SDS name
-    /// (istiod's `VerifiedCertificateReferences`).
-    fn gateways_reference(&self, name: &str) -> bool {
-        self.gateways().iter().any(|bound| {
-            *bound.object.key.namespace == *self.proxy.namespace
-                && bound.gateway.servers.iter().any(|server| {
-                    let Some(tls) = &server.tls else { return false };
-                    let mutual = matches!(
-                        tls.mode,
-                        ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual
-                    );
-                    !tls.credential_name.is_empty()
-                        && (resource_name(&tls.credential_name, false) == name
-                            || (mutual && resource_name(&tls.credential_name, true) == name))
-                })
-        })
+    /// Whether a Gateway of this router's own namespace that selects it names this
+    /// `kubernetes-gateway://` SDS name, its Secret in that namespace or opened to its Gateways by
+    /// a ReferenceGrant (istiod's `VerifiedCertificateReferences`).
+    fn verified_reference(&self, name: &str) -> bool {
+        let namespace = &*self.proxy.namespace;
+        if !self.is_router() {
+            return false;
+        }
+        let config = &self.mesh.config;
+        let bound = self.gateways();
+        let own = bound
+            .iter()
+            .filter(|b| *b.object.key.namespace == *namespace);
+        own.flat_map(|b| &b.gateway.servers)
+            .filter_map(|server| server.tls.as_ref())
+            .filter(|tls| !tls.credential_name.is_empty())
+            .any(|tls| {
+                let mutual = matches!(
+                    tls.mode,
+                    ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual
+                );
+                let names = resource_name(&tls.credential_name, false) == name
+                    || (mutual && resource_name(&tls.credential_name, true) == name);
+                let base = resource_name(&tls.credential_name, false);
+                let Some(secret) = parse(&base, namespace).filter(|_| names) else {
+                    return false;
+                };
+                secret.namespace == namespace
+                    || config.secret_granted(namespace, secret.namespace, secret.name)
+            })
     }
 
     /// Why this proxy may not read this Secret, if it may not.
     fn secret_refusal(&self, name: &str, reference: &Reference<'_>) -> Option<&'static str> {
         if reference.gateway {
-            return (!self.gateways_reference(name))
-                .then_some("no Gateway of the proxy's namespace that selects it references it");
+            return (!self.verified_reference(name)).then_some(
+                "no Gateway of the proxy's namespace that selects it names it with the Secret in \
+                 that namespace or opened to it by a ReferenceGrant",
+            );
         }
         if reference.namespace != &*self.proxy.namespace {
             return Some("a Secret of another namespace than the proxy's");

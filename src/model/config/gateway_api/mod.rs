@@ -176,6 +176,24 @@ impl RouteCtx<'_> {
     }
 }
 
+impl ConfigStore {
+    /// Whether a ReferenceGrant in `secret_namespace` lets the Gateways (`gateway.networking.k8s.io`)
+    /// of `from_namespace` use Secret `name` there: what opens another namespace's Secret to a
+    /// gateway's proxies over SDS, for Istio's Gateways too (istiod's `SecretAllowed`,
+    /// pilot/pkg/config/kube/gatewaycommon/references.go).
+    pub fn secret_granted(&self, from_namespace: &str, secret_namespace: &str, name: &str) -> bool {
+        self.of_kind(ConfigKind::ReferenceGrant)
+            .filter(|o| *o.key.namespace == *secret_namespace)
+            .any(|o| match &o.spec {
+                Spec::ReferenceGrant(g) => g.allows(
+                    (api::GROUP, "Gateway", from_namespace),
+                    ("", "Secret", name),
+                ),
+                _ => false,
+            })
+    }
+}
+
 fn grants_in<'a>(
     grants: &'a [(Arc<str>, &'a ReferenceGrant)],
     namespace: &'a str,
