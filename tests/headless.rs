@@ -2,7 +2,10 @@
 //! (pilot/pkg/networking/core/listener.go, cluster_tls.go): the port's outbound listener matches
 //! each pod's address (not the proxy's own) to the service's ORIGINAL_DST cluster, which
 //! originates mTLS when every endpoint has a sidecar; a pod joining is pushed to the proxies'
-//! listeners, and one without a sidecar turns mTLS off.
+//! listeners, and one without a sidecar turns mTLS off. Each proxy gets its own matches: a pod
+//! of the service is never sent a listener built for another pod, nor a client one built for a
+//! pod, on one network or across two; and the cluster's mTLS follows the pods' sidecars in a
+//! wildcard CDS answer too.
 
 mod common;
 
@@ -30,6 +33,11 @@ spec: {clusterIP: None, ports: [{name: tcp-mongo, port: 27017}]}
 /// The db pods (the proxy is db-0) and the service's EndpointSlice, `sidecars` saying which
 /// pods carry Istio's `security.istio.io/tlsMode` label.
 fn pods(ips: &[(&str, bool)]) -> String {
+    pods_named(ips, |i| format!("db-{i}"))
+}
+
+/// As [`pods`], with the pods named by `name`.
+fn pods_named(ips: &[(&str, bool)], name: impl Fn(usize) -> String) -> String {
     let mut yaml = String::new();
     let mut endpoints = String::new();
     for (i, (ip, sidecar)) in ips.iter().enumerate() {
@@ -38,10 +46,12 @@ fn pods(ips: &[(&str, bool)]) -> String {
             false => "",
         };
         yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: db-{i}, namespace: shop, labels: {{app: db{tls}}}}}\nspec: {{serviceAccountName: db}}\nstatus: {{podIP: {ip}}}\n"
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: shop, labels: {{app: db{tls}}}}}\nspec: {{serviceAccountName: db}}\nstatus: {{podIP: {ip}}}\n",
+            pod = name(i)
         ));
         endpoints.push_str(&format!(
-            "- {{addresses: [{ip}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: db-{i}, namespace: shop}}}}\n"
+            "- {{addresses: [{ip}], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: {pod}, namespace: shop}}}}\n",
+            pod = name(i)
         ));
     }
     yaml.push_str(&format!(
@@ -135,6 +145,207 @@ async fn a_headless_tcp_port_matches_each_pod_and_follows_them() {
     wait_for("mTLS off", BOUND * 3, || async {
         let clusters: Vec<Cluster> = fetch(mp.xds_addr, proxy(), CDS, &[CLUSTER]).await;
         clusters[0].transport_socket.is_none().then_some(())
+    })
+    .await;
+}
+
+/// The addresses each of these proxies' (cluster, network, node id) port listeners match, asked
+/// for over wildcard LDS in this order (so that each finds what the ones before it built).
+async fn matched_by(
+    mp: &meshpilot::app::Running,
+    proxies: &[(&str, &str, &str)],
+) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (cluster, network, id) in proxies {
+        let meta = [
+            ("NAMESPACE", "shop"),
+            ("CLUSTER_ID", *cluster),
+            ("NETWORK", *network),
+        ];
+        let listeners: Vec<Listener> = fetch(mp.xds_addr, node(id, &meta), LDS, &[]).await;
+        out.push(matched(&listeners));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pod_and_client_gets_its_own_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("clusters/c1");
+    std::fs::create_dir_all(&cluster).unwrap();
+    std::fs::write(cluster.join("db.yaml"), SERVICE).unwrap();
+    let three = [
+        ("10.30.0.10", true),
+        ("10.30.0.11", true),
+        ("10.30.0.12", true),
+    ];
+    std::fs::write(cluster.join("pods.yaml"), pods(&three)).unwrap();
+    let mp = start_meshpilot(dir.path(), &[]).await;
+
+    let pod = |i: u8| format!("sidecar~10.30.0.1{i}~db-{i}.shop~shop.svc.cluster.local");
+    let client = "sidecar~10.30.0.50~web-1.shop~shop.svc.cluster.local";
+    let (db0, db1, db2) = (pod(0), pod(1), pod(2));
+    let proxies = [
+        ("c1", "", db0.as_str()),
+        ("c1", "", db1.as_str()),
+        ("c1", "", client),
+        ("c1", "", db2.as_str()),
+    ];
+    let got = matched_by(&mp, &proxies).await;
+    assert_eq!(
+        got,
+        [
+            vec!["10.30.0.11", "10.30.0.12"],
+            vec!["10.30.0.10", "10.30.0.12"],
+            vec!["10.30.0.10", "10.30.0.11", "10.30.0.12"],
+            vec!["10.30.0.10", "10.30.0.11"],
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pod_and_client_gets_its_own_network_s_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster_network = |network: &str| {
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: istio-system, labels: {{topology.istio.io/network: {network}}}}}\n")
+    };
+    for (name, network, ips, prefix) in [
+        (
+            "c1",
+            "n1",
+            [("10.30.0.10", true), ("10.30.0.11", true)],
+            "db",
+        ),
+        (
+            "c2",
+            "n2",
+            [("10.31.0.10", true), ("10.31.0.11", true)],
+            "db-east",
+        ),
+    ] {
+        let cluster = dir.path().join("clusters").join(name);
+        std::fs::create_dir_all(&cluster).unwrap();
+        std::fs::write(cluster.join("ns.yaml"), cluster_network(network)).unwrap();
+        std::fs::write(cluster.join("db.yaml"), SERVICE).unwrap();
+        let named = pods_named(&ips, |i| format!("{prefix}-{i}"));
+        std::fs::write(cluster.join("pods.yaml"), named).unwrap();
+    }
+    let mp = start_meshpilot(dir.path(), &[]).await;
+
+    let proxies = [
+        (
+            "c1",
+            "n1",
+            "sidecar~10.30.0.10~db-0.shop~shop.svc.cluster.local",
+        ),
+        (
+            "c2",
+            "n2",
+            "sidecar~10.31.0.11~db-east-1.shop~shop.svc.cluster.local",
+        ),
+        (
+            "c1",
+            "n1",
+            "sidecar~10.30.0.50~web-1.shop~shop.svc.cluster.local",
+        ),
+        (
+            "c2",
+            "n2",
+            "sidecar~10.31.0.50~web-2.shop~shop.svc.cluster.local",
+        ),
+        (
+            "c1",
+            "n1",
+            "sidecar~10.30.0.11~db-1.shop~shop.svc.cluster.local",
+        ),
+    ];
+    let got = matched_by(&mp, &proxies).await;
+    assert_eq!(
+        got,
+        [
+            vec!["10.30.0.11"],
+            vec!["10.31.0.10"],
+            vec!["10.30.0.10", "10.30.0.11"],
+            vec!["10.31.0.10", "10.31.0.11"],
+            vec!["10.30.0.10"],
+        ]
+    );
+}
+
+/// The ORIGINAL_DST cluster among the others of a wildcard CDS answer.
+fn db_cluster(clusters: &[Cluster]) -> &Cluster {
+    clusters
+        .iter()
+        .find(|c| c.name == CLUSTER)
+        .expect("the headless service's cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wildcard_cluster_list_follows_the_pods_sidecars() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("clusters/c1");
+    std::fs::create_dir_all(&cluster).unwrap();
+    std::fs::write(cluster.join("db.yaml"), SERVICE).unwrap();
+    let write_pods = |ips: &[(&str, bool)]| {
+        std::fs::write(cluster.join("pods.yaml"), pods(ips)).unwrap();
+    };
+    write_pods(&[("10.30.0.10", false), ("10.30.0.11", false)]);
+    let mp = start_meshpilot(dir.path(), &[]).await;
+    let client = || {
+        node(
+            "sidecar~10.30.0.50~web-1.shop~shop.svc.cluster.local",
+            &[("NAMESPACE", "shop"), ("CLUSTER_ID", "c1")],
+        )
+    };
+
+    let clusters: Vec<Cluster> = fetch(mp.xds_addr, client(), CDS, &[]).await;
+    assert!(
+        db_cluster(&clusters).transport_socket.is_none(),
+        "no sidecars: plaintext"
+    );
+
+    // A connected proxy is pushed the change as the pods roll their sidecars in (the same pods,
+    // the same identities), and a new one asking for every cluster gets it too.
+    let mut ads = AdsClient::connect(mp.xds_addr).await.unwrap();
+    ads.request(DiscoveryRequest {
+        node: Some(client()),
+        type_url: CDS.into(),
+        ..Default::default()
+    });
+    let first = ads.response(BOUND).await;
+    ads.ack(&first, Vec::new());
+    write_pods(&[("10.30.0.10", true), ("10.30.0.11", true)]);
+    let deadline = tokio::time::Instant::now() + BOUND * 3;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "mTLS was not pushed"
+        );
+        let response = ads.response(BOUND).await;
+        ads.ack(&response, Vec::new());
+        let clusters: Vec<Cluster> = response
+            .resources
+            .iter()
+            .map(|a| prost::Message::decode(&a.value[..]).unwrap())
+            .collect();
+        if db_cluster(&clusters).transport_socket.is_some() {
+            break;
+        }
+    }
+    let clusters: Vec<Cluster> = fetch(mp.xds_addr, client(), CDS, &[]).await;
+    assert!(
+        db_cluster(&clusters).transport_socket.is_some(),
+        "every pod has a sidecar: mTLS"
+    );
+
+    // And back when one loses it.
+    write_pods(&[("10.30.0.10", true), ("10.30.0.11", false)]);
+    wait_for("mTLS off in the wildcard list", BOUND * 3, || async {
+        let clusters: Vec<Cluster> = fetch(mp.xds_addr, client(), CDS, &[]).await;
+        db_cluster(&clusters)
+            .transport_socket
+            .is_none()
+            .then_some(())
     })
     .await;
 }

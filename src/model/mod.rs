@@ -129,7 +129,8 @@ pub struct MeshSnapshot {
     /// Bumped whenever the gateway set changes; keys cached EDS.
     pub gateways_version: u64,
     /// Bumped whenever a service whose pods listeners match (`Service::listens_per_endpoint`)
-    /// changes endpoints; keys cached listeners.
+    /// changes endpoints, or a headless service's ports change TLS modes (whether its
+    /// ORIGINAL_DST cluster originates mTLS); stamps cached listeners and cluster lists.
     pub pods_version: u64,
     /// Istio configuration and the mesh config.
     pub config: ConfigStore,

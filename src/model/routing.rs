@@ -48,6 +48,17 @@ impl ConfigStore {
         self.derived().source_labels_used
     }
 
+    /// Whether some VirtualService route matches on the client's namespace.
+    pub fn routes_use_source_namespace(&self) -> bool {
+        self.derived().source_namespace_used
+    }
+
+    /// Whether which VirtualServices a sidecar gets depends on its namespace: some is exported to
+    /// fewer than every namespace.
+    pub fn routes_vary_by_namespace(&self) -> bool {
+        self.derived().routes_scoped
+    }
+
     /// The VirtualService routes sidecars in `proxy_ns` apply to `host`; with a Sidecar, only
     /// those its egress listener for the port imports.
     pub fn mesh_routes(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{ClusterId, Endpoint, Hostname, ServiceKey};
+use super::{ClusterId, Endpoint, Hostname, ServiceKey, TlsMode};
 
 /// The kind of registry a shard came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -59,6 +59,14 @@ impl EndpointShards {
     /// The merged endpoints of every shard, in shard order.
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
         self.shards.values().flat_map(|eps| eps.iter())
+    }
+
+    /// Each port's TLS modes: whether clients can originate mTLS to a port's pods themselves
+    /// (an ORIGINAL_DST cluster) follows them.
+    pub fn port_tls_modes(&self) -> BTreeSet<(&str, TlsMode)> {
+        self.endpoints()
+            .map(|ep| (&*ep.service_port_name, ep.tls_mode))
+            .collect()
     }
 
     fn with_shard(&self, shard: &ShardKey, endpoints: Option<Arc<[Endpoint]>>) -> Self {

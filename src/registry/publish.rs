@@ -173,14 +173,29 @@ impl ServiceUpdate {
             Some(svc) => mesh.services.upsert(cluster, svc),
             None => mesh.services.remove(cluster, &self.key.hostname),
         };
+        let service = mesh.services.get(&self.key.hostname);
+        let headless = service.is_some_and(|s| s.is_headless_kubernetes());
+        let listens = service.is_some_and(|s| s.listens_per_endpoint());
+        let modes = |mesh: &MeshSnapshot| {
+            let shards = mesh.endpoints.get(&self.key)?;
+            let modes = shards.port_tls_modes();
+            Some(
+                modes
+                    .into_iter()
+                    .map(|(p, m)| (p.to_string(), m))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let modes_before = headless.then(|| modes(mesh)).flatten();
         let need = match self.endpoints {
             Some(eps) => mesh.endpoints.update(&self.key, shard, eps),
             None => mesh.endpoints.delete_service_shard(&self.key, shard),
         };
         // Listeners that match a headless service's pods follow its endpoints (a full push, as
-        // istiod's).
-        let per_endpoint = need != PushNeed::None
-            && (mesh.services.get(&self.key.hostname)).is_some_and(|s| s.listens_per_endpoint());
+        // istiod's), and so does its ORIGINAL_DST cluster, which originates mTLS only where every
+        // pod of a port has a sidecar.
+        let modes_changed = headless && need != PushNeed::None && modes(mesh) != modes_before;
+        let per_endpoint = need != PushNeed::None && (listens || modes_changed);
         if per_endpoint {
             mesh.pods_version += 1;
         }

@@ -24,6 +24,10 @@ pub(in crate::model) struct Derived {
     pub(in crate::model) gateway_api: GatewayApi,
     /// Whether some VirtualService matches on the client's labels.
     pub(in crate::model) source_labels_used: bool,
+    /// Whether some VirtualService matches on the client's namespace.
+    pub(in crate::model) source_namespace_used: bool,
+    /// Whether some VirtualService is exported to fewer than every namespace.
+    pub(in crate::model) routes_scoped: bool,
     /// Security policies, indexed when first asked for.
     pub(super) security: OnceLock<SecurityPolicies>,
     /// Sidecars by namespace: those with a workload selector first, each group oldest first.
@@ -56,22 +60,31 @@ impl ConfigStore {
             let mut virtual_services = sorted(ConfigKind::VirtualService);
             virtual_services.append(&mut gateway_api.virtual_services);
             virtual_services.sort_by(oldest_first);
-            let source_labels_used = virtual_services.iter().any(|o| match &o.spec {
-                Spec::VirtualService(vs) => {
-                    let http = vs.http.iter().flat_map(|r| &r.matches);
-                    http.clone().any(|m| !m.source_labels.is_empty())
-                        || vs
-                            .tcp
-                            .iter()
-                            .flat_map(|r| &r.matches)
-                            .any(|m| !m.source_labels.is_empty())
-                        || vs
-                            .tls
-                            .iter()
-                            .flat_map(|r| &r.matches)
-                            .any(|m| !m.source_labels.is_empty())
-                }
-                _ => false,
+            let client_matches = |o: &Arc<ConfigObject>| -> Vec<(bool, bool)> {
+                let Spec::VirtualService(vs) = &o.spec else {
+                    return Vec::new();
+                };
+                let http = vs.http.iter().flat_map(|r| &r.matches);
+                let http =
+                    http.map(|m| (!m.source_labels.is_empty(), !m.source_namespace.is_empty()));
+                let tcp = vs.tcp.iter().flat_map(|r| &r.matches);
+                let tcp =
+                    tcp.map(|m| (!m.source_labels.is_empty(), !m.source_namespace.is_empty()));
+                let tls = vs.tls.iter().flat_map(|r| &r.matches);
+                let tls =
+                    tls.map(|m| (!m.source_labels.is_empty(), !m.source_namespace.is_empty()));
+                http.chain(tcp).chain(tls).collect()
+            };
+            let matches: Vec<(bool, bool)> =
+                virtual_services.iter().flat_map(client_matches).collect();
+            let source_labels_used = matches.iter().any(|m| m.0);
+            let source_namespace_used = matches.iter().any(|m| m.1);
+            let routes_scoped = virtual_services.iter().any(|o| {
+                let export_to = match o.export_to() {
+                    [] => self.default_export_to(o.key.kind),
+                    e => e,
+                };
+                !export_to.iter().any(|e| e == "*")
             });
             let mut sidecars: BTreeMap<Arc<str>, Vec<(ConfigKey, Arc<Sidecar>)>> = BTreeMap::new();
             let mut by_age = sorted(ConfigKind::Sidecar);
@@ -93,6 +106,8 @@ impl ConfigStore {
                 gateways: sorted(ConfigKind::Gateway),
                 gateway_api,
                 source_labels_used,
+                source_namespace_used,
+                routes_scoped,
                 security: OnceLock::new(),
                 sidecars,
                 telemetries: by_namespace(sorted(ConfigKind::Telemetry)),

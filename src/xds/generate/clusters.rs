@@ -4,7 +4,6 @@
 //! east-west gateways; Istio's fixed clusters; and the static clusters to a local workload.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
@@ -31,6 +30,7 @@ use super::names::{
 };
 use super::policy::{self, Effective};
 use super::tls;
+use super::traits::{Trait, Traits};
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
 use crate::model::{Locality, Protocol, Resolution, Service, TlsMode};
 use crate::xds::protocol::ResourceType;
@@ -52,33 +52,51 @@ pub(super) struct ClusterNeeds {
 /// namespace) shares: one per visible service port and subset, by `outbound|…` name or by SNI,
 /// and the fixed ones. Assembled once per snapshot version.
 pub(super) fn list(g: &Generation<'_>, needs: &ClusterNeeds) -> Arc<SharedList> {
+    // Its clusters name their services' identities, and headless services' clusters originate
+    // mTLS as their pods' sidecars allow: both stamp it.
     let stamp = [
         g.services_version(),
         g.mesh.endpoints.identities_version(),
-        0,
+        g.mesh.pods_version,
         g.config_version(),
     ];
-    let variant = g.variant_of(&(
-        [needs.sni, needs.outbound, needs.fixed],
-        g.list_scope(),
-        g.istio_stats().is_some(),
-    ));
-    g.cached_list(ResourceType::Cluster, variant, stamp, || {
-        let mut names = Vec::new();
-        for service in g.routable_services() {
-            if needs.outbound {
-                names.extend(names_of(g, &service, false));
+    let needs_key = [needs.sni, needs.outbound, needs.fixed];
+    g.cached_list(
+        ResourceType::Cluster,
+        (LIST_READS, &needs_key),
+        stamp,
+        || {
+            let mut names = Vec::new();
+            for service in g.routable_services() {
+                if needs.outbound {
+                    names.extend(names_of(g, &service, false));
+                }
+                if needs.sni && service.resolution == Resolution::ClientSideLb {
+                    names.extend(names_of(g, &service, true));
+                }
             }
-            if needs.sni && service.resolution == Resolution::ClientSideLb {
-                names.extend(names_of(g, &service, true));
+            if needs.fixed {
+                names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
             }
-        }
-        if needs.fixed {
-            names.extend([BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].map(String::from));
-        }
-        names.iter().filter_map(|n| build(g, n)).collect()
-    })
+            names.iter().filter_map(|n| build(g, n)).collect()
+        },
+    )
 }
+
+/// What a service's cluster reads of the proxy (beyond the rule that applies, which keys it):
+/// which generator reads it, whether it is a router (a rule's credentialName) or Istio's proxy
+/// (metadata exchange).
+const CLUSTER_READS: Traits = Traits::of(&[Trait::Kind, Trait::Telemetry]);
+
+/// What the fixed clusters read: the proxy's kind and IP families (the inbound passthrough's
+/// source address).
+const FIXED_READS: Traits = Traits::of(&[Trait::Kind, Trait::Telemetry, Trait::Families]);
+
+/// What a list of clusters reads: the services the proxy sees and the rules that apply to them,
+/// and what each cluster reads.
+const LIST_READS: Traits = Traits::of(&[Trait::Scope, Trait::Rules])
+    .with(CLUSTER_READS)
+    .with(FIXED_READS);
 
 /// A service's clusters for this proxy: one per port and subset of the rule that applies, named
 /// `outbound|…` or, for an east-west gateway, by SNI.
@@ -110,9 +128,6 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some(parsed) = parse_outbound(name) {
         let target = g.target(&parsed)?;
         let keys = target.rule.as_ref().map(|r| r.keys.clone());
-        // Routers originate TLS from Secrets that sidecars do not (a rule's credentialName);
-        // Istio's proxies exchange peer metadata upstream.
-        let variant = g.variant_of(&(keys, g.is_router(), g.istio_stats().is_some()));
         // mTLS settings name the destination's identities, which live with its endpoints.
         let shards = g.mesh.endpoints.get(&target.service.key()).cloned();
         let stamp = [
@@ -121,26 +136,45 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             0,
             g.config_version(),
         ];
-        return g.cached(ResourceType::Cluster, name, variant, stamp, || {
-            let sans: Vec<String> = shards
-                .iter()
-                .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
-                .chain(target.service.subject_alt_names.iter().cloned())
-                .collect();
-            Some(Resource::encode(name, &outbound(g, name, &target, &sans)))
-        });
+        return g.cached(
+            ResourceType::Cluster,
+            name,
+            (CLUSTER_READS, &keys),
+            stamp,
+            || {
+                let sans: Vec<String> = shards
+                    .iter()
+                    .flat_map(|s| s.service_accounts.iter().map(|sa| sa.to_string()))
+                    .chain(target.service.subject_alt_names.iter().cloned())
+                    .collect();
+                Some(Resource::encode(name, &outbound(g, name, &target, &sans)))
+            },
+        );
     }
     if let Some(parsed) = parse_sni_cluster(name) {
         g.target(&parsed)?;
         return g.cached(
             ResourceType::Cluster,
             name,
-            0,
+            (Traits::NONE, &()),
             [g.services_version(), 0, 0, g.config_version()],
             || Some(Resource::encode(name, &sni_cluster(name))),
         );
     }
-    let v6 = g.proxy.ips.iter().all(IpAddr::is_ipv6);
+    if ![BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].contains(&name) {
+        return None;
+    }
+    g.cached(
+        ResourceType::Cluster,
+        name,
+        (FIXED_READS, &()),
+        [g.services_version(), 0, 0, 0],
+        || Some(Resource::encode(name, &fixed(g, name)?)),
+    )
+}
+
+/// Istio's fixed clusters: the black hole, and the passthroughs out and in.
+fn fixed(g: &Generation<'_>, name: &str) -> Option<Cluster> {
     let mut cluster = match name {
         // No endpoints at all (istiod's `buildBlackHoleCluster`).
         BLACKHOLE => Cluster {
@@ -149,7 +183,7 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         },
         PASSTHROUGH => passthrough(name),
         INBOUND_PASSTHROUGH => Cluster {
-            upstream_bind_config: Some(inbound_bind(v6)),
+            upstream_bind_config: Some(inbound_bind(g.ipv6_only())),
             ..passthrough(name)
         },
         _ => return None,
@@ -159,13 +193,7 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if let Some(stats) = exchange {
         cluster.filters.push(stats.cluster_filter());
     }
-    g.cached(
-        ResourceType::Cluster,
-        name,
-        g.variant_of(&(exchange.is_some(), v6 && name == INBOUND_PASSTHROUGH)),
-        [g.services_version(), 0, 0, 0],
-        || Some(Resource::encode(name, &cluster)),
-    )
+    Some(cluster)
 }
 
 /// To destinations no service claims, as the downstream spoke to them, without limits.
@@ -260,7 +288,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
     };
     policy::apply(&mut cluster, &effective, http, http2);
     // Proxyless gRPC balances round robin (or by a rule's hash); it refuses Envoy's default.
-    if g.proxy.generator == Generator::Grpc && cluster.lb_policy == LbPolicy::LeastRequest as i32 {
+    if g.generator() == Generator::Grpc && cluster.lb_policy == LbPolicy::LeastRequest as i32 {
         cluster.lb_policy = LbPolicy::RoundRobin as i32;
     }
     let locality = locality::setting(
@@ -283,7 +311,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
         cluster.metadata = Some(telemetry_metadata(service));
         cluster.filters.push(stats.cluster_filter());
     }
-    if g.proxy.generator == Generator::Envoy {
+    if g.generator() == Generator::Envoy {
         let subset = target.subset.as_ref().map_or("", |s| s.name.as_str());
         let sni = outbound_sni(target.port, subset, &service.hostname);
         match &effective.tls {

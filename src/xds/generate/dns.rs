@@ -21,6 +21,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::generation::Generation;
+use super::traits::{Trait, Traits};
 use crate::model::{Health, Registry, Resolution, Service};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
@@ -35,26 +36,29 @@ const CLUSTERSET_SUFFIX: &str = ".clusterset.local";
 /// The proxy's table, one unnamed resource as istiod sends it; built once per snapshot for every
 /// proxy that sees the same (cluster, network, scope, allocated addresses).
 pub(super) fn table(g: &Generation<'_>) -> Option<Arc<Resource>> {
-    // What the table reads of the proxy: its cluster (which VIPs), network (which pods), the
-    // services it sees (namespace where that varies, its Sidecar), its allocated addresses.
-    let namespace = match g.sees_by_namespace() {
-        true => &*g.proxy.namespace,
-        false => "",
-    };
-    let sidecar = g.sidecar_scope().map(|s| &s.key);
-    let traits = (namespace, sidecar, g.allocated_view());
-    let variant = g.variant_of(&(g.cluster_id(), &*g.proxy.network, traits));
     let stamp = [
         g.services_version(),
         g.mesh.endpoints.version(),
         0,
         g.config_version(),
     ];
-    g.cache
-        .get_or_build(ResourceType::NameTable, "", variant, stamp, || {
-            Some(Resource::encode("", &build(g)))
-        })
+    g.keyed(
+        ResourceType::NameTable,
+        "",
+        (TABLE_READS, &()),
+        stamp,
+        || Some(Resource::encode("", &build(g))),
+    )
 }
+
+/// What the table reads of the proxy: its cluster (which VIPs), network (which pods), the
+/// services it sees, the allocated addresses it uses.
+const TABLE_READS: Traits = Traits::of(&[
+    Trait::Cluster,
+    Trait::Network,
+    Trait::Scope,
+    Trait::Allocated,
+]);
 
 /// The table for one proxy. The service table holds one service per host (a Kubernetes service
 /// already wins over a ServiceEntry of its host there); the names of headless pods on the
@@ -113,7 +117,7 @@ fn headless(
     let Some(domain) = service.hostname.find('.').map(|i| &service.hostname[i..]) else {
         return Vec::new();
     };
-    let network = &g.proxy.network;
+    let network = g.network();
     let mut addresses = Vec::new();
     for ep in shards.endpoints() {
         let local = network.is_empty() || ep.network.is_empty() || ep.network == *network;

@@ -10,7 +10,7 @@
 //!   the DestinationRule that applies to the proxy defines them.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -26,6 +26,7 @@ use super::locality::{self, topology_labels, LocalityPolicy};
 use super::names::{parse_outbound, parse_sni_cluster};
 use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
+use super::traits::Traits;
 use crate::model::policies::SecurityPolicies;
 use crate::model::{
     Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
@@ -78,15 +79,15 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         .is_some_and(|s| !s.failover_priority.is_empty())
     {
         true => topology_labels(
-            &g.proxy.labels,
-            &g.proxy.network,
+            g.labels(),
+            g.network(),
             proxy_locality.as_ref().unwrap_or(&ModelLocality::default()),
         ),
         false => BTreeMap::new(),
     };
     let view = View {
-        network: g.proxy.network.clone(),
-        requested_networks: g.proxy.requested_network_view.clone(),
+        network: g.network().clone(),
+        requested_networks: g.requested_networks().to_vec(),
         locality: LocalityPolicy {
             proxy: proxy_locality,
             setting,
@@ -96,8 +97,6 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         gateway,
         subset: target.subset.map(|s| s.labels),
     };
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    view.hash(&mut hasher);
     let stamp = [
         g.services_version(),
         shards.as_ref().map_or(0, |s| s.version),
@@ -107,8 +106,13 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let gateways = g.mesh.gateways.clone();
     let port = target.port;
     let security = g.mesh.config.security();
-    g.cache
-        .get_or_build(ResourceType::Endpoint, name, hasher.finish(), stamp, || {
+    // Everything the assignment reads of the proxy is in its view, which keys it.
+    g.keyed(
+        ResourceType::Endpoint,
+        name,
+        (Traits::NONE, &view),
+        stamp,
+        || {
             let sources = Sources {
                 shards: shards.as_deref(),
                 gateways: &gateways,
@@ -118,7 +122,8 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 name,
                 &assignment(name, &service, port, sources, &view),
             ))
-        })
+        },
+    )
 }
 
 /// What an assignment is made of beyond the service.

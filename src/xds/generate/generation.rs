@@ -1,11 +1,14 @@
 //! What resources are built from: one proxy's traits (its kind, namespace, labels, cluster, the
-//! Sidecar that applies) over one mesh snapshot, and the services, rules and cache variants that
-//! follow from them.
+//! Sidecar that applies…) over one mesh snapshot, and the services and rules that follow from
+//! them. Generators read the proxy only through the accessors here, each naming its `Trait`; a
+//! cached build names the traits it reads and is keyed by the proxy's values of them
+//! (`traits`), so a resource is never served to a proxy that differs in something it read.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::access_log::{ProxyLogs, Side};
@@ -15,13 +18,14 @@ use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STAT
 use super::names::{self, ClusterName};
 use super::providers::report_unbuilt;
 use super::tracer::{ProxyTracing, TracingInputs};
+use super::traits::{Trait, Traits};
 use super::wasm::ProxyPlugins;
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
-use crate::istio::{ConfigKey, MeshConfig};
+use crate::istio::MeshConfig;
 use crate::model::{
-    AppliedRule, AppliedTelemetry, BoundGateway, EgressScope, Locality, MeshSnapshot, Service,
-    SidecarScope,
+    AppliedRule, AppliedTelemetry, BoundGateway, ClusterId, EgressScope, HostRoutes, Locality,
+    MeshSnapshot, Service, SidecarScope,
 };
 use crate::security::secret_access::SecretAccess;
 use crate::xds::protocol::ResourceType;
@@ -40,8 +44,11 @@ pub(super) enum ProxyKind {
 /// Builds resources for one proxy from one mesh snapshot.
 pub struct Generation<'a> {
     pub(super) mesh: &'a MeshSnapshot,
-    pub(super) cache: &'a ResourceCache,
-    pub(super) proxy: &'a Proxy,
+    cache: &'a ResourceCache,
+    /// The proxy, read by generators only through the accessors below, each naming its trait.
+    node: &'a Proxy,
+    /// What the cached build under way may read of the proxy (`Traits::ALL` outside one).
+    readable: AtomicU32,
     /// Who may read which Secrets, as reviewed so far; without it nothing that needs a review is
     /// served.
     pub(super) secret_access: Option<&'a SecretAccess>,
@@ -60,7 +67,8 @@ impl<'a> Generation<'a> {
         Self {
             mesh,
             cache,
-            proxy,
+            node: proxy,
+            readable: AtomicU32::new(Traits::ALL.bits()),
             secret_access: None,
             locality: OnceLock::new(),
             scope: OnceLock::new(),
@@ -72,9 +80,7 @@ impl<'a> Generation<'a> {
             wasm_plugins: OnceLock::new(),
         }
     }
-}
 
-impl<'a> Generation<'a> {
     /// Serves Secrets as these reviews allow.
     pub fn with_secret_access(mut self, access: &'a SecretAccess) -> Self {
         self.secret_access = Some(access);
@@ -82,15 +88,162 @@ impl<'a> Generation<'a> {
     }
 }
 
+/// Reading the proxy: every accessor names what it reads.
+impl Generation<'_> {
+    /// Marks `t` read; in debug builds, a read the cached build under way did not name panics.
+    fn read(&self, t: Trait) {
+        let readable = Traits::from_bits(self.readable.load(Ordering::Relaxed));
+        debug_assert!(
+            readable.contains(t),
+            "a cached build read the proxy's {t:?}, which its cache key does not hold \
+             (it holds {readable:?}): name the trait where the build is cached"
+        );
+    }
+
+    /// Runs `f` with only `traits` readable, restoring what was readable after (also when it
+    /// panics).
+    fn reading<T>(&self, traits: Traits, f: impl FnOnce() -> T) -> T {
+        struct Restore<'r>(&'r AtomicU32, u32);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Relaxed);
+            }
+        }
+        let before = self.readable.swap(traits.bits(), Ordering::Relaxed);
+        let _restore = Restore(&self.readable, before);
+        f()
+    }
+
+    /// The node id, for logs only (never part of what is built).
+    pub(super) fn id(&self) -> &str {
+        &self.node.id
+    }
+
+    pub(super) fn proxy_type(&self) -> ProxyType {
+        self.read(Trait::Kind);
+        self.node.kind
+    }
+
+    pub(super) fn generator(&self) -> Generator {
+        self.read(Trait::Kind);
+        self.node.generator
+    }
+
+    pub(super) fn namespace(&self) -> &str {
+        self.read(Trait::Namespace);
+        &self.node.namespace
+    }
+
+    pub(super) fn labels(&self) -> &BTreeMap<String, String> {
+        self.read(Trait::Labels);
+        &self.node.labels
+    }
+
+    /// The cluster the proxy runs in, if it says.
+    pub(super) fn cluster(&self) -> Option<&ClusterId> {
+        self.read(Trait::Cluster);
+        self.node.cluster_id.as_ref()
+    }
+
+    /// The cluster the proxy runs in, empty when it does not say.
+    pub(super) fn cluster_id(&self) -> &str {
+        self.cluster().map(|c| c.as_str()).unwrap_or_default()
+    }
+
+    pub(super) fn network(&self) -> &Arc<str> {
+        self.read(Trait::Network);
+        &self.node.network
+    }
+
+    /// The networks whose endpoints it asks to see (REQUESTED_NETWORK_VIEW).
+    pub(super) fn requested_networks(&self) -> &[String] {
+        self.read(Trait::Network);
+        &self.node.requested_network_view
+    }
+
+    pub(super) fn addresses(&self) -> &[IpAddr] {
+        self.read(Trait::Addresses);
+        &self.node.ips
+    }
+
+    /// Whether all its addresses are IPv6.
+    pub(super) fn ipv6_only(&self) -> bool {
+        self.read(Trait::Families);
+        self.node.ips.iter().all(IpAddr::is_ipv6)
+    }
+
+    /// ISTIO_VERSION, empty for a proxy that is not Istio's.
+    pub(super) fn istio_version(&self) -> &str {
+        self.read(Trait::Version);
+        &self.node.istio_version
+    }
+
+    /// The service account it proved on the secure port.
+    pub(super) fn verified_account(&self) -> Option<&str> {
+        self.read(Trait::Identity);
+        self.node.verified_account.as_deref()
+    }
+
+    /// Its labels, for a VirtualService's `sourceLabels`.
+    pub(super) fn source_labels(&self) -> &BTreeMap<String, String> {
+        self.read(Trait::SourceLabels);
+        &self.node.labels
+    }
+
+    /// Its namespace, for a VirtualService's `sourceNamespace`.
+    pub(super) fn source_namespace(&self) -> &str {
+        self.read(Trait::SourceLabels);
+        &self.node.namespace
+    }
+
+    /// Its own address when it is a pod of a service whose listeners match each pod's address
+    /// (a headless service's TCP port): that chain is left out of its own listeners.
+    pub(super) fn pod_of_headless(&self) -> Option<IpAddr> {
+        self.read(Trait::PodOfHeadless);
+        let ip = self.node.ips.first()?;
+        let endpoints = &self.mesh.endpoints;
+        let services = &self.mesh.services;
+        endpoints
+            .services_at(ip)
+            .iter()
+            .any(|key| {
+                services
+                    .get(&key.hostname)
+                    .is_some_and(|s| s.listens_per_endpoint())
+            })
+            .then_some(*ip)
+    }
+
+    /// Which generator builds the proxy's configuration; None for a client that is no proxy (a
+    /// debug client).
+    pub(super) fn kind(&self) -> Option<ProxyKind> {
+        match (self.generator(), self.proxy_type()) {
+            (Generator::Grpc, _) => Some(ProxyKind::ProxylessGrpc),
+            (Generator::Envoy, ProxyType::Sidecar) => Some(ProxyKind::Sidecar),
+            (Generator::Envoy, ProxyType::Router) => Some(ProxyKind::Router),
+            (Generator::Envoy, ProxyType::Waypoint) => Some(ProxyKind::Waypoint),
+            // Served by the ambient generator alone.
+            (Generator::Envoy, ProxyType::Ztunnel) | (Generator::Event, _) => None,
+        }
+    }
+
+    pub(super) fn is_router(&self) -> bool {
+        self.kind() == Some(ProxyKind::Router)
+    }
+}
+
+/// What follows from the proxy over the snapshot.
 impl Generation<'_> {
     /// Where the proxy runs: its node's locality, else that of its own workload's endpoints.
     pub(super) fn proxy_locality(&self) -> Option<Locality> {
+        self.read(Trait::Locality);
         self.locality
             .get_or_init(|| {
-                if !self.proxy.locality.region.is_empty() {
-                    return Some(self.proxy.locality.clone());
+                let proxy = self.node;
+                if !proxy.locality.region.is_empty() {
+                    return Some(proxy.locality.clone());
                 }
-                self.proxy.ips.iter().find_map(|ip| {
+                proxy.ips.iter().find_map(|ip| {
                     self.mesh.endpoints.services_at(ip).iter().find_map(|key| {
                         let shards = self.mesh.endpoints.get(key)?;
                         let ep = shards.endpoints().find(|e| e.address == *ip)?;
@@ -103,8 +256,10 @@ impl Generation<'_> {
 
     /// The Gateways selecting this proxy (as a router), with their bound VirtualServices.
     pub(super) fn gateways(&self) -> Vec<BoundGateway> {
+        self.read(Trait::Gateways);
+        let proxy = self.node;
         let serves = |host: &str| {
-            self.proxy.ips.iter().any(|ip| {
+            proxy.ips.iter().any(|ip| {
                 self.mesh
                     .endpoints
                     .services_at(ip)
@@ -114,7 +269,7 @@ impl Generation<'_> {
         };
         self.mesh
             .config
-            .gateways_for(&self.proxy.labels, &self.proxy.namespace, &serves)
+            .gateways_for(&proxy.labels, &proxy.namespace, &serves)
     }
 
     pub(super) fn services_version(&self) -> u64 {
@@ -123,7 +278,8 @@ impl Generation<'_> {
 
     /// Every service the proxy sees (exportTo, and its Sidecar on some port), sorted by hostname.
     pub(super) fn routable_services(&self) -> Vec<Arc<Service>> {
-        let ns = &*self.proxy.namespace;
+        self.read(Trait::Scope);
+        let ns = &*self.node.namespace;
         let default = &self.mesh_config().default_service_export_to;
         let scope = self.sidecar_scope();
         self.mesh
@@ -142,9 +298,7 @@ impl Generation<'_> {
     /// the host to them (istiod's rule). Listeners match and the name table resolves these.
     pub(super) fn service_addresses(&self, service: &Service) -> Vec<IpAddr> {
         let own = self
-            .proxy
-            .cluster_id
-            .as_ref()
+            .cluster()
             .and_then(|c| service.cluster_vips.get(c))
             .filter(|vips| !vips.is_empty());
         let mut vips: Vec<IpAddr> = match own {
@@ -152,8 +306,8 @@ impl Generation<'_> {
             None => service.cluster_vips.values().flatten().copied().collect(),
         };
         vips.retain(|ip| !ip.is_unspecified());
-        if vips.is_empty() && self.proxy.dns_capture {
-            let families = |ip: &IpAddr| self.proxy.ips.iter().any(|p| p.is_ipv4() == ip.is_ipv4());
+        if let Some((v4, v6)) = self.allocated_view().filter(|_| vips.is_empty()) {
+            let families = |ip: &IpAddr| if ip.is_ipv4() { v4 } else { v6 };
             vips.extend(service.auto_addresses.iter().filter(|ip| families(ip)));
         }
         vips
@@ -162,21 +316,24 @@ impl Generation<'_> {
     /// What of the proxy decides which allocated addresses it uses (see `service_addresses`): its
     /// IP families, when its agent captures DNS and some host has allocated addresses.
     pub(super) fn allocated_view(&self) -> Option<(bool, bool)> {
-        let uses = self.proxy.dns_capture && !self.mesh.allocations.is_empty();
+        self.read(Trait::Allocated);
+        let proxy = self.node;
+        let uses = proxy.dns_capture && !self.mesh.allocations.is_empty();
         uses.then(|| {
-            let v4 = self.proxy.ips.iter().any(|ip| ip.is_ipv4());
-            (v4, self.proxy.ips.iter().any(|ip| ip.is_ipv6()))
+            let v4 = proxy.ips.iter().any(|ip| ip.is_ipv4());
+            (v4, proxy.ips.iter().any(|ip| ip.is_ipv6()))
         })
     }
 
     /// The Sidecar resource that applies to a sidecar proxy (Envoy or proxyless), if any.
     pub(super) fn sidecar_scope(&self) -> Option<&Arc<SidecarScope>> {
+        self.read(Trait::Scope);
         self.scope
-            .get_or_init(|| match self.proxy.kind {
+            .get_or_init(|| match self.node.kind {
                 ProxyType::Sidecar => self
                     .mesh
                     .config
-                    .sidecar_scope(&self.proxy.namespace, &self.proxy.labels),
+                    .sidecar_scope(&self.node.namespace, &self.node.labels),
                 _ => None,
             })
             .as_ref()
@@ -194,11 +351,25 @@ impl Generation<'_> {
 
     /// A service by hostname, if the proxy sees it.
     pub(super) fn service(&self, host: &str) -> Option<&Arc<Service>> {
+        self.read(Trait::Scope);
         let default = &self.mesh_config().default_service_export_to;
         self.mesh
             .services
             .get(host)
-            .filter(|s| s.visible_to(&self.proxy.namespace, default))
+            .filter(|s| s.visible_to(&self.node.namespace, default))
+    }
+
+    /// The VirtualService routes for `host` exported to the proxy (with a Sidecar, those its
+    /// egress listener imports).
+    pub(super) fn mesh_routes(
+        &self,
+        host: &str,
+        scope: Option<&EgressScope>,
+    ) -> Option<HostRoutes> {
+        self.read(Trait::Routes);
+        self.mesh
+            .config
+            .mesh_routes(&self.node.namespace, host, scope)
     }
 
     pub(super) fn mesh_config(&self) -> &MeshConfig {
@@ -232,19 +403,13 @@ impl Generation<'_> {
 
     /// The DestinationRule that applies to a service for this proxy.
     pub(super) fn destination_rule(&self, service: &Service) -> Option<Arc<AppliedRule>> {
+        self.read(Trait::Rules);
         self.mesh.config.destination_rule(
-            &self.proxy.namespace,
-            &self.proxy.labels,
+            &self.node.namespace,
+            &self.node.labels,
             &service.hostname,
             &service.namespace,
         )
-    }
-
-    /// The proxy's labels where its DestinationRules depend on them (a rule of its namespace has a
-    /// `workloadSelector`): resources built with rules vary by them then.
-    pub(super) fn rule_labels(&self) -> Option<&BTreeMap<String, String>> {
-        let selecting = self.mesh.config.rules_select_in(&self.proxy.namespace);
-        selecting.then_some(&self.proxy.labels)
     }
 
     /// What of the config resources depend on: the rules and the mesh config.
@@ -252,68 +417,25 @@ impl Generation<'_> {
         self.mesh.config.rules_version()
     }
 
-    /// Traits of a wildcard list: the proxy's namespace matters once rules, export limits or a
-    /// Sidecar do, and the Sidecar that applies.
-    pub(super) fn list_scope(&self) -> ListScope<'_> {
-        let sidecar = self.sidecar_scope().map(|s| &s.key);
-        let by_namespace = self.mesh.config.has_destination_rules() || self.sees_by_namespace();
-        ListScope {
-            namespace: match by_namespace {
-                true => &self.proxy.namespace,
-                false => "",
-            },
-            sidecar,
-            labels: self.rule_labels(),
-        }
-    }
-
     /// Whether which services the proxy sees depends on its namespace: some service limits its
     /// export, the mesh's default does, or a Sidecar applies.
-    pub(super) fn sees_by_namespace(&self) -> bool {
+    fn sees_by_namespace(&self) -> bool {
         let default_export = &self.mesh_config().default_service_export_to;
         self.mesh.services.explicit_exports() > 0
             || !default_export.iter().any(|e| e == "*")
             || self.sidecar_scope().is_some()
     }
 
-    /// The cache variant of listeners shared by proxies of one kind: its cluster (which VIPs),
-    /// list scope, the allocated addresses it matches and the Telemetries that apply.
-    pub(super) fn listener_variant(&self) -> u64 {
-        self.variant_of(&(
-            self.cluster_id(),
-            self.list_scope(),
-            self.allocated_view(),
-            self.telemetry(),
-            self.istio_stats().is_some(),
-            self.tracing_variant(),
-            self.wasm_plugins(),
-        ))
-    }
-
     /// The proxy's tracing (from its Telemetries, else the mesh config).
     pub(super) fn tracing(&self) -> &ProxyTracing {
+        self.read(Trait::Tracing);
         self.traces.get_or_init(|| {
             ProxyTracing::build(&TracingInputs {
                 mesh: self.mesh_config(),
-                telemetry: self.telemetry(),
-                proxy: self.proxy,
+                telemetry: self.reading(Traits::ALL, || self.telemetry()),
+                proxy: self.node,
                 services: &self.mesh.services,
             })
-        })
-    }
-
-    /// What of the proxy its spans carry (Istio's tags, its service cluster), when it traces.
-    pub(super) fn tracing_variant(&self) -> Option<impl Hash + '_> {
-        self.tracing().configured().then(|| {
-            let label = |key: &str| self.proxy.labels.get(key);
-            (
-                &*self.proxy.namespace,
-                label("service.istio.io/canonical-name"),
-                label("service.istio.io/canonical-revision"),
-                &self.proxy.mesh_id,
-                &self.proxy.service_cluster,
-                self.proxy.istio_version.is_empty(),
-            )
         })
     }
 
@@ -321,10 +443,9 @@ impl Generation<'_> {
     /// cannot load them) and a Prometheus metrics provider is in effect (Istio's default), shaped
     /// by its Telemetries' metrics overrides.
     pub(super) fn istio_stats(&self) -> Option<&IstioStats> {
+        self.read(Trait::Telemetry);
         let stats = self.istio_stats.get_or_init(|| {
-            let istio_proxy =
-                !self.proxy.istio_version.is_empty() && self.proxy.generator == Generator::Envoy;
-            if !istio_proxy {
+            if !self.istio_proxy() {
                 return None;
             }
             let mesh = self.mesh_config();
@@ -348,6 +469,11 @@ impl Generation<'_> {
         stats.as_deref()
     }
 
+    /// Whether it is Istio's Envoy (it names an ISTIO_VERSION), which loads Istio's filters.
+    fn istio_proxy(&self) -> bool {
+        !self.node.istio_version.is_empty() && self.node.generator == Generator::Envoy
+    }
+
     /// Istio's stats filters of one side of the proxy's traffic, if it gets them.
     pub(super) fn stats(&self, side: Side) -> Option<&SideStats> {
         self.istio_stats().map(|s| s.of(side))
@@ -355,86 +481,40 @@ impl Generation<'_> {
 
     /// The Telemetry objects that apply to the proxy.
     pub(super) fn telemetry(&self) -> &AppliedTelemetry {
+        self.read(Trait::Telemetry);
         self.telemetry.get_or_init(|| {
             self.mesh
                 .config
-                .telemetry_for(&self.proxy.namespace, &self.proxy.labels)
+                .telemetry_for(&self.node.namespace, &self.node.labels)
         })
     }
 
     /// The EnvoyFilter patches that apply to the proxy.
     pub(super) fn envoy_filters(&self) -> &ProxyPatches {
         self.envoy_filters
-            .get_or_init(|| ProxyPatches::for_proxy(self.mesh, self.proxy))
-    }
-
-    /// A listener, route configuration or cluster from the cache, built and patched on a miss
-    /// (under a variant of its own where the proxy's EnvoyFilters change it).
-    pub(super) fn cached(
-        &self,
-        ty: ResourceType,
-        name: &str,
-        variant: u64,
-        stamp: [u64; 4],
-        build: impl FnOnce() -> Option<Resource>,
-    ) -> Option<Arc<Resource>> {
-        let patches = self.envoy_filters();
-        let variant = patches.variant(ty, variant);
-        self.cache.get_or_build(ty, name, variant, stamp, || {
-            patches.apply(ty, build()?, (self.mesh, self.proxy))
-        })
-    }
-
-    /// A list shared by proxies with these traits (and EnvoyFilters where they change it).
-    pub(super) fn cached_list(
-        &self,
-        ty: ResourceType,
-        variant: u64,
-        stamp: [u64; 4],
-        build: impl FnOnce() -> Vec<Arc<Resource>>,
-    ) -> Arc<SharedList> {
-        let variant = self.envoy_filters().variant(ty, variant);
-        self.cache.list(ty, variant, stamp, build)
-    }
-
-    /// A resource built for this proxy alone, patched.
-    pub(super) fn finish(&self, ty: ResourceType, resource: Resource) -> Option<Arc<Resource>> {
-        let patched = self
-            .envoy_filters()
-            .apply(ty, resource, (self.mesh, self.proxy));
-        patched.map(Arc::new)
+            .get_or_init(|| ProxyPatches::for_proxy(self.mesh, self.node))
     }
 
     /// The WasmPlugins that apply to the proxy.
     pub(super) fn wasm_plugins(&self) -> &ProxyPlugins {
+        self.read(Trait::Plugins);
         self.wasm_plugins
-            .get_or_init(|| ProxyPlugins::for_proxy(&self.mesh.config, self.proxy))
+            .get_or_init(|| ProxyPlugins::for_proxy(&self.mesh.config, self.node))
     }
 
     /// The proxy's access logs (from its Telemetries, else the mesh config).
     pub(super) fn access_logs(&self) -> &ProxyLogs {
+        self.read(Trait::Telemetry);
         self.logs.get_or_init(|| {
             ProxyLogs::build(self.mesh_config(), self.telemetry(), &self.mesh.services)
         })
     }
 
-    /// Which generator builds the proxy's configuration; None for a client that is no proxy (a
-    /// debug client).
-    pub(super) fn kind(&self) -> Option<ProxyKind> {
-        match (self.proxy.generator, self.proxy.kind) {
-            (Generator::Grpc, _) => Some(ProxyKind::ProxylessGrpc),
-            (Generator::Envoy, ProxyType::Sidecar) => Some(ProxyKind::Sidecar),
-            (Generator::Envoy, ProxyType::Router) => Some(ProxyKind::Router),
-            (Generator::Envoy, ProxyType::Waypoint) => Some(ProxyKind::Waypoint),
-            // Served by the ambient generator alone.
-            (Generator::Envoy, ProxyType::Ztunnel) | (Generator::Event, _) => None,
-        }
-    }
-
     /// The network of a node proxy (ztunnel, waypoint): as its node says (ztunnel sends no
     /// NETWORK, its proxy metadata may), else that of its own pod, else its cluster's.
     pub(super) fn node_network(&self) -> String {
-        let proxy = self.proxy;
+        self.read(Trait::NodeNetwork);
+        let proxy = self.node;
         if !proxy.network.is_empty() {
             return proxy.network.to_string();
         }
@@ -454,24 +534,160 @@ impl Generation<'_> {
             None => self.mesh.cluster_network(cluster),
         }
     }
+}
 
-    pub(super) fn is_router(&self) -> bool {
-        self.kind() == Some(ProxyKind::Router)
+/// The cache, keyed by what a build reads.
+impl Generation<'_> {
+    /// The cache key of a build that reads `traits` of the proxy and was handed `extra` (what it
+    /// captured that follows from the proxy, such as the rule it applies): the proxy's value of
+    /// each trait. Computing it reads those traits, so a build nested in another must read no
+    /// more than the outer one.
+    fn key(&self, traits: Traits, extra: &impl Hash) -> u64 {
+        for t in traits.iter() {
+            self.read(t);
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.reading(Traits::ALL, || {
+            for t in traits.iter() {
+                (t as u8).hash(&mut h);
+                self.hash_trait(t, &mut h);
+            }
+        });
+        extra.hash(&mut h);
+        h.finish()
     }
 
-    /// The cluster the proxy runs in, empty when it does not say.
-    pub(super) fn cluster_id(&self) -> &str {
-        self.proxy
-            .cluster_id
-            .as_ref()
-            .map(|c| c.as_str())
-            .unwrap_or_default()
+    /// The proxy's value of one trait: what builds reading it vary by.
+    fn hash_trait(&self, t: Trait, h: &mut impl Hasher) {
+        let proxy = self.node;
+        match t {
+            Trait::Kind => (proxy.kind, proxy.generator).hash(h),
+            Trait::Namespace => proxy.namespace.hash(h),
+            Trait::Labels => proxy.labels.hash(h),
+            Trait::Cluster => proxy.cluster_id.hash(h),
+            Trait::Network => (&proxy.network, &proxy.requested_network_view).hash(h),
+            Trait::Addresses => proxy.ips.hash(h),
+            Trait::Families => self.ipv6_only().hash(h),
+            Trait::Locality => self.proxy_locality().hash(h),
+            Trait::Version => proxy.istio_version.hash(h),
+            Trait::Scope => {
+                let by_namespace = self.sees_by_namespace();
+                by_namespace.then_some(&proxy.namespace).hash(h);
+                self.sidecar_scope().map(|s| &s.key).hash(h);
+            }
+            Trait::Rules => {
+                let config = &self.mesh.config;
+                let by_namespace = config.has_destination_rules();
+                by_namespace.then_some(&proxy.namespace).hash(h);
+                let selecting = config.rules_select_in(&proxy.namespace);
+                selecting.then_some(&proxy.labels).hash(h);
+            }
+            Trait::Routes => {
+                let by_namespace = self.mesh.config.routes_vary_by_namespace();
+                by_namespace.then_some(&proxy.namespace).hash(h);
+            }
+            Trait::SourceLabels => {
+                let config = &self.mesh.config;
+                let labels = config.routes_use_source_labels();
+                labels.then_some(&proxy.labels).hash(h);
+                let namespace = config.routes_use_source_namespace();
+                namespace.then_some(&proxy.namespace).hash(h);
+            }
+            Trait::Telemetry => (self.telemetry(), self.istio_proxy()).hash(h),
+            Trait::Tracing => {
+                let tracing = self.tracing().configured().then(|| {
+                    let label = |key: &str| proxy.labels.get(key);
+                    (
+                        &proxy.namespace,
+                        label("service.istio.io/canonical-name"),
+                        label("service.istio.io/canonical-revision"),
+                        &proxy.mesh_id,
+                        &proxy.service_cluster,
+                        &proxy.cluster_id,
+                        proxy.istio_version.is_empty(),
+                    )
+                });
+                tracing.hash(h);
+            }
+            Trait::Plugins => self.wasm_plugins().hash(h),
+            Trait::Allocated => self.allocated_view().hash(h),
+            Trait::PodOfHeadless => self.pod_of_headless().hash(h),
+            Trait::Gateways => {
+                for bound in self.gateways() {
+                    bound.object.key.hash(h);
+                }
+            }
+            Trait::NodeNetwork => self.node_network().hash(h),
+            Trait::Identity => proxy.verified_account.hash(h),
+        }
     }
 
-    /// The listeners every proxy of this kind, cluster and list scope shares, assembled by `build`
-    /// once per snapshot version.
+    /// A resource from the cache, built on a miss with only `traits` of the proxy readable; no
+    /// EnvoyFilter patches it (an assignment, a name table).
+    pub(super) fn keyed(
+        &self,
+        ty: ResourceType,
+        name: &str,
+        (traits, extra): (Traits, &impl Hash),
+        stamp: [u64; 4],
+        build: impl FnOnce() -> Option<Resource>,
+    ) -> Option<Arc<Resource>> {
+        let key = self.key(traits, extra);
+        self.cache
+            .get_or_build(ty, name, key, stamp, || self.reading(traits, build))
+    }
+
+    /// A listener, route configuration or cluster from the cache, built and patched on a miss
+    /// (under a variant of its own where the proxy's EnvoyFilters change it; their contexts
+    /// follow the proxy's kind).
+    pub(super) fn cached(
+        &self,
+        ty: ResourceType,
+        name: &str,
+        (traits, extra): (Traits, &impl Hash),
+        stamp: [u64; 4],
+        build: impl FnOnce() -> Option<Resource>,
+    ) -> Option<Arc<Resource>> {
+        let patches = self.envoy_filters();
+        let traits = match patches.touches(ty) {
+            true => traits.with(Traits::of(&[Trait::Kind])),
+            false => traits,
+        };
+        let key = patches.variant(ty, self.key(traits, extra));
+        self.cache.get_or_build(ty, name, key, stamp, || {
+            self.reading(traits, || patches.apply(ty, build()?, self))
+        })
+    }
+
+    /// A list shared by proxies with these traits (and EnvoyFilters where they change it).
+    pub(super) fn cached_list(
+        &self,
+        ty: ResourceType,
+        (traits, extra): (Traits, &impl Hash),
+        stamp: [u64; 4],
+        build: impl FnOnce() -> Vec<Arc<Resource>>,
+    ) -> Arc<SharedList> {
+        let patches = self.envoy_filters();
+        let traits = match patches.touches(ty) {
+            true => traits.with(Traits::of(&[Trait::Kind])),
+            false => traits,
+        };
+        let key = patches.variant(ty, self.key(traits, extra));
+        self.cache
+            .list(ty, key, stamp, || self.reading(traits, build))
+    }
+
+    /// A resource built for this proxy alone, patched.
+    pub(super) fn finish(&self, ty: ResourceType, resource: Resource) -> Option<Arc<Resource>> {
+        let patched = self.envoy_filters().apply(ty, resource, self);
+        patched.map(Arc::new)
+    }
+
+    /// The listeners every proxy with these traits shares, assembled by `build` once per
+    /// snapshot version (they match headless services' pods: their endpoints stamp it).
     pub(super) fn shared_listeners(
         &self,
+        traits: Traits,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
     ) -> Arc<SharedList> {
         let stamp = [
@@ -480,30 +696,8 @@ impl Generation<'_> {
             0,
             self.config_version(),
         ];
-        self.cached_list(
-            ResourceType::Listener,
-            self.listener_variant(),
-            stamp,
-            build,
-        )
+        self.cached_list(ResourceType::Listener, (traits, &()), stamp, build)
     }
-
-    /// Traits hash for cache entries that depend on where the proxy sits.
-    pub(super) fn variant_of(&self, traits: &impl Hash) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        traits.hash(&mut h);
-        self.proxy.generator.hash(&mut h);
-        h.finish()
-    }
-}
-
-/// What a shared list (and a per-port listener) depends on beyond the proxy's kind.
-#[derive(Hash)]
-pub(super) struct ListScope<'a> {
-    namespace: &'a str,
-    sidecar: Option<&'a ConfigKey>,
-    /// Where a DestinationRule of the proxy's namespace selects workloads: the proxy's labels.
-    labels: Option<&'a BTreeMap<String, String>>,
 }
 
 /// What a cluster name points at for a proxy: the service, its port, the subset (which must exist
@@ -537,5 +731,90 @@ impl Generation<'_> {
             subset,
             rule,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::proxy::tests::node;
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+
+    fn proxy(id: &str) -> Proxy {
+        Proxy::from_node(Some(&node(id, &[("CLUSTER_ID", "c1")]))).expect("a proxy")
+    }
+
+    fn built(g: &Generation<'_>, name: &str, reads: Traits, read: impl FnOnce()) {
+        g.cached(
+            ResourceType::Cluster,
+            name,
+            (reads, &()),
+            [1, 0, 0, 0],
+            || {
+                read();
+                Some(Resource::encode(name, &Cluster::default()))
+            },
+        );
+    }
+
+    #[test]
+    fn a_build_reads_what_its_key_holds() {
+        let (mesh, cache) = (MeshSnapshot::default(), ResourceCache::default());
+        let p = proxy("sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local");
+        let g = Generation::new(&mesh, &cache, &p);
+        let reads = Traits::of(&[Trait::Namespace, Trait::Cluster]);
+        built(&g, "ok", reads, || {
+            g.namespace();
+            g.cluster_id();
+        });
+        // Outside any build, the proxy's own resources read anything.
+        g.labels();
+    }
+
+    #[test]
+    fn proxies_differing_in_a_trait_read_get_their_own_entry() {
+        let (mesh, cache) = (MeshSnapshot::default(), ResourceCache::default());
+        let one = proxy("sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local");
+        let two = proxy("sidecar~10.0.0.2~a-2.shop~shop.svc.cluster.local");
+        let other = proxy("sidecar~10.0.0.3~a-1.bank~bank.svc.cluster.local");
+        let reads = Traits::of(&[Trait::Namespace]);
+        let name = |p: &Proxy| {
+            let g = Generation::new(&mesh, &cache, p);
+            let built = g.cached(
+                ResourceType::Cluster,
+                "c",
+                (reads, &()),
+                [1, 0, 0, 0],
+                || Some(Resource::encode(g.namespace(), &Cluster::default())),
+            );
+            built.expect("built").name.to_string()
+        };
+        assert_eq!(name(&one), "shop");
+        assert_eq!(name(&two), "shop", "the same namespace shares");
+        assert_eq!(name(&other), "bank");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "read the proxy's Addresses")]
+    fn a_build_reading_a_trait_its_key_lacks_fails() {
+        let (mesh, cache) = (MeshSnapshot::default(), ResourceCache::default());
+        let p = proxy("sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local");
+        let g = Generation::new(&mesh, &cache, &p);
+        built(&g, "leaky", Traits::of(&[Trait::Namespace]), || {
+            g.addresses();
+        });
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "read the proxy's Network")]
+    fn a_build_nested_in_another_reads_no_more_than_it() {
+        let (mesh, cache) = (MeshSnapshot::default(), ResourceCache::default());
+        let p = proxy("sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local");
+        let g = Generation::new(&mesh, &cache, &p);
+        built(&g, "outer", Traits::of(&[Trait::Namespace]), || {
+            built(&g, "inner", Traits::of(&[Trait::Network]), || {});
+        });
     }
 }

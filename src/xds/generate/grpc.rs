@@ -13,6 +13,7 @@ use super::filters::{hcm, rds};
 use super::generation::Generation;
 use super::names::{grpc_route_name, outbound_cluster, parse_port};
 use super::routes::{virtual_host, DefaultRoute};
+use super::traits::{Trait, Traits};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::{Listing, Resource};
 
@@ -22,11 +23,14 @@ const NEEDS: ClusterNeeds = ClusterNeeds {
     fixed: false,
 };
 
+/// What the list of a client's listeners reads: the services it sees.
+const LISTENER_READS: Traits = Traits::of(&[Trait::Scope]);
+
 /// Every cluster or listener, shared by clients with the same traits.
 pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
     match ty {
         ResourceType::Cluster => Listing::shared(clusters::list(g, &NEEDS)),
-        ResourceType::Listener => Listing::shared(g.shared_listeners(|| {
+        ResourceType::Listener => Listing::shared(g.shared_listeners(LISTENER_READS, || {
             g.routable_services()
                 .iter()
                 .flat_map(|s| {
@@ -55,10 +59,10 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Listener => listener(g, name),
         ResourceType::Route => {
             let (host, port) = target(g, name)?;
-            g.cache.get_or_build(
+            g.cached(
                 ResourceType::Route,
                 name,
-                g.variant_of(&()),
+                (Traits::NONE, &()),
                 [g.services_version(), 0, 0, 0],
                 || Some(Resource::encode(name, &route_config(name, host, port))),
             )
@@ -75,10 +79,10 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
 
 fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     target(g, name)?;
-    g.cache.get_or_build(
+    g.cached(
         ResourceType::Listener,
         name,
-        g.variant_of(&()),
+        (Traits::NONE, &()),
         [g.services_version(), 0, 0, 0],
         || Some(Resource::encode(name, &api_listener(name))),
     )

@@ -36,6 +36,7 @@ pub mod security;
 mod sidecar;
 pub mod tls;
 mod tracer;
+mod traits;
 mod wasm;
 mod waypoint;
 
@@ -72,7 +73,7 @@ impl Generation<'_> {
             Some(ProxyKind::Waypoint) => waypoint::all(self, ty),
             None => Listing::default(),
         };
-        let kind = self.proxy.kind;
+        let kind = self.proxy_type();
         listing.own.extend(self.envoy_filters().added(ty, kind));
         listing
     }
@@ -124,7 +125,7 @@ impl Generation<'_> {
             ResourceType::Config(kind, _) => return mcp::named(self, kind, name),
             ResourceType::Address | ResourceType::Authorization => return None,
             ResourceType::ExtensionConfig => {
-                let plugin = wasm::build(self.mesh, self.proxy, name);
+                let plugin = wasm::build(self, name);
                 return match plugin {
                     Some(resource) => self.finish(ty, resource),
                     None => self.envoy_filters().added_extension(name),
@@ -139,7 +140,7 @@ impl Generation<'_> {
             ProxyKind::Waypoint => waypoint::build(self, ty, name),
         };
         built.or_else(|| {
-            let added = self.envoy_filters().added(ty, self.proxy.kind);
+            let added = self.envoy_filters().added(ty, self.proxy_type());
             added.into_iter().find(|r| *r.name == *name)
         })
     }

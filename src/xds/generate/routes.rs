@@ -196,15 +196,15 @@ fn route_match(ctx: &RouteContext<'_, '_>, m: &HttpMatch) -> Option<RouteMatch> 
     if m.port.is_some_and(|p| p != u32::from(ctx.port)) {
         return None;
     }
-    let proxy = &ctx.g.proxy;
+    let g = ctx.g;
     if !m
         .source_labels
         .iter()
-        .all(|(k, v)| proxy.labels.get(k) == Some(v))
+        .all(|(k, v)| g.source_labels().get(k) == Some(v))
     {
         return None;
     }
-    if !m.source_namespace.is_empty() && *m.source_namespace != *proxy.namespace {
+    if !m.source_namespace.is_empty() && *m.source_namespace != *g.source_namespace() {
         return None;
     }
     if !m.gateways.is_empty() {

@@ -89,7 +89,7 @@ impl Generation<'_> {
         let files_only = self.secret_access.is_some_and(|a| a.without_api_servers());
         match reference.gateway && !files_only {
             true => vec![credentials.local()],
-            false => credentials.search_order(self.proxy.cluster_id.as_ref()),
+            false => credentials.search_order(self.cluster()),
         }
     }
 
@@ -97,23 +97,18 @@ impl Generation<'_> {
     /// one does: a Secret of its own namespace, with a key, that exists. The proxy's cluster
     /// answers it (meshpilot's when the proxy names none), wherever the Secret is read from.
     fn secret_review(&self, reference: &Reference<'_>) -> Option<SecretReview> {
-        let account = self.proxy.verified_account.as_ref()?;
-        if reference.gateway || reference.ca_only() || reference.namespace != &*self.proxy.namespace
-        {
+        let account = self.verified_account()?;
+        if reference.gateway || reference.ca_only() || reference.namespace != self.namespace() {
             return None;
         }
         let clusters = self.secret_clusters(reference);
         let credentials = &self.mesh.credentials;
         credentials.holder(&clusters, reference.namespace, reference.name)?;
-        let cluster = self
-            .proxy
-            .cluster_id
-            .as_ref()
-            .unwrap_or(credentials.local());
+        let cluster = self.cluster().unwrap_or(credentials.local());
         Some(SecretReview {
             cluster: cluster.clone(),
             namespace: reference.namespace.to_string(),
-            service_account: account.clone(),
+            service_account: account.to_string(),
         })
     }
 
@@ -127,7 +122,7 @@ impl Generation<'_> {
         };
         let mut pending: Vec<SecretReview> = names
             .into_iter()
-            .filter_map(|name| parse(name, &self.proxy.namespace))
+            .filter_map(|name| parse(name, self.namespace()))
             .filter_map(|reference| self.secret_review(&reference))
             .filter(|review| access.verdict(review) == Verdict::Unknown)
             .collect();
@@ -140,7 +135,7 @@ impl Generation<'_> {
     /// `kubernetes-gateway://` SDS name, its Secret in that namespace or opened to its Gateways by
     /// a ReferenceGrant (istiod's `VerifiedCertificateReferences`).
     fn verified_reference(&self, name: &str) -> bool {
-        let namespace = &*self.proxy.namespace;
+        let namespace = self.namespace();
         if !self.is_router() {
             return false;
         }
@@ -176,7 +171,7 @@ impl Generation<'_> {
                  that namespace or opened to it by a ReferenceGrant",
             );
         }
-        if reference.namespace != &*self.proxy.namespace {
+        if reference.namespace != self.namespace() {
             return Some("a Secret of another namespace than the proxy's");
         }
         if reference.ca_only() {
@@ -197,14 +192,22 @@ impl Generation<'_> {
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    let proxy = g.proxy;
-    if !proxy.verified() {
-        warn!(proxy = %proxy.id, resource = name, "gateway credential refused: only a proxy proven on the secure port may read Secrets");
+    let Some(account) = g.verified_account() else {
+        warn!(
+            proxy = g.id(),
+            resource = name,
+            "gateway credential refused: only a proxy proven on the secure port may read Secrets"
+        );
         return None;
-    }
-    let reference = parse(name, &proxy.namespace)?;
+    };
+    let reference = parse(name, g.namespace())?;
     if let Some(why) = g.secret_refusal(name, &reference) {
-        warn!(proxy = %proxy.id, resource = name, service_account = proxy.verified_account.as_deref(), "gateway credential refused: {why}");
+        warn!(
+            proxy = g.id(),
+            resource = name,
+            service_account = account,
+            "gateway credential refused: {why}"
+        );
         return None;
     }
     let credentials = &g.mesh.credentials;
@@ -221,7 +224,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     match material {
         Ok(secret) => Some(Arc::new(Resource::encode(name, &secret))),
         Err(e) => {
-            warn!(proxy = %proxy.id, resource = name, error = %e, "gateway credential not served");
+            warn!(proxy = g.id(), resource = name, error = %e, "gateway credential not served");
             None
         }
     }

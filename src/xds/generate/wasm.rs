@@ -27,11 +27,12 @@ use envoy_types::pb::google::protobuf::{Any, Duration, StringValue};
 use envoy_types::util::pack_any;
 
 use super::common::ads_awaited;
+use super::generation::Generation;
 use super::providers::report_unbuilt;
 use crate::istio::telemetry::WorkloadMode;
 use crate::istio::wasm_plugin::{EnvValueSource, FailStrategy, PluginPhase, PullPolicy};
 use crate::istio::{ConfigObject, WasmPlugin};
-use crate::model::{wasm_plugin, ConfigStore, MeshSnapshot};
+use crate::model::{wasm_plugin, ConfigStore};
 use crate::xds::proxy::{Generator, Proxy};
 use crate::xds::wire::Resource;
 
@@ -207,15 +208,16 @@ fn resource_name(object: &ConfigObject) -> String {
 
 /// The ECDS resource `name`: a WasmPlugin of the proxy's namespace or the root namespace (the only
 /// ones istiod serves by name).
-pub(super) fn build(mesh: &MeshSnapshot, proxy: &Proxy, name: &str) -> Option<Resource> {
+pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Resource> {
+    let mesh = g.mesh;
     let (namespace, plugin) = name.strip_prefix(RESOURCE_PREFIX)?.split_once('.')?;
     let root = mesh.config.mesh().root_namespace.as_str();
-    if namespace != &*proxy.namespace && namespace != root {
+    if namespace != g.namespace() && namespace != root {
         return None;
     }
     let object = mesh.config.wasm_plugin(namespace, plugin)?;
     let spec = wasm_plugin(object)?;
-    let config = plugin_config((mesh, proxy), object, spec);
+    let config = plugin_config(g, object, spec);
     let typed_config = match spec.is_network() {
         true => pack_any(NetworkWasm {
             config: Some(config),
@@ -231,11 +233,7 @@ pub(super) fn build(mesh: &MeshSnapshot, proxy: &Proxy, name: &str) -> Option<Re
     Some(Resource::encode(name, &resource))
 }
 
-fn plugin_config(
-    (mesh, proxy): (&MeshSnapshot, &Proxy),
-    object: &ConfigObject,
-    spec: &WasmPlugin,
-) -> PluginConfig {
+fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -> PluginConfig {
     let mut env = EnvironmentVariables::default();
     for var in spec.vm_config.iter().flat_map(|v| &v.env) {
         match var.value_from {
@@ -246,10 +244,8 @@ fn plugin_config(
         }
     }
     if !spec.image_pull_secret.is_empty() {
-        env.key_values.insert(
-            PULL_SECRET_ENV.into(),
-            pull_secret((mesh, proxy), object, spec),
-        );
+        env.key_values
+            .insert(PULL_SECRET_ENV.into(), pull_secret(g, object, spec));
     }
     let policy = match spec.image_pull_policy {
         PullPolicy::Unspecified => None,
@@ -268,7 +264,7 @@ fn plugin_config(
         _ => Any::default(),
     };
     // Istio's proxies before 1.25 read the older boolean.
-    let legacy = version_before(&proxy.istio_version, (1, 25));
+    let legacy = version_before(g.istio_version(), (1, 25));
     let failure_policy = match spec.fail_strategy {
         FailStrategy::FailOpen => FailurePolicy::FailOpen,
         FailStrategy::FailClose => FailurePolicy::FailClosed,
@@ -330,19 +326,16 @@ fn code(spec: &WasmPlugin) -> AsyncDataSource {
 /// proved their identity and that the plugin applies to (istiod's `referencedSecrets`,
 /// pilot/pkg/xds/ecds.go: any proxy of the namespace may name the plugin, but only those it
 /// selects pull its module); empty otherwise or when it is missing, which the agent reports.
-fn pull_secret(
-    (mesh, proxy): (&MeshSnapshot, &Proxy),
-    object: &ConfigObject,
-    spec: &WasmPlugin,
-) -> String {
+fn pull_secret(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -> String {
+    let mesh = g.mesh;
     let applies = || {
-        let applied = ProxyPlugins::for_proxy(&mesh.config, proxy);
+        let applied = g.wasm_plugins();
         applied.plugins.iter().any(|o| o.key == object.key)
     };
-    if !proxy.verified() || !applies() {
+    if g.verified_account().is_none() || !applies() {
         return String::new();
     }
-    let clusters = mesh.credentials.search_order(proxy.cluster_id.as_ref());
+    let clusters = mesh.credentials.search_order(g.cluster());
     mesh.credentials
         .docker_config(&clusters, &object.key.namespace, &spec.image_pull_secret)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())

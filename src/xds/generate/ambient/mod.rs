@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::generation::Generation;
+use super::traits::Traits;
 use crate::istio::ConfigKind;
 use crate::model::{Change, MeshSnapshot};
 use crate::xds::protocol::{ResourceType, Scope};
@@ -20,16 +21,18 @@ use addresses::{network_gateway_uid, service_name, split_horizon_uid, Addresses}
 
 /// Every resource of the type for a wildcard subscription; nothing for proxies that are not ztunnel.
 pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
-    if g.proxy.kind != ProxyType::Ztunnel {
+    if g.proxy_type() != ProxyType::Ztunnel {
         return Listing::default();
     }
     let network = g.node_network();
     let stamp = [g.mesh.version, 0, 0, 0];
     let list = match ty {
-        ResourceType::Address => g.cache.list(ty, g.variant_of(&network), stamp, || {
+        ResourceType::Address => g.cached_list(ty, (Traits::NONE, &network), stamp, || {
             Addresses::new(g.mesh, &network).all()
         }),
-        ResourceType::Authorization => g.cache.list(ty, 0, stamp, || authorization::build(g.mesh)),
+        ResourceType::Authorization => g.cached_list(ty, (Traits::NONE, &()), stamp, || {
+            authorization::build(g.mesh)
+        }),
         _ => Arc::new(SharedList::default()),
     };
     Listing::shared(list)
@@ -40,7 +43,7 @@ pub(super) fn changed<'n>(
     g: &Generation<'_>,
     names: impl IntoIterator<Item = &'n String>,
 ) -> Vec<Arc<Resource>> {
-    if g.proxy.kind != ProxyType::Ztunnel {
+    if g.proxy_type() != ProxyType::Ztunnel {
         return Vec::new();
     }
     let network = g.node_network();
@@ -65,7 +68,7 @@ pub(super) fn named<'n>(
             .flat_map(|l| l.resources.clone());
         return listed.filter(|r| names.contains(&*r.name)).collect();
     }
-    if g.proxy.kind != ProxyType::Ztunnel {
+    if g.proxy_type() != ProxyType::Ztunnel {
         return Vec::new();
     }
     let network = g.node_network();

@@ -7,13 +7,12 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use super::ops::merge_into;
 use super::{PatchRef, ProxyPatches};
 use crate::istio::envoy_filter::{ApplyTo, Operation, PatchContext};
-use crate::model::MeshSnapshot;
+use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::parse_port;
-use crate::xds::proxy::Proxy;
 
 /// Applies the proxy's patches to `cluster`; false when a patch removes it.
 pub(super) fn patch(
-    (mesh, proxy): (&MeshSnapshot, &Proxy),
+    g: &Generation<'_>,
     patches: &ProxyPatches,
     context: PatchContext,
     cluster: &mut Cluster,
@@ -21,7 +20,7 @@ pub(super) fn patch(
     let name = cluster.name.clone();
     let parts = Parts::of(&name);
     for p in patches.of(ApplyTo::Cluster) {
-        if !p.in_context(context) || !matches((mesh, proxy), &p, &name, &parts) {
+        if !p.in_context(context) || !matches(g, &p, &name, &parts) {
             continue;
         }
         match p.operation() {
@@ -66,12 +65,7 @@ impl<'a> Parts<'a> {
 
 /// istiod's `clusterMatch`: a name decides alone; else the port, subset and service must be the
 /// cluster's (an inbound cluster's service is one of the proxy's own workload's).
-fn matches(
-    (mesh, proxy): (&MeshSnapshot, &Proxy),
-    p: &PatchRef<'_>,
-    name: &str,
-    parts: &Parts<'_>,
-) -> bool {
+fn matches(g: &Generation<'_>, p: &PatchRef<'_>, name: &str, parts: &Parts<'_>) -> bool {
     let Some(m) = p.patch.matches.as_ref().and_then(|m| m.cluster.as_ref()) else {
         return true;
     };
@@ -81,8 +75,9 @@ fn matches(
     let service = m.service.is_empty()
         || match parts.inbound {
             false => parts.host == m.service,
-            true => proxy.ips.iter().any(|ip| {
-                mesh.endpoints
+            true => g.addresses().iter().any(|ip| {
+                g.mesh
+                    .endpoints
                     .services_at(ip)
                     .iter()
                     .any(|key| *key.hostname == *m.service)

@@ -30,6 +30,7 @@ use prost_reflect::DynamicMessage;
 
 pub use failures::{failures, PatchFailure};
 
+use super::generation::Generation;
 use super::names::{INBOUND_PASSTHROUGH, VIRTUAL_INBOUND};
 use crate::envoy_api;
 use crate::istio::envoy_filter::{api_name, ApplyTo, ConfigPatch, Operation, PatchContext};
@@ -189,8 +190,8 @@ impl PatchRef<'_> {
 }
 
 /// Which side of the proxy a resource serves, as the EnvoyFilter contexts name them.
-fn context_of(proxy: &Proxy, ty: ResourceType, name: &str) -> PatchContext {
-    match proxy.kind {
+fn context_of(kind: ProxyType, ty: ResourceType, name: &str) -> PatchContext {
+    match kind {
         ProxyType::Router => return PatchContext::Gateway,
         // Everything a waypoint builds serves traffic to its services (istiod builds it as
         // inbound, buildWaypointInbound).
@@ -217,18 +218,18 @@ impl ProxyPatches {
         }
     }
 
-    /// `resource`, generated for `proxy` from `mesh`, with the patches applied; None when a
+    /// `resource`, generated for the proxy `g` builds for, with the patches applied; None when a
     /// patch removes it.
     pub(super) fn apply(
         &self,
         ty: ResourceType,
         resource: Resource,
-        (mesh, proxy): (&MeshSnapshot, &Proxy),
+        g: &Generation<'_>,
     ) -> Option<Resource> {
         if !self.touches(ty) {
             return Some(resource);
         }
-        let context = context_of(proxy, ty, &resource.name);
+        let context = context_of(g.proxy_type(), ty, &resource.name);
         let name = resource.name.clone();
         match ty {
             ResourceType::Listener => {
@@ -243,7 +244,7 @@ impl ProxyPatches {
             }
             ResourceType::Cluster => {
                 let mut cluster: Cluster = decode(&resource)?;
-                cluster::patch((mesh, proxy), self, context, &mut cluster).then_some(())?;
+                cluster::patch(g, self, context, &mut cluster).then_some(())?;
                 Some(encode(name, &cluster))
             }
             _ => Some(resource),

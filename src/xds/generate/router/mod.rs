@@ -218,7 +218,7 @@ impl Chains {
 }
 
 fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -> Vec<FilterChain> {
-    let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
+    let security = WorkloadSecurity::for_workload(g.mesh, g.namespace(), g.labels());
     let mut chains = Chains::default();
     let plugins = g.wasm_plugins();
     for ps in servers {

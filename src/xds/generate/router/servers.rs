@@ -10,7 +10,7 @@ use crate::xds::generate::gateway_tls;
 use crate::xds::generate::generation::Generation;
 
 pub(super) fn labelled_east_west(g: &Generation<'_>) -> bool {
-    g.proxy.labels.get("istio").map(String::as_str) == Some("eastwestgateway")
+    g.labels().get("istio").map(String::as_str) == Some("eastwestgateway")
 }
 
 /// One server of a Gateway that selects the proxy.
@@ -117,7 +117,7 @@ impl PortServer<'_> {
 /// The port a server listens on in the gateway's pod: the target port of its Service's port with
 /// the server's number, else that number.
 fn listen_port(g: &Generation<'_>, number: u16) -> u16 {
-    for ip in &g.proxy.ips {
+    for ip in g.addresses() {
         for key in g.mesh.endpoints.services_at(ip) {
             let port = g.mesh.services.get(&key.hostname).and_then(|s| {
                 let port = s.port(number)?;

@@ -57,7 +57,7 @@ pub(super) fn virtual_inbound(g: &Generation<'_>) -> Option<Arc<Resource>> {
 /// chain that refuses connections to 15006 itself (a loop), the chains of each declared port,
 /// then passthrough chains for every other port, as the mTLS mode of each says.
 fn listener(g: &Generation<'_>) -> Listener {
-    let security = WorkloadSecurity::for_workload(g.mesh, &g.proxy.namespace, &g.proxy.labels);
+    let security = WorkloadSecurity::for_workload(g.mesh, g.namespace(), g.labels());
     let mut filter_chains = vec![blackhole(g)];
     let declared = ports(g);
     for (port, protocol) in &declared {
@@ -261,13 +261,13 @@ pub(super) fn cluster_names(g: &Generation<'_>) -> Vec<String> {
 pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let port = parse_port(name.strip_prefix("inbound|")?.strip_suffix("||")?)?;
     let (_, protocol) = ports(g).into_iter().find(|(p, _)| *p == port)?;
-    let v6 = g.proxy.ips.iter().all(IpAddr::is_ipv6);
+    let v6 = g.ipv6_only();
     let mut cluster = match ingress(g).iter().find(|i| i.port == port) {
         // A Sidecar's ingress port goes where its defaultEndpoint says.
         Some(ingress) => {
             let address = match &ingress.endpoint {
                 IngressEndpoint::Loopback(to) => socket("127.0.0.1", *to),
-                IngressEndpoint::Workload(to) => match g.proxy.ips.first() {
+                IngressEndpoint::Workload(to) => match g.addresses().first() {
                     Some(ip) => socket(&ip.to_string(), *to),
                     None => socket("127.0.0.1", *to),
                 },
@@ -305,7 +305,7 @@ pub(super) fn ports(g: &Generation<'_>) -> Vec<(u16, Protocol)> {
         return ingress.iter().map(|i| (i.port, i.protocol)).collect();
     }
     let mut ports: Vec<(u16, Protocol)> = Vec::new();
-    for ip in &g.proxy.ips {
+    for ip in g.addresses() {
         for key in g.mesh.endpoints.services_at(ip) {
             collect(g, ip, &key, &mut ports);
         }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use super::clusters::{self, ClusterNeeds};
 use super::generation::Generation;
 use super::names::{parse_port, port_listener_name, VIRTUAL_INBOUND, VIRTUAL_OUTBOUND};
+use super::traits::{Trait, Traits};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::{Listing, Resource, SharedList};
 
@@ -67,10 +68,33 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
     }
 }
 
+/// What `virtualOutbound` reads of the proxy.
+const VIRTUAL_OUTBOUND_READS: Traits =
+    Traits::of(&[Trait::Kind, Trait::Scope, Trait::Telemetry, Trait::Tracing]);
+
+/// What a port's outbound listener reads of the proxy: the services it sees, by the addresses of
+/// its cluster (or allocated ones), the rules and routes that apply, a headless service's pods
+/// on its network but itself, its telemetry and plugins.
+const PORT_LISTENER_READS: Traits = Traits::of(&[
+    Trait::Kind,
+    Trait::Cluster,
+    Trait::Network,
+    Trait::Scope,
+    Trait::Rules,
+    Trait::Routes,
+    Trait::SourceLabels,
+    Trait::Allocated,
+    Trait::PodOfHeadless,
+    Trait::Telemetry,
+    Trait::Tracing,
+    Trait::Plugins,
+]);
+
 /// The listeners every sidecar with the same traits (and cluster) shares: `virtualOutbound` and
 /// one per port of the services it sees. Assembled once per snapshot version.
 fn listeners(g: &Generation<'_>) -> Arc<SharedList> {
-    g.shared_listeners(|| {
+    let reads = VIRTUAL_OUTBOUND_READS.with(PORT_LISTENER_READS);
+    g.shared_listeners(reads, || {
         let ports: BTreeSet<u16> = g
             .routable_services()
             .iter()
@@ -92,12 +116,7 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_OUTBOUND => g.cached(
             ResourceType::Listener,
             name,
-            g.variant_of(&(
-                g.outbound_fallback(),
-                g.telemetry(),
-                g.istio_stats().is_some(),
-                g.tracing_variant(),
-            )),
+            (VIRTUAL_OUTBOUND_READS, &()),
             // Its logs may name a log service's cluster, which follows the services.
             [g.services_version(), 0, 0, g.config_version()],
             || {
@@ -108,11 +127,11 @@ fn listener(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         VIRTUAL_INBOUND => inbound::virtual_inbound(g),
         _ => {
             let port = parse_port(name.strip_prefix("0.0.0.0_")?)?;
-            // Headless services' pods are matched by address: their endpoints key it too.
+            // Headless services' pods are matched by address: their endpoints stamp it.
             g.cached(
                 ResourceType::Listener,
                 name,
-                g.listener_variant(),
+                (PORT_LISTENER_READS, &()),
                 [
                     g.services_version(),
                     g.mesh.pods_version,

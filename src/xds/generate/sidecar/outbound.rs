@@ -101,8 +101,8 @@ fn pod_ranges<'a>(
         .map(|p| p.name.clone())
         .unwrap_or_default();
     let shards = g.mesh.endpoints.get(&service.key()).cloned();
-    let own = g.proxy.ips.first().copied();
-    let network = g.proxy.network.clone();
+    let own = g.pod_of_headless();
+    let network = g.network().clone();
     let addresses: BTreeSet<IpAddr> = (shards.iter())
         .flat_map(|s| s.endpoints())
         .filter(|ep| *ep.service_port_name == *port_name && Some(ep.address) != own)
@@ -311,10 +311,7 @@ fn http_filter(g: &Generation<'_>, name: &str, port: u16) -> Filter {
 /// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its
 /// destinations weighted), else the service's own cluster.
 fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) -> Filter {
-    let routes =
-        g.mesh
-            .config
-            .mesh_routes(&g.proxy.namespace, &service.hostname, g.egress_scope(port));
+    let routes = g.mesh_routes(&service.hostname, g.egress_scope(port));
     let route = routes.as_ref().and_then(|r| {
         r.tcp.iter().find(|route| {
             route.matches.is_empty()
@@ -322,7 +319,9 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
                     m.port.is_none_or(|p| p == u32::from(port))
                         && m.source_labels
                             .iter()
-                            .all(|(k, v)| g.proxy.labels.get(k) == Some(v))
+                            .all(|(k, v)| g.source_labels().get(k) == Some(v))
+                        && (m.source_namespace.is_empty()
+                            || m.source_namespace == g.source_namespace())
                         && (m.gateways.is_empty() || m.gateways.iter().any(|gw| gw == "mesh"))
                 })
         })

@@ -17,6 +17,7 @@ use crate::xds::generate::policy::Effective;
 use crate::xds::generate::routes::{
     answering_all, http_routes, virtual_host, DefaultRoute, RouteContext,
 };
+use crate::xds::generate::traits::{Trait, Traits};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
@@ -30,28 +31,28 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             Resource::encode(name, &sidecar_routes(g, name, port)),
         );
     }
-    // Routes depend on the client's labels only where a VirtualService matches on them, or a
-    // DestinationRule (hash policies) selects workloads.
-    let labels = match g.mesh.config.routes_use_source_labels() {
-        true => Some(&g.proxy.labels),
-        false => g.rule_labels(),
-    };
-    let sidecar = g.sidecar_scope().map(|s| &s.key);
-    let variant = g.variant_of(&(
-        &*g.proxy.namespace,
-        g.cluster_id(),
-        labels,
-        sidecar,
-        g.allocated_view(),
-    ));
     g.cached(
         ResourceType::Route,
         name,
-        variant,
+        (ROUTE_READS, &()),
         [g.services_version(), 0, 0, g.config_version()],
         || Some(Resource::encode(name, &sidecar_routes(g, name, port))),
     )
 }
+
+/// What a sidecar's route configuration reads of the proxy: the services it sees (their short
+/// names from its namespace, their addresses in its cluster or allocated ones), the rules and
+/// routes that apply to it and the client matches of those routes.
+const ROUTE_READS: Traits = Traits::of(&[
+    Trait::Kind,
+    Trait::Namespace,
+    Trait::Cluster,
+    Trait::Scope,
+    Trait::Rules,
+    Trait::Routes,
+    Trait::SourceLabels,
+    Trait::Allocated,
+]);
 
 fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration {
     let mut taken = HashSet::new();
@@ -85,11 +86,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                 };
                 let scope = g.egress_scope(port);
                 let mut routed = false;
-                if let Some(routes) =
-                    g.mesh
-                        .config
-                        .mesh_routes(&g.proxy.namespace, &s.hostname, scope)
-                {
+                if let Some(routes) = g.mesh_routes(&s.hostname, scope) {
                     let routes = http_routes(&ctx, &routes.http);
                     if !routes.is_empty() {
                         vhost.routes = routes;
@@ -119,7 +116,7 @@ fn domains(g: &Generation<'_>, service: &Service, port: u16) -> Vec<String> {
     if let Some(svc_prefix) = host.find(".svc.").map(|i| &host[..i + 4]) {
         names.push(format!("{}.{ns}", service.name));
         names.push(svc_prefix.to_string());
-        if *g.proxy.namespace == *ns {
+        if g.namespace() == ns {
             names.push(service.name.clone());
         }
     }

@@ -76,7 +76,7 @@ pub(super) fn all(g: &Generation<'_>, served: &Served) -> Vec<Arc<Resource>> {
     };
     let mut listeners = vec![connect_terminate(served, &trust_domains), inner];
     if !served.east_west() {
-        let authz = Authorization::for_waypoint(g.mesh, &g.proxy.namespace, &g.proxy.labels);
+        let authz = Authorization::for_waypoint(g.mesh, g.namespace(), g.labels());
         for (service, ports) in &served.services {
             for port in ports {
                 listeners.push(match served.http(port) {

@@ -81,8 +81,7 @@ fn http_routes(g: &Generation<'_>, served: &Served, service: &Service, port: u16
         port,
         gateway: None,
     };
-    let config = &g.mesh.config;
-    if let Some(host_routes) = config.mesh_routes(&g.proxy.namespace, &service.hostname, None) {
+    if let Some(host_routes) = g.mesh_routes(&service.hostname, None) {
         let built = routes::http_routes(&ctx, &host_routes.http);
         if !built.is_empty() {
             routes = built;
@@ -155,9 +154,9 @@ fn served(g: &Generation<'_>) -> Option<Served> {
 
 /// The proxy's Gateway and network, serving nothing yet.
 fn gateway(g: &Generation<'_>) -> Option<Served> {
-    let name = g.proxy.labels.get(GATEWAY_NAME_LABEL)?;
+    let name = g.labels().get(GATEWAY_NAME_LABEL)?;
     let gateway_api = g.mesh.config.gateway_api();
-    let waypoint = gateway_api.waypoint(&g.proxy.namespace, name)?.clone();
+    let waypoint = gateway_api.waypoint(g.namespace(), name)?.clone();
     let network: Arc<str> = match &waypoint.network {
         Some(network) => network.as_str().into(),
         None => g.node_network().into(),
