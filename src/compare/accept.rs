@@ -1,10 +1,17 @@
-//! Differences a user has accepted, each with its reason: lines `<type> <resource> <path> — <why>`
-//! where `*` in the resource or path stands for any text. In a Markdown file only the lines of
-//! its ```` ```accepted ```` blocks count, so the document that explains each difference is the list.
+//! Differences a user has accepted, each with its reason: lines
+//! `<type> <kind> <field> -> <value> — <why>`. A line names a kind of resource (`diff::KINDS`:
+//! `outbound` clusters, a sidecar's `virtualInbound`, a `gateway`'s listeners…) or one resource by
+//! its exact name; the exact field, where `[*]` stands for an item of a list matched by content
+//! (filters are named by their name, as the differences show them); and the value the right side
+//! (meshpilot) must have there, as JSON or `absent`. So a line accepts what its reason explains and
+//! nothing more: not another kind of resource, not a neighbouring field, not another value. In a
+//! Markdown file only the lines of its ```` ```accepted ```` blocks count, so the document that
+//! explains each difference is the list.
 
+use serde_json::Value;
 use thiserror::Error;
 
-use super::diff::Difference;
+use super::diff::{normalise_value, Difference, KINDS};
 
 #[derive(Debug, Error)]
 #[error("line {line}: {message}")]
@@ -13,10 +20,21 @@ pub struct AcceptError {
     message: String,
 }
 
+/// Which resources a line covers.
+enum Resources {
+    Kind(String),
+    Named(String),
+}
+
 struct Rule {
+    /// Where it is written (1-based), and as written: reported when it matches nothing.
+    line: usize,
+    text: String,
     type_name: String,
-    resource: String,
-    path: String,
+    resources: Resources,
+    field: String,
+    /// The right side's value there (None: absent).
+    value: Option<Value>,
 }
 
 #[derive(Default)]
@@ -38,84 +56,145 @@ impl Accepted {
             if !inside || trimmed.is_empty() || trimmed.starts_with('#') {
                 continue;
             }
-            let failed = |message: &str| AcceptError {
+            rules.push(rule(i + 1, trimmed).map_err(|message| AcceptError {
                 line: i + 1,
-                message: message.to_string(),
-            };
-            let (rule, why) = trimmed
-                .split_once(" — ")
-                .ok_or_else(|| failed("no reason (`— why` after the rule)"))?;
-            if why.trim().is_empty() {
-                return Err(failed("an empty reason"));
-            }
-            let parts: Vec<&str> = rule.split_whitespace().collect();
-            let [type_name, resource, path] = parts.as_slice() else {
-                return Err(failed("expected `<type> <resource> <path> — <why>`"));
-            };
-            if !matches!(*type_name, "cds" | "eds" | "lds" | "rds") {
-                return Err(failed("the type is one of cds, eds, lds, rds"));
-            }
-            rules.push(Rule {
-                type_name: type_name.to_string(),
-                resource: resource.to_string(),
-                path: path.to_string(),
-            });
+                message,
+            })?);
         }
         Ok(Self { rules })
     }
 
+    /// The line (its index among the rules) that accepts `d`, if one does.
+    pub fn covering(&self, d: &Difference) -> Option<usize> {
+        self.rules.iter().position(|r| r.covers(d))
+    }
+
     pub fn covers(&self, d: &Difference) -> bool {
-        let path = if d.path.is_empty() { "." } else { &d.path };
-        self.rules.iter().any(|r| {
-            r.type_name == d.type_name && glob(&r.resource, &d.resource) && glob(&r.path, path)
-        })
+        self.covering(d).is_some()
+    }
+
+    /// Each rule's line number and text, by index.
+    pub fn lines(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.rules.iter().map(|r| (r.line, r.text.as_str()))
     }
 }
 
-/// Whether `text` matches `pattern`, where `*` matches any run of characters.
-fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
+impl Rule {
+    fn covers(&self, d: &Difference) -> bool {
+        let resource = match &self.resources {
+            Resources::Kind(kind) => kind == d.kind,
+            Resources::Named(name) => *name == d.resource,
+        };
+        let field = if d.field.is_empty() { "." } else { &d.field };
+        let value = d.right.as_ref().map(normalise_value);
+        self.type_name == d.type_name && resource && self.field == field && self.value == value
     }
-    rest.ends_with(last)
+}
+
+fn rule(line: usize, text: &str) -> Result<Rule, String> {
+    let (rule, why) = text
+        .split_once(" — ")
+        .ok_or("no reason (`— why` after the rule)")?;
+    if why.trim().is_empty() {
+        return Err("an empty reason".into());
+    }
+    let (place, value) = rule
+        .split_once(" -> ")
+        .ok_or("no value (`-> <JSON>` or `-> absent`: what the right side sends)")?;
+    let parts: Vec<&str> = place.split_whitespace().collect();
+    let [type_name, resource, field] = parts.as_slice() else {
+        return Err("expected `<type> <kind> <field> -> <value> — <why>`".into());
+    };
+    let kinds = KINDS
+        .iter()
+        .find(|(t, _)| t == type_name)
+        .map(|(_, kinds)| *kinds)
+        .ok_or("the type is one of cds, eds, lds, rds")?;
+    let resources = match kinds.contains(resource) {
+        true => Resources::Kind(resource.to_string()),
+        false if resource.contains('*') => {
+            return Err(format!(
+                "`{resource}`: name a kind ({}) or one resource, without `*`",
+                kinds.join(", ")
+            ))
+        }
+        false => Resources::Named(resource.to_string()),
+    };
+    if field.replace("[*]", "").contains('*') {
+        return Err(format!(
+            "`{field}`: name the exact field (`[*]` only for a list's items)"
+        ));
+    }
+    let value = match value.trim() {
+        "absent" => None,
+        json => Some(normalise_value(
+            &serde_json::from_str(json).map_err(|e| format!("the value: {e}"))?,
+        )),
+    };
+    Ok(Rule {
+        line,
+        text: text.to_string(),
+        type_name: type_name.to_string(),
+        resources,
+        field: field.to_string(),
+        value,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
-    fn difference(path: &str) -> Difference {
+    fn difference(resource: &str, kind: &'static str, field: &str, right: Value) -> Difference {
         Difference {
             type_name: "cds",
-            resource: "outbound|80||a.example".to_string(),
-            path: path.to_string(),
+            resource: resource.to_string(),
+            kind,
+            path: field.to_string(),
+            field: field.to_string(),
             left: None,
-            right: None,
+            right: Some(right),
             proxy: None,
         }
     }
 
     #[test]
-    fn rules_match_by_glob_and_need_a_reason() {
-        let doc =
-            "text\n```accepted\ncds outbound|* *.cleanup_interval — istiod 1.23\n```\ncds * x\n";
+    fn a_line_covers_its_kind_field_and_value_only() {
+        let doc = "text\n```accepted\ncds outbound cleanup_interval -> \"5s\" — istiod 1.23\n```\ncds * x\n";
         let accepted = Accepted::parse(doc).unwrap();
-        assert!(accepted.covers(&difference("a.cleanup_interval")));
-        assert!(!accepted.covers(&difference("cleanup_interval.b")));
-        assert!(Accepted::parse("cds * x").is_err());
-        assert!(Accepted::parse("xds * x — why").is_err());
-        assert!(glob("*", "") && glob("a*c", "abbc") && !glob("a*c", "abcd"));
+        let outbound = |field: &str, value| {
+            accepted.covers(&difference("outbound|80||a", "outbound", field, value))
+        };
+        assert!(outbound("cleanup_interval", json!("5s")));
+        assert!(!outbound("cleanup_interval", json!("1s")), "another value");
+        assert!(
+            !outbound("a.cleanup_interval", json!("5s")),
+            "another field"
+        );
+        let inbound = difference("inbound|80||", "inbound", "cleanup_interval", json!("5s"));
+        assert!(!accepted.covers(&inbound), "another kind");
+        assert_eq!(accepted.lines().next().map(|l| l.0), Some(3));
+    }
+
+    #[test]
+    fn lines_name_kinds_fields_and_values() {
+        let refused = [
+            "cds * x -> absent — any resource",
+            "cds outbound|* x -> absent — a glob over names",
+            "cds outbound *.x -> absent — a suffix wildcard",
+            "cds outbound x — no value",
+            "cds outbound x -> {nope — bad JSON",
+            "xds outbound x -> absent — why",
+            "cds outbound x -> absent",
+        ];
+        for line in refused {
+            assert!(Accepted::parse(line).is_err(), "{line}");
+        }
+        let named = "cds BlackHoleCluster . -> absent — a fixed cluster by name";
+        assert!(Accepted::parse(named).is_ok());
+        let items = "lds virtualInbound filter_chains[*].filters[\"x\"] -> absent — items";
+        assert!(Accepted::parse(items).is_ok());
     }
 }

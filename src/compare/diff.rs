@@ -78,7 +78,12 @@ pub struct Difference {
     #[serde(rename = "type")]
     pub type_name: &'static str,
     pub resource: String,
+    /// What kind of resource it is (`kind_of`): what accept lines name.
+    pub kind: &'static str,
     pub path: String,
+    /// The field: the path with list items matched by their content or position written `[*]`
+    /// (filters keep their name).
+    pub field: String,
     pub left: Option<Value>,
     pub right: Option<Value>,
     /// The proxy it was found for, where several are compared.
@@ -86,8 +91,8 @@ pub struct Difference {
     pub proxy: Option<String>,
 }
 
-/// Every difference between the two states.
-pub fn compare(left: &State, right: &State) -> Vec<Difference> {
+/// Every difference between the two states of one proxy (a router when `router`).
+pub fn compare(left: &State, right: &State, router: bool) -> Vec<Difference> {
     let mut out = Vec::new();
     for (i, type_name) in TYPES.iter().enumerate() {
         let (l, r) = match *type_name {
@@ -99,19 +104,101 @@ pub fn compare(left: &State, right: &State) -> Vec<Difference> {
         };
         let names: std::collections::BTreeSet<&String> = l.keys().chain(r.keys()).collect();
         for name in names {
+            let (lv, rv) = (l.get(name), r.get(name));
+            let kind = kind_of(type_name, name, router, [lv, rv]);
             let mut found = Vec::new();
-            walk(l.get(name), r.get(name), String::new(), &mut found);
-            out.extend(found.into_iter().map(|(path, left, right)| Difference {
-                type_name,
-                resource: name.clone(),
-                path,
-                left,
-                right,
-                proxy: None,
-            }));
+            walk(lv, rv, (String::new(), String::new()), &mut found);
+            out.extend(
+                found
+                    .into_iter()
+                    .map(|((path, field), left, right)| Difference {
+                        type_name,
+                        resource: name.clone(),
+                        kind,
+                        path,
+                        field,
+                        left,
+                        right,
+                        proxy: None,
+                    }),
+            );
         }
     }
     out
+}
+
+/// The kinds of resource accept lines name, by type.
+pub const KINDS: &[(&str, &[&str])] = &[
+    (
+        "cds",
+        &[
+            "outbound",
+            "inbound",
+            "sni",
+            "PassthroughCluster",
+            "InboundPassthroughCluster",
+            "BlackHoleCluster",
+            "gateway-outbound",
+            "gateway-sni",
+            "gateway-BlackHoleCluster",
+        ],
+    ),
+    (
+        "eds",
+        &["outbound", "sni", "gateway-outbound", "gateway-sni"],
+    ),
+    (
+        "lds",
+        &[
+            "virtualOutbound",
+            "virtualInbound",
+            "sidecar-port",
+            "sidecar-tls-port",
+            "gateway",
+        ],
+    ),
+    ("rds", &["sidecar-port", "inbound", "gateway"]),
+];
+
+/// What kind of resource `name` is: clusters and assignments by their Istio name (a router's
+/// `gateway-…`); a sidecar's outbound port listener is `sidecar-tls-port` where a chain (on either
+/// side) matches TLS by SNI or transport; a router's listeners and routes are `gateway`.
+fn kind_of(type_name: &str, name: &str, router: bool, sides: [Option<&Value>; 2]) -> &'static str {
+    let cluster = |name: &str| match (router, name) {
+        (false, n) if n.starts_with("outbound|") => "outbound",
+        (false, n) if n.starts_with("inbound|") => "inbound",
+        (false, n) if n.starts_with("outbound_.") => "sni",
+        (false, "PassthroughCluster") => "PassthroughCluster",
+        (false, "InboundPassthroughCluster") => "InboundPassthroughCluster",
+        (false, "BlackHoleCluster") => "BlackHoleCluster",
+        (true, n) if n.starts_with("outbound|") => "gateway-outbound",
+        (true, n) if n.starts_with("outbound_.") => "gateway-sni",
+        (true, "BlackHoleCluster") => "gateway-BlackHoleCluster",
+        _ => "other",
+    };
+    match type_name {
+        "cds" | "eds" => cluster(name),
+        "lds" if router => "gateway",
+        "lds" => match name {
+            "virtualOutbound" => "virtualOutbound",
+            "virtualInbound" => "virtualInbound",
+            _ if sides.iter().flatten().any(|l| matches_tls(l)) => "sidecar-tls-port",
+            _ => "sidecar-port",
+        },
+        "rds" if router => "gateway",
+        "rds" if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) => "sidecar-port",
+        "rds" if name.starts_with("inbound|") || name == "InboundPassthroughCluster" => "inbound",
+        _ => "other",
+    }
+}
+
+/// Whether a listener has a chain matching TLS: by server name or transport protocol.
+fn matches_tls(listener: &Value) -> bool {
+    let chains = listener["filter_chains"].as_array().into_iter().flatten();
+    chains.into_iter().any(|c| {
+        let m = &c["filter_chain_match"];
+        m.get("server_names").is_some() || m["transport_protocol"] == "tls"
+    })
 }
 
 fn normalised(resources: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
@@ -128,6 +215,11 @@ fn renamed(name: &str) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// A value as it is compared: what only labels or reports left out, numbers as strings.
+pub fn normalise_value(v: &Value) -> Value {
+    normalise(v, "")
 }
 
 fn normalise(v: &Value, key: &str) -> Value {
@@ -232,37 +324,70 @@ fn identity(key: &str, item: &Value) -> Option<String> {
     }
 }
 
-type Found = Vec<(String, Option<Value>, Option<Value>)>;
+/// Differences found: (path, field), each side's value.
+type Found = Vec<((String, String), Option<Value>, Option<Value>)>;
 
-fn walk(left: Option<&Value>, right: Option<&Value>, path: String, out: &mut Found) {
+/// Lists whose items are identified by their name, which their field keeps.
+const NAMED_ITEMS: &[&str] = &[
+    "filters",
+    "http_filters",
+    "listener_filters",
+    "transport_socket_matches",
+];
+
+fn walk(left: Option<&Value>, right: Option<&Value>, at: (String, String), out: &mut Found) {
+    let (path, field) = at;
+    // A field (not a whole resource, not an item of a list) one side sets and the other not:
+    // each of its own fields is told apart, so a difference names the field it is in.
+    let a_field = !path.is_empty() && !path.ends_with(']');
     match (left, right) {
         (Some(Value::Object(l)), Some(Value::Object(r))) => {
             let keys: std::collections::BTreeSet<&String> = l.keys().chain(r.keys()).collect();
             for k in keys {
-                walk(l.get(k), r.get(k), join(&path, k), out);
+                walk(
+                    l.get(k),
+                    r.get(k),
+                    (join(&path, k), field_of(&field, k)),
+                    out,
+                );
+            }
+        }
+        (Some(Value::Object(l)), None) if a_field && !l.is_empty() => {
+            for (k, v) in l {
+                walk(Some(v), None, (join(&path, k), field_of(&field, k)), out);
+            }
+        }
+        (None, Some(Value::Object(r))) if a_field && !r.is_empty() => {
+            for (k, v) in r {
+                walk(None, Some(v), (join(&path, k), field_of(&field, k)), out);
             }
         }
         (Some(Value::Array(l)), Some(Value::Array(r))) => {
             let key = path.rsplit('.').next().unwrap_or_default();
             let key = key.split('[').next().unwrap_or_default();
+            let item = |id: &str| match NAMED_ITEMS.contains(&key) {
+                true => format!("{field}[{id}]"),
+                false => format!("{field}[*]"),
+            };
             match (keyed(key, l), keyed(key, r)) {
                 (Some(lk), Some(rk)) if lk.len() == l.len() && rk.len() == r.len() => {
                     let ids: std::collections::BTreeSet<&String> =
                         lk.keys().chain(rk.keys()).collect();
                     for id in ids {
-                        let at = format!("{path}[{}]", clip(id));
+                        let at = (format!("{path}[{}]", clip(id)), item(id));
                         walk(lk.get(id).copied(), rk.get(id).copied(), at, out);
                     }
                 }
                 _ => {
                     for i in 0..l.len().max(r.len()) {
-                        walk(l.get(i), r.get(i), format!("{path}[{i}]"), out);
+                        let at = (format!("{path}[{i}]"), format!("{field}[*]"));
+                        walk(l.get(i), r.get(i), at, out);
                     }
                 }
             }
         }
         (l, r) if l == r => {}
-        (l, r) => out.push((path, l.cloned(), r.cloned())),
+        (l, r) => out.push(((path, field), l.cloned(), r.cloned())),
     }
 }
 
@@ -282,6 +407,14 @@ fn keyed<'v>(key: &str, items: &'v [Value]) -> Option<BTreeMap<String, &'v Value
             })
         })
         .collect()
+}
+
+/// A key's field: a folded listener's own field (`<field>@<address>`) for any address.
+fn field_of(field: &str, key: &str) -> String {
+    match key.split_once('@') {
+        Some((name, _)) => join(field, &format!("{name}@[*]")),
+        None => join(field, key),
+    }
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -317,9 +450,9 @@ mod tests {
             "name": "c", "lb_policy": "LEAST_REQUEST", "connect_timeout": "10s",
             "transport_socket_matches": [{"name": "tlsMode-disabled"}, {"name": "tlsMode-istio"}],
         }]));
-        assert_eq!(compare(&left, &same), []);
+        assert_eq!(compare(&left, &same, false), []);
         let other = state(json!([{"name": "c", "connect_timeout": "10s"}]));
-        let found = compare(&left, &other);
+        let found = compare(&left, &other, false);
         let paths: Vec<&str> = found.iter().map(|d| d.path.as_str()).collect();
         assert!(paths.contains(&"lb_policy"), "{found:?}");
     }

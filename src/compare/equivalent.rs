@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 /// What is read as the same, and why Envoy treats it so.
 pub const EQUIVALENCES: &[(&str, &str)] = &[
     (
-        "outbound listeners `<address>_<port>` read as chains of `0.0.0.0_<port>` matching that address",
+        "outbound listeners `<address>_<port>` read as chains of `0.0.0.0_<port>` matching that address; a folded listener's own listener fields (filters, limits, options) that differ from the port listener's are kept as `<field>@<address>` and compared",
         "the original-destination hand-off picks the exact address's listener first, as a chain's address match is picked before the port's others",
     ),
     (
@@ -65,6 +65,7 @@ pub fn listeners(listeners: &BTreeMap<String, Value>) -> BTreeMap<String, Value>
     }
     for (ip, port, listener) in by_address {
         let name = format!("0.0.0.0_{port}");
+        let joins = out.contains_key(&name);
         let merged = out.entry(name.clone()).or_insert_with(|| {
             let mut base = listener.clone();
             if let Some(fields) = base.as_object_mut() {
@@ -103,11 +104,45 @@ pub fn listeners(listeners: &BTreeMap<String, Value>) -> BTreeMap<String, Value>
         if let Some(Value::Array(existing)) = merged.get_mut("filter_chains") {
             existing.extend(chains);
         }
+        if joins {
+            keep_own_listener_fields(merged, listener, &ip);
+        }
     }
     for listener in out.values_mut() {
         default_chain(listener);
     }
     out
+}
+
+/// What a listener holds beyond its name, address and chains: its listener filters, buffer limits,
+/// socket options…, which apply to every connection it takes.
+fn listener_fields(listener: &Value) -> Map<String, Value> {
+    let mut fields = listener.as_object().cloned().unwrap_or_default();
+    for chains in ["name", "address", "filter_chains", "default_filter_chain"] {
+        fields.remove(chains);
+    }
+    fields
+}
+
+/// An address listener folded into a port's listener whose own listener fields differ from
+/// those the port's listener has: each such field is kept as `<field>@<address>` (null where it
+/// has none), so that it is compared too rather than lost in the fold.
+fn keep_own_listener_fields(merged: &mut Value, listener: &Value, ip: &str) {
+    let (theirs, ours) = (listener_fields(merged), listener_fields(listener));
+    let keys: std::collections::BTreeSet<&String> = theirs.keys().chain(ours.keys()).collect();
+    let differing: Vec<(String, Value)> = keys
+        .into_iter()
+        .filter(|k| !k.contains('@') && theirs.get(*k) != ours.get(*k))
+        .map(|k| {
+            (
+                format!("{k}@{ip}"),
+                ours.get(k).cloned().unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    if let Some(fields) = merged.as_object_mut() {
+        fields.extend(differing);
+    }
 }
 
 /// A chain in `filter_chains` that matches everything becomes the default chain.

@@ -92,7 +92,8 @@ pub async fn compare_namespace(
         let mut right = source::fetch_live(meshpilot, &node).await?;
         // istiod's dump holds no endpoints: compared are clusters, listeners and routes.
         right[1].clear();
-        let (kept, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right)
+        let router = super::is_router(&node);
+        let (kept, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right, router)
             .into_iter()
             .partition(|d| accepted.covers(d));
         report.accepted += kept.len();

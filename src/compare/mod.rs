@@ -68,8 +68,8 @@ pub struct CompareArgs {
     /// Also write what the left side sent as a dump directory here.
     #[arg(long)]
     pub save_left: Option<PathBuf>,
-    /// Differences accepted, with their reasons: lines `<type> <resource> <path> — <why>` (`*`
-    /// matches any text); in a Markdown file, those of its ```accepted blocks.
+    /// Differences accepted, with their reasons: lines `<type> <kind> <field> -> <value> — <why>`
+    /// (docs/fidelity.md); in a Markdown file, those of its ```accepted blocks.
     #[arg(long)]
     pub accept: Option<PathBuf>,
     #[arg(short, long, value_enum, default_value_t)]
@@ -185,7 +185,8 @@ pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
         let node = node.as_ref().ok_or(CompareError::SaveWithoutNode)?;
         source::write_dump(dir, &left, node)?;
     }
-    let (accepted_ones, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right)
+    let router = node.as_ref().is_some_and(is_router);
+    let (accepted_ones, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right, router)
         .into_iter()
         .partition(|d| accepted.covers(d));
     Ok(Report {
@@ -193,6 +194,11 @@ pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
         accepted: accepted_ones.len(),
         proxies: Vec::new(),
     })
+}
+
+/// Whether the node is a gateway's (its id says `router`).
+pub fn is_router(node: &Node) -> bool {
+    node.id.starts_with("router~")
 }
 
 fn is_dump(side: &str) -> bool {
