@@ -208,3 +208,172 @@ async fn every_corpus_proxy_against_istiod() {
         "differences docs/fidelity.md does not accept:\n{report}"
     );
 }
+
+/// Starts meshpilot on a scenario's objects; the returned guards keep it and its API server up.
+async fn serving(
+    name: &str,
+) -> (
+    test_apiserver::TestApiServer,
+    tempfile::TempDir,
+    meshpilot::app::Running,
+) {
+    let dir = fixture(name);
+    let api = test_apiserver::TestApiServer::start().await;
+    load(&api, &dir);
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("clusters")).unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig(api.admin_token())).unwrap();
+    let mesh = dir.join("mesh-config.yaml");
+    let mp = start_meshpilot_with(&[
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--cluster-id",
+        "c1",
+        "--config-dir",
+        work.path().to_str().unwrap(),
+        "--mesh-config",
+        mesh.to_str().unwrap(),
+    ])
+    .await;
+    (api, work, mp)
+}
+
+/// istiod's dump of a proxy with one resource of `file` edited by `edit`, in a directory of its
+/// own.
+fn edited_dump(
+    scenario: &str,
+    proxy: &str,
+    file: &str,
+    resource: &str,
+    edit: impl Fn(&mut Value),
+) -> tempfile::TempDir {
+    let from = fixture(scenario).join(proxy);
+    let to = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let path = to.path().join(file);
+    let mut responses: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut found = false;
+    for response in responses.as_array_mut().unwrap() {
+        for r in response["resources"].as_array_mut().unwrap() {
+            if r["name"] == resource || r["cluster_name"] == resource {
+                edit(r);
+                found = true;
+            }
+        }
+    }
+    assert!(found, "{scenario}/{proxy}: no {resource} in {file}");
+    std::fs::write(&path, responses.to_string()).unwrap();
+    to
+}
+
+/// `meshpilot compare --accept docs/fidelity.md` of an edited istiod dump against meshpilot: the
+/// differences it reports.
+async fn reported(dump: &Path, mp: &meshpilot::app::Running) -> Value {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args(["compare", dump.to_str().unwrap()])
+        .arg(format!("127.0.0.1:{}", mp.xds_addr.port()))
+        .args([
+            "--accept",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fidelity.md"),
+        ])
+        .args(["-o", "json"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("meshpilot compare runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "a difference: {stdout}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
+fn paths(report: &Value) -> Vec<String> {
+    report["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| format!("{} {} {}", d["type"], d["resource"], d["path"]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_accepted_list_explains_does_not_hide_other_changes() {
+    // A gateway's TLS listener without its TLS inspector (it routes by SNI).
+    let (_api, _work, mp) = serving("ingress-gateway").await;
+    let proxy = "istio-ingressgateway-46fc5";
+    let dump = edited_dump("ingress-gateway", proxy, "lds.json", "0.0.0.0_8443", |l| {
+        l.as_object_mut().unwrap().remove("listener_filters");
+    });
+    let report = reported(dump.path(), &mp).await;
+    let found = paths(&report);
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("0.0.0.0_8443") && p.contains("listener_filters")),
+        "{found:?}"
+    );
+
+    // An inbound mTLS chain at TLS 1.3 only.
+    let (_api, _work, mp) = serving("security").await;
+    let dump = edited_dump(
+        "security",
+        "ledger-v1-7a178",
+        "lds.json",
+        "virtualInbound",
+        |l| {
+            let chains = l["filter_chains"].as_array_mut().unwrap();
+            let chain = chains
+                .iter_mut()
+                .find(|c| c.get("transport_socket").is_some())
+                .unwrap();
+            chain["transport_socket"]["typed_config"]["common_tls_context"]["tls_params"] =
+                json!({"tls_minimum_protocol_version": "TLSv1_3"});
+        },
+    );
+    let found = paths(&reported(dump.path(), &mp).await);
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("virtualInbound") && p.contains("tls_minimum_protocol_version")),
+        "{found:?}"
+    );
+
+    // Another panic threshold for an outlier-detecting cluster.
+    let (_api, _work, mp) = serving("locality-outlier").await;
+    let proxy = std::fs::read_dir(fixture("locality-outlier"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("cds.json").is_file())
+        .unwrap();
+    let cds: Value =
+        serde_json::from_str(&std::fs::read_to_string(proxy.join("cds.json")).unwrap()).unwrap();
+    let cluster = cds
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["resources"].as_array().unwrap())
+        .find(|c| {
+            c["common_lb_config"]
+                .get("healthy_panic_threshold")
+                .is_some()
+        })
+        .expect("a cluster with a panic threshold")["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let proxy = proxy.file_name().unwrap().to_str().unwrap().to_string();
+    let dump = edited_dump("locality-outlier", &proxy, "cds.json", &cluster, |c| {
+        c["common_lb_config"]["healthy_panic_threshold"] = json!({"value": 50});
+    });
+    let found = paths(&reported(dump.path(), &mp).await);
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains(&cluster) && p.contains("healthy_panic_threshold")),
+        "{found:?}"
+    );
+}

@@ -1,10 +1,11 @@
 //! Differences a user has accepted, each with its reason: lines
-//! `<type> <kind> <field> -> <value> — <why>`. A line names a kind of resource (`diff::KINDS`:
-//! `outbound` clusters, a sidecar's `virtualInbound`, a `gateway`'s listeners…) or one resource by
-//! its exact name; the exact field, where `[*]` stands for an item of a list matched by content
-//! (filters are named by their name, as the differences show them); and the value the right side
-//! (meshpilot) must have there, as JSON or `absent`. So a line accepts what its reason explains and
-//! nothing more: not another kind of resource, not a neighbouring field, not another value. In a
+//! `<type> <kind> <field> <left> -> <right> — <why>`. A line names a kind of resource
+//! (`diff::KINDS`: `outbound` clusters, a sidecar's `virtualInbound`, a `gateway`'s listeners…) or
+//! one resource by its exact name; the exact field, where `[*]` stands for an item of a list
+//! matched by content (filters are named by their name, as the differences show them); and the
+//! values each side has there: the left (istiod) as JSON, `absent` or `present` (any value), the
+//! right (meshpilot) as JSON or `absent`. So a line accepts what its reason explains and nothing
+//! more: not another kind of resource, not a neighbouring field, not other values. In a
 //! Markdown file only the lines of its ```` ```accepted ```` blocks count, so the document that
 //! explains each difference is the list.
 
@@ -20,6 +21,13 @@ pub struct AcceptError {
     message: String,
 }
 
+/// What a line says of the left side's value.
+enum Left {
+    Absent,
+    Present,
+    Is(Value),
+}
+
 /// Which resources a line covers.
 enum Resources {
     Kind(String),
@@ -33,8 +41,9 @@ struct Rule {
     type_name: String,
     resources: Resources,
     field: String,
+    left: Left,
     /// The right side's value there (None: absent).
-    value: Option<Value>,
+    right: Option<Value>,
 }
 
 #[derive(Default)]
@@ -86,8 +95,17 @@ impl Rule {
             Resources::Named(name) => *name == d.resource,
         };
         let field = if d.field.is_empty() { "." } else { &d.field };
-        let value = d.right.as_ref().map(normalise_value);
-        self.type_name == d.type_name && resource && self.field == field && self.value == value
+        let left = match (&self.left, &d.left) {
+            (Left::Absent, None) | (Left::Present, Some(_)) => true,
+            (Left::Is(wanted), Some(v)) => *wanted == normalise_value(v),
+            _ => false,
+        };
+        let right = d.right.as_ref().map(normalise_value);
+        self.type_name == d.type_name
+            && resource
+            && self.field == field
+            && left
+            && self.right == right
     }
 }
 
@@ -98,12 +116,12 @@ fn rule(line: usize, text: &str) -> Result<Rule, String> {
     if why.trim().is_empty() {
         return Err("an empty reason".into());
     }
-    let (place, value) = rule
+    let (place, right) = rule
         .split_once(" -> ")
-        .ok_or("no value (`-> <JSON>` or `-> absent`: what the right side sends)")?;
-    let parts: Vec<&str> = place.split_whitespace().collect();
-    let [type_name, resource, field] = parts.as_slice() else {
-        return Err("expected `<type> <kind> <field> -> <value> — <why>`".into());
+        .ok_or("no values (`<left> -> <right>`: what each side sends)")?;
+    let parts: Vec<&str> = place.splitn(4, char::is_whitespace).collect();
+    let [type_name, resource, field, left] = parts.as_slice() else {
+        return Err("expected `<type> <kind> <field> <left> -> <right> — <why>`".into());
     };
     let kinds = KINDS
         .iter()
@@ -125,11 +143,19 @@ fn rule(line: usize, text: &str) -> Result<Rule, String> {
             "`{field}`: name the exact field (`[*]` only for a list's items)"
         ));
     }
-    let value = match value.trim() {
+    let json = |text: &str, side: &str| {
+        serde_json::from_str(text)
+            .map(|v| normalise_value(&v))
+            .map_err(|e| format!("the {side} value: {e}"))
+    };
+    let left = match left.trim() {
+        "absent" => Left::Absent,
+        "present" => Left::Present,
+        text => Left::Is(json(text, "left")?),
+    };
+    let right = match right.trim() {
         "absent" => None,
-        json => Some(normalise_value(
-            &serde_json::from_str(json).map_err(|e| format!("the value: {e}"))?,
-        )),
+        text => Some(json(text, "right")?),
     };
     Ok(Rule {
         line,
@@ -137,7 +163,8 @@ fn rule(line: usize, text: &str) -> Result<Rule, String> {
         type_name: type_name.to_string(),
         resources,
         field: field.to_string(),
-        value,
+        left,
+        right,
     })
 }
 
@@ -154,7 +181,7 @@ mod tests {
             kind,
             path: field.to_string(),
             field: field.to_string(),
-            left: None,
+            left: Some(json!("60s")),
             right: Some(right),
             proxy: None,
         }
@@ -162,7 +189,7 @@ mod tests {
 
     #[test]
     fn a_line_covers_its_kind_field_and_value_only() {
-        let doc = "text\n```accepted\ncds outbound cleanup_interval -> \"5s\" — istiod 1.23\n```\ncds * x\n";
+        let doc = "text\n```accepted\ncds outbound cleanup_interval \"60s\" -> \"5s\" — istiod 1.23\n```\ncds * x\n";
         let accepted = Accepted::parse(doc).unwrap();
         let outbound = |field: &str, value| {
             accepted.covers(&difference("outbound|80||a", "outbound", field, value))
@@ -175,26 +202,35 @@ mod tests {
         );
         let inbound = difference("inbound|80||", "inbound", "cleanup_interval", json!("5s"));
         assert!(!accepted.covers(&inbound), "another kind");
+        let mut other_left = difference(
+            "outbound|80||a",
+            "outbound",
+            "cleanup_interval",
+            json!("5s"),
+        );
+        other_left.left = Some(json!("1s"));
+        assert!(!accepted.covers(&other_left), "another left value");
         assert_eq!(accepted.lines().next().map(|l| l.0), Some(3));
     }
 
     #[test]
     fn lines_name_kinds_fields_and_values() {
         let refused = [
-            "cds * x -> absent — any resource",
-            "cds outbound|* x -> absent — a glob over names",
-            "cds outbound *.x -> absent — a suffix wildcard",
+            "cds * x present -> absent — any resource",
+            "cds outbound|* x present -> absent — a glob over names",
+            "cds outbound *.x present -> absent — a suffix wildcard",
             "cds outbound x — no value",
-            "cds outbound x -> {nope — bad JSON",
-            "xds outbound x -> absent — why",
-            "cds outbound x -> absent",
+            "cds outbound x -> absent — no left value",
+            "cds outbound x present -> {nope — bad JSON",
+            "xds outbound x present -> absent — why",
+            "cds outbound x present -> absent",
         ];
         for line in refused {
             assert!(Accepted::parse(line).is_err(), "{line}");
         }
-        let named = "cds BlackHoleCluster . -> absent — a fixed cluster by name";
+        let named = "cds BlackHoleCluster . present -> absent — a fixed cluster by name";
         assert!(Accepted::parse(named).is_ok());
-        let items = "lds virtualInbound filter_chains[*].filters[\"x\"] -> absent — items";
+        let items = "lds virtualInbound filter_chains[*].filters[\"x\"] present -> absent — items";
         assert!(Accepted::parse(items).is_ok());
     }
 }
