@@ -367,7 +367,7 @@ spec: {{clusterIP: None, ports: [{{name: tcp-db, port: 7000}}]}}
 }
 
 /// A Service port declared without a protocol is sniffed on the client side as istiod does: HTTP
-/// to it is routed (its VirtualService applies), other bytes still reach it as TCP.
+/// to it is routed (its VirtualService applies), other bytes still reach the application as TCP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_on_a_port_without_a_protocol_is_routed() {
     let routes = "
@@ -380,15 +380,20 @@ spec:
   - headers: {request: {set: {x-routed: by-virtual-service}}}
     route: [{destination: {host: plain.default.svc.cluster.local}}]
 ";
-    let pair = Workloads::start("np", 247, &[], routes).await;
+    let mut pair = Workloads::start("np", 247, &[], routes).await;
+    // The application also listens on 9090, a port only this service declares (and without a
+    // protocol): its sidecar sniffs it too.
+    let server_ip = pair.server_ip();
+    pair.server_ns
+        .serve_http_echo_at(&format!("{server_ip}:9090"));
     let plain = format!(
         "
 apiVersion: v1
 kind: Service
 metadata: {{name: plain, namespace: default}}
-spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080}}]}}
+spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080, targetPort: 9090}}]}}
 ---{}",
-        server_slice(&pair, "plain", "{port: 8080}")
+        server_slice(&pair, "plain", "{port: 9090}")
     );
     write(&pair.config_dir().join("clusters/c1"), "plain.yaml", &plain);
     let _client = pair
@@ -440,4 +445,20 @@ spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080}}]}}
     )
     .await;
     assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
+
+    // Bytes that are not HTTP reach the application as they were sent: its own HTTP server
+    // answers them, quoting them (a connection manager on either side would have refused them).
+    let raw = "import socket\n\
+        s = socket.create_connection(('10.96.88.88', 8080), timeout=3)\n\
+        s.sendall(b'NOT-HTTP-7f3a\\r\\n\\r\\n')\n\
+        print(s.recv(4096).decode(errors='replace'))\n";
+    let answer = wait_for("the application's answer to raw bytes", BOUND, || {
+        let output = pair.as_client_app("/usr/bin/python3", &["-c", raw]);
+        async move {
+            let text = String::from_utf8_lossy(&output.stdout).to_string();
+            text.contains("NOT-HTTP-7f3a").then_some(text)
+        }
+    })
+    .await;
+    assert!(!answer.contains("istio-envoy"), "{answer}");
 }

@@ -218,13 +218,27 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         };
         // Its addresses' HTTP, by sniffing: an address match outranks the port's plain HTTP chain.
         if sniffed(service, protocol) && !filter_chain_match.prefix_ranges.is_empty() {
+            let prefix_ranges = filter_chain_match.prefix_ranges.clone();
             filter_chains.push(FilterChain {
                 name: format!("{cluster}-http"),
                 filter_chain_match: Some(FilterChainMatch {
-                    prefix_ranges: filter_chain_match.prefix_ranges.clone(),
+                    prefix_ranges: prefix_ranges.clone(),
                     ..http_match()
                 }),
                 filters: http_filters(),
+                ..Default::default()
+            });
+            // Envoy narrows a connection down level by level and never goes back: once the HTTP
+            // chain's `raw_buffer` has claimed the address's plaintext, other plaintext bytes
+            // must find the TCP proxy in that same branch, or they fall to the port's default.
+            filter_chains.push(FilterChain {
+                name: format!("{cluster}-tcp"),
+                filter_chain_match: Some(FilterChainMatch {
+                    prefix_ranges,
+                    transport_protocol: "raw_buffer".to_string(),
+                    ..Default::default()
+                }),
+                filters: tcp_filters(g, service, port, &cluster),
                 ..Default::default()
             });
         }
