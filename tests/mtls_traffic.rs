@@ -146,3 +146,52 @@ async fn traffic_keeps_flowing_across_a_self_signed_root_rotation() {
         0
     );
 }
+
+/// The server's namespace disables mTLS, and the client's rule for the service sets mTLS but
+/// its settings for the port replace that (istiod's merge): as istiod's, the client sends
+/// plaintext, which the server's sidecar (plaintext only) serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reaches_a_server_whose_namespace_disables_mtls() {
+    let config = "
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: default}
+spec: {mtls: {mode: DISABLE}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: default}
+spec:
+  host: echo.default.svc.cluster.local
+  trafficPolicy:
+    tls: {mode: ISTIO_MUTUAL}
+    portLevelSettings:
+    - port: {number: 8080}
+      connectionPool: {http: {http1MaxPendingRequests: 100}}
+  subsets: [{name: v1, labels: {app: echo}}]
+";
+    let mesh = Workloads::start("dis", 248, &[], config).await;
+    let client_envoy = mesh
+        .client_sidecar(workload_certs(&mesh.mp, "default", "client"))
+        .await;
+    let server_envoy = mesh
+        .server_sidecar(workload_certs(&mesh.mp, "default", "server"))
+        .await;
+    let response = mesh.call().await;
+    assert!(
+        response["headers"].get("x-forwarded-client-cert").is_none(),
+        "plaintext: no client certificate to forward: {response}"
+    );
+    let handshakes = client_envoy
+        .stat(&format!("cluster.{ECHO_CLUSTER}.ssl.handshake"))
+        .await;
+    assert_eq!(
+        handshakes.unwrap_or(0),
+        0,
+        "the client's sidecar originated TLS"
+    );
+    assert_eq!(
+        client_envoy.rejected_updates().await + server_envoy.rejected_updates().await,
+        0
+    );
+}

@@ -167,6 +167,30 @@ impl SecurityPolicies {
         settings
     }
 
+    /// The mode clients infer for a namespace's services, as istiod's
+    /// `BestEffortInferServiceMTLSMode` (pilot/pkg/model/push_context.go, through
+    /// `GetNamespaceMutualTLSMode`): the namespace's oldest policy without a selector, else the
+    /// mesh-wide one, each inheriting where UNSET; PERMISSIVE without any. Workload and port-level
+    /// policies are not consulted.
+    pub fn service_mtls(&self, ns: &str) -> MtlsMode {
+        let (root, own) = self.scopes(ns);
+        let nobody = Labels::default();
+        let mut mode = MtlsMode::Permissive;
+        for policy in [
+            oldest_peer(root, false, &nobody),
+            oldest_peer(own, false, &nobody),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            match policy.mtls.map(|m| m.mode) {
+                None | Some(MtlsMode::Unset) => {}
+                Some(set) => mode = set,
+            }
+        }
+        mode
+    }
+
     /// The TLS mode clients see for an endpoint: a workload whose policy disables mTLS on the
     /// endpoint's port gets plaintext, as istiod strips its `tlsMode` for auto mTLS.
     pub fn endpoint_tls(&self, ns: &str, endpoint: &Endpoint) -> TlsMode {

@@ -97,6 +97,41 @@ impl ConfigStore {
         Some(routes)
     }
 
+    /// Every mesh VirtualService exported to sidecars in `proxy_ns` (with a Sidecar, imported by
+    /// its egress listener) whose hosts overlap `host` either way, oldest first: what istiod's
+    /// TCP and TLS routes on a sidecar's outbound listener consult (`getConfigsForHost`,
+    /// pilot/pkg/networking/core/tls.go), unlike HTTP, where the most specific host wins.
+    pub fn mesh_l4_routes(
+        &self,
+        proxy_ns: &str,
+        host: &str,
+        scope: Option<&EgressScope>,
+    ) -> Vec<(Arc<ConfigObject>, Arc<VirtualService>)> {
+        self.virtual_services()
+            .filter(|(o, vs)| {
+                vs.for_mesh() && !vs.hosts.is_empty() && self.exported_to(o, proxy_ns)
+            })
+            .filter_map(|(o, vs)| {
+                let ns = &o.key.namespace;
+                let hosts: Vec<String> = vs.hosts.iter().map(|h| self.qualify(h, ns)).collect();
+                let imported = scope
+                    .is_none_or(|scope| scope.imports_config(ns, hosts.iter().map(String::as_str)));
+                let overlaps = hosts
+                    .iter()
+                    .any(|h| host_match(h, host).is_some() || host_match(host, h).is_some());
+                (imported && overlaps).then(|| {
+                    let mut qualified = vs.clone();
+                    for route in &mut qualified.tls {
+                        for d in &mut route.route {
+                            self.qualify_destination(&mut d.destination, ns);
+                        }
+                    }
+                    (o.clone(), Arc::new(qualified))
+                })
+            })
+            .collect()
+    }
+
     /// Appends a VirtualService's routes (delegates expanded, hosts qualified).
     pub(super) fn add_routes(
         &self,

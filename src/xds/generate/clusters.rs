@@ -32,6 +32,7 @@ use super::policy::{self, Effective};
 use super::tls;
 use super::traits::{Trait, Traits};
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
+use crate::istio::security::peer::MtlsMode;
 use crate::model::{Locality, Protocol, Resolution, Service, TlsMode};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::Generator;
@@ -338,13 +339,15 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             Some(t) => {
                 cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));
             }
-            None if passthrough_mtls(g, service, target.port) => {
-                cluster.transport_socket = Some(tls::upstream_istio(sni, sans, http2));
-            }
-            None if auto_mtls(g, service) => {
-                cluster.transport_socket_matches = tls::upstream_matches(sni, sans, http2);
-            }
-            None => {}
+            None => match auto_mtls(g, service, target.port) {
+                AutoMtls::Istio => {
+                    cluster.transport_socket = Some(tls::upstream_istio(sni, sans, http2));
+                }
+                AutoMtls::ByEndpoint => {
+                    cluster.transport_socket_matches = tls::upstream_matches(sni, sans, http2);
+                }
+                AutoMtls::Off => {}
+            },
         }
     }
     cluster
@@ -380,35 +383,46 @@ fn telemetry_metadata(service: &Service) -> Metadata {
     }
 }
 
-/// Istio's auto mTLS: to services in the mesh whose endpoints are load-balanced by the proxy, each
-/// endpoint labelled with a sidecar gets mTLS.
-/// A passthrough service's cluster (ORIGINAL_DST: no endpoint metadata to match TLS by) originates
-/// mTLS itself when every endpoint on the port has a sidecar that accepts it, as istiod infers it
-/// (pilot/pkg/model/push_context.go `BestEffortInferServiceMTLSMode`, cluster_tls.go).
-fn passthrough_mtls(g: &Generation<'_>, service: &Service, port: u16) -> bool {
-    if !g.mesh_config().enable_auto_mtls
-        || service.mesh_external
-        || service.resolution != Resolution::Passthrough
-    {
-        return false;
+/// What auto mTLS gives a cluster without a TLS setting of its rule.
+enum AutoMtls {
+    /// Istio's mTLS to every endpoint: a cluster to the original destination, whose pods all
+    /// have sidecars.
+    Istio,
+    /// mTLS to endpoints labelled `tlsMode: istio`, plaintext to others (their assignment says).
+    ByEndpoint,
+    Off,
+}
+
+/// Auto mTLS as istiod infers it for a service (pilot/pkg/model/push_context.go
+/// `BestEffortInferServiceMTLSMode`, pilot/pkg/networking/core/cluster_tls.go
+/// `buildAutoMtlsSettings`): off for mesh-external services and when the mesh turns it off; off
+/// when the service's namespace-wide PeerAuthentication (else the mesh-wide one) is DISABLE, as
+/// workload and port-level policies are not consulted; a cluster to the original destination
+/// originates it only when every endpoint on the port carries Istio's sidecar label.
+fn auto_mtls(g: &Generation<'_>, service: &Service, port: u16) -> AutoMtls {
+    if !g.mesh_config().enable_auto_mtls || service.mesh_external {
+        return AutoMtls::Off;
+    }
+    let security = g.mesh.config.security();
+    if security.service_mtls(&service.namespace) == MtlsMode::Disable {
+        return AutoMtls::Off;
+    }
+    if service.resolution != Resolution::Passthrough {
+        return AutoMtls::ByEndpoint;
     }
     let port_name = service
         .port(port)
         .map(|p| p.name.as_str())
         .unwrap_or_default();
-    let security = g.mesh.config.security();
     let shards = g.mesh.endpoints.get(&service.key());
     let mut on_port = (shards.iter().flat_map(|s| s.endpoints()))
         .filter(|ep| *ep.service_port_name == *port_name)
         .peekable();
-    on_port.peek().is_some()
-        && on_port.all(|ep| security.endpoint_tls(&service.namespace, ep) == TlsMode::Istio)
-}
-
-fn auto_mtls(g: &Generation<'_>, service: &Service) -> bool {
-    g.mesh_config().enable_auto_mtls
-        && !service.mesh_external
-        && service.resolution == Resolution::ClientSideLb
+    let sidecars = on_port.peek().is_some() && on_port.all(|ep| ep.tls_mode == TlsMode::Istio);
+    match sidecars {
+        true => AutoMtls::Istio,
+        false => AutoMtls::Off,
+    }
 }
 
 /// The addresses a DNS cluster resolves: each target (the service's hosts, or a ServiceEntry's

@@ -27,6 +27,7 @@ use super::names::{parse_outbound, parse_sni_cluster};
 use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
 use super::traits::Traits;
+use crate::istio::destination_rule::{DestinationRule, TlsMode as ClientTlsMode, TrafficPolicy};
 use crate::model::policies::SecurityPolicies;
 use crate::model::{
     Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
@@ -47,6 +48,9 @@ struct View {
     gateway: bool,
     /// A subset's labels: only endpoints carrying all of them.
     subset: Option<BTreeMap<String, String>>,
+    /// The TLS mode the rule sets for the cluster's subset and port, if it sets one: it decides
+    /// alone whether clients speak mTLS to an endpoint.
+    rule_tls: Option<ClientTlsMode>,
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
@@ -95,6 +99,13 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             proxy_labels,
         },
         gateway,
+        rule_tls: target.rule.as_ref().and_then(|r| {
+            rule_tls_mode(
+                &r.rule,
+                target.subset.as_ref().map(|s| s.name.as_str()),
+                target.port,
+            )
+        }),
         subset: target.subset.map(|s| s.labels),
     };
     let stamp = [
@@ -124,6 +135,42 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             ))
         },
     )
+}
+
+/// The TLS mode clients see for an endpoint, as istiod's `checkMtlsEnabled` and
+/// `buildEnvoyLbEndpoint` (pilot/pkg/xds/endpoints/): its sidecar's label, cleared where a TLS
+/// mode the rule sets for the cluster is not ISTIO_MUTUAL, or (where the rule sets none) its
+/// workload's PeerAuthentication disables mTLS on its port.
+fn endpoint_tls(
+    rule: Option<ClientTlsMode>,
+    security: &SecurityPolicies,
+    namespace: &str,
+    ep: &Endpoint,
+) -> TlsMode {
+    match rule {
+        Some(ClientTlsMode::IstioMutual) => ep.tls_mode,
+        Some(_) => TlsMode::Disabled,
+        None => security.endpoint_tls(namespace, ep),
+    }
+}
+
+/// The TLS mode a rule sets for a subset's cluster on a port (istiod's
+/// `tlsModeForDestinationRule`): the subset's policy for the port, else its policy, else the
+/// rule's for the port, else the rule's; a port's setting counts only where it sets TLS.
+fn rule_tls_mode(rule: &DestinationRule, subset: Option<&str>, port: u16) -> Option<ClientTlsMode> {
+    let of_policy = |policy: Option<&TrafficPolicy>| {
+        let policy = policy?;
+        let for_port = policy
+            .port_level_settings
+            .iter()
+            .find(|p| p.port.as_ref().map(|p| p.number) == Some(u32::from(port)))
+            .and_then(|p| p.tls.as_ref());
+        for_port.or(policy.tls.as_ref()).map(|t| t.mode)
+    };
+    let subset = subset.and_then(|n| rule.subsets.iter().find(|s| s.name == n));
+    subset
+        .and_then(|s| of_policy(s.traffic_policy.as_ref()))
+        .or_else(|| of_policy(rule.traffic_policy.as_ref()))
 }
 
 /// What an assignment is made of beyond the service.
@@ -175,6 +222,7 @@ fn assignment(
         };
         view.locality.level(&labels, &ep.locality)
     };
+    let mtls = |ep: &Endpoint| endpoint_tls(view.rule_tls, security, &service.namespace, ep);
     for ep in shards.into_iter().flat_map(|s| s.endpoints()) {
         if ep.health != Health::Healthy || *ep.service_port_name != *port_name {
             continue;
@@ -195,7 +243,7 @@ fn assignment(
         let local = view.network.is_empty() || ep.network.is_empty() || ep.network == view.network;
         if view.gateway {
             // The gateway forwards mTLS only, and only into its own network.
-            if local && ep.tls_mode == TlsMode::Istio {
+            if local && mtls(ep) == TlsMode::Istio {
                 direct
                     .entry((level(ep), &ep.locality))
                     .or_default()
@@ -206,7 +254,7 @@ fn assignment(
                 .entry((level(ep), &ep.locality))
                 .or_default()
                 .push(ep);
-        } else if ep.tls_mode == TlsMode::Istio {
+        } else if mtls(ep) == TlsMode::Istio {
             *remote
                 .entry((level(ep), &ep.locality, &ep.network))
                 .or_default() += u64::from(ep.weight.max(1));
@@ -230,10 +278,7 @@ fn assignment(
                 address: ep.address,
                 port: ep.port,
                 weight: scale.saturating_mul(u64::from(ep.weight.max(1))),
-                metadata: endpoint_metadata(
-                    security.endpoint_tls(&service.namespace, ep),
-                    &telemetry_workload(ep, &service.namespace),
-                ),
+                metadata: endpoint_metadata(mtls(ep), &telemetry_workload(ep, &service.namespace)),
             }));
     }
     for ((level, locality, network), count) in remote {

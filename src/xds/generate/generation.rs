@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::access_log::{ProxyLogs, Side};
 use super::cache::ResourceCache;
-use super::envoy_filter::ProxyPatches;
+use super::envoy_filter::{Patched, ProxyPatches};
 use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STATS};
 use super::names::{self, ClusterName};
 use super::providers::report_unbuilt;
@@ -22,7 +22,7 @@ use super::traits::{Trait, Traits};
 use super::wasm::ProxyPlugins;
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
-use crate::istio::MeshConfig;
+use crate::istio::{ConfigObject, MeshConfig, VirtualService};
 use crate::model::{
     AppliedRule, AppliedTelemetry, BoundGateway, ClusterId, EgressScope, HostRoutes, Locality,
     MeshSnapshot, Service, SidecarScope,
@@ -372,6 +372,19 @@ impl Generation<'_> {
             .mesh_routes(&self.node.namespace, host, scope)
     }
 
+    /// Every VirtualService for `host` exported to the proxy whose routes a TCP or TLS listener
+    /// consults (with a Sidecar, those its egress listener imports).
+    pub(super) fn l4_routes(
+        &self,
+        host: &str,
+        scope: Option<&EgressScope>,
+    ) -> Vec<(Arc<ConfigObject>, Arc<VirtualService>)> {
+        self.read(Trait::Routes);
+        self.mesh
+            .config
+            .mesh_l4_routes(&self.node.namespace, host, scope)
+    }
+
     pub(super) fn mesh_config(&self) -> &MeshConfig {
         self.mesh.config.mesh()
     }
@@ -655,7 +668,7 @@ impl Generation<'_> {
         };
         let key = patches.variant(ty, self.key(traits, extra));
         self.cache.get_or_build(ty, name, key, stamp, || {
-            self.reading(traits, || patches.apply(ty, build()?, self))
+            self.reading(traits, || self.patch(patches, ty, build()?))
         })
     }
 
@@ -679,8 +692,26 @@ impl Generation<'_> {
 
     /// A resource built for this proxy alone, patched.
     pub(super) fn finish(&self, ty: ResourceType, resource: Resource) -> Option<Arc<Resource>> {
-        let patched = self.envoy_filters().apply(ty, resource, self);
-        patched.map(Arc::new)
+        self.patch(self.envoy_filters(), ty, resource).map(Arc::new)
+    }
+
+    /// `resource` with the proxy's EnvoyFilter patches applied, where they change its type; the
+    /// patches read the proxy through its accessors.
+    fn patch(
+        &self,
+        patches: &ProxyPatches,
+        ty: ResourceType,
+        resource: Resource,
+    ) -> Option<Resource> {
+        if !patches.touches(ty) {
+            return Some(resource);
+        }
+        let target = Patched {
+            kind: self.proxy_type(),
+            mesh: self.mesh,
+            own_addresses: Box::new(|| self.addresses().to_vec()),
+        };
+        patches.apply(ty, resource, &target)
     }
 
     /// The listeners every proxy with these traits shares, assembled by `build` once per

@@ -125,7 +125,14 @@ impl Generation<'_> {
             ResourceType::Config(kind, _) => return mcp::named(self, kind, name),
             ResourceType::Address | ResourceType::Authorization => return None,
             ResourceType::ExtensionConfig => {
-                let plugin = wasm::build(self, name);
+                let asker = wasm::Asker {
+                    namespace: self.namespace(),
+                    istio_version: self.istio_version(),
+                    verified: self.verified_account().is_some(),
+                    cluster: self.cluster(),
+                    plugins: self.wasm_plugins(),
+                };
+                let plugin = wasm::build(self.mesh, &asker, name);
                 return match plugin {
                     Some(resource) => self.finish(ty, resource),
                     None => self.envoy_filters().added_extension(name),

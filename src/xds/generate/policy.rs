@@ -39,57 +39,68 @@ pub struct Effective {
 }
 
 impl Effective {
-    /// Later layers replace earlier ones part by part: the rule's policy, its settings for the
-    /// port, the subset's policy, the subset's settings for the port (Istio's merge).
+    /// As istiod merges them (pilot/pkg/networking/util/util.go `MergeSubsetTrafficPolicy`,
+    /// `GetPortLevelTrafficPolicy`; pilot/pkg/model/destination_rule.go `MergeTrafficPolicy`): a
+    /// policy's settings for the port replace its four parts whole (a part they leave out is
+    /// Envoy's default, not the policy's); a subset's policy then replaces the rule's part by part,
+    /// or whole where the subset has settings for the port.
     pub fn of(rule: &DestinationRule, subset: Option<&str>, port: u16) -> Self {
-        let mut effective = Self::default();
-        effective.layer(rule.traffic_policy.as_ref(), port);
-        if let Some(subset) = subset.and_then(|n| rule.subsets.iter().find(|s| s.name == n)) {
-            effective.layer(subset.traffic_policy.as_ref(), port);
+        let (mut effective, _) = Self::for_port(rule.traffic_policy.as_ref(), port);
+        let subset = subset.and_then(|n| rule.subsets.iter().find(|s| s.name == n));
+        if let Some(policy) = subset.and_then(|s| s.traffic_policy.as_ref()) {
+            let (own, whole) = Self::for_port(Some(policy), port);
+            match whole {
+                true => effective = own,
+                false => effective.replace_set(own),
+            }
         }
         effective
     }
 
-    fn layer(&mut self, policy: Option<&TrafficPolicy>, port: u16) {
-        let Some(policy) = policy else { return };
-        self.replace(
-            &policy.load_balancer,
-            &policy.connection_pool,
-            &policy.outlier_detection,
-            &policy.tls,
-        );
+    /// A policy's parts for `port`: its settings for the port, whole, where it has some (true).
+    fn for_port(policy: Option<&TrafficPolicy>, port: u16) -> (Self, bool) {
+        let Some(policy) = policy else {
+            return (Self::default(), false);
+        };
         let port_level = policy
             .port_level_settings
             .iter()
             .find(|p| p.port.as_ref().map(|p| p.number) == Some(u32::from(port)));
-        if let Some(p) = port_level {
-            self.replace(
-                &p.load_balancer,
-                &p.connection_pool,
-                &p.outlier_detection,
-                &p.tls,
-            );
+        match port_level {
+            Some(p) => (
+                Self {
+                    load_balancer: p.load_balancer.clone(),
+                    connection_pool: p.connection_pool.clone(),
+                    outlier_detection: p.outlier_detection.clone(),
+                    tls: p.tls.clone(),
+                },
+                true,
+            ),
+            None => (
+                Self {
+                    load_balancer: policy.load_balancer.clone(),
+                    connection_pool: policy.connection_pool.clone(),
+                    outlier_detection: policy.outlier_detection.clone(),
+                    tls: policy.tls.clone(),
+                },
+                false,
+            ),
         }
     }
 
-    fn replace(
-        &mut self,
-        lb: &Option<LoadBalancer>,
-        pool: &Option<ConnectionPool>,
-        outlier: &Option<OutlierDetection>,
-        tls: &Option<ClientTls>,
-    ) {
-        if lb.is_some() {
-            self.load_balancer = lb.clone();
+    /// Replaces the parts `other` sets.
+    fn replace_set(&mut self, other: Self) {
+        if other.load_balancer.is_some() {
+            self.load_balancer = other.load_balancer;
         }
-        if pool.is_some() {
-            self.connection_pool = pool.clone();
+        if other.connection_pool.is_some() {
+            self.connection_pool = other.connection_pool;
         }
-        if outlier.is_some() {
-            self.outlier_detection = outlier.clone();
+        if other.outlier_detection.is_some() {
+            self.outlier_detection = other.outlier_detection;
         }
-        if tls.is_some() {
-            self.tls = tls.clone();
+        if other.tls.is_some() {
+            self.tls = other.tls;
         }
     }
 }
@@ -399,7 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn subset_and_port_settings_replace_parts_in_order() {
+    fn port_settings_replace_the_policy_whole_and_subsets_part_by_part() {
         let dr = rule(
             "
 host: r
@@ -421,18 +432,30 @@ subsets:
         );
         let top = Effective::of(&dr, None, 9090);
         assert_eq!(top.load_balancer.unwrap().simple, Some(SimpleLb::Random));
+        assert!(top.connection_pool.is_some());
+        // The port's settings stand alone: the pool they leave out is Envoy's default.
         let port = Effective::of(&dr, None, 80);
         assert_eq!(
             port.load_balancer.unwrap().simple,
             Some(SimpleLb::LeastRequest)
         );
-        let subset = Effective::of(&dr, Some("v2"), 80);
+        assert!(port.connection_pool.is_none(), "not inherited");
+        // A subset's policy replaces what it sets, keeping the rest.
+        let subset = Effective::of(&dr, Some("v2"), 9090);
         assert_eq!(
             subset.load_balancer.as_ref().unwrap().simple,
-            Some(SimpleLb::RoundRobin)
+            Some(SimpleLb::Random)
         );
         assert!(subset.connection_pool.is_some(), "kept from the top level");
         assert!(subset.outlier_detection.is_some());
+        // Its settings for the port replace everything.
+        let subset_port = Effective::of(&dr, Some("v2"), 80);
+        assert_eq!(
+            subset_port.load_balancer.as_ref().unwrap().simple,
+            Some(SimpleLb::RoundRobin)
+        );
+        assert!(subset_port.connection_pool.is_none());
+        assert!(subset_port.outlier_detection.is_none());
     }
 
     #[test]

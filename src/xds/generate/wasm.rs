@@ -27,12 +27,11 @@ use envoy_types::pb::google::protobuf::{Any, Duration, StringValue};
 use envoy_types::util::pack_any;
 
 use super::common::ads_awaited;
-use super::generation::Generation;
 use super::providers::report_unbuilt;
 use crate::istio::telemetry::WorkloadMode;
 use crate::istio::wasm_plugin::{EnvValueSource, FailStrategy, PluginPhase, PullPolicy};
 use crate::istio::{ConfigObject, WasmPlugin};
-use crate::model::{wasm_plugin, ConfigStore};
+use crate::model::{wasm_plugin, ClusterId, ConfigStore, MeshSnapshot};
 use crate::xds::proxy::{Generator, Proxy};
 use crate::xds::wire::Resource;
 
@@ -206,18 +205,28 @@ fn resource_name(object: &ConfigObject) -> String {
     )
 }
 
+/// What serving a plugin by name reads of the proxy asking.
+pub(super) struct Asker<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) istio_version: &'a str,
+    /// It proved its identity on the secure port.
+    pub(super) verified: bool,
+    pub(super) cluster: Option<&'a ClusterId>,
+    /// The plugins that apply to it.
+    pub(super) plugins: &'a ProxyPlugins,
+}
+
 /// The ECDS resource `name`: a WasmPlugin of the proxy's namespace or the root namespace (the only
 /// ones istiod serves by name).
-pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Resource> {
-    let mesh = g.mesh;
+pub(super) fn build(mesh: &MeshSnapshot, asker: &Asker<'_>, name: &str) -> Option<Resource> {
     let (namespace, plugin) = name.strip_prefix(RESOURCE_PREFIX)?.split_once('.')?;
     let root = mesh.config.mesh().root_namespace.as_str();
-    if namespace != g.namespace() && namespace != root {
+    if namespace != asker.namespace && namespace != root {
         return None;
     }
     let object = mesh.config.wasm_plugin(namespace, plugin)?;
     let spec = wasm_plugin(object)?;
-    let config = plugin_config(g, object, spec);
+    let config = plugin_config((mesh, asker), object, spec);
     let typed_config = match spec.is_network() {
         true => pack_any(NetworkWasm {
             config: Some(config),
@@ -233,7 +242,11 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Resource> {
     Some(Resource::encode(name, &resource))
 }
 
-fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -> PluginConfig {
+fn plugin_config(
+    (mesh, asker): (&MeshSnapshot, &Asker<'_>),
+    object: &ConfigObject,
+    spec: &WasmPlugin,
+) -> PluginConfig {
     let mut env = EnvironmentVariables::default();
     for var in spec.vm_config.iter().flat_map(|v| &v.env) {
         match var.value_from {
@@ -244,8 +257,10 @@ fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -
         }
     }
     if !spec.image_pull_secret.is_empty() {
-        env.key_values
-            .insert(PULL_SECRET_ENV.into(), pull_secret(g, object, spec));
+        env.key_values.insert(
+            PULL_SECRET_ENV.into(),
+            pull_secret((mesh, asker), object, spec),
+        );
     }
     let policy = match spec.image_pull_policy {
         PullPolicy::Unspecified => None,
@@ -264,7 +279,7 @@ fn plugin_config(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -
         _ => Any::default(),
     };
     // Istio's proxies before 1.25 read the older boolean.
-    let legacy = version_before(g.istio_version(), (1, 25));
+    let legacy = version_before(asker.istio_version, (1, 25));
     let failure_policy = match spec.fail_strategy {
         FailStrategy::FailOpen => FailurePolicy::FailOpen,
         FailStrategy::FailClose => FailurePolicy::FailClosed,
@@ -326,16 +341,19 @@ fn code(spec: &WasmPlugin) -> AsyncDataSource {
 /// proved their identity and that the plugin applies to (istiod's `referencedSecrets`,
 /// pilot/pkg/xds/ecds.go: any proxy of the namespace may name the plugin, but only those it
 /// selects pull its module); empty otherwise or when it is missing, which the agent reports.
-fn pull_secret(g: &Generation<'_>, object: &ConfigObject, spec: &WasmPlugin) -> String {
-    let mesh = g.mesh;
+fn pull_secret(
+    (mesh, asker): (&MeshSnapshot, &Asker<'_>),
+    object: &ConfigObject,
+    spec: &WasmPlugin,
+) -> String {
     let applies = || {
-        let applied = g.wasm_plugins();
+        let applied = asker.plugins;
         applied.plugins.iter().any(|o| o.key == object.key)
     };
-    if g.verified_account().is_none() || !applies() {
+    if !asker.verified || !applies() {
         return String::new();
     }
-    let clusters = mesh.credentials.search_order(g.cluster());
+    let clusters = mesh.credentials.search_order(asker.cluster);
     mesh.credentials
         .docker_config(&clusters, &object.key.namespace, &spec.image_pull_secret)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())

@@ -5,14 +5,13 @@
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 
 use super::ops::merge_into;
-use super::{PatchRef, ProxyPatches};
+use super::{PatchRef, Patched, ProxyPatches};
 use crate::istio::envoy_filter::{ApplyTo, Operation, PatchContext};
-use crate::xds::generate::generation::Generation;
 use crate::xds::generate::names::parse_port;
 
 /// Applies the proxy's patches to `cluster`; false when a patch removes it.
 pub(super) fn patch(
-    g: &Generation<'_>,
+    target: &Patched<'_>,
     patches: &ProxyPatches,
     context: PatchContext,
     cluster: &mut Cluster,
@@ -20,7 +19,7 @@ pub(super) fn patch(
     let name = cluster.name.clone();
     let parts = Parts::of(&name);
     for p in patches.of(ApplyTo::Cluster) {
-        if !p.in_context(context) || !matches(g, &p, &name, &parts) {
+        if !p.in_context(context) || !matches(target, &p, &name, &parts) {
             continue;
         }
         match p.operation() {
@@ -65,7 +64,7 @@ impl<'a> Parts<'a> {
 
 /// istiod's `clusterMatch`: a name decides alone; else the port, subset and service must be the
 /// cluster's (an inbound cluster's service is one of the proxy's own workload's).
-fn matches(g: &Generation<'_>, p: &PatchRef<'_>, name: &str, parts: &Parts<'_>) -> bool {
+fn matches(target: &Patched<'_>, p: &PatchRef<'_>, name: &str, parts: &Parts<'_>) -> bool {
     let Some(m) = p.patch.matches.as_ref().and_then(|m| m.cluster.as_ref()) else {
         return true;
     };
@@ -75,8 +74,9 @@ fn matches(g: &Generation<'_>, p: &PatchRef<'_>, name: &str, parts: &Parts<'_>) 
     let service = m.service.is_empty()
         || match parts.inbound {
             false => parts.host == m.service,
-            true => g.addresses().iter().any(|ip| {
-                g.mesh
+            true => (target.own_addresses)().iter().any(|ip| {
+                target
+                    .mesh
                     .endpoints
                     .services_at(ip)
                     .iter()

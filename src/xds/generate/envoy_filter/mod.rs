@@ -19,6 +19,7 @@ mod route;
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -30,7 +31,6 @@ use prost_reflect::DynamicMessage;
 
 pub use failures::{failures, PatchFailure};
 
-use super::generation::Generation;
 use super::names::{INBOUND_PASSTHROUGH, VIRTUAL_INBOUND};
 use crate::envoy_api;
 use crate::istio::envoy_filter::{api_name, ApplyTo, ConfigPatch, Operation, PatchContext};
@@ -39,6 +39,14 @@ use crate::model::{envoy_filter, MeshSnapshot};
 use crate::xds::protocol::ResourceType;
 use crate::xds::proxy::{Generator, Proxy, ProxyType};
 use crate::xds::wire::Resource;
+
+/// What patching reads of the proxy: its kind (which side a resource serves), and, for a patch
+/// matching an inbound cluster by service, its own addresses (read only then).
+pub(super) struct Patched<'a> {
+    pub(super) kind: ProxyType,
+    pub(super) mesh: &'a MeshSnapshot,
+    pub(super) own_addresses: Box<dyn Fn() -> Vec<IpAddr> + 'a>,
+}
 
 /// The EnvoyFilter patches that apply to one proxy, in application order.
 #[derive(Default)]
@@ -218,18 +226,18 @@ impl ProxyPatches {
         }
     }
 
-    /// `resource`, generated for the proxy `g` builds for, with the patches applied; None when a
-    /// patch removes it.
+    /// `resource`, generated for the proxy `target` describes, with the patches applied; None
+    /// when a patch removes it.
     pub(super) fn apply(
         &self,
         ty: ResourceType,
         resource: Resource,
-        g: &Generation<'_>,
+        target: &Patched<'_>,
     ) -> Option<Resource> {
         if !self.touches(ty) {
             return Some(resource);
         }
-        let context = context_of(g.proxy_type(), ty, &resource.name);
+        let context = context_of(target.kind, ty, &resource.name);
         let name = resource.name.clone();
         match ty {
             ResourceType::Listener => {
@@ -244,7 +252,7 @@ impl ProxyPatches {
             }
             ResourceType::Cluster => {
                 let mut cluster: Cluster = decode(&resource)?;
-                cluster::patch(g, self, context, &mut cluster).then_some(())?;
+                cluster::patch(target, self, context, &mut cluster).then_some(())?;
                 Some(encode(name, &cluster))
             }
             _ => Some(resource),

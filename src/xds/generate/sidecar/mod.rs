@@ -10,6 +10,7 @@ mod inbound;
 mod inbound_chains;
 mod outbound;
 mod route_config;
+mod tls_routes;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
 
+use super::tls_routes;
 use crate::model::{Protocol, Service};
 use crate::xds::generate::access_log::Side;
 use crate::xds::generate::common::socket;
@@ -109,15 +110,17 @@ fn pod_ranges<'a>(
         .filter(|ep| network.is_empty() || ep.network.is_empty() || ep.network == network)
         .map(|ep| ep.address)
         .collect();
-    addresses.into_iter().map(|ip| {
-        let range = CidrRange {
-            prefix_len: Some(UInt32Value {
-                value: if ip.is_ipv6() { 128 } else { 32 },
-            }),
-            address_prefix: ip.to_string(),
-        };
-        (ip, range)
-    })
+    addresses.into_iter().map(|ip| (ip, full_range(ip)))
+}
+
+/// One address, as a chain matches it.
+fn full_range(ip: IpAddr) -> CidrRange {
+    CidrRange {
+        prefix_len: Some(UInt32Value {
+            value: if ip.is_ipv6() { 128 } else { 32 },
+        }),
+        address_prefix: ip.to_string(),
+    }
 }
 
 /// The listener for one service port, reached through `virtualOutbound`'s original-destination
@@ -153,6 +156,7 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
     let mut pods = 0;
     let mut seen_vips = BTreeSet::new();
     let mut seen_sni = BTreeSet::new();
+    let mut seen_routes = BTreeSet::new();
     let mut filter_chains = Vec::new();
     let mut match_all = None;
     for service in &services {
@@ -163,6 +167,52 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
             continue;
         }
         let cluster = outbound_cluster(port, &service.hostname);
+        if matches!(protocol, Protocol::Tls | Protocol::Https) && !service.is_headless_kubernetes()
+        {
+            let addresses = g.service_addresses(service);
+            let routed = tls_routes::chains(g, service, port, &addresses);
+            if !routed.is_empty() {
+                for chain in routed {
+                    let key = format!("{:?}", chain.matched);
+                    if !seen_routes.insert(key) {
+                        continue;
+                    }
+                    let matched = chain.matched;
+                    let filters = tcp_chain(
+                        g.stats(Side::SidecarOutbound),
+                        g.wasm_plugins()
+                            .network(ListenerClass::Outbound, port)
+                            .all(),
+                        chain.proxy,
+                    );
+                    let chain = FilterChain {
+                        name: format!("{cluster}-tls-{}", filter_chains.len()),
+                        filter_chain_match: Some(matched.clone()),
+                        filters,
+                        ..Default::default()
+                    };
+                    match matched == FilterChainMatch::default() {
+                        true if match_all.is_none() => match_all = Some(chain),
+                        true => {}
+                        false => filter_chains.push(chain),
+                    }
+                }
+                // Other server names to its addresses go where unknown destinations go, as on
+                // istiod's listener of the address (not to another service's catch-all).
+                for vip in addresses.iter().filter(|vip| seen_vips.insert(**vip)) {
+                    filter_chains.push(FilterChain {
+                        name: format!("{cluster}-unrouted-{vip}"),
+                        filter_chain_match: Some(FilterChainMatch {
+                            prefix_ranges: vec![full_range(*vip)],
+                            ..Default::default()
+                        }),
+                        filters: fallback_filters(g),
+                        ..Default::default()
+                    });
+                }
+                continue;
+            }
+        }
         if service.is_headless_kubernetes() {
             for pod in pod_ranges(g, service, port).filter(|r| seen_vips.insert(r.0)) {
                 pods += 1;
@@ -182,12 +232,7 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         let vips: Vec<CidrRange> = addresses
             .iter()
             .filter(|vip| seen_vips.insert(**vip))
-            .map(|vip| CidrRange {
-                prefix_len: Some(UInt32Value {
-                    value: if vip.is_ipv6() { 128 } else { 32 },
-                }),
-                address_prefix: vip.to_string(),
-            })
+            .map(|vip| full_range(*vip))
             .collect();
         let filter_chain_match = match (addresses.is_empty(), protocol) {
             (false, _) if vips.is_empty() => continue,
@@ -325,6 +370,14 @@ fn http_filter(g: &Generation<'_>, name: &str, port: u16) -> Filter {
 /// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its
 /// destinations weighted), else the service's own cluster.
 fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) -> Filter {
+    let logs = g.access_logs().of(Side::SidecarOutbound);
+    // On a TLS port only `tls` routes count (`tls_routes`), as in istiod.
+    let tls = service
+        .port(port)
+        .is_some_and(|p| matches!(p.protocol, Protocol::Tls | Protocol::Https));
+    if tls {
+        return tcp_proxy_filter(cluster, cluster, logs);
+    }
     let routes = g.mesh_routes(&service.hostname, g.egress_scope(port));
     let route = routes.as_ref().and_then(|r| {
         r.tcp.iter().find(|route| {
@@ -340,7 +393,6 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
                 })
         })
     });
-    let logs = g.access_logs().of(Side::SidecarOutbound);
     let Some(route) = route else {
         return tcp_proxy_filter(cluster, cluster, logs);
     };
