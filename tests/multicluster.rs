@@ -333,6 +333,43 @@ endpoints:
     assert!(metrics.contains("meshpilot_remote_cluster_rotations_total 1"));
 }
 
+/// Going back to the kubeconfig being served ends a rotation that could not go through, and
+/// one that was refused: nothing is left pending, nothing retried.
+#[tokio::test]
+async fn going_back_to_the_served_kubeconfig_ends_a_pending_rotation() {
+    let east = remote("10.20.0.1").await;
+    let primary = Primary::new().await;
+    let served_secret = remote_secret(&[("east", &reader_token(&east, "east-v1"))]);
+    primary.config.apply(served_secret.clone());
+    let mp = start_meshpilot_with(&primary.flags(&["--remote-cluster-timeout", "1s"])).await;
+    let admin = mp.http_addr;
+    wait_for("east served", BOUND, || async move {
+        (served(admin, "east").await == ["10.20.0.1"]).then_some(())
+    })
+    .await;
+    let pending = || async move {
+        let view = cluster_view(admin, "east").await?;
+        Some(view["pending_rotation"].as_str().map(str::to_string))
+    };
+
+    let dead = kubeconfig_for("https://127.0.0.1:1", east.ca_pem(), "east-v2", "dead");
+    for rotation in [dead.as_str(), "not a kubeconfig"] {
+        primary.config.apply(remote_secret(&[("east", rotation)]));
+        wait_for("the rotation reported pending", BOUND, || async move {
+            pending().await?.map(|_| ())
+        })
+        .await;
+        primary.config.apply(served_secret.clone());
+        wait_for("the pending rotation dropped", BOUND, || async move {
+            pending().await?.is_none().then_some(())
+        })
+        .await;
+    }
+    assert_eq!(served(admin, "east").await, ["10.20.0.1"]);
+    let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+    assert!(metrics.contains("meshpilot_remote_cluster_rotations_total 0"));
+}
+
 #[tokio::test]
 async fn hanging_remote_delays_neither_others_nor_readiness_past_the_timeout() {
     let (east, west) = (remote("10.20.0.1").await, remote("10.30.0.1").await);

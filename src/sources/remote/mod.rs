@@ -254,8 +254,8 @@ impl Controller {
             }
             match self.clusters.get(&id) {
                 None => self.add(&id, &name, &kubeconfig, hash, own.clone()).await,
-                Some(c)
-                    if c.hash == hash || c.rotation.as_ref().is_some_and(|(h, _)| *h == hash) => {}
+                Some(c) if c.hash == hash => self.keep_served(&id),
+                Some(c) if c.rotation.as_ref().is_some_and(|(h, _)| *h == hash) => {}
                 Some(c) if c.watch.is_none() => {
                     // Never connected: nothing to keep serving, start over.
                     self.remove(&id, Leaving::ForNewKubeconfig);
@@ -384,6 +384,24 @@ impl Controller {
                 }
             }
         })
+    }
+
+    /// The Secret holds the kubeconfig being served again: a rotation to another one, pending or
+    /// refused, is dropped with its retries.
+    fn keep_served(&mut self, id: &ClusterId) {
+        let Some(cluster) = self.clusters.get_mut(id) else {
+            return;
+        };
+        let rotating = cluster
+            .rotation
+            .take()
+            .map(|(_, task)| task.abort())
+            .is_some();
+        let pending = cluster.registry.status().pending_rotation.is_some();
+        if rotating || pending {
+            cluster.registry.set_pending_rotation(None);
+            info!(cluster = %id, "remote cluster kubeconfig back to the one served; the rotation to another is dropped");
+        }
     }
 
     fn rotate(&mut self, id: &ClusterId, kubeconfig: &[u8], hash: u64) {
