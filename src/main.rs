@@ -113,14 +113,14 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Manifest(args) => match meshpilot::install::generate(&args) {
-            Ok(yaml) => print!("{yaml}"),
+            Ok(yaml) => out(&yaml),
             Err(e) => {
                 eprintln!("error: {e}");
                 std::process::exit(1);
             }
         },
         Command::Inject(args) => match meshpilot::inject::offline::run(&args) {
-            Ok(yaml) => print!("{yaml}"),
+            Ok(yaml) => out(&yaml),
             Err(e) => {
                 eprintln!("error: {e}");
                 std::process::exit(1);
@@ -129,14 +129,20 @@ async fn main() -> anyhow::Result<()> {
         Command::Compare(args) => match meshpilot::compare::run(&args).await {
             Ok(report) => {
                 match args.output {
-                    meshpilot::compare::OutputFormat::Table => print!("{}", report.text()),
-                    meshpilot::compare::OutputFormat::Json => println!("{:#}", report.json()),
+                    meshpilot::compare::OutputFormat::Table => out(&report.text()),
+                    meshpilot::compare::OutputFormat::Json => {
+                        out(&format!("{:#}\n", report.json()))
+                    }
+                }
+                // As diff(1): 1 for a difference, 2 when the comparison could not be made; and 3
+                // when there was nothing to compare, which is no pass.
+                if report.nothing_compared.is_some() {
+                    std::process::exit(3);
                 }
                 if !report.differences.is_empty() {
                     std::process::exit(1);
                 }
             }
-            // As diff(1): 1 for a difference, 2 when the comparison could not be made.
             Err(e) => {
                 eprintln!("error: {e}");
                 std::process::exit(2);
@@ -145,8 +151,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Doctor(args) => match meshpilot::doctor::run(&args).await {
             Ok(report) => {
                 match args.output {
-                    OutputFormat::Text => print!("{}", report.text()),
-                    OutputFormat::Json => println!("{:#}", report.json()),
+                    OutputFormat::Text => out(&report.text()),
+                    OutputFormat::Json => out(&format!("{:#}\n", report.json())),
                 }
                 if report.failures() > 0 {
                     std::process::exit(1);
@@ -160,7 +166,7 @@ async fn main() -> anyhow::Result<()> {
         Command::RemoteSecret(args) => {
             meshpilot::security::install_crypto_provider();
             match meshpilot::remote_secret::generate(&args).await {
-                Ok(yaml) => print!("{yaml}"),
+                Ok(yaml) => out(&yaml),
                 // One line naming cluster, object and verb; the causes' Debug dumps help nobody.
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -170,6 +176,22 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Writes a command's output. A reader that stops early (`| head`) ends the writing quietly, as
+/// Unix tools do, instead of a panic.
+fn out(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: writing the output: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// Resolves at SIGTERM or Ctrl-C. The handlers are installed at once, so a signal that arrives

@@ -114,3 +114,54 @@ async fn two_live_servers_a_saved_dump_and_an_edited_one() {
     assert_eq!(broken.status.code(), Some(2), "{}", text(&broken));
     assert!(text(&broken).contains("lds.json"), "{}", text(&broken));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_compared_is_no_pass_and_output_can_be_cut_short() {
+    let work = tempfile::tempdir().unwrap();
+    // Two dumps without any resource: nothing was compared, which is said and is no pass.
+    let empty = work.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    for file in ["cds.json", "eds.json", "lds.json", "rds.json"] {
+        std::fs::write(empty.join(file), "[]").unwrap();
+    }
+    std::fs::write(empty.join("node.json"), NODE).unwrap();
+    let empty = empty.to_str().unwrap();
+    let nothing = compare(&[empty, empty]).await;
+    assert_eq!(nothing.status.code(), Some(3), "{}", text(&nothing));
+    assert!(
+        text(&nothing).contains("nothing compared"),
+        "{}",
+        text(&nothing)
+    );
+
+    // A dump directory that is not there is named as such.
+    let missing = work.path().join("no-such-dump");
+    let missing = compare(&[missing.to_str().unwrap(), empty]).await;
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    assert!(
+        text(&missing).contains("no-such-dump: no such dump directory"),
+        "{}",
+        text(&missing)
+    );
+
+    // A reader that stops reading (`| head`): the output ends quietly, no panic.
+    let a = start_meshpilot(Path::new(EXAMPLE), &[]).await;
+    let node = work.path().join("node.json");
+    std::fs::write(&node, NODE).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args(["compare", &xds(&a), empty, "--node", node.to_str().unwrap()])
+        .args(["-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("meshpilot runs");
+    drop(child.stdout.take());
+    let output = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("compare ends")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+}

@@ -83,6 +83,7 @@ pub async fn compare_namespace(
         differences: Vec::new(),
         accepted: 0,
         proxies: Vec::new(),
+        nothing_compared: None,
     };
     for config in proxies {
         let Some(node) = config.node else { continue };
@@ -104,6 +105,12 @@ pub async fn compare_namespace(
                 d
             }));
         report.proxies.push(node.id);
+    }
+    if report.proxies.is_empty() {
+        report.nothing_compared = Some(format!(
+            "no proxy of namespace {} is connected to istiod at {}",
+            side.namespace, side.address
+        ));
     }
     Ok(report)
 }

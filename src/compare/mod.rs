@@ -90,16 +90,19 @@ pub enum CompareError {
     SaveWithoutNode,
     #[error("istiod: {0}")]
     Istiod(String),
+    #[error("{0}: no such dump directory (nor a server's host:port)")]
+    NoDump(String),
     #[error("{0}")]
     Usage(&'static str),
 }
 
-/// The comparison's outcome: the differences not accepted, how many were, and (with --istiod)
-/// the proxies compared.
+/// The comparison's outcome: the differences not accepted, how many were, (with --istiod) the
+/// proxies compared, and why nothing was compared, if nothing was.
 pub struct Report {
     pub differences: Vec<Difference>,
     pub accepted: usize,
     pub proxies: Vec<String>,
+    pub nothing_compared: Option<String>,
 }
 
 impl Report {
@@ -129,6 +132,10 @@ impl Report {
         if !self.proxies.is_empty() {
             out.push_str(&format!("{} proxies compared\n", self.proxies.len()));
         }
+        if let Some(why) = &self.nothing_compared {
+            out.push_str(&format!("nothing compared: {why}\n"));
+            return out;
+        }
         out.push_str(&format!("{} difference(s)\n", self.differences.len()));
         if self.accepted > 0 {
             out.push_str(&format!("{} accepted\n", self.accepted));
@@ -141,6 +148,7 @@ impl Report {
             "differences": self.differences,
             "accepted": self.accepted,
             "proxies": self.proxies,
+            "nothing_compared": self.nothing_compared,
             "normalised": NORMALISED.iter().chain(EQUIVALENCES).map(|(what, why)| serde_json::json!({"what": what, "why": why})).collect::<Vec<_>>(),
         })
     }
@@ -189,10 +197,14 @@ pub async fn run(args: &CompareArgs) -> Result<Report, CompareError> {
     let (accepted_ones, differences): (Vec<_>, Vec<_>) = diff::compare(&left, &right, router)
         .into_iter()
         .partition(|d| accepted.covers(d));
+    let empty = |state: &State| state.iter().all(|resources| resources.is_empty());
+    let nothing_compared = (empty(&left) && empty(&right))
+        .then(|| "neither side sent any cluster, listener, route or assignment".to_string());
     Ok(Report {
         differences,
         accepted: accepted_ones.len(),
         proxies: Vec::new(),
+        nothing_compared,
     })
 }
 
@@ -203,6 +215,15 @@ pub fn is_router(node: &Node) -> bool {
 
 fn is_dump(side: &str) -> bool {
     Path::new(side).is_dir()
+}
+
+/// A side that is no dump directory must be a server's `host:port`; a path is named as missing.
+fn live_address(side: &str) -> Result<&str, CompareError> {
+    let path_like = side.contains('/') || side.starts_with('.') || !side.contains(':');
+    match path_like {
+        true => Err(CompareError::NoDump(side.to_string())),
+        false => Ok(side),
+    }
 }
 
 /// `--node`, else the first dump side's `node.json`; None when both sides are dumps.
@@ -223,6 +244,7 @@ async fn read(side: &str, node: Option<&Node>) -> Result<State, CompareError> {
     if is_dump(side) {
         return Ok(source::read_dump(Path::new(side))?);
     }
+    let side = live_address(side)?;
     let node = node.ok_or_else(|| CompareError::NoNode(side.to_string()))?;
     Ok(source::fetch_live(side, node).await?)
 }
