@@ -59,9 +59,9 @@ pub struct DiscoveryArgs {
 
     /// Where state is kept across restarts: remote clusters' last-known-good snapshots (`remotes/`),
     /// allocated ServiceEntry addresses and, without Kubernetes or --ca-dir, the self-signed root
-    /// (`ca/`) [default: $XDG_STATE_HOME/meshpilot (else ~/.local/state/meshpilot), in a
-    /// subdirectory named after the config dir when there is one; never inside the config dir
-    /// unless no home is known].
+    /// (`ca/`); one per mesh [default: $XDG_STATE_HOME/meshpilot (else ~/.local/state/meshpilot),
+    /// in a subdirectory named after the config dir when there is one, else after the config
+    /// cluster (its API server and CA); never inside the config dir unless no home is known].
     #[arg(long, env = "MESHPILOT_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 
@@ -271,12 +271,37 @@ impl DiscoveryArgs {
     /// directory (so every run of one installation finds the same state).
     pub fn state_dir(&self) -> Option<PathBuf> {
         self.state_dir.clone().or_else(|| {
-            default_state_dir(
+            let base = default_state_dir(
                 self.config_dir.as_deref(),
                 std::env::var_os("XDG_STATE_HOME"),
                 std::env::var_os("HOME"),
-            )
+            )?;
+            // Without a config dir, the config cluster tells one mesh's state from another's.
+            match self.config_dir {
+                Some(_) => Some(base),
+                None => match self.config_cluster_identity() {
+                    Some(identity) => Some(base.join(format!("cluster-{identity:016x}"))),
+                    None => Some(base),
+                },
+            }
         })
+    }
+
+    /// Who the config cluster is, offline: its API server and the CA it is trusted by (a new
+    /// cluster at an old address has another CA).
+    fn config_cluster_identity(&self) -> Option<u64> {
+        let (server, ca) = match (&self.kubeconfig, self.in_cluster) {
+            (Some(path), _) => kubeconfig_server_and_ca(path)?,
+            (None, true) => {
+                let host = std::env::var("KUBERNETES_SERVICE_HOST").ok()?;
+                let port = std::env::var("KUBERNETES_SERVICE_PORT").ok()?;
+                let ca = std::fs::read(IN_CLUSTER_CA).ok()?;
+                (format!("https://{host}:{port}"), ca)
+            }
+            (None, false) => return None,
+        };
+        let text = format!("{server}\n{}", String::from_utf8_lossy(&ca));
+        Some(crate::text::stable_hash(&text))
     }
 
     /// Where the self-signed root is kept: `--ca-state-dir`, else `<state-dir>/ca`.
@@ -300,6 +325,32 @@ impl DiscoveryArgs {
             cluster_id: crate::model::ClusterId::new(&self.cluster_id),
         }
     }
+}
+
+/// Where a pod's service account CA is mounted.
+const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+/// The server and CA bundle of a kubeconfig's current context's cluster.
+fn kubeconfig_server_and_ca(path: &Path) -> Option<(String, Vec<u8>)> {
+    use base64::Engine;
+    let config = kube::config::Kubeconfig::read_from(path).ok()?;
+    let context_name = config.current_context.as_deref()?;
+    let context = config.contexts.iter().find(|c| c.name == context_name)?;
+    let cluster_name = &context.context.as_ref()?.cluster;
+    let cluster = config.clusters.iter().find(|c| c.name == *cluster_name)?;
+    let cluster = cluster.cluster.as_ref()?;
+    let server = cluster.server.clone()?;
+    let ca = match (
+        &cluster.certificate_authority_data,
+        &cluster.certificate_authority,
+    ) {
+        (Some(data), _) => base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap_or_else(|_| data.as_bytes().to_vec()),
+        (None, Some(file)) => std::fs::read(file).unwrap_or_default(),
+        (None, None) => Vec::new(),
+    };
+    Some((server, ca))
 }
 
 /// The XDG state directory (`$XDG_STATE_HOME`, by default `~/.local/state`) + `meshpilot`, and
@@ -376,6 +427,48 @@ mod tests {
             Some(PathBuf::from("/home/u/.local/state/meshpilot"))
         );
         assert_eq!(default_state_dir(None, None, None), None);
+    }
+}
+
+#[cfg(test)]
+mod cluster_state_tests {
+    use super::*;
+    use clap::Parser;
+
+    fn kubeconfig(dir: &Path, name: &str, server: &str, ca: &str) -> PathBuf {
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+        let path = dir.join(name);
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster: {{server: '{server}', certificate-authority-data: {ca}}}\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn each_config_cluster_keeps_its_own_state() {
+        let dir = tempfile::tempdir().unwrap();
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            args: DiscoveryArgs,
+        }
+        let state_of = |path: &Path| {
+            let flags = Flags::parse_from(["meshpilot", "--kubeconfig", path.to_str().unwrap()]);
+            flags.args.state_dir()
+        };
+        let first = kubeconfig(dir.path(), "a", "https://127.0.0.1:6443", "CA one");
+        let same = kubeconfig(dir.path(), "b", "https://127.0.0.1:6443", "CA one");
+        let reborn = kubeconfig(dir.path(), "c", "https://127.0.0.1:6443", "CA two");
+        let (first, same, reborn) = (state_of(&first), state_of(&same), state_of(&reborn));
+        if first.is_none() {
+            return; // No home to keep state in on this machine.
+        }
+        assert_eq!(first, same, "one cluster, one state directory");
+        assert_ne!(first, reborn, "a new cluster at the old address");
+        let name = first.unwrap();
+        assert!(name.to_string_lossy().contains("cluster-"), "{name:?}");
     }
 }
 

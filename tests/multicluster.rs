@@ -832,6 +832,59 @@ async fn east_saved(state: &std::path::Path) {
     .await;
 }
 
+/// A snapshot serves only the cluster it was taken of: a new cluster at the old address (its CA
+/// differs) is not served the old one's objects, while the old one still is.
+#[tokio::test]
+async fn a_snapshot_is_served_only_to_the_cluster_it_was_taken_of() {
+    use meshpilot::model::ClusterId;
+    use meshpilot::sources::snapshots::SnapshotStore;
+    let east = remote("10.20.0.1").await;
+    let primary = Primary::new().await;
+    let served_secret = remote_secret(&[("east", &reader_token(&east, "east-reader"))]);
+    primary.config.apply(served_secret.clone());
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_str().unwrap();
+    let flags = primary.flags(&[
+        "--state-dir",
+        state_dir,
+        "--stale-remote-max-age",
+        "1h",
+        "--remote-cluster-timeout",
+        "1s",
+    ]);
+    let store = SnapshotStore::new(state.path().join("remotes"));
+    let mp = start_meshpilot_with(&flags).await;
+    wait_for("east saved", BOUND, || async {
+        let saved = store.load(&ClusterId::new("east")).ok().flatten();
+        saved.is_some().then_some(())
+    })
+    .await;
+    drop(mp);
+    east.stop();
+
+    // The Secret now names another cluster at east's address: a CA of its own.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let other_ca = params.self_signed(&key).unwrap().pem();
+    let elsewhere = kubeconfig_for(&east.url(), &other_ca, "east-reader", "east");
+    primary.config.apply(remote_secret(&[("east", &elsewhere)]));
+    let mp = start_meshpilot_with(&flags).await;
+    let admin = mp.http_addr;
+    let view = cluster_view(admin, "east").await.unwrap();
+    assert_ne!(view["syncStatus"], "stale", "{view}");
+    assert!(view["snapshot_saved_at"].is_null(), "{view}");
+    assert!(served(admin, "east").await.is_empty());
+    drop(mp);
+
+    // The cluster it was taken of, still down: served from it.
+    primary.config.apply(served_secret);
+    let mp = start_meshpilot_with(&flags).await;
+    let view = cluster_view(mp.http_addr, "east").await.unwrap();
+    assert_eq!(view["syncStatus"], "stale", "{view}");
+    assert_eq!(served(mp.http_addr, "east").await, ["10.20.0.1"]);
+}
+
 #[tokio::test]
 async fn a_remote_served_from_its_snapshot_after_a_crash_pushes_its_changes() {
     let _ports = sidecar_ports().await;

@@ -33,6 +33,10 @@ pub struct Snapshot {
     pub cluster: String,
     /// The API server the objects came from: a snapshot serves only a cluster reached there.
     pub server: String,
+    /// A fingerprint of the CA that API server was trusted by: a snapshot serves only the cluster
+    /// it was taken of, not a new one at the same address (older snapshots have none).
+    #[serde(default)]
+    pub ca: Option<String>,
     pub saved_at: SystemTime,
     pub objects: SavedObjects,
 }
@@ -195,6 +199,7 @@ mod tests {
         Snapshot {
             cluster: cluster.into(),
             server: "https://10.0.0.1:6443".into(),
+            ca: None,
             saved_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000),
             objects: SavedObjects {
                 services: vec![ServiceObj {
@@ -242,6 +247,7 @@ mod tests {
         Snapshot {
             cluster: "east".into(),
             server: "https://10.0.0.1:6443".into(),
+            ca: None,
             saved_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000),
             objects: SavedObjects {
                 namespaces: vec![

@@ -125,6 +125,7 @@ enum Note {
         watch: KubeWatch,
         client: Client,
         server: String,
+        ca: String,
     },
     /// A rotation is not through yet (its kubeconfig does not connect, or has not synced within
     /// the timeout): it goes on, and the previous kubeconfig keeps serving.
@@ -145,8 +146,10 @@ struct RemoteCluster {
     selectors: ClusterSelectors,
     /// None when the kubeconfig was refused: nothing to keep serving.
     watch: Option<KubeWatch>,
-    /// The API server the kubeconfig reaches (what a snapshot is saved for).
+    /// The API server the kubeconfig reaches and a fingerprint of the CA it trusts there: the
+    /// cluster a snapshot is saved for.
     server: String,
+    ca: String,
     sync_timer: Option<JoinHandle<()>>,
     rotation: Option<(u64, JoinHandle<()>)>,
     /// Ends serving a restored snapshot once it is too old.
@@ -308,6 +311,7 @@ impl Controller {
             selectors,
             watch: None,
             server: String::new(),
+            ca: String::new(),
             sync_timer: None,
             rotation: None,
             stale_timer: None,
@@ -322,10 +326,11 @@ impl Controller {
             Err(e) => Err(e),
         };
         match connected {
-            Ok((client, server)) => {
+            Ok((client, server, ca)) => {
                 // Before the watches start, so their first lists reconcile against it.
-                cluster.stale_timer = self.serve_snapshot(id, &registry, &server);
+                cluster.stale_timer = self.serve_snapshot(id, &registry, (&server, &ca));
                 cluster.server = server;
+                cluster.ca = ca;
                 let watch = watch_cluster(
                     client.clone(),
                     registry.clone(),
@@ -439,7 +444,7 @@ impl Controller {
                 });
             };
             let mut delays = connect_delays();
-            let (client, server) = loop {
+            let (client, server, ca) = loop {
                 match connect(config.clone()).await {
                     Ok(connected) => break connected,
                     Err(e) => {
@@ -470,6 +475,7 @@ impl Controller {
                 watch,
                 client,
                 server,
+                ca,
             });
         });
         cluster.rotation = Some((hash, task));
@@ -500,6 +506,7 @@ impl Controller {
                 watch,
                 client,
                 server,
+                ca,
             } => {
                 let Some(cluster) = self.clusters.get_mut(&id) else {
                     return;
@@ -511,6 +518,7 @@ impl Controller {
                 cluster.registry = staged;
                 cluster.watch = Some(watch);
                 cluster.server = server;
+                cluster.ca = ca;
                 cluster.saved = None;
                 // The retired registry may have been serving a snapshot; the new one is synced.
                 if let Some(timer) = cluster.stale_timer.take() {
@@ -573,11 +581,17 @@ fn connect_delays() -> impl Iterator<Item = Duration> {
         .build()
 }
 
-/// A client for a vetted kubeconfig, and the API server it reaches.
-async fn connect(config: Kubeconfig) -> Result<(Client, String), kubeconfig::KubeconfigError> {
+/// A client for a vetted kubeconfig, the API server it reaches, and a fingerprint of the CA it
+/// trusts there (which tells a new cluster at an old address from the old one).
+async fn connect(
+    config: Kubeconfig,
+) -> Result<(Client, String, String), kubeconfig::KubeconfigError> {
     let config = kubeconfig::client_config(config).await?;
     let server = config.cluster_url.to_string();
-    Ok((kubeconfig::client_for(config)?, server))
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    config.root_cert.hash(&mut h);
+    let ca = format!("{:016x}", h.finish());
+    Ok((kubeconfig::client_for(config)?, server, ca))
 }
 
 fn secret_name(secret: &Secret) -> String {

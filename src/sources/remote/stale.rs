@@ -27,12 +27,13 @@ pub(super) const SAVE_CHECK: Duration = Duration::from_secs(1);
 
 impl Controller {
     /// Serves the cluster's last-known-good snapshot until it syncs, if one was saved from the
-    /// same API server within the maximum age; returns the task that ends it when it gets too old.
+    /// same cluster (API server and CA) within the maximum age; returns the task that ends it when
+    /// it gets too old.
     pub(super) fn serve_snapshot(
         &self,
         id: &ClusterId,
         registry: &Arc<ClusterRegistry>,
-        server: &str,
+        (server, ca): (&str, &str),
     ) -> Option<JoinHandle<()>> {
         let snapshots = self.options.snapshots.as_ref()?;
         let snapshot = match snapshots.store.load(id) {
@@ -44,6 +45,10 @@ impl Controller {
         };
         if snapshot.server != server {
             info!(cluster = %id, saved_from = snapshot.server, server, "remote cluster snapshot is of another API server; not used");
+            return None;
+        }
+        if snapshot.ca.as_deref().is_some_and(|saved| saved != ca) {
+            info!(cluster = %id, server, "remote cluster snapshot is of another cluster at that address (its CA differs); not used");
             return None;
         }
         let age = SystemTime::now()
@@ -95,16 +100,18 @@ impl Controller {
             return;
         }
         cluster.saved = Some((generation, Instant::now()));
-        let (store, registry, server, id) = (
+        let (store, registry, server, ca, id) = (
             snapshots.store.clone(),
             cluster.registry.clone(),
             cluster.server.clone(),
+            cluster.ca.clone(),
             id.clone(),
         );
         cluster.saving = Some(tokio::task::spawn_blocking(move || {
             let snapshot = Snapshot {
                 cluster: id.to_string(),
                 server,
+                ca: Some(ca),
                 saved_at: SystemTime::now(),
                 objects: registry.saved_objects(),
             };
