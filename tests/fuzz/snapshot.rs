@@ -64,6 +64,7 @@ fn saved_file() -> Vec<u8> {
         .save(&Snapshot {
             cluster: "east".into(),
             server: "https://192.0.2.1:6443".into(),
+            ca: Some("0123456789abcdef".into()),
             saved_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
             objects,
         })
