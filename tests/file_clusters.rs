@@ -397,3 +397,46 @@ async fn a_renamed_cluster_directory_keeps_pushing_its_changes() {
         ["10.2.3.77"]
     );
 }
+
+/// The bundled example has no `config/`: one created while meshpilot runs is read, and followed.
+#[tokio::test]
+async fn a_config_directory_created_after_start_is_read() {
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    assert!(!dir.path().join("config").exists());
+    let running = start(dir.path()).await;
+    let admin = admin(&running).await;
+    let names = || async move {
+        let configz = get_json(admin, "/debug/configz").await;
+        let names: Vec<String> = configz
+            .as_array()?
+            .iter()
+            .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        Some(names)
+    };
+    let config = dir.path().join("config");
+    std::fs::create_dir(&config).unwrap();
+    write_atomic(
+        &config.join("dr.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: bookinfo}\nspec: {host: reviews.bookinfo.svc.cluster.local}\n",
+    );
+    wait_for("the new config read", BOUND, || async move {
+        names()
+            .await?
+            .contains(&"reviews".to_string())
+            .then_some(())
+    })
+    .await;
+    // And followed: a second file.
+    write_atomic(
+        &config.join("more.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: ratings, namespace: bookinfo}\nspec: {host: ratings.bookinfo.svc.cluster.local}\n",
+    );
+    wait_for("a later file read", BOUND, || async move {
+        names()
+            .await?
+            .contains(&"ratings".to_string())
+            .then_some(())
+    })
+    .await;
+}

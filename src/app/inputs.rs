@@ -135,25 +135,23 @@ pub(super) async fn start(
         None => None,
     };
     let directory = named(|t| matches!(t, SourceAddress::Files(_)));
-    let config_files = match (sources.is_empty(), &args.config_dir, directory.first()) {
-        (true, Some(dir), _) => {
-            ConfigFiles::load(dir, aggregate.clone()).map(|f| (f, dir.join("config")))
-        }
+    let watch_failed = |dir: &std::path::Path| {
+        let dir = dir.display().to_string();
+        move |source| StartError::ConfigFiles { dir, source }
+    };
+    let config_files_watch = match (sources.is_empty(), &args.config_dir, directory.first()) {
+        (true, Some(dir), _) => Some(
+            ConfigFiles::watch_config_dir(dir, aggregate.clone())
+                .map_err(watch_failed(&dir.join("config")))?,
+        ),
         (false, _, Some(source)) => {
             let dir = std::path::PathBuf::from(source.address.trim_start_matches("fs://"));
             let files = ConfigFiles::load_tree(&dir, aggregate.clone()).ok_or_else(|| {
                 StartError::ConfigSource(format!("{}: no such directory", source.address))
             })?;
-            Some((files, dir))
+            Some(files.watch().map_err(watch_failed(&dir))?)
         }
         _ => None,
-    };
-    let config_files_watch = match config_files {
-        Some((files, dir)) => Some(files.watch().map_err(|source| StartError::ConfigFiles {
-            dir: dir.display().to_string(),
-            source,
-        })?),
-        None => None,
     };
     let inputs = Inputs {
         aggregate,

@@ -47,9 +47,32 @@ struct FileState {
 }
 
 impl ConfigFiles {
-    /// Loads `<config_dir>/config` (if there is one: config is optional).
-    pub fn load(config_dir: &Path, aggregate: Arc<Aggregate>) -> Option<Self> {
-        Self::load_tree(&config_dir.join("config"), aggregate)
+    /// Loads and watches `<config_dir>/config`. Config is optional: where there is none yet, the
+    /// config dir is watched for it to appear, and it is then read as one present at start.
+    pub fn watch_config_dir(
+        config_dir: &Path,
+        aggregate: Arc<Aggregate>,
+    ) -> Result<ConfigFilesWatch, notify::Error> {
+        let root = config_dir.join("config");
+        if let Some(files) = Self::load_tree(&root, aggregate.clone()) {
+            return files.watch();
+        }
+        let mut started: Option<ConfigFilesWatch> = None;
+        let watch = watch::watch(config_dir, false, "config-dir", move |_| {
+            if started.is_none() && root.is_dir() {
+                if let Some(files) = ConfigFiles::load_tree(&root, aggregate.clone()) {
+                    info!(dir = %root.display(), "config directory created; watching it");
+                    match files.watch() {
+                        Ok(w) => started = Some(w),
+                        Err(error) => {
+                            error!(dir = %root.display(), %error, "config directory not watched")
+                        }
+                    }
+                }
+            }
+            Recheck::new()
+        })?;
+        Ok(ConfigFilesWatch { _watch: watch })
     }
 
     /// The Istio config under `root` itself (an `fs://` config source).
