@@ -407,3 +407,30 @@ async fn an_unreachable_config_cluster_is_reported() {
     assert_eq!(failed.len(), 1, "{report:#}");
     assert_eq!(failed[0]["name"], "api server");
 }
+
+/// The remotes enforce RBAC for the reader, which holds only the role meshpilot renders for it:
+/// every check still runs, the published root included.
+#[tokio::test]
+async fn the_reader_s_own_rbac_is_enough_for_every_check() {
+    use meshpilot::install::rbac::{reader_binding, reader_role, READER_ACCOUNT};
+    let mesh = Mesh::new().await;
+    for remote in [&mesh.east, &mesh.west] {
+        remote.enforce_rbac(READER);
+        remote.apply(serde_json::to_value(reader_role()).unwrap());
+        remote.apply(serde_json::to_value(reader_binding("istio-system", READER_ACCOUNT)).unwrap());
+    }
+    let (success, report) = mesh.doctor_json().await;
+    assert!(success, "{report:#}");
+    assert_eq!(report["warnings"], 0, "{report:#}");
+    for id in ["east", "west"] {
+        let root = checks(&report, id)
+            .into_iter()
+            .find(|c| c["name"] == "root")
+            .unwrap()["message"]
+            .clone();
+        assert!(
+            root.as_str().unwrap().contains("CN=mesh root"),
+            "{id}: {root}"
+        );
+    }
+}

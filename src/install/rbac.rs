@@ -9,6 +9,7 @@ use k8s_openapi::api::rbac::v1::{
 
 use super::meta;
 use crate::istio::Revision;
+use crate::security::trust::ROOT_CONFIGMAP;
 
 const CONTROL_PLANE_ACCOUNT: &str = "meshpilot";
 pub const READER_ACCOUNT: &str = "istio-reader-service-account";
@@ -177,7 +178,8 @@ pub fn control_plane_namespace_binding(namespace: &str, revision: &Revision) -> 
 
 /// What a control plane reading this cluster needs (Istio's reader role, for the kinds meshpilot
 /// reads): services, endpoints, pods, nodes, gateway credentials, Istio config; TokenReviews for
-/// its workloads and SubjectAccessReviews for its gateways' credentials.
+/// its workloads and SubjectAccessReviews for its gateways' credentials; and the published mesh
+/// root, which `doctor` compares.
 pub fn reader_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(READER_ROLE, None),
@@ -188,6 +190,11 @@ pub fn reader_role() -> ClusterRole {
                 READ,
             ),
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+            // The root every namespace publishes, which `meshpilot doctor` checks.
+            PolicyRule {
+                resource_names: Some(vec![ROOT_CONFIGMAP.to_string()]),
+                ..rule(&[""], &["configmaps"], &["get"])
+            },
             rule(&CONFIG_GROUPS, &["*"], READ),
             rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
             // Whether a gateway may read a credential it asks for (istiod's SDS authorization).

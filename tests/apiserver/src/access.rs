@@ -39,7 +39,14 @@ pub(crate) fn self_subject_access_review(
         verb.to_string(),
         resource.to_string(),
     );
-    let status = if shared.denied.lock().contains(&key) {
+    let denied = match shared.rbac_enforced.lock().contains(&user.username) {
+        true => {
+            let groups: Vec<&str> = user.groups.iter().map(String::as_str).collect();
+            !rbac_allows(shared, &user.username, &groups, &Asked::of(attributes))
+        }
+        false => shared.denied.lock().contains(&key),
+    };
+    let status = if denied {
         json!({"allowed": false, "reason": format!(
             "denied by the test API server: {} may not {verb} {resource}", user.username)})
     } else {
@@ -69,13 +76,7 @@ pub(crate) fn subject_access_review(shared: &Shared, body: &[u8]) -> Response<Bo
         .flatten()
         .filter_map(Value::as_str)
         .collect();
-    let attributes = &spec["resourceAttributes"];
-    let asked = Asked {
-        namespace: attributes["namespace"].as_str().unwrap_or_default(),
-        verb: attributes["verb"].as_str().unwrap_or_default(),
-        group: attributes["group"].as_str().unwrap_or_default(),
-        resource: attributes["resource"].as_str().unwrap_or_default(),
-    };
+    let asked = Asked::of(&spec["resourceAttributes"]);
     let allowed = rbac_allows(shared, user, &groups, &asked);
     let reason = match allowed {
         true => "allowed by a role binding".to_string(),
@@ -91,14 +92,30 @@ pub(crate) fn subject_access_review(shared: &Shared, body: &[u8]) -> Response<Bo
     )
 }
 
-struct Asked<'a> {
-    namespace: &'a str,
-    verb: &'a str,
-    group: &'a str,
-    resource: &'a str,
+/// What a request or review asks to do.
+pub(crate) struct Asked<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) verb: &'a str,
+    pub(crate) group: &'a str,
+    pub(crate) resource: &'a str,
+    /// The object's name, where one is named.
+    pub(crate) name: &'a str,
 }
 
-fn rbac_allows(shared: &Shared, user: &str, groups: &[&str], asked: &Asked<'_>) -> bool {
+impl<'a> Asked<'a> {
+    fn of(attributes: &'a Value) -> Self {
+        let field = |name: &str| attributes[name].as_str().unwrap_or_default();
+        Asked {
+            namespace: field("namespace"),
+            verb: field("verb"),
+            group: field("group"),
+            resource: field("resource"),
+            name: field("name"),
+        }
+    }
+}
+
+pub(crate) fn rbac_allows(shared: &Shared, user: &str, groups: &[&str], asked: &Asked<'_>) -> bool {
     let store = shared.store.lock();
     let list = |kind: &str, namespace: Option<&str>| {
         let kind = kind_by_name(kind).expect("RBAC kinds are served");
@@ -159,11 +176,13 @@ fn rule_allows(rule: &Value, asked: &Asked<'_>) -> bool {
             .filter_map(Value::as_str)
             .any(|v| v == "*" || v == wanted)
     };
-    let named = rule["resourceNames"]
-        .as_array()
-        .is_some_and(|n| !n.is_empty());
+    // A rule naming objects allows only those, asked by name.
+    let names: Vec<&str> = (rule["resourceNames"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    let named = names.is_empty() || (!asked.name.is_empty() && names.contains(&asked.name));
     has("apiGroups", asked.group)
         && has("resources", asked.resource)
         && has("verbs", asked.verb)
-        && !named
+        && named
 }

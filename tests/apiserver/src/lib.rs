@@ -109,6 +109,9 @@ struct Shared {
     token_serial: AtomicU64,
     /// (username, verb, plural) a test denied.
     denied: Mutex<std::collections::HashSet<(String, String, String)>>,
+    /// Users whose requests are authorized by the RBAC objects stored, as a real API server's
+    /// RBAC authorizer does (everyone else may do anything a test did not deny).
+    rbac_enforced: Mutex<std::collections::HashSet<String>>,
     /// (username, verb, plural) whose requests a test holds unanswered, and the wake-up of those
     /// waiting when it lets go.
     held: Mutex<std::collections::HashSet<(String, String, String)>>,
@@ -225,6 +228,7 @@ impl TestApiServer {
             tls: Arc::new(tls),
             token_serial: AtomicU64::new(0),
             denied: Mutex::default(),
+            rbac_enforced: Mutex::default(),
             held: Mutex::default(),
             let_go: Notify::new(),
             write_log: Mutex::default(),
@@ -271,6 +275,12 @@ impl TestApiServer {
     }
 
     /// From now on `username` may not `verb` (get, list, watch, create, update, delete) `plural`.
+    /// From now on the requests (and SelfSubjectAccessReviews) of `username` are allowed only
+    /// as the stored Roles, ClusterRoles and their bindings allow them.
+    pub fn enforce_rbac(&self, username: &str) {
+        self.shared.rbac_enforced.lock().insert(username.into());
+    }
+
     pub fn deny(&self, username: &str, verb: &str, plural: &str) {
         self.shared
             .denied
@@ -898,7 +908,21 @@ fn authorize(
         verb.to_string(),
         target.kind.plural.to_string(),
     );
-    if !shared.denied.lock().contains(&key) {
+    let refused = match shared.rbac_enforced.lock().contains(&user.username) {
+        true => {
+            let asked = access::Asked {
+                namespace: target.namespace.as_deref().unwrap_or_default(),
+                verb,
+                group: target.kind.group,
+                resource: target.kind.plural,
+                name: target.name.as_deref().unwrap_or_default(),
+            };
+            let groups: Vec<&str> = user.groups.iter().map(String::as_str).collect();
+            !access::rbac_allows(shared, &user.username, &groups, &asked)
+        }
+        false => shared.denied.lock().contains(&key),
+    };
+    if !refused {
         return None;
     }
     let scope = match &target.namespace {
