@@ -77,10 +77,15 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A tool reports its own errors in one line; kube's request logs would repeat them raw.
-    let filter = match (&cli.command, cli.log.contains("kube_client")) {
+    let mut filter = match (&cli.command, cli.log.contains("kube_client")) {
         (Command::Discovery(_), _) | (_, true) => cli.log.clone(),
         _ => format!("{},kube_client=off", cli.log),
     };
+    // The file watcher notes at INFO that it could not drop the watch of a directory that was
+    // removed (the kernel already had): nothing for an operator to act on.
+    if !cli.log.contains("notify") {
+        filter.push_str(",notify=warn");
+    }
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).context("invalid --log filter")?)
         .with_writer(std::io::stderr)

@@ -440,3 +440,52 @@ async fn a_config_directory_created_after_start_is_read() {
     })
     .await;
 }
+
+/// An operator removing a cluster directory reads that the cluster was removed, and no noise
+/// about file watches the directory took with it.
+#[tokio::test]
+async fn removing_a_cluster_directory_logs_only_its_removal() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let dir = copy_tree(std::path::Path::new(EXAMPLE));
+    let state = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args(["discovery", "--config-dir", dir.path().to_str().unwrap()])
+        .args(["--state-dir", state.path().to_str().unwrap()])
+        .args(["--http-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0"])
+        .args(["--secure-xds-addr", "127.0.0.1:0"])
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("meshpilot runs");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = Vec::new();
+    let mut until = async |wanted: &str, log: &mut Vec<String>| {
+        let found = tokio::time::timeout(BOUND, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let done = line.contains(wanted);
+                log.push(line);
+                if done {
+                    return true;
+                }
+            }
+            false
+        });
+        assert!(
+            found.await.unwrap_or(false),
+            "no {wanted:?} in:\n{}",
+            log.join("\n")
+        );
+    };
+    until("listening server=\"admin\"", &mut log).await;
+    std::fs::remove_dir_all(dir.path().join("clusters/cluster2")).unwrap();
+    until("cluster removed cluster=cluster2", &mut log).await;
+    // SIGTERM, then everything it logged until it stopped.
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    until("stopped", &mut log).await;
+    let noise: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("Invalid argument"))
+        .collect();
+    assert!(noise.is_empty(), "{noise:?}");
+}
