@@ -151,6 +151,27 @@ impl SnapshotStore {
     }
 }
 
+/// A snapshot as format 1 laid it out (postcard: by position, so a field cannot be added).
+#[derive(Deserialize)]
+struct Format1 {
+    cluster: String,
+    server: String,
+    saved_at: SystemTime,
+    objects: SavedObjects,
+}
+
+impl From<Format1> for Snapshot {
+    fn from(old: Format1) -> Self {
+        Snapshot {
+            cluster: old.cluster,
+            server: old.server,
+            ca: None,
+            saved_at: old.saved_at,
+            objects: old.objects,
+        }
+    }
+}
+
 /// A snapshot file's contents; `path` names it in errors.
 pub fn decode(bytes: &[u8], path: &str) -> Result<Snapshot, SnapshotError> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
@@ -168,13 +189,13 @@ pub fn decode(bytes: &[u8], path: &str) -> Result<Snapshot, SnapshotError> {
     match found {
         FORMAT => serde_json::from_slice(body).map_err(|e| corrupt(e.to_string())),
         POSTCARD_FORMAT => {
-            let (snapshot, trailing) = postcard::take_from_bytes::<Snapshot>(body).map_err(|e| {
+            let (snapshot, trailing) = postcard::take_from_bytes::<Format1>(body).map_err(|e| {
                 corrupt(format!(
                     "{e} (format {POSTCARD_FORMAT} is read as the last release to write it wrote it)"
                 ))
             })?;
             match trailing.len() {
-                0 => Ok(snapshot),
+                0 => Ok(snapshot.into()),
                 n => Err(corrupt(format!("{n} bytes after the snapshot"))),
             }
         }
