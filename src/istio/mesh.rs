@@ -7,6 +7,7 @@ use super::destination_rule::{ClientTls, LocalityLbSetting, TlsMode};
 use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
 use super::label_selector::LabelSelector;
+use super::service_settings::ServiceSettings;
 use super::validate::{self, ensure, Result, ValidationError};
 
 /// The ConfigMap in the system namespace that carries the mesh config, and its key.
@@ -52,6 +53,9 @@ pub struct MeshConfig {
     /// The namespaces of every Kubernetes cluster meshpilot discovers (any selector matching its
     /// labels); none: every namespace.
     pub discovery_selectors: Vec<LabelSelector>,
+    /// Hosts whose endpoints reach only their own cluster's proxies (`clusterLocal`), beyond
+    /// istiod's defaults, or taken back from them.
+    pub service_settings: Vec<ServiceSettings>,
 }
 
 /// One of `configSources`: an address and, for `xds://`, how to reach it.
@@ -230,6 +234,7 @@ impl Default for MeshConfig {
             enable_tracing: true,
             config_sources: Vec::new(),
             discovery_selectors: Vec::new(),
+            service_settings: Vec::new(),
         }
     }
 }
@@ -371,6 +376,11 @@ impl MeshConfig {
             source
                 .validate()
                 .map_err(|e| e.under(&format!("configSources[{i}]")))?;
+        }
+        for (i, entry) in self.service_settings.iter().enumerate() {
+            entry
+                .validate()
+                .map_err(|e| e.under(&format!("serviceSettings[{i}]")))?;
         }
         let directories = self
             .config_sources

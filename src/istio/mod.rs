@@ -17,6 +17,7 @@ pub mod proxy_config;
 pub mod revision;
 pub mod security;
 pub mod service_entry;
+pub mod service_settings;
 pub mod sidecar;
 pub mod telemetry;
 mod validate;

@@ -41,7 +41,9 @@ pub use service::{
     DnsTarget, Hostname, Protocol, Registry, Resolution, Service, ServiceKey, ServicePort,
 };
 pub use services::ServiceTable;
-pub use shards::{canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey};
+pub use shards::{
+    canonical, EndpointIndex, EndpointShards, Provider, PushNeed, ShardKey, PODS_CLUSTER,
+};
 pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
 pub use telemetry::{
     ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,

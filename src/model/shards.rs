@@ -21,6 +21,11 @@ pub enum Provider {
     External,
 }
 
+/// The pseudo cluster of pods of headless services served as services of their own
+/// (`registry/pod_services`); their endpoints keep their real cluster (ids of real clusters cannot
+/// start with '~').
+pub const PODS_CLUSTER: &str = "~pods";
+
 /// Which registry owns a shard. Printed as Istio does: `provider/cluster`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ShardKey {

@@ -15,11 +15,8 @@ use std::sync::Arc;
 use crate::model::allocation::Owner;
 use crate::model::{
     canonical, Change, ClusterId, Endpoint, Hostname, MeshSnapshot, Provider, PushNeed, Resolution,
-    Service, ShardKey,
+    Service, ShardKey, PODS_CLUSTER as PODS,
 };
-
-/// Where pod services are defined in the service table (ids of real clusters cannot start with '~').
-const PODS: &str = "~pods";
 
 fn shard() -> ShardKey {
     ShardKey {
@@ -80,8 +77,13 @@ pub fn sync(mesh: &mut MeshSnapshot, change: &mut Change) {
 /// Each pod service: its definition and its endpoints (the pod's, in every cluster that has it).
 fn desired(mesh: &MeshSnapshot) -> BTreeMap<Hostname, (Service, Vec<Endpoint>)> {
     let mut out: BTreeMap<Hostname, (Service, Vec<Endpoint>)> = BTreeMap::new();
+    let cluster_local = mesh.config.cluster_local_hosts();
     for headless in mesh.services.all().iter() {
-        if headless.resolution != Resolution::Passthrough || headless.hostname.starts_with('*') {
+        // A cluster-local service's pods are not reached from other clusters.
+        if headless.resolution != Resolution::Passthrough
+            || headless.hostname.starts_with('*')
+            || cluster_local.is_cluster_local(&headless.hostname)
+        {
             continue;
         }
         let Some(shards) = mesh.endpoints.get(&headless.key()) else {

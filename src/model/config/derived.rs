@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use super::destination_rules::{self, NamespaceRules};
 use super::gateway_api::{self, GatewayApi};
 use super::ConfigStore;
+use crate::istio::service_settings::ClusterLocalHosts;
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Sidecar, Spec};
 use crate::model::policies::SecurityPolicies;
 use crate::model::sidecar_scope::SidecarScope;
@@ -28,6 +29,8 @@ pub(in crate::model) struct Derived {
     pub(in crate::model) source_namespace_used: bool,
     /// Whether some VirtualService is exported to fewer than every namespace.
     pub(in crate::model) routes_scoped: bool,
+    /// The hosts whose endpoints reach only their own cluster's proxies.
+    pub(in crate::model) cluster_local: ClusterLocalHosts,
     /// Security policies, indexed when first asked for.
     pub(super) security: OnceLock<SecurityPolicies>,
     /// Sidecars by namespace: those with a workload selector first, each group oldest first.
@@ -48,6 +51,22 @@ pub(in crate::model) struct Derived {
 pub(in crate::model) type ScopesByNamespace = HashMap<Arc<str>, Arc<SidecarScope>>;
 
 impl ConfigStore {
+    /// The hosts whose endpoints reach only their own cluster's proxies, as the mesh config's
+    /// `serviceSettings` amend istiod's defaults (with the control plane's host from the mesh's
+    /// `discoveryAddress`, istiod's default where it names none).
+    pub fn cluster_local_hosts(&self) -> &ClusterLocalHosts {
+        &self.derived().cluster_local
+    }
+
+    fn cluster_local_hosts_now(&self) -> ClusterLocalHosts {
+        let given = &self.mesh.default_config.discovery_address;
+        let discovery = match given.is_empty() {
+            true => format!("istiod.{}.svc:15012", self.mesh.root_namespace),
+            false => given.clone(),
+        };
+        ClusterLocalHosts::new(&self.mesh.service_settings, &self.domain_suffix, &discovery)
+    }
+
     pub(in crate::model) fn derived(&self) -> &Derived {
         self.derived.get_or_init(|| {
             let destination_rules = destination_rules::index(self);
@@ -108,6 +127,7 @@ impl ConfigStore {
                 source_labels_used,
                 source_namespace_used,
                 routes_scoped,
+                cluster_local: self.cluster_local_hosts_now(),
                 security: OnceLock::new(),
                 sidecars,
                 telemetries: by_namespace(sorted(ConfigKind::Telemetry)),

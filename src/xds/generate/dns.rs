@@ -121,7 +121,7 @@ fn headless(
     let mut addresses = Vec::new();
     for ep in shards.endpoints() {
         let local = network.is_empty() || ep.network.is_empty() || ep.network == *network;
-        if ep.health != Health::Healthy || !local {
+        if ep.health != Health::Healthy || !local || !g.reaches(service, ep) {
             continue;
         }
         addresses.push(ep.address);

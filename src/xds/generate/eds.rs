@@ -30,8 +30,8 @@ use super::traits::Traits;
 use crate::istio::destination_rule::{DestinationRule, TlsMode as ClientTlsMode, TrafficPolicy};
 use crate::model::policies::SecurityPolicies;
 use crate::model::{
-    Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Resolution, Service,
-    TlsMode,
+    ClusterId, Endpoint, EndpointShards, Gateways, Health, Locality as ModelLocality, Provider,
+    Resolution, Service, ShardKey, TlsMode, PODS_CLUSTER as PODS,
 };
 use crate::registry::workload::{canonical_service, DEFAULT_REVISION};
 use crate::xds::protocol::ResourceType;
@@ -51,6 +51,10 @@ struct View {
     /// The TLS mode the rule sets for the cluster's subset and port, if it sets one: it decides
     /// alone whether clients speak mTLS to an endpoint.
     rule_tls: Option<ClientTlsMode>,
+    /// For a cluster-local service, the only cluster whose endpoints the proxy gets (its own; a
+    /// proxy naming none gets none, as in istiod). Other services' assignments stay shared
+    /// across clusters.
+    only_cluster: Option<ClusterId>,
 }
 
 pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
@@ -99,6 +103,12 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             proxy_labels,
         },
         gateway,
+        only_cluster: g
+            .mesh
+            .config
+            .cluster_local_hosts()
+            .is_cluster_local(&service.hostname)
+            .then(|| g.cluster().cloned().unwrap_or_else(|| ClusterId::new(""))),
         rule_tls: target.rule.as_ref().and_then(|r| {
             rule_tls_mode(
                 &r.rule,
@@ -117,6 +127,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     let gateways = g.mesh.gateways.clone();
     let port = target.port;
     let security = g.mesh.config.security();
+    let local = g.mesh.credentials.local().clone();
     // Everything the assignment reads of the proxy is in its view, which keys it.
     g.keyed(
         ResourceType::Endpoint,
@@ -128,6 +139,7 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
                 shards: shards.as_deref(),
                 gateways: &gateways,
                 security,
+                local: &local,
             };
             Some(Resource::encode(
                 name,
@@ -173,12 +185,26 @@ fn rule_tls_mode(rule: &DestinationRule, subset: Option<&str>, port: u16) -> Opt
         .or_else(|| of_policy(rule.traffic_policy.as_ref()))
 }
 
+/// Whether a shard's endpoints are of `cluster`: a Kubernetes or file cluster's shard by its key;
+/// ServiceEntries' endpoints are the cluster meshpilot runs in (`local`), as istiod gives them its
+/// own cluster's id.
+fn shard_of_cluster(shard: &ShardKey, cluster: &ClusterId, local: &ClusterId) -> bool {
+    match shard.provider {
+        Provider::External => local == cluster,
+        Provider::Kubernetes | Provider::File => {
+            shard.cluster == *cluster || shard.cluster.as_str() == PODS
+        }
+    }
+}
+
 /// What an assignment is made of beyond the service.
 struct Sources<'a> {
     shards: Option<&'a EndpointShards>,
     gateways: &'a Gateways,
     /// PeerAuthentication DISABLE turns a workload's endpoints to plaintext for clients.
     security: &'a SecurityPolicies,
+    /// The cluster meshpilot runs in, which ServiceEntries' endpoints are of.
+    local: &'a ClusterId,
 }
 
 /// One endpoint as sent, before grouping.
@@ -201,6 +227,7 @@ fn assignment(
         shards,
         gateways,
         security,
+        local,
     } = sources;
     let port_name = service
         .port(port)
@@ -223,7 +250,23 @@ fn assignment(
         view.locality.level(&labels, &ep.locality)
     };
     let mtls = |ep: &Endpoint| endpoint_tls(view.rule_tls, security, &service.namespace, ep);
-    for ep in shards.into_iter().flat_map(|s| s.endpoints()) {
+    let endpoints = shards.into_iter().flat_map(|s| &s.shards);
+    let endpoints = endpoints
+        .filter(|(shard, _)| {
+            view.only_cluster
+                .as_ref()
+                .is_none_or(|c| shard_of_cluster(shard, c, local))
+        })
+        .flat_map(|(shard, eps)| {
+            // Pods served on their own come from every cluster: told apart one by one.
+            let each = view
+                .only_cluster
+                .as_ref()
+                .filter(|_| shard.cluster.as_str() == PODS);
+            eps.iter()
+                .filter(move |ep| each.is_none_or(|c| ep.cluster_id == *c))
+        });
+    for ep in endpoints {
         if ep.health != Health::Healthy || *ep.service_port_name != *port_name {
             continue;
         }

@@ -24,8 +24,8 @@ use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigObject, MeshConfig, VirtualService};
 use crate::model::{
-    AppliedRule, AppliedTelemetry, BoundGateway, ClusterId, EgressScope, HostRoutes, Locality,
-    MeshSnapshot, Service, SidecarScope,
+    AppliedRule, AppliedTelemetry, BoundGateway, ClusterId, EgressScope, Endpoint, HostRoutes,
+    Locality, MeshSnapshot, Registry, Service, SidecarScope,
 };
 use crate::security::secret_access::SecretAccess;
 use crate::xds::protocol::ResourceType;
@@ -303,6 +303,10 @@ impl Generation<'_> {
             .filter(|vips| !vips.is_empty());
         let mut vips: Vec<IpAddr> = match own {
             Some(v) => v.clone(),
+            // A cluster-local Kubernetes service is its own cluster's only.
+            None if service.registry == Registry::Kubernetes && self.cluster_local(service) => {
+                Vec::new()
+            }
             None => service.cluster_vips.values().flatten().copied().collect(),
         };
         vips.retain(|ip| !ip.is_unspecified());
@@ -311,6 +315,27 @@ impl Generation<'_> {
             vips.extend(service.auto_addresses.iter().filter(|ip| families(ip)));
         }
         vips
+    }
+
+    /// Whether a service's endpoints reach only its own cluster's proxies (mesh config
+    /// `serviceSettings`, istiod's defaults).
+    pub(super) fn cluster_local(&self, service: &Service) -> bool {
+        let hosts = self.mesh.config.cluster_local_hosts();
+        hosts.is_cluster_local(&service.hostname)
+    }
+
+    /// Whether an endpoint of `service` reaches this proxy: any, but a cluster-local service's
+    /// only from the proxy's own cluster (a ServiceEntry's are of the cluster meshpilot runs in,
+    /// as istiod's are of its own).
+    pub(super) fn reaches(&self, service: &Service, endpoint: &Endpoint) -> bool {
+        if !self.cluster_local(service) {
+            return true;
+        }
+        let of = match service.registry {
+            Registry::External => self.mesh.credentials.local(),
+            Registry::Kubernetes => &endpoint.cluster_id,
+        };
+        self.cluster() == Some(of)
     }
 
     /// What of the proxy decides which allocated addresses it uses (see `service_addresses`): its

@@ -107,6 +107,7 @@ fn pod_ranges<'a>(
     let addresses: BTreeSet<IpAddr> = (shards.iter())
         .flat_map(|s| s.endpoints())
         .filter(|ep| *ep.service_port_name == *port_name && Some(ep.address) != own)
+        .filter(|ep| g.reaches(service, ep))
         .filter(|ep| network.is_empty() || ep.network.is_empty() || ep.network == network)
         .map(|ep| ep.address)
         .collect();
