@@ -18,6 +18,7 @@ mod services;
 mod shards;
 mod sidecar_scope;
 mod telemetry;
+pub mod topology;
 mod wasm_plugins;
 pub mod waypoints;
 mod workloads;

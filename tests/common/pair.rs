@@ -149,6 +149,14 @@ impl Workloads {
         self.client_sidecar_fed_by(&self.mp, certs).await
     }
 
+    /// The client's sidecar as a proxy of cluster `cluster` (`CLUSTER_ID`), not waiting for
+    /// anything.
+    pub async fn client_sidecar_in(&self, cluster: &str, certs: WorkloadCerts) -> Envoy {
+        let port = self.mp.xds_addr.port();
+        let at = (&self.client_ns, 1, cluster);
+        self.sidecar(at, CLIENT_NODE, certs, port).await
+    }
+
     /// The client's sidecar, fed by the control plane `mp` (listening on every address).
     pub async fn client_sidecar_fed_by(
         &self,
@@ -157,7 +165,7 @@ impl Workloads {
     ) -> Envoy {
         let port = mp.xds_addr.port();
         let envoy = self
-            .sidecar(&self.client_ns, 1, CLIENT_NODE, certs, port)
+            .sidecar((&self.client_ns, 1, "c1"), CLIENT_NODE, certs, port)
             .await;
         let server = format!("{}:8080", self.server_ip());
         wait_for("client sidecar knows the server", BOUND, || {
@@ -181,7 +189,7 @@ impl Workloads {
     ) -> Envoy {
         let port = mp.xds_addr.port();
         let envoy = self
-            .sidecar(&self.server_ns, 2, SERVER_NODE, certs, port)
+            .sidecar((&self.server_ns, 2, "c1"), SERVER_NODE, certs, port)
             .await;
         wait_for("server sidecar has its inbound listener", BOUND, || {
             let envoy = &envoy;
@@ -199,8 +207,7 @@ impl Workloads {
 
     async fn sidecar(
         &self,
-        ns: &Netns,
-        sub: u8,
+        (ns, sub, cluster): (&Netns, u8, &str),
         node: &str,
         certs: WorkloadCerts,
         xds_port: u16,
@@ -213,7 +220,7 @@ impl Workloads {
             xds: SocketAddr::new(host_ip, xds_port),
             replicas: &[],
             node_id,
-            metadata: &[("CLUSTER_ID", "c1")],
+            metadata: &[("CLUSTER_ID", cluster)],
             labels: &[],
             mode: AdsMode::Sotw,
             workload: certs,

@@ -22,7 +22,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, UInt32Value, Value}
 
 use super::common::socket;
 use super::generation::Generation;
-use super::locality::{self, topology_labels, LocalityPolicy};
+use super::locality::{self, LocalityPolicy};
 use super::names::{parse_outbound, parse_sni_cluster};
 use super::policy::Effective;
 use super::tls::TLS_MODE_KEY;
@@ -86,11 +86,8 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         .as_ref()
         .is_some_and(|s| !s.failover_priority.is_empty())
     {
-        true => topology_labels(
-            g.labels(),
-            g.network(),
-            proxy_locality.as_ref().unwrap_or(&ModelLocality::default()),
-        ),
+        // Its labels hold its topology.
+        true => g.labels().clone(),
         false => BTreeMap::new(),
     };
     let view = View {
@@ -237,18 +234,7 @@ fn assignment(
     let mut direct: BTreeMap<(u32, &ModelLocality), Vec<&Endpoint>> = BTreeMap::new();
     // (level, locality, network) → endpoints reached through that network's gateways.
     let mut remote: BTreeMap<(u32, &ModelLocality, &str), u64> = BTreeMap::new();
-    let by_labels = view
-        .locality
-        .setting
-        .as_ref()
-        .is_some_and(|s| !s.failover_priority.is_empty());
-    let level = |ep: &Endpoint| -> u32 {
-        let labels = match by_labels {
-            true => topology_labels(&ep.labels, &ep.network, &ep.locality),
-            false => BTreeMap::new(),
-        };
-        view.locality.level(&labels, &ep.locality)
-    };
+    let level = |ep: &Endpoint| -> u32 { view.locality.level(|k| ep.label(k), &ep.locality) };
     let mtls = |ep: &Endpoint| endpoint_tls(view.rule_tls, security, &service.namespace, ep);
     let endpoints = shards.into_iter().flat_map(|s| &s.shards);
     let endpoints = endpoints
@@ -273,7 +259,7 @@ fn assignment(
         let in_subset = view
             .subset
             .as_ref()
-            .is_none_or(|labels| labels.iter().all(|(k, v)| ep.labels.get(k) == Some(v)));
+            .is_none_or(|labels| ep.has_labels(labels));
         if !in_subset {
             continue;
         }

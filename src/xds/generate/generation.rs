@@ -23,6 +23,7 @@ use super::wasm::ProxyPlugins;
 use crate::istio::destination_rule::Subset;
 use crate::istio::mesh::OutboundMode;
 use crate::istio::{ConfigObject, MeshConfig, VirtualService};
+use crate::model::topology::{self, Topology};
 use crate::model::{
     AppliedRule, AppliedTelemetry, BoundGateway, ClusterId, EgressScope, Endpoint, HostRoutes,
     Locality, MeshSnapshot, Registry, Service, SidecarScope,
@@ -53,6 +54,8 @@ pub struct Generation<'a> {
     /// served.
     pub(super) secret_access: Option<&'a SecretAccess>,
     locality: OnceLock<Option<Locality>>,
+    /// Its labels as istiod sees them: its own, with its topology.
+    workload_labels: OnceLock<BTreeMap<String, String>>,
     scope: OnceLock<Option<Arc<SidecarScope>>>,
     telemetry: OnceLock<AppliedTelemetry>,
     logs: OnceLock<ProxyLogs>,
@@ -71,6 +74,7 @@ impl<'a> Generation<'a> {
             readable: AtomicU32::new(Traits::ALL.bits()),
             secret_access: None,
             locality: OnceLock::new(),
+            workload_labels: OnceLock::new(),
             scope: OnceLock::new(),
             telemetry: OnceLock::new(),
             logs: OnceLock::new(),
@@ -134,9 +138,25 @@ impl Generation<'_> {
         &self.node.namespace
     }
 
+    /// Its labels as istiod sees them (pilot/pkg/xds/ads.go `setTopologyLabels`): its pod's, with
+    /// its cluster, locality, node (`NODE_NAME`) and network as topology labels.
     pub(super) fn labels(&self) -> &BTreeMap<String, String> {
         self.read(Trait::Labels);
-        &self.node.labels
+        self.workload_labels()
+    }
+
+    fn workload_labels(&self) -> &BTreeMap<String, String> {
+        self.workload_labels.get_or_init(|| {
+            let proxy = self.node;
+            let locality = self.own_locality().unwrap_or_default();
+            let at = Topology {
+                cluster: proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
+                locality: &locality,
+                node: proxy.metadata.get("NODE_NAME").map_or("", String::as_str),
+                network: &proxy.network,
+            };
+            topology::augment(&proxy.labels, &at)
+        })
     }
 
     /// The cluster the proxy runs in, if it says.
@@ -187,7 +207,7 @@ impl Generation<'_> {
     /// Its labels, for a VirtualService's `sourceLabels`.
     pub(super) fn source_labels(&self) -> &BTreeMap<String, String> {
         self.read(Trait::SourceLabels);
-        &self.node.labels
+        self.workload_labels()
     }
 
     /// Its namespace, for a VirtualService's `sourceNamespace`.
@@ -237,6 +257,10 @@ impl Generation<'_> {
     /// Where the proxy runs: its node's locality, else that of its own workload's endpoints.
     pub(super) fn proxy_locality(&self) -> Option<Locality> {
         self.read(Trait::Locality);
+        self.own_locality()
+    }
+
+    fn own_locality(&self) -> Option<Locality> {
         self.locality
             .get_or_init(|| {
                 let proxy = self.node;
@@ -269,7 +293,7 @@ impl Generation<'_> {
         };
         self.mesh
             .config
-            .gateways_for(&proxy.labels, &proxy.namespace, &serves)
+            .gateways_for(self.workload_labels(), &proxy.namespace, &serves)
     }
 
     pub(super) fn services_version(&self) -> u64 {
@@ -358,7 +382,7 @@ impl Generation<'_> {
                 ProxyType::Sidecar => self
                     .mesh
                     .config
-                    .sidecar_scope(&self.node.namespace, &self.node.labels),
+                    .sidecar_scope(&self.node.namespace, self.workload_labels()),
                 _ => None,
             })
             .as_ref()
@@ -444,7 +468,7 @@ impl Generation<'_> {
         self.read(Trait::Rules);
         self.mesh.config.destination_rule(
             &self.node.namespace,
-            &self.node.labels,
+            self.workload_labels(),
             &service.hostname,
             &service.namespace,
         )
@@ -523,21 +547,22 @@ impl Generation<'_> {
         self.telemetry.get_or_init(|| {
             self.mesh
                 .config
-                .telemetry_for(&self.node.namespace, &self.node.labels)
+                .telemetry_for(&self.node.namespace, self.workload_labels())
         })
     }
 
     /// The EnvoyFilter patches that apply to the proxy.
     pub(super) fn envoy_filters(&self) -> &ProxyPatches {
         self.envoy_filters
-            .get_or_init(|| ProxyPatches::for_proxy(self.mesh, self.node))
+            .get_or_init(|| ProxyPatches::for_proxy(self.mesh, self.node, self.workload_labels()))
     }
 
     /// The WasmPlugins that apply to the proxy.
     pub(super) fn wasm_plugins(&self) -> &ProxyPlugins {
         self.read(Trait::Plugins);
-        self.wasm_plugins
-            .get_or_init(|| ProxyPlugins::for_proxy(&self.mesh.config, self.node))
+        self.wasm_plugins.get_or_init(|| {
+            ProxyPlugins::for_proxy(&self.mesh.config, self.node, self.workload_labels())
+        })
     }
 
     /// The proxy's access logs (from its Telemetries, else the mesh config).
@@ -601,7 +626,7 @@ impl Generation<'_> {
         match t {
             Trait::Kind => (proxy.kind, proxy.generator).hash(h),
             Trait::Namespace => proxy.namespace.hash(h),
-            Trait::Labels => proxy.labels.hash(h),
+            Trait::Labels => self.workload_labels().hash(h),
             Trait::Cluster => proxy.cluster_id.hash(h),
             Trait::Network => (&proxy.network, &proxy.requested_network_view).hash(h),
             Trait::Addresses => proxy.ips.hash(h),
@@ -618,7 +643,7 @@ impl Generation<'_> {
                 let by_namespace = config.has_destination_rules();
                 by_namespace.then_some(&proxy.namespace).hash(h);
                 let selecting = config.rules_select_in(&proxy.namespace);
-                selecting.then_some(&proxy.labels).hash(h);
+                selecting.then(|| self.workload_labels()).hash(h);
             }
             Trait::Routes => {
                 let by_namespace = self.mesh.config.routes_vary_by_namespace();
@@ -627,7 +652,7 @@ impl Generation<'_> {
             Trait::SourceLabels => {
                 let config = &self.mesh.config;
                 let labels = config.routes_use_source_labels();
-                labels.then_some(&proxy.labels).hash(h);
+                labels.then(|| self.workload_labels()).hash(h);
                 let namespace = config.routes_use_source_namespace();
                 namespace.then_some(&proxy.namespace).hash(h);
             }

@@ -6,12 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::istio::destination_rule::{LoadBalancer, LocalityDistribute, LocalityLbSetting};
-use crate::model::{Locality, LABEL_NETWORK};
-
-/// Istio's topology labels, matched by `failoverPriority` like any other label.
-const LABEL_REGION: &str = "topology.kubernetes.io/region";
-const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
+use crate::model::Locality;
 
 /// The proxy's side of locality load balancing.
 #[derive(Clone, Debug, Hash)]
@@ -22,28 +17,8 @@ pub struct LocalityPolicy {
     /// detection can move traffic on when the preferred ones fail, as istiod
     /// (`getOutlierDetectionAndLoadBalancerSettings`, pilot/pkg/xds/endpoints).
     pub failover: bool,
-    /// The proxy's labels plus its network and locality as topology labels (for failoverPriority).
+    /// The proxy's labels, its topology labels among them (for failoverPriority).
     pub proxy_labels: BTreeMap<String, String>,
-}
-
-/// A workload's labels with its network and locality added as Istio's topology labels.
-pub fn topology_labels(
-    labels: &BTreeMap<String, String>,
-    network: &str,
-    locality: &Locality,
-) -> BTreeMap<String, String> {
-    let mut out = labels.clone();
-    let mut add = |key: &str, value: &str| {
-        if !value.is_empty() {
-            out.entry(key.to_string())
-                .or_insert_with(|| value.to_string());
-        }
-    };
-    add(LABEL_NETWORK, network);
-    add(LABEL_REGION, &locality.region);
-    add(LABEL_ZONE, &locality.zone);
-    add(LABEL_SUBZONE, &locality.subzone);
-    out
 }
 
 impl LocalityPolicy {
@@ -65,7 +40,7 @@ impl LocalityPolicy {
     /// first (`failoverPriority`: how many of the listed labels, counted from the end, the endpoint
     /// does not share with the proxy), then the locality level. Lower is preferred; levels are
     /// compacted by the caller.
-    pub fn level(&self, labels: &BTreeMap<String, String>, locality: &Locality) -> u32 {
+    pub fn level<'l>(&self, label: impl Fn(&str) -> Option<&'l str>, locality: &Locality) -> u32 {
         if !self.failover || !self.enabled() || self.distribute().is_some() {
             return 0;
         }
@@ -84,7 +59,7 @@ impl LocalityPolicy {
                                 self.proxy_labels.get(*key).map(String::as_str),
                             ),
                         };
-                        wanted.is_some() && labels.get(key).map(String::as_str) == wanted
+                        wanted.is_some() && label(key) == wanted
                     })
                     .count();
                 (keys.len() - shared) as u32
@@ -180,8 +155,13 @@ mod tests {
         }
     }
 
+    /// Lookups of a label map, as endpoints answer them.
+    fn of<'l>(labels: &'l BTreeMap<String, String>) -> impl Fn(&str) -> Option<&'l str> {
+        move |k: &str| labels.get(k).map(String::as_str)
+    }
+
     fn level(p: &LocalityPolicy, locality: &str) -> u32 {
-        p.level(&BTreeMap::new(), &Locality::parse(locality))
+        p.level(|_| None, &Locality::parse(locality))
     }
 
     #[test]
@@ -226,10 +206,10 @@ mod tests {
         let both = labels(&[("topology.istio.io/network", "n1"), ("version", "v2")]);
         let network_only = labels(&[("topology.istio.io/network", "n1")]);
         let neither = labels(&[("topology.istio.io/network", "n2"), ("version", "v2")]);
-        assert!(p.level(&both, &here) < p.level(&network_only, &here));
-        assert!(p.level(&network_only, &here) < p.level(&neither, &here));
+        assert!(p.level(of(&both), &here) < p.level(of(&network_only), &here));
+        assert!(p.level(of(&network_only), &here) < p.level(of(&neither), &here));
         assert!(
-            p.level(&network_only, &Locality::parse("eu/x")) < p.level(&neither, &here),
+            p.level(of(&network_only), &Locality::parse("eu/x")) < p.level(of(&neither), &here),
             "labels before locality"
         );
     }

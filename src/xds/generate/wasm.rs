@@ -99,11 +99,16 @@ impl std::hash::Hash for ProxyPlugins {
 }
 
 impl ProxyPlugins {
-    pub(super) fn for_proxy(config: &ConfigStore, proxy: &Proxy) -> Self {
+    /// `labels`: the proxy's, its topology among them.
+    pub(super) fn for_proxy(
+        config: &ConfigStore,
+        proxy: &Proxy,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
         if proxy.generator != Generator::Envoy {
             return Self::default();
         }
-        let mut plugins = config.wasm_plugins_for(&proxy.namespace, &proxy.labels);
+        let mut plugins = config.wasm_plugins_for(&proxy.namespace, labels);
         if proxy.istio_version.is_empty() {
             plugins.retain(|o| {
                 let local = wasm_plugin(o).is_some_and(|p| p.url.starts_with("file://"));

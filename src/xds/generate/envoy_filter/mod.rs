@@ -67,14 +67,17 @@ pub(super) struct PatchRef<'a> {
 }
 
 impl ProxyPatches {
-    pub(super) fn for_proxy(mesh: &MeshSnapshot, proxy: &Proxy) -> Self {
+    /// `labels`: the proxy's, its topology among them.
+    pub(super) fn for_proxy(
+        mesh: &MeshSnapshot,
+        proxy: &Proxy,
+        labels: &BTreeMap<String, String>,
+    ) -> Self {
         // Proxyless gRPC clients read no Envoy listeners; istiod patches Envoy's only.
         if proxy.generator != Generator::Envoy {
             return Self::default();
         }
-        let filters = mesh
-            .config
-            .envoy_filters_for(&proxy.namespace, &proxy.labels);
+        let filters = mesh.config.envoy_filters_for(&proxy.namespace, labels);
         let mut applied = Vec::new();
         for (i, object) in filters.iter().enumerate() {
             let Some(filter) = envoy_filter(object) else {
