@@ -63,6 +63,8 @@ async fn start(kubeconfig: &tempfile::NamedTempFile, revision: &str) -> meshpilo
         &format!("meshpilot-{revision}"),
         "--leader-election-lease-duration",
         "2s",
+        "--gateway-handover-delay",
+        "1s",
     ])
     .await
 }
@@ -92,6 +94,41 @@ fn deployed_by(api: &TestApiServer, namespace: &str, gateway: &str) -> Option<St
         .into_iter()
         .find(|w| w.plural == "deployments" && w.namespace == namespace && w.name == name)
         .map(|w| w.user)
+}
+
+/// `istioctl tag set default --revision <revision>`, as istioctl/pkg/tag/generate.go renders it:
+/// the default entries (istio-injection=enabled among them) calling the revision's Service, with
+/// the caBundle copied from its injector, labelled with the tag and its target; the old
+/// injector's selectors set to never match. Returns the old injector as it was.
+fn tag_default(api: &TestApiServer, revision: &str) -> Value {
+    let injector = format!("istio-sidecar-injector-{revision}");
+    let bundle = api
+        .get("MutatingWebhookConfiguration", "", &injector)
+        .unwrap()["webhooks"][0]["clientConfig"]["caBundle"]
+        .clone();
+    let mut tag = webhook_configs("default")
+        .into_iter()
+        .find(|c| c["kind"] == "MutatingWebhookConfiguration")
+        .unwrap();
+    tag["metadata"]["name"] = json!("istio-revision-tag-default");
+    tag["metadata"]["labels"]["istio.io/tag"] = json!("default");
+    tag["metadata"]["labels"]["istio.io/rev"] = json!(revision);
+    for hook in tag["webhooks"].as_array_mut().unwrap() {
+        hook["clientConfig"]["service"]["name"] = json!(format!("istiod-{revision}"));
+        hook["clientConfig"]["caBundle"] = bundle.clone();
+    }
+    let old_injector = api
+        .get("MutatingWebhookConfiguration", "", "istio-sidecar-injector")
+        .unwrap();
+    let mut deactivated = old_injector.clone();
+    let never = json!({"matchLabels": {"istio.io/deactivated": "never-match"}});
+    for hook in deactivated["webhooks"].as_array_mut().unwrap() {
+        hook["namespaceSelector"] = never.clone();
+        hook["objectSelector"] = never.clone();
+    }
+    api.apply(tag);
+    api.apply(deactivated);
+    old_injector
 }
 
 fn holds(running: &meshpilot::app::Running, kind: ConfigKind, namespace: &str, name: &str) -> bool {
@@ -291,40 +328,7 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
     assert_eq!(owner("moved", "edge").await, user("canary"));
     assert_eq!(owner("plain", "front").await, user("default"));
 
-    // `istioctl tag set default --revision canary`, as istioctl/pkg/tag/generate.go renders it:
-    // the default entries (istio-injection=enabled among them) calling canary's Service, with
-    // the caBundle copied from canary's injector, labelled with the tag and its target; the old
-    // injector's selectors set to never match.
-    let canary_bundle = api
-        .get(
-            "MutatingWebhookConfiguration",
-            "",
-            "istio-sidecar-injector-canary",
-        )
-        .unwrap()["webhooks"][0]["clientConfig"]["caBundle"]
-        .clone();
-    let mut tag = webhook_configs("default")
-        .into_iter()
-        .find(|c| c["kind"] == "MutatingWebhookConfiguration")
-        .unwrap();
-    tag["metadata"]["name"] = json!("istio-revision-tag-default");
-    tag["metadata"]["labels"]["istio.io/tag"] = json!("default");
-    tag["metadata"]["labels"]["istio.io/rev"] = json!("canary");
-    for hook in tag["webhooks"].as_array_mut().unwrap() {
-        hook["clientConfig"]["service"]["name"] = json!("istiod-canary");
-        hook["clientConfig"]["caBundle"] = canary_bundle.clone();
-    }
-    let old_injector = api
-        .get("MutatingWebhookConfiguration", "", "istio-sidecar-injector")
-        .unwrap();
-    let mut deactivated = old_injector.clone();
-    let never = json!({"matchLabels": {"istio.io/deactivated": "never-match"}});
-    for hook in deactivated["webhooks"].as_array_mut().unwrap() {
-        hook["namespaceSelector"] = never.clone();
-        hook["objectSelector"] = never.clone();
-    }
-    api.apply(tag);
-    api.apply(deactivated);
+    let old_injector = tag_default(&api, "canary");
     api.apply(gateway("plain", "after-tag"));
     assert_eq!(owner("plain", "after-tag").await, user("canary"));
     api.delete("Pod", "legacy", "web");
@@ -420,6 +424,334 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
             );
         }
     }
+}
+
+/// The Deployment a Gateway of class `istio` is deployed as.
+fn deployment_of(gateway: &str) -> String {
+    format!("{gateway}-istio")
+}
+
+/// Who wrote a Gateway's Deployment since `mark`, in order, repeats merged: none or one name is
+/// one writer; two names are a handover; three (A, B, A) are a fight.
+fn deployment_writers(api: &TestApiServer, (namespace, gateway): Gw, mark: usize) -> Vec<String> {
+    let name = deployment_of(gateway);
+    let mut writers: Vec<String> = Vec::new();
+    for w in &api.write_log()[mark..] {
+        if w.plural == "deployments" && w.namespace == namespace && w.name == name {
+            if writers.last() != Some(&w.user) {
+                writers.push(w.user.clone());
+            }
+        }
+    }
+    writers
+}
+
+/// What `user` wrote since `mark` of the Gateways' own objects (Deployment, Service,
+/// ServiceAccount) or status.
+fn touched_by(api: &TestApiServer, user: &str, gateways: &[Gw], mark: usize) -> Vec<String> {
+    let ours = |w: &test_apiserver::Write| {
+        gateways.iter().any(|(ns, gw)| {
+            w.namespace == *ns
+                && match w.plural.as_str() {
+                    "gateways" => w.name == *gw,
+                    "deployments" | "services" | "serviceaccounts" => w.name == deployment_of(gw),
+                    _ => false,
+                }
+        })
+    };
+    api.write_log()[mark..]
+        .iter()
+        .filter(|w| w.user == user && ours(w))
+        .map(|w| format!("{} {} {}/{}", w.verb, w.plural, w.namespace, w.name))
+        .collect()
+}
+
+/// The revision that rendered a Gateway's Deployment (its pod template's `istio.io/rev`).
+fn rendered_by(api: &TestApiServer, (namespace, gateway): Gw) -> Option<String> {
+    let deployment = api.get("Deployment", namespace, &deployment_of(gateway))?;
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    annotations["istio.io/rev"].as_str().map(str::to_string)
+}
+
+async fn wait_rendered(api: &TestApiServer, gateways: &[Gw], revision: &str) {
+    for gateway in gateways {
+        wait_for(
+            &format!("{gateway:?} rendered by {revision}"),
+            BOUND,
+            || {
+                let by = rendered_by(api, *gateway);
+                async move { (by.as_deref() == Some(revision)).then_some(()) }
+            },
+        )
+        .await;
+    }
+}
+
+/// Waits while canary's gateway loop runs on: until it has renewed its
+/// `istio-gateway-deployment-canary` Lease ten more times (every third of a second: its lease is
+/// 2 s), past its handover delay (1 s) and two of its passes (one a second).
+async fn quiet(api: &TestApiServer) {
+    let renewals = || {
+        (api.write_log().iter())
+            .filter(|w| w.user == user("canary") && w.name == "istio-gateway-deployment-canary")
+            .count()
+    };
+    let start = renewals();
+    wait_for("canary's gateway loop to run on", BOUND, || {
+        let done = renewals() >= start + 10;
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
+async fn doctor(kubeconfig: &tempfile::NamedTempFile) -> String {
+    let doctor = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args([
+            "doctor",
+            "--kubeconfig",
+            kubeconfig.path().to_str().unwrap(),
+        ])
+        .args(["--timeout", "5s"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&doctor.stdout).to_string()
+}
+
+/// A Gateway: (namespace, name).
+type Gw = (&'static str, &'static str);
+
+/// docs/migrate.md walked through against istiod's side stood in as istiod behaves
+/// (tests/common/istiod_gateways.rs: istiod's own `IsMine`, its identity, its Lease, and foreign
+/// writes to its Deployments reverted): at every step, each Gateway's Deployment is written by
+/// one control plane only — istiod `default` keeps every unlabelled Gateway (and those of a
+/// namespace labelled `default`) while it runs, even once the default tag points at canary;
+/// canary takes what names it, and the rest once istiod is gone; nothing in canary's first moments
+/// before its stores have listed; and gives everything back the moment istiod is reinstalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gateway_has_one_manager_through_the_migration() {
+    use common::istiod_gateways::{istiod_user, IstiodGateways};
+
+    let api = TestApiServer::start().await;
+    for ns in [
+        json!({"name": "istio-system"}),
+        json!({"name": "legacy", "labels": {"istio-injection": "enabled"}}),
+        json!({"name": "shop"}),
+        json!({"name": "plain"}),
+        json!({"name": "pinned", "labels": {"istio.io/rev": "default"}}),
+    ] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": ns}));
+    }
+    for config in webhook_configs("default")
+        .into_iter()
+        .chain(webhook_configs("canary"))
+    {
+        api.apply(config);
+    }
+    // The default revision, as Istio's base chart names it
+    // (manifests/charts/base/templates/defaultrevision-validatingwebhookconfiguration.yaml).
+    let validator = |revision: &str| {
+        json!({"apiVersion": "admissionregistration.k8s.io/v1",
+               "kind": "ValidatingWebhookConfiguration",
+               "metadata": {"name": "istiod-default-validator",
+                            "labels": {"istio.io/rev": revision}},
+               "webhooks": []})
+    };
+    api.apply(validator("default"));
+    let (web, front, old, fixed, trial) = (
+        ("shop", "web"),
+        ("plain", "front"),
+        ("legacy", "old"),
+        ("pinned", "fixed"),
+        ("plain", "trial"),
+    );
+    for (ns, name) in [web, front, old, fixed] {
+        api.apply(gateway(ns, name));
+    }
+    let mut labelled = gateway(trial.0, trial.1);
+    labelled["metadata"]["labels"] = json!({"istio.io/rev": "canary"});
+    api.apply(labelled);
+    let (istiod, canary) = (istiod_user("default"), user("canary"));
+    let one_writer = |step: &str, gateway: Gw, mark: usize, expected: &[&String]| {
+        let writers = deployment_writers(&api, gateway, mark);
+        let expected: Vec<String> = expected.iter().map(|u| u.to_string()).collect();
+        assert_eq!(
+            writers, expected,
+            "{step}: who wrote {gateway:?}'s Deployment"
+        );
+    };
+
+    // 0. istiod `default` alone deploys every Gateway but the one labelled for canary.
+    let running = IstiodGateways::start(&api, "default", "istiod-1").await;
+    wait_rendered(&api, &[web, front, old, fixed], "default").await;
+    assert_eq!(rendered_by(&api, trial), None);
+
+    // 1. Install canary: it takes what names it, nothing istiod claims.
+    let mark = api.write_log().len();
+    let canary_config = kubeconfig(&api, "canary");
+    let mut mp = start(&canary_config, "canary").await;
+    wait_rendered(&api, &[trial], "canary").await;
+    quiet(&api).await;
+    let istiods = [web, front, old, fixed];
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for gw in istiods {
+        one_writer("install", gw, mark, &[]);
+    }
+    one_writer("install", trial, mark, &[&canary]);
+
+    // 2. doctor names each Gateway's manager.
+    let report = doctor(&canary_config).await;
+    for line in [
+        "plain/front: istiod default manages it — no istio.io/rev on it or its namespace plain",
+        "pinned/fixed: istiod default manages it — namespace pinned is labelled istio.io/rev=default",
+        "plain/trial: meshpilot canary manages it — labelled istio.io/rev=canary. Deployment trial-istio rendered by canary",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+
+    // 3. Move one namespace, back, and again: it changes hands each time, once.
+    let relabel = |labels: Value| {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                         "metadata": {"name": "shop", "labels": labels}}));
+    };
+    for (labels, to) in [
+        (json!({"istio.io/rev": "canary"}), (&canary, "canary")),
+        (json!({}), (&istiod, "default")),
+        (json!({"istio.io/rev": "canary"}), (&canary, "canary")),
+    ] {
+        let mark = api.write_log().len();
+        relabel(labels);
+        wait_rendered(&api, &[web], to.1).await;
+        quiet(&api).await;
+        one_writer("move shop", web, mark, &[to.0]);
+        for gw in [front, old, fixed, trial] {
+            one_writer("move shop", gw, mark, &[]);
+        }
+    }
+
+    // 4. Move the default tag: istiod `default` keeps the unlabelled Gateways, old and new, and
+    // those of `pinned`; canary writes none of them, nor their status.
+    let mark = api.write_log().len();
+    tag_default(&api, "canary");
+    api.apply(validator("canary"));
+    let after_tag = ("plain", "after-tag");
+    api.apply(gateway(after_tag.0, after_tag.1));
+    wait_rendered(&api, &[after_tag], "default").await;
+    quiet(&api).await;
+    let istiods = [front, old, fixed, after_tag];
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for gw in [front, old, fixed] {
+        one_writer("tag moved", gw, mark, &[]);
+    }
+    one_writer("tag moved", after_tag, mark, &[&istiod]);
+    let report = doctor(&canary_config).await;
+    let line = "plain/front: istiod default manages it — no istio.io/rev on it or its namespace plain, which istiod default claims while it runs (pod istiod-1, Lease istio-gateway-deployment-default held by istiod-1); meshpilot canary takes it once istiod default is gone";
+    assert!(report.contains(line), "{report}");
+
+    // 4b. canary restarted meanwhile: before its stores have listed it knows of no istiod, and
+    // must claim nothing.
+    let mark = api.write_log().len();
+    mp.shutdown().await;
+    let held = ["namespaces", "pods", "leases"];
+    for plural in held {
+        api.hold(&canary, "list", plural);
+    }
+    let config = canary_config.path().to_str().unwrap().to_string();
+    mp = start_meshpilot_unready(&[
+        "--kubeconfig",
+        &config,
+        "--revision",
+        "canary",
+        "--leader-identity",
+        "meshpilot-canary",
+        "--leader-election-lease-duration",
+        "2s",
+        "--gateway-handover-delay",
+        "1s",
+    ])
+    .await;
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for plural in held {
+        api.let_go(&canary, "list", plural);
+    }
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for gw in istiods {
+        one_writer("canary restarted", gw, mark, &[]);
+    }
+
+    // 5. Remove istiod: canary takes the rest, each once, after istiod stopped.
+    let mark = api.write_log().len();
+    running.stop(&api).await;
+    wait_rendered(&api, &istiods, "canary").await;
+    quiet(&api).await;
+    for gw in istiods {
+        one_writer("istiod removed", gw, mark, &[&canary]);
+    }
+    let status = touched_by(&api, &canary, &[front], mark);
+    assert!(
+        status.contains(&"patch-status gateways plain/front".to_string()),
+        "{status:?}"
+    );
+    let report = doctor(&canary_config).await;
+    for line in [
+        "plain/front: meshpilot canary manages it — no istio.io/rev on it or its namespace plain. Deployment front-istio rendered by canary",
+        "pinned/fixed: meshpilot canary manages it — namespace pinned is labelled istio.io/rev=default",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+
+    // 6. Roll back: reinstall istiod `default`. Its pod exists before its process runs; canary
+    // lets go then, even of a Gateway that changes meanwhile.
+    let mark = api.write_log().len();
+    IstiodGateways::schedule(&api, "default", "istiod-2");
+    let mut changed = gateway(front.0, front.1);
+    changed["spec"]["listeners"][0]["port"] = json!(8080);
+    api.apply(changed.clone());
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    let running = IstiodGateways::start(&api, "default", "istiod-2").await;
+    wait_rendered(&api, &istiods, "default").await;
+    quiet(&api).await;
+    for gw in istiods {
+        one_writer("istiod reinstalled", gw, mark, &[&istiod]);
+    }
+    for gw in [web, trial] {
+        one_writer("istiod reinstalled", gw, mark, &[]);
+    }
+
+    // 7. istiod moved out of the cluster (an external control plane: no pod here, only its
+    // Lease): canary still keeps off.
+    let mark = api.write_log().len();
+    running.stop(&api).await;
+    let remote = IstiodGateways::start_remote(&api, "default", "istiod-external").await;
+    changed["spec"]["listeners"][0]["port"] = json!(8081);
+    api.apply(changed);
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+
+    remote.stop(&api).await;
+    mp.shutdown().await;
 }
 
 /// `meshpilot compare --istiod`: a meshpilot standing in for the running istiod (it serves the

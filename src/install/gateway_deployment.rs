@@ -330,7 +330,6 @@ pub fn keep(
                 owners: &owners,
                 revision: config.revision.as_str(),
             };
-            handover.expire();
             let pass = apply_all(
                 &client,
                 &scope,
@@ -375,6 +374,7 @@ async fn apply_all(
     let (mut all, mut waiting) = (true, false);
     let ours = &snapshot.config.gateway_api().status;
     applied.retain(|key, _| ours.contains_key(key));
+    handover.retain(|key| ours.contains_key(key));
     for (key, status) in ours {
         let Some(object) = snapshot.config.get(key) else {
             continue;

@@ -192,38 +192,43 @@ pub enum Turn {
 
 /// Orders a handover: the control plane letting an object go reacts to the same change (a
 /// namespace relabelled, istiod gone) on its own clock, so an object another one claimed is
-/// written only once none has claimed it for the delay. Letting go is immediate.
+/// written only once it has been ours for the delay. Letting go is immediate.
 pub struct Handover {
     delay: Duration,
-    /// When another control plane last claimed each object, within the delay.
-    others: HashMap<ConfigKey, Instant>,
+    /// Objects another control plane claimed, and since when they are ours again if they are.
+    claimed: HashMap<ConfigKey, Option<Instant>>,
 }
 
 impl Handover {
     pub fn new(delay: Duration) -> Self {
         Self {
             delay,
-            others: HashMap::new(),
+            claimed: HashMap::new(),
         }
     }
 
-    /// Forgets claims older than the delay; called once per pass, so the map holds only recent
-    /// ones.
-    pub fn expire(&mut self) {
-        let delay = self.delay;
-        self.others.retain(|_, at| at.elapsed() < delay);
+    /// Forgets objects that are gone.
+    pub fn retain(&mut self, present: impl Fn(&ConfigKey) -> bool) {
+        self.claimed.retain(|key, _| present(key));
     }
 
     pub fn turn(&mut self, key: &ConfigKey, claim: Claim) -> Turn {
         match claim {
             Claim::Other => {
-                self.others.insert(key.clone(), Instant::now());
+                self.claimed.insert(key.clone(), None);
                 Turn::Leave
             }
             Claim::Nobody => Turn::Leave,
-            Claim::Mine => match self.others.get(key) {
-                Some(at) if at.elapsed() < self.delay => Turn::Wait,
-                _ => Turn::Write,
+            Claim::Mine => match self.claimed.get_mut(key) {
+                None => Turn::Write,
+                Some(since) => {
+                    let since = *since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < self.delay {
+                        return Turn::Wait;
+                    }
+                    self.claimed.remove(key);
+                    Turn::Write
+                }
             },
         }
     }
@@ -365,7 +370,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_object_another_claimed_is_written_only_after_the_delay() {
+    async fn an_object_another_claimed_is_written_once_ours_for_the_delay() {
         let key = ConfigKey {
             kind: ConfigKind::KubernetesGateway,
             namespace: "plain".into(),
@@ -375,13 +380,17 @@ mod tests {
         let mut handover = Handover::new(delay);
         assert_eq!(handover.turn(&key, Claim::Mine), Turn::Write);
         assert_eq!(handover.turn(&key, Claim::Other), Turn::Leave);
+        // Claimed by the other for long: the delay counts from when it let go.
+        tokio::time::advance(delay * 2).await;
         assert_eq!(handover.turn(&key, Claim::Mine), Turn::Wait);
         tokio::time::advance(delay / 2).await;
         assert_eq!(handover.turn(&key, Claim::Mine), Turn::Wait);
         tokio::time::advance(delay / 2).await;
-        handover.expire();
-        assert!(handover.others.is_empty());
+        assert_eq!(handover.turn(&key, Claim::Mine), Turn::Write);
         assert_eq!(handover.turn(&key, Claim::Mine), Turn::Write);
         assert_eq!(handover.turn(&key, Claim::Nobody), Turn::Leave);
+        handover.turn(&key, Claim::Other);
+        handover.retain(|_| false);
+        assert!(handover.claimed.is_empty());
     }
 }

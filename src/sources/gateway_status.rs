@@ -54,7 +54,6 @@ pub fn keep(
             if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == digest) {
                 continue;
             }
-            handover.expire();
             let scope = Scope {
                 cluster: &cluster,
                 owners: &owners,
@@ -111,6 +110,7 @@ async fn write_changed(
     let (mut all, mut waiting) = (true, false);
     let statuses = &snapshot.config.gateway_api().status;
     written.retain(|key, _| statuses.contains_key(key));
+    handover.retain(|key| statuses.contains_key(key));
     for (key, status) in statuses {
         let Some(object) = snapshot.config.get(key) else {
             continue;

@@ -18,6 +18,7 @@ pub mod config_source;
 pub mod gateway_certs;
 pub mod hbone;
 pub mod https;
+pub mod istiod_gateways;
 pub mod jwt;
 pub mod nds;
 pub mod netns;
