@@ -2,8 +2,10 @@
 //! to the other: one root (istiod's `istio-ca-secret`, written beforehand, is used by both), each
 //! revision patches only its own webhook configurations, the API server's admission calls reach
 //! the revision a namespace names, config labelled for a revision is read by it alone, Gateways
-//! are deployed by their owner only, and moving the `default` tag moves unlabelled Gateways and
-//! istiod's cluster-wide lock, and moving it back returns the Gateways.
+//! are deployed by their owner only, and moving the `default` tag moves unlabelled Gateways between
+//! meshpilot revisions and back. Against istiod's side stood in as istiod behaves: each Gateway
+//! has one manager through docs/migrate.md; istiod's cluster-wide lock stays with the `default`
+//! holder until the tag moves; `compare --istiod` reads a real istiod's recorded answers.
 
 mod common;
 
@@ -338,28 +340,6 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
         Some("istiod-canary.istio-system.svc:15012"),
         "istio-injection=enabled follows the default tag"
     );
-    wait_for(
-        "canary takes istiod's namespace-controller lock",
-        BOUND,
-        || {
-            let key = api
-                .get(
-                    "ConfigMap",
-                    "istio-system",
-                    "istio-namespace-controller-election",
-                )
-                .and_then(|m| {
-                    let record = m["metadata"]["annotations"]
-                        ["control-plane.alpha.kubernetes.io/leader"]
-                        .as_str()
-                        .map(str::to_string)?;
-                    serde_json::from_str::<Value>(&record).ok()
-                });
-            async move { (key?["holderKey"] == "canary").then_some(()) }
-        },
-    )
-    .await;
-
     // doctor sees the install as it now is.
     let doctor = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
         .args([
@@ -754,108 +734,146 @@ async fn each_gateway_has_one_manager_through_the_migration() {
     mp.shutdown().await;
 }
 
-/// `meshpilot compare --istiod`: a meshpilot standing in for the running istiod (it serves the
-/// same debug types on its secure port) and a `canary` revision reading one more
-/// DestinationRule; the connected proxy of the namespace is found and the difference named.
+/// istiod's cluster-wide lock for the root ConfigMaps (`istio-namespace-controller-election`),
+/// held by istiod `default` in istiod's own record and renewed every half second on a 2 s lease
+/// (tests/common/istiod_lock.rs): canary, whose revision the `default` tag does not name, never
+/// takes it while it is renewed, nor publishes a root; once the tag names canary it takes it at
+/// once (istiod's `LocationPrioritizedComparison`), and istiod, no longer the tag's revision, keeps
+/// off it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compare_istiod_names_what_moving_a_namespace_would_change() {
-    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+async fn istiods_lock_stays_with_the_default_revision_until_the_tag_moves() {
+    use common::istiod_lock::IstiodLock;
 
     let api = TestApiServer::start().await;
     for ns in ["istio-system", "shop"] {
         api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
     }
-    api.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "istiod-canary", "namespace": "istio-system"}}));
-    api.apply(json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "reviews", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.20", "selector": {"app": "reviews"},
-                 "ports": [{"name": "http", "port": 9080}]}}));
-    api.apply(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-0", "namespace": "shop", "labels": {"app": "web"}},
-        "spec": {"serviceAccountName": "web", "containers": [{"name": "app", "image": "web"}]},
-        "status": {"podIP": "10.1.0.5", "phase": "Running"}}));
-    api.apply(
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-        "metadata": {"name": "reviews", "namespace": "shop", "labels": {"istio.io/rev": "canary"}},
-        "spec": {"host": "reviews.shop.svc.cluster.local",
-                 "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}}),
-    );
-    let admin = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(admin.path(), api.kubeconfig(api.admin_token())).unwrap();
-    let istiod = start(&admin, "default").await;
-    let canary = start(&admin, "canary").await;
-    let dr = ConfigKind::DestinationRule;
-    wait_for("canary reads its rule", BOUND, || {
-        let read = holds(&canary, dr, "shop", "reviews");
-        async move { read.then_some(()) }
+    for config in webhook_configs("default")
+        .into_iter()
+        .chain(webhook_configs("canary"))
+    {
+        api.apply(config);
+    }
+    let lock = "istio-namespace-controller-election";
+    let istiod = IstiodLock::start(&api, "default", "istiod-1", lock, Duration::from_secs(2)).await;
+    istiod.led().await;
+    let holder = || {
+        let map = api.get("ConfigMap", "istio-system", lock)?;
+        let text = map["metadata"]["annotations"]["control-plane.alpha.kubernetes.io/leader"]
+            .as_str()?
+            .to_string();
+        let record: Value = serde_json::from_str(&text).ok()?;
+        Some(format!("{} {}", record["holderIdentity"], record["holderKey"]).replace('"', ""))
+    };
+    let canary_wrote =
+        |name: &str| (api.write_log().iter()).any(|w| w.user == user("canary") && w.name == name);
+    let mp = start(&kubeconfig(&api, "canary"), "canary").await;
+    wait_for("canary leads its revision", BOUND, || {
+        let lease = api.get("Lease", "istio-system", "meshpilot-leader-canary");
+        let leads = lease.is_some_and(|l| l["spec"]["holderIdentity"] == "meshpilot-canary");
+        async move { leads.then_some(()) }
     })
     .await;
-
-    // The proxy of shop, connected to "istiod".
-    let id = "sidecar~10.1.0.5~web-0.shop~shop.svc.cluster.local";
-    let proxy = labelled_node(
-        id,
-        &[("NAMESPACE", "shop"), ("CLUSTER_ID", "Kubernetes")],
-        &[("app", "web")],
+    // Three of istiod's lease durations: canary tries a dozen times meanwhile.
+    let renewed = istiod.renewals();
+    wait_for("istiod to renew twelve times", BOUND, || {
+        assert_eq!(holder().as_deref(), Some("istiod-1 default"), "the holder");
+        let done = istiod.renewals() >= renewed + 12;
+        async move { done.then_some(()) }
+    })
+    .await;
+    assert!(!canary_wrote(lock), "canary wrote istiod's lock");
+    assert!(
+        !canary_wrote("istio-ca-root-cert"),
+        "canary published a root"
     );
-    let mut client =
-        AggregatedDiscoveryServiceClient::connect(format!("http://{}", istiod.xds_addr))
-            .await
-            .unwrap();
-    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
-    requests
-        .send(DiscoveryRequest {
-            node: Some(proxy),
-            type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut stream = client
-        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-        .await
-        .unwrap()
-        .into_inner();
-    stream.message().await.unwrap().expect("clusters sent");
-    // The routes its listeners name, as Envoy subscribes them (istiod dumps what was asked).
-    requests
-        .send(DiscoveryRequest {
-            type_url: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration".into(),
-            resource_names: vec!["9080".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    stream.message().await.unwrap().expect("routes sent");
 
+    tag_default(&api, "canary");
+    wait_for("canary takes the lock", BOUND, || {
+        let taken = holder().as_deref() == Some("meshpilot-canary canary");
+        async move { taken.then_some(()) }
+    })
+    .await;
+    wait_for("canary publishes the root", BOUND, || {
+        let published = canary_wrote("istio-ca-root-cert");
+        async move { published.then_some(()) }
+    })
+    .await;
+    let renewed = istiod.renewals();
+    let tries = api.write_log().len();
+    wait_for("istiod to try on", BOUND, || {
+        assert_eq!(holder().as_deref(), Some("meshpilot-canary canary"));
+        let canary_renewed = (api.write_log()[tries..].iter())
+            .filter(|w| w.user == user("canary") && w.name == lock)
+            .count();
+        async move { (canary_renewed >= 12).then_some(()) }
+    })
+    .await;
+    assert_eq!(istiod.renewals(), renewed, "istiod took the lock back");
+    assert!(!istiod.leading());
+    istiod.stop();
+    mp.shutdown().await;
+}
+
+/// `meshpilot compare --istiod` against what a real istiod answered, in istiod's own debug
+/// formats: istiod's side replays the fidelity corpus's recorded xDS of `bookinfo-sidecar` (two
+/// proxies in `shop`, and one of another namespace, which is left out) as `syncz` and
+/// `config_dump` answers (tests/common/recorded_istiod.rs); meshpilot serves the same scenario.
+/// Every difference is one docs/fidelity.md accepts, as tests/fidelity.rs finds comparing the
+/// corpus's files; a load balancer then given to meshpilot only is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_istiod_reads_what_a_real_istiod_answered() {
+    use common::fidelity_corpus::{fixture, proxies, serving, yaml_docs};
+    use common::istiod_gateways::client_as;
+    use common::recorded_istiod::RecordedIstiod;
+
+    let (api, work, mp) = serving("bookinfo-sidecar").await;
+    api.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "meshpilot", "namespace": "istio-system"}}));
+    let reviewer = User::service_account("istio-system", "istiod");
+    let client = client_as(&api, "token-istiod", reviewer).await;
+    let mut connected = proxies("bookinfo-sidecar");
+    connected.extend(proxies("external-services"));
+    let istiod = RecordedIstiod::serve(client, &connected).await;
     let root = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(root.path(), istiod.ca.current().root_pem()).unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
-        .args(["compare", &format!("127.0.0.1:{}", canary.xds_addr.port())])
-        .args([
-            "--istiod",
-            &format!("127.0.0.1:{}", istiod.secure_xds_addr.port()),
-        ])
-        .args(["--namespace", "shop", "--service-account", "istiod-canary"])
-        .args(["--kubeconfig", admin.path().to_str().unwrap()])
-        .args(["--istiod-root", root.path().to_str().unwrap()])
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
+    std::fs::write(root.path(), &istiod.root).unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    let compare = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+            .args(["compare", &format!("127.0.0.1:{}", mp.xds_addr.port())])
+            .args(["--istiod", &istiod.addr.to_string()])
+            .args(["--namespace", "shop"])
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--istiod-root", root.path().to_str().unwrap()])
+            .args([
+                "--accept",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fidelity.md"),
+            ])
+            .kill_on_drop(true)
+            .output()
+    };
+    let output = compare().await.unwrap();
     let text = String::from_utf8_lossy(&output.stdout).to_string()
         + &String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{text}");
-    assert!(text.contains("1 proxies compared"), "{text}");
-    let difference = format!("{id}: cds outbound|9080||reviews.shop.svc.cluster.local lb_policy");
-    assert!(text.contains(&difference), "{text}");
-    assert!(
-        text.contains("1 difference(s)"),
-        "only the rule differs: {text}"
-    );
-    drop(requests);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("2 proxies compared"), "{text}");
+
+    // The scenario's own rule for reviews, given a load balancer.
+    let mut rule = (yaml_docs(&fixture("bookinfo-sidecar").join("mesh.yaml")).into_iter())
+        .find(|o| o["kind"] == "DestinationRule" && o["metadata"]["name"] == "reviews")
+        .unwrap();
+    rule["spec"]["trafficPolicy"]["loadBalancer"] = json!({"simple": "RANDOM"});
+    api.apply(rule);
+    let productpage = "sidecar~10.20.0.5~productpage-v1-d199d.shop~shop.svc.cluster.local";
+    let difference =
+        format!("{productpage}: cds outbound|9080||reviews.shop.svc.cluster.local lb_policy");
+    let text = wait_for("meshpilot sends the new load balancer", BOUND, || async {
+        let output = compare().await.unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        (output.status.code() == Some(1) && text.contains(&difference)).then_some(text)
+    })
+    .await;
+    assert!(text.contains("2 proxies compared"), "{text}");
 }
 
 /// istiod rotates its self-signed root (writing only `ca-cert.pem` and `ca-key.pem` of
