@@ -417,10 +417,9 @@ fn deployment_writers(api: &TestApiServer, (namespace, gateway): Gw, mark: usize
     let name = deployment_of(gateway);
     let mut writers: Vec<String> = Vec::new();
     for w in &api.write_log()[mark..] {
-        if w.plural == "deployments" && w.namespace == namespace && w.name == name {
-            if writers.last() != Some(&w.user) {
-                writers.push(w.user.clone());
-            }
+        let ours = w.plural == "deployments" && w.namespace == namespace && w.name == name;
+        if ours && writers.last() != Some(&w.user) {
+            writers.push(w.user.clone());
         }
     }
     writers

@@ -43,6 +43,9 @@ pub const ISTIOD_PODS: &str = "app=istiod";
 /// none.
 const ISTIOD_LEASE_DURATION: Duration = Duration::from_secs(30);
 
+/// A Lease's version as last read, and when that version was first read.
+type Seen = (Option<String>, Instant);
+
 /// The config cluster's tags, revision labels and control planes, kept current.
 #[derive(Clone)]
 pub struct RevisionTags {
@@ -57,7 +60,7 @@ pub struct RevisionTags {
     ready: watch::Receiver<bool>,
     /// Each Lease's last version seen, and when it was first seen: a holder is alive while its
     /// record changes within its duration, by our clock (client-go's rule; clocks differ).
-    renewals: Arc<Mutex<HashMap<String, (Option<String>, Instant)>>>,
+    renewals: Arc<Mutex<HashMap<String, Seen>>>,
     default_tag: watch::Receiver<Option<Revision>>,
 }
 
