@@ -212,6 +212,11 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_LEADER_ELECTION_LEASE_DURATION", default_value = "30s", value_parser = at_least_a_second)]
     pub leader_election_lease_duration: Duration,
 
+    /// How long no other control plane may have claimed a Gateway API object before this revision
+    /// deploys it or writes its status (≥ 1s): the one letting it go must have stopped first.
+    #[arg(long, env = "MESHPILOT_GATEWAY_HANDOVER_DELAY", default_value = "30s", value_parser = at_least_a_second)]
+    pub gateway_handover_delay: Duration,
+
     /// This replica's identity in leader election (the pod name in a Deployment)
     /// [default: host name and process id].
     #[arg(long, env = "MESHPILOT_LEADER_IDENTITY")]

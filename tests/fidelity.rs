@@ -8,10 +8,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use common::fidelity_corpus::{fixture, serving};
 use meshpilot::compare::{
     compare, fetch_live, is_router, read_dump, read_node, Accepted, Difference,
 };
@@ -19,68 +19,9 @@ use serde_json::{json, Value};
 
 const BOUND: Duration = Duration::from_secs(20);
 
-fn fixture(scenario: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/fidelity")
-        .join(scenario)
-}
-
 fn accepted() -> Accepted {
     let doc = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fidelity.md");
     Accepted::parse(&std::fs::read_to_string(doc).unwrap()).expect("the accepted list parses")
-}
-
-fn yaml_docs(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .filter(|v: &Value| !v.is_null())
-        .collect()
-}
-
-/// The scenario's objects as the real API server held them: Pods with the status the corpus set
-/// through the status subresource, the slices its EndpointSlice controller wrote, and the
-/// API server's own `default/kubernetes` Service.
-fn load(api: &test_apiserver::TestApiServer, dir: &Path) {
-    let status = yaml_docs(&dir.join("pods-status.yaml"));
-    let status = status
-        .first()
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}));
-    api.apply(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "kubernetes", "namespace": "default"},
-        "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "targetPort": 6443}]},
-    }));
-    for mut object in yaml_docs(&dir.join("mesh.yaml")) {
-        if object["kind"] == "Pod" {
-            let (ns, name) = (
-                &object["metadata"]["namespace"],
-                &object["metadata"]["name"],
-            );
-            if let Some(s) = status
-                .iter()
-                .find(|s| s["namespace"] == *ns && s["pod"] == *name)
-            {
-                let ready = if s["ready"] == true { "True" } else { "False" };
-                object["status"] = json!({
-                    "phase": "Running",
-                    "podIP": s["podIP"],
-                    "podIPs": [{"ip": s["podIP"]}],
-                    "conditions": [
-                        {"type": "Ready", "status": ready},
-                        {"type": "ContainersReady", "status": ready},
-                    ],
-                });
-            }
-        }
-        api.apply(object);
-    }
-    for slice in yaml_docs(&dir.join("endpointslices.yaml")) {
-        api.apply(slice);
-    }
 }
 
 /// What comparing one proxy found: the differences not accepted, once meshpilot's answer stops
@@ -117,29 +58,7 @@ async fn compared(xds: SocketAddr, proxy: &Path, accepted: &Accepted) -> Found {
 /// lines its differences needed, marked in `used`.
 async fn scenario(name: &str, accepted: &Accepted, used: &mut [bool], report: &mut String) {
     let dir = fixture(name);
-    let api = test_apiserver::TestApiServer::start().await;
-    load(&api, &dir);
-    let work = tempfile::tempdir().unwrap();
-    // Every object comes from the API server: no file clusters, no file config.
-    std::fs::create_dir_all(work.path().join("clusters")).unwrap();
-    let kubeconfig = work.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig(api.admin_token())).unwrap();
-    let (kubeconfig, config_dir, mesh) = (
-        kubeconfig.to_str().unwrap().to_string(),
-        work.path().to_str().unwrap().to_string(),
-        dir.join("mesh-config.yaml").to_str().unwrap().to_string(),
-    );
-    let mp = start_meshpilot_with(&[
-        "--kubeconfig",
-        &kubeconfig,
-        "--cluster-id",
-        "c1",
-        "--config-dir",
-        &config_dir,
-        "--mesh-config",
-        &mesh,
-    ])
-    .await;
+    let (_api, _work, mp) = serving(name).await;
     let xds = SocketAddr::from(([127, 0, 0, 1], mp.xds_addr.port()));
     let mut proxies = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -207,36 +126,6 @@ async fn every_corpus_proxy_against_istiod() {
         report.is_empty(),
         "differences docs/fidelity.md does not accept:\n{report}"
     );
-}
-
-/// Starts meshpilot on a scenario's objects; the returned guards keep it and its API server up.
-async fn serving(
-    name: &str,
-) -> (
-    test_apiserver::TestApiServer,
-    tempfile::TempDir,
-    meshpilot::app::Running,
-) {
-    let dir = fixture(name);
-    let api = test_apiserver::TestApiServer::start().await;
-    load(&api, &dir);
-    let work = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(work.path().join("clusters")).unwrap();
-    let kubeconfig = work.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig(api.admin_token())).unwrap();
-    let mesh = dir.join("mesh-config.yaml");
-    let mp = start_meshpilot_with(&[
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--cluster-id",
-        "c1",
-        "--config-dir",
-        work.path().to_str().unwrap(),
-        "--mesh-config",
-        mesh.to_str().unwrap(),
-    ])
-    .await;
-    (api, work, mp)
 }
 
 /// istiod's dump of a proxy with one resource of `file` edited by `edit`, in a directory of its

@@ -2,8 +2,10 @@
 //! to the other: one root (istiod's `istio-ca-secret`, written beforehand, is used by both), each
 //! revision patches only its own webhook configurations, the API server's admission calls reach
 //! the revision a namespace names, config labelled for a revision is read by it alone, Gateways
-//! are deployed by their owner only, and moving the `default` tag moves unlabelled Gateways and
-//! istiod's cluster-wide lock, and moving it back returns the Gateways.
+//! are deployed by their owner only, and moving the `default` tag moves unlabelled Gateways between
+//! meshpilot revisions and back. Against istiod's side stood in as istiod behaves: each Gateway
+//! has one manager through docs/migrate.md; istiod's cluster-wide lock stays with the `default`
+//! holder until the tag moves; `compare --istiod` reads a real istiod's recorded answers.
 
 mod common;
 
@@ -63,6 +65,8 @@ async fn start(kubeconfig: &tempfile::NamedTempFile, revision: &str) -> meshpilo
         &format!("meshpilot-{revision}"),
         "--leader-election-lease-duration",
         "2s",
+        "--gateway-handover-delay",
+        "1s",
     ])
     .await
 }
@@ -92,6 +96,41 @@ fn deployed_by(api: &TestApiServer, namespace: &str, gateway: &str) -> Option<St
         .into_iter()
         .find(|w| w.plural == "deployments" && w.namespace == namespace && w.name == name)
         .map(|w| w.user)
+}
+
+/// `istioctl tag set default --revision <revision>`, as istioctl/pkg/tag/generate.go renders it:
+/// the default entries (istio-injection=enabled among them) calling the revision's Service, with
+/// the caBundle copied from its injector, labelled with the tag and its target; the old
+/// injector's selectors set to never match. Returns the old injector as it was.
+fn tag_default(api: &TestApiServer, revision: &str) -> Value {
+    let injector = format!("istio-sidecar-injector-{revision}");
+    let bundle = api
+        .get("MutatingWebhookConfiguration", "", &injector)
+        .unwrap()["webhooks"][0]["clientConfig"]["caBundle"]
+        .clone();
+    let mut tag = webhook_configs("default")
+        .into_iter()
+        .find(|c| c["kind"] == "MutatingWebhookConfiguration")
+        .unwrap();
+    tag["metadata"]["name"] = json!("istio-revision-tag-default");
+    tag["metadata"]["labels"]["istio.io/tag"] = json!("default");
+    tag["metadata"]["labels"]["istio.io/rev"] = json!(revision);
+    for hook in tag["webhooks"].as_array_mut().unwrap() {
+        hook["clientConfig"]["service"]["name"] = json!(format!("istiod-{revision}"));
+        hook["clientConfig"]["caBundle"] = bundle.clone();
+    }
+    let old_injector = api
+        .get("MutatingWebhookConfiguration", "", "istio-sidecar-injector")
+        .unwrap();
+    let mut deactivated = old_injector.clone();
+    let never = json!({"matchLabels": {"istio.io/deactivated": "never-match"}});
+    for hook in deactivated["webhooks"].as_array_mut().unwrap() {
+        hook["namespaceSelector"] = never.clone();
+        hook["objectSelector"] = never.clone();
+    }
+    api.apply(tag);
+    api.apply(deactivated);
+    old_injector
 }
 
 fn holds(running: &meshpilot::app::Running, kind: ConfigKind, namespace: &str, name: &str) -> bool {
@@ -291,40 +330,7 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
     assert_eq!(owner("moved", "edge").await, user("canary"));
     assert_eq!(owner("plain", "front").await, user("default"));
 
-    // `istioctl tag set default --revision canary`, as istioctl/pkg/tag/generate.go renders it:
-    // the default entries (istio-injection=enabled among them) calling canary's Service, with
-    // the caBundle copied from canary's injector, labelled with the tag and its target; the old
-    // injector's selectors set to never match.
-    let canary_bundle = api
-        .get(
-            "MutatingWebhookConfiguration",
-            "",
-            "istio-sidecar-injector-canary",
-        )
-        .unwrap()["webhooks"][0]["clientConfig"]["caBundle"]
-        .clone();
-    let mut tag = webhook_configs("default")
-        .into_iter()
-        .find(|c| c["kind"] == "MutatingWebhookConfiguration")
-        .unwrap();
-    tag["metadata"]["name"] = json!("istio-revision-tag-default");
-    tag["metadata"]["labels"]["istio.io/tag"] = json!("default");
-    tag["metadata"]["labels"]["istio.io/rev"] = json!("canary");
-    for hook in tag["webhooks"].as_array_mut().unwrap() {
-        hook["clientConfig"]["service"]["name"] = json!("istiod-canary");
-        hook["clientConfig"]["caBundle"] = canary_bundle.clone();
-    }
-    let old_injector = api
-        .get("MutatingWebhookConfiguration", "", "istio-sidecar-injector")
-        .unwrap();
-    let mut deactivated = old_injector.clone();
-    let never = json!({"matchLabels": {"istio.io/deactivated": "never-match"}});
-    for hook in deactivated["webhooks"].as_array_mut().unwrap() {
-        hook["namespaceSelector"] = never.clone();
-        hook["objectSelector"] = never.clone();
-    }
-    api.apply(tag);
-    api.apply(deactivated);
+    let old_injector = tag_default(&api, "canary");
     api.apply(gateway("plain", "after-tag"));
     assert_eq!(owner("plain", "after-tag").await, user("canary"));
     api.delete("Pod", "legacy", "web");
@@ -334,28 +340,6 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
         Some("istiod-canary.istio-system.svc:15012"),
         "istio-injection=enabled follows the default tag"
     );
-    wait_for(
-        "canary takes istiod's namespace-controller lock",
-        BOUND,
-        || {
-            let key = api
-                .get(
-                    "ConfigMap",
-                    "istio-system",
-                    "istio-namespace-controller-election",
-                )
-                .and_then(|m| {
-                    let record = m["metadata"]["annotations"]
-                        ["control-plane.alpha.kubernetes.io/leader"]
-                        .as_str()
-                        .map(str::to_string)?;
-                    serde_json::from_str::<Value>(&record).ok()
-                });
-            async move { (key?["holderKey"] == "canary").then_some(()) }
-        },
-    )
-    .await;
-
     // doctor sees the install as it now is.
     let doctor = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
         .args([
@@ -422,108 +406,473 @@ async fn two_revisions_share_the_root_and_each_keeps_to_its_own() {
     }
 }
 
-/// `meshpilot compare --istiod`: a meshpilot standing in for the running istiod (it serves the
-/// same debug types on its secure port) and a `canary` revision reading one more
-/// DestinationRule; the connected proxy of the namespace is found and the difference named.
+/// The Deployment a Gateway of class `istio` is deployed as.
+fn deployment_of(gateway: &str) -> String {
+    format!("{gateway}-istio")
+}
+
+/// Who wrote a Gateway's Deployment since `mark`, in order, repeats merged: none or one name is
+/// one writer; two names are a handover; three (A, B, A) are a fight.
+fn deployment_writers(api: &TestApiServer, (namespace, gateway): Gw, mark: usize) -> Vec<String> {
+    let name = deployment_of(gateway);
+    let mut writers: Vec<String> = Vec::new();
+    for w in &api.write_log()[mark..] {
+        let ours = w.plural == "deployments" && w.namespace == namespace && w.name == name;
+        if ours && writers.last() != Some(&w.user) {
+            writers.push(w.user.clone());
+        }
+    }
+    writers
+}
+
+/// What `user` wrote since `mark` of the Gateways' own objects (Deployment, Service,
+/// ServiceAccount) or status.
+fn touched_by(api: &TestApiServer, user: &str, gateways: &[Gw], mark: usize) -> Vec<String> {
+    let ours = |w: &test_apiserver::Write| {
+        gateways.iter().any(|(ns, gw)| {
+            w.namespace == *ns
+                && match w.plural.as_str() {
+                    "gateways" => w.name == *gw,
+                    "deployments" | "services" | "serviceaccounts" => w.name == deployment_of(gw),
+                    _ => false,
+                }
+        })
+    };
+    api.write_log()[mark..]
+        .iter()
+        .filter(|w| w.user == user && ours(w))
+        .map(|w| format!("{} {} {}/{}", w.verb, w.plural, w.namespace, w.name))
+        .collect()
+}
+
+/// The revision that rendered a Gateway's Deployment (its pod template's `istio.io/rev`).
+fn rendered_by(api: &TestApiServer, (namespace, gateway): Gw) -> Option<String> {
+    let deployment = api.get("Deployment", namespace, &deployment_of(gateway))?;
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    annotations["istio.io/rev"].as_str().map(str::to_string)
+}
+
+async fn wait_rendered(api: &TestApiServer, gateways: &[Gw], revision: &str) {
+    for gateway in gateways {
+        wait_for(
+            &format!("{gateway:?} rendered by {revision}"),
+            BOUND,
+            || {
+                let by = rendered_by(api, *gateway);
+                async move { (by.as_deref() == Some(revision)).then_some(()) }
+            },
+        )
+        .await;
+    }
+}
+
+/// Waits while canary's gateway loop runs on: until it has renewed its
+/// `istio-gateway-deployment-canary` Lease ten more times (every third of a second: its lease is
+/// 2 s), past its handover delay (1 s) and two of its passes (one a second).
+async fn quiet(api: &TestApiServer) {
+    let renewals = || {
+        (api.write_log().iter())
+            .filter(|w| w.user == user("canary") && w.name == "istio-gateway-deployment-canary")
+            .count()
+    };
+    let start = renewals();
+    wait_for("canary's gateway loop to run on", BOUND, || {
+        let done = renewals() >= start + 10;
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
+async fn doctor(kubeconfig: &tempfile::NamedTempFile) -> String {
+    let doctor = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+        .args([
+            "doctor",
+            "--kubeconfig",
+            kubeconfig.path().to_str().unwrap(),
+        ])
+        .args(["--timeout", "5s"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&doctor.stdout).to_string()
+}
+
+/// A Gateway: (namespace, name).
+type Gw = (&'static str, &'static str);
+
+/// docs/migrate.md walked through against istiod's side stood in as istiod behaves
+/// (tests/common/istiod_gateways.rs: istiod's own `IsMine`, its identity, its Lease, and foreign
+/// writes to its Deployments reverted): at every step, each Gateway's Deployment is written by
+/// one control plane only — istiod `default` keeps every unlabelled Gateway (and those of a
+/// namespace labelled `default`) while it runs, even once the default tag points at canary;
+/// canary takes what names it, and the rest once istiod is gone; nothing in canary's first moments
+/// before its stores have listed; and gives everything back the moment istiod is reinstalled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compare_istiod_names_what_moving_a_namespace_would_change() {
-    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+async fn each_gateway_has_one_manager_through_the_migration() {
+    use common::istiod_gateways::{istiod_user, IstiodGateways};
+
+    let api = TestApiServer::start().await;
+    for ns in [
+        json!({"name": "istio-system"}),
+        json!({"name": "legacy", "labels": {"istio-injection": "enabled"}}),
+        json!({"name": "shop"}),
+        json!({"name": "plain"}),
+        json!({"name": "pinned", "labels": {"istio.io/rev": "default"}}),
+    ] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": ns}));
+    }
+    for config in webhook_configs("default")
+        .into_iter()
+        .chain(webhook_configs("canary"))
+    {
+        api.apply(config);
+    }
+    // The default revision, as Istio's base chart names it
+    // (manifests/charts/base/templates/defaultrevision-validatingwebhookconfiguration.yaml).
+    let validator = |revision: &str| {
+        json!({"apiVersion": "admissionregistration.k8s.io/v1",
+               "kind": "ValidatingWebhookConfiguration",
+               "metadata": {"name": "istiod-default-validator",
+                            "labels": {"istio.io/rev": revision}},
+               "webhooks": []})
+    };
+    api.apply(validator("default"));
+    let (web, front, old, fixed, trial) = (
+        ("shop", "web"),
+        ("plain", "front"),
+        ("legacy", "old"),
+        ("pinned", "fixed"),
+        ("plain", "trial"),
+    );
+    for (ns, name) in [web, front, old, fixed] {
+        api.apply(gateway(ns, name));
+    }
+    let mut labelled = gateway(trial.0, trial.1);
+    labelled["metadata"]["labels"] = json!({"istio.io/rev": "canary"});
+    api.apply(labelled);
+    let (istiod, canary) = (istiod_user("default"), user("canary"));
+    let one_writer = |step: &str, gateway: Gw, mark: usize, expected: &[&String]| {
+        let writers = deployment_writers(&api, gateway, mark);
+        let expected: Vec<String> = expected.iter().map(|u| u.to_string()).collect();
+        assert_eq!(
+            writers, expected,
+            "{step}: who wrote {gateway:?}'s Deployment"
+        );
+    };
+
+    // 0. istiod `default` alone deploys every Gateway but the one labelled for canary.
+    let running = IstiodGateways::start(&api, "default", "istiod-1").await;
+    wait_rendered(&api, &[web, front, old, fixed], "default").await;
+    assert_eq!(rendered_by(&api, trial), None);
+
+    // 1. Install canary: it takes what names it, nothing istiod claims.
+    let mark = api.write_log().len();
+    let canary_config = kubeconfig(&api, "canary");
+    let mut mp = start(&canary_config, "canary").await;
+    wait_rendered(&api, &[trial], "canary").await;
+    quiet(&api).await;
+    let istiods = [web, front, old, fixed];
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for gw in istiods {
+        one_writer("install", gw, mark, &[]);
+    }
+    one_writer("install", trial, mark, &[&canary]);
+
+    // 2. doctor names each Gateway's manager.
+    let report = doctor(&canary_config).await;
+    for line in [
+        "plain/front: istiod default manages it — no istio.io/rev on it or its namespace plain",
+        "pinned/fixed: istiod default manages it — namespace pinned is labelled istio.io/rev=default",
+        "plain/trial: meshpilot canary manages it — labelled istio.io/rev=canary. Deployment trial-istio rendered by canary",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+
+    // 3. Move one namespace, back, and again: it changes hands each time, once.
+    let relabel = |labels: Value| {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                         "metadata": {"name": "shop", "labels": labels}}));
+    };
+    for (labels, to) in [
+        (json!({"istio.io/rev": "canary"}), (&canary, "canary")),
+        (json!({}), (&istiod, "default")),
+        (json!({"istio.io/rev": "canary"}), (&canary, "canary")),
+    ] {
+        let mark = api.write_log().len();
+        relabel(labels);
+        wait_rendered(&api, &[web], to.1).await;
+        quiet(&api).await;
+        one_writer("move shop", web, mark, &[to.0]);
+        for gw in [front, old, fixed, trial] {
+            one_writer("move shop", gw, mark, &[]);
+        }
+    }
+
+    // 4. Move the default tag: istiod `default` keeps the unlabelled Gateways, old and new, and
+    // those of `pinned`; canary writes none of them, nor their status.
+    let mark = api.write_log().len();
+    tag_default(&api, "canary");
+    api.apply(validator("canary"));
+    let after_tag = ("plain", "after-tag");
+    api.apply(gateway(after_tag.0, after_tag.1));
+    wait_rendered(&api, &[after_tag], "default").await;
+    quiet(&api).await;
+    let istiods = [front, old, fixed, after_tag];
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for gw in [front, old, fixed] {
+        one_writer("tag moved", gw, mark, &[]);
+    }
+    one_writer("tag moved", after_tag, mark, &[&istiod]);
+    let report = doctor(&canary_config).await;
+    let line = "plain/front: istiod default manages it — no istio.io/rev on it or its namespace plain, which istiod default claims while it runs (pod istiod-1, Lease istio-gateway-deployment-default held by istiod-1); meshpilot canary takes it once istiod default is gone";
+    assert!(report.contains(line), "{report}");
+
+    // 4b. canary restarted meanwhile: before its stores have listed it knows of no istiod, and
+    // must claim nothing.
+    let mark = api.write_log().len();
+    mp.shutdown().await;
+    let held = ["namespaces", "pods", "leases"];
+    for plural in held {
+        api.hold(&canary, "list", plural);
+    }
+    let config = canary_config.path().to_str().unwrap().to_string();
+    mp = start_meshpilot_unready(&[
+        "--kubeconfig",
+        &config,
+        "--revision",
+        "canary",
+        "--leader-identity",
+        "meshpilot-canary",
+        "--leader-election-lease-duration",
+        "2s",
+        "--gateway-handover-delay",
+        "1s",
+    ])
+    .await;
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for plural in held {
+        api.let_go(&canary, "list", plural);
+    }
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    for gw in istiods {
+        one_writer("canary restarted", gw, mark, &[]);
+    }
+
+    // 5. Remove istiod: canary takes the rest, each once, after istiod stopped.
+    let mark = api.write_log().len();
+    running.stop(&api).await;
+    wait_rendered(&api, &istiods, "canary").await;
+    quiet(&api).await;
+    for gw in istiods {
+        one_writer("istiod removed", gw, mark, &[&canary]);
+    }
+    let status = touched_by(&api, &canary, &[front], mark);
+    assert!(
+        status.contains(&"patch-status gateways plain/front".to_string()),
+        "{status:?}"
+    );
+    let report = doctor(&canary_config).await;
+    for line in [
+        "plain/front: meshpilot canary manages it — no istio.io/rev on it or its namespace plain. Deployment front-istio rendered by canary",
+        "pinned/fixed: meshpilot canary manages it — namespace pinned is labelled istio.io/rev=default",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+
+    // 6. Roll back: reinstall istiod `default`. Its pod exists before its process runs; canary
+    // lets go then, even of a Gateway that changes meanwhile.
+    let mark = api.write_log().len();
+    IstiodGateways::schedule(&api, "default", "istiod-2");
+    let mut changed = gateway(front.0, front.1);
+    changed["spec"]["listeners"][0]["port"] = json!(8080);
+    api.apply(changed.clone());
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+    let running = IstiodGateways::start(&api, "default", "istiod-2").await;
+    wait_rendered(&api, &istiods, "default").await;
+    quiet(&api).await;
+    for gw in istiods {
+        one_writer("istiod reinstalled", gw, mark, &[&istiod]);
+    }
+    for gw in [web, trial] {
+        one_writer("istiod reinstalled", gw, mark, &[]);
+    }
+
+    // 7. istiod moved out of the cluster (an external control plane: no pod here, only its
+    // Lease): canary still keeps off.
+    let mark = api.write_log().len();
+    running.stop(&api).await;
+    let remote = IstiodGateways::start_remote(&api, "default", "istiod-external").await;
+    changed["spec"]["listeners"][0]["port"] = json!(8081);
+    api.apply(changed);
+    quiet(&api).await;
+    assert_eq!(
+        touched_by(&api, &canary, &istiods, mark),
+        Vec::<String>::new()
+    );
+
+    remote.stop(&api).await;
+    mp.shutdown().await;
+}
+
+/// istiod's cluster-wide lock for the root ConfigMaps (`istio-namespace-controller-election`),
+/// held by istiod `default` in istiod's own record and renewed every half second on a 2 s lease
+/// (tests/common/istiod_lock.rs): canary, whose revision the `default` tag does not name, never
+/// takes it while it is renewed, nor publishes a root; once the tag names canary it takes it at
+/// once (istiod's `LocationPrioritizedComparison`), and istiod, no longer the tag's revision, keeps
+/// off it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiods_lock_stays_with_the_default_revision_until_the_tag_moves() {
+    use common::istiod_lock::IstiodLock;
 
     let api = TestApiServer::start().await;
     for ns in ["istio-system", "shop"] {
         api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
     }
-    api.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "istiod-canary", "namespace": "istio-system"}}));
-    api.apply(json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "reviews", "namespace": "shop"},
-        "spec": {"clusterIP": "10.96.0.20", "selector": {"app": "reviews"},
-                 "ports": [{"name": "http", "port": 9080}]}}));
-    api.apply(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-0", "namespace": "shop", "labels": {"app": "web"}},
-        "spec": {"serviceAccountName": "web", "containers": [{"name": "app", "image": "web"}]},
-        "status": {"podIP": "10.1.0.5", "phase": "Running"}}));
-    api.apply(
-        json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-        "metadata": {"name": "reviews", "namespace": "shop", "labels": {"istio.io/rev": "canary"}},
-        "spec": {"host": "reviews.shop.svc.cluster.local",
-                 "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}}),
-    );
-    let admin = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(admin.path(), api.kubeconfig(api.admin_token())).unwrap();
-    let istiod = start(&admin, "default").await;
-    let canary = start(&admin, "canary").await;
-    let dr = ConfigKind::DestinationRule;
-    wait_for("canary reads its rule", BOUND, || {
-        let read = holds(&canary, dr, "shop", "reviews");
-        async move { read.then_some(()) }
+    for config in webhook_configs("default")
+        .into_iter()
+        .chain(webhook_configs("canary"))
+    {
+        api.apply(config);
+    }
+    let lock = "istio-namespace-controller-election";
+    let istiod = IstiodLock::start(&api, "default", "istiod-1", lock, Duration::from_secs(2)).await;
+    istiod.led().await;
+    let holder = || {
+        let map = api.get("ConfigMap", "istio-system", lock)?;
+        let text = map["metadata"]["annotations"]["control-plane.alpha.kubernetes.io/leader"]
+            .as_str()?
+            .to_string();
+        let record: Value = serde_json::from_str(&text).ok()?;
+        Some(format!("{} {}", record["holderIdentity"], record["holderKey"]).replace('"', ""))
+    };
+    let canary_wrote =
+        |name: &str| (api.write_log().iter()).any(|w| w.user == user("canary") && w.name == name);
+    let mp = start(&kubeconfig(&api, "canary"), "canary").await;
+    wait_for("canary leads its revision", BOUND, || {
+        let lease = api.get("Lease", "istio-system", "meshpilot-leader-canary");
+        let leads = lease.is_some_and(|l| l["spec"]["holderIdentity"] == "meshpilot-canary");
+        async move { leads.then_some(()) }
     })
     .await;
-
-    // The proxy of shop, connected to "istiod".
-    let id = "sidecar~10.1.0.5~web-0.shop~shop.svc.cluster.local";
-    let proxy = labelled_node(
-        id,
-        &[("NAMESPACE", "shop"), ("CLUSTER_ID", "Kubernetes")],
-        &[("app", "web")],
+    // Three of istiod's lease durations: canary tries a dozen times meanwhile.
+    let renewed = istiod.renewals();
+    wait_for("istiod to renew twelve times", BOUND, || {
+        assert_eq!(holder().as_deref(), Some("istiod-1 default"), "the holder");
+        let done = istiod.renewals() >= renewed + 12;
+        async move { done.then_some(()) }
+    })
+    .await;
+    assert!(!canary_wrote(lock), "canary wrote istiod's lock");
+    assert!(
+        !canary_wrote("istio-ca-root-cert"),
+        "canary published a root"
     );
-    let mut client =
-        AggregatedDiscoveryServiceClient::connect(format!("http://{}", istiod.xds_addr))
-            .await
-            .unwrap();
-    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
-    requests
-        .send(DiscoveryRequest {
-            node: Some(proxy),
-            type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut stream = client
-        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-        .await
-        .unwrap()
-        .into_inner();
-    stream.message().await.unwrap().expect("clusters sent");
-    // The routes its listeners name, as Envoy subscribes them (istiod dumps what was asked).
-    requests
-        .send(DiscoveryRequest {
-            type_url: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration".into(),
-            resource_names: vec!["9080".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    stream.message().await.unwrap().expect("routes sent");
 
+    tag_default(&api, "canary");
+    wait_for("canary takes the lock", BOUND, || {
+        let taken = holder().as_deref() == Some("meshpilot-canary canary");
+        async move { taken.then_some(()) }
+    })
+    .await;
+    wait_for("canary publishes the root", BOUND, || {
+        let published = canary_wrote("istio-ca-root-cert");
+        async move { published.then_some(()) }
+    })
+    .await;
+    let renewed = istiod.renewals();
+    let tries = api.write_log().len();
+    wait_for("istiod to try on", BOUND, || {
+        assert_eq!(holder().as_deref(), Some("meshpilot-canary canary"));
+        let canary_renewed = (api.write_log()[tries..].iter())
+            .filter(|w| w.user == user("canary") && w.name == lock)
+            .count();
+        async move { (canary_renewed >= 12).then_some(()) }
+    })
+    .await;
+    assert_eq!(istiod.renewals(), renewed, "istiod took the lock back");
+    assert!(!istiod.leading());
+    istiod.stop();
+    mp.shutdown().await;
+}
+
+/// `meshpilot compare --istiod` against what a real istiod answered, in istiod's own debug
+/// formats: istiod's side replays the fidelity corpus's recorded xDS of `bookinfo-sidecar` (two
+/// proxies in `shop`, and one of another namespace, which is left out) as `syncz` and
+/// `config_dump` answers (tests/common/recorded_istiod.rs); meshpilot serves the same scenario.
+/// Every difference is one docs/fidelity.md accepts, as tests/fidelity.rs finds comparing the
+/// corpus's files; a load balancer then given to meshpilot only is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_istiod_reads_what_a_real_istiod_answered() {
+    use common::fidelity_corpus::{fixture, proxies, serving, yaml_docs};
+    use common::istiod_gateways::client_as;
+    use common::recorded_istiod::RecordedIstiod;
+
+    let (api, work, mp) = serving("bookinfo-sidecar").await;
+    api.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "meshpilot", "namespace": "istio-system"}}));
+    let reviewer = User::service_account("istio-system", "istiod");
+    let client = client_as(&api, "token-istiod", reviewer).await;
+    let mut connected = proxies("bookinfo-sidecar");
+    connected.extend(proxies("external-services"));
+    let istiod = RecordedIstiod::serve(client, &connected).await;
     let root = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(root.path(), istiod.ca.current().root_pem()).unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
-        .args(["compare", &format!("127.0.0.1:{}", canary.xds_addr.port())])
-        .args([
-            "--istiod",
-            &format!("127.0.0.1:{}", istiod.secure_xds_addr.port()),
-        ])
-        .args(["--namespace", "shop", "--service-account", "istiod-canary"])
-        .args(["--kubeconfig", admin.path().to_str().unwrap()])
-        .args(["--istiod-root", root.path().to_str().unwrap()])
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
+    std::fs::write(root.path(), &istiod.root).unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    let compare = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_meshpilot"))
+            .args(["compare", &format!("127.0.0.1:{}", mp.xds_addr.port())])
+            .args(["--istiod", &istiod.addr.to_string()])
+            .args(["--namespace", "shop"])
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--istiod-root", root.path().to_str().unwrap()])
+            .args([
+                "--accept",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fidelity.md"),
+            ])
+            .kill_on_drop(true)
+            .output()
+    };
+    let output = compare().await.unwrap();
     let text = String::from_utf8_lossy(&output.stdout).to_string()
         + &String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{text}");
-    assert!(text.contains("1 proxies compared"), "{text}");
-    let difference = format!("{id}: cds outbound|9080||reviews.shop.svc.cluster.local lb_policy");
-    assert!(text.contains(&difference), "{text}");
-    assert!(
-        text.contains("1 difference(s)"),
-        "only the rule differs: {text}"
-    );
-    drop(requests);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("2 proxies compared"), "{text}");
+
+    // The scenario's own rule for reviews, given a load balancer.
+    let mut rule = (yaml_docs(&fixture("bookinfo-sidecar").join("mesh.yaml")).into_iter())
+        .find(|o| o["kind"] == "DestinationRule" && o["metadata"]["name"] == "reviews")
+        .unwrap();
+    rule["spec"]["trafficPolicy"]["loadBalancer"] = json!({"simple": "RANDOM"});
+    api.apply(rule);
+    let productpage = "sidecar~10.20.0.5~productpage-v1-d199d.shop~shop.svc.cluster.local";
+    let difference =
+        format!("{productpage}: cds outbound|9080||reviews.shop.svc.cluster.local lb_policy");
+    let text = wait_for("meshpilot sends the new load balancer", BOUND, || async {
+        let output = compare().await.unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        (output.status.code() == Some(1) && text.contains(&difference)).then_some(text)
+    })
+    .await;
+    assert!(text.contains("2 proxies compared"), "{text}");
 }
 
 /// istiod rotates its self-signed root (writing only `ca-cert.pem` and `ca-key.pem` of

@@ -169,7 +169,8 @@ pub(super) fn serving_cert(
 /// istiod's lock for it, the root published in every namespace's `istio-ca-root-cert` and
 /// allocated addresses recorded in ServiceEntries' status (cluster-wide ConfigMap locks, which
 /// the default tag's revision takes over), the Gateway API's status written and its managed
-/// Gateways deployed (per-revision Leases), for the Gateways this revision owns.
+/// Gateways deployed (per-revision Leases), for the objects this revision owns and no running
+/// istiod claims (`sources::gateway_owners`).
 pub(super) fn leader_work(
     args: &DiscoveryArgs,
     config_cluster: Option<&ConfigCluster>,
@@ -189,6 +190,7 @@ pub(super) fn leader_work(
     let namespace = args.system_namespace.clone();
     let revision = args.inject.revision.clone();
     let roots = ca.roots();
+    let handover = args.gateway_handover_delay;
     let inject = args.inject.config(
         &args.cluster_id,
         &args.system_namespace,
@@ -248,12 +250,14 @@ pub(super) fn leader_work(
             let status = {
                 let (client, id, mesh, tags) =
                     (client.clone(), id.clone(), mesh.clone(), tags.clone());
+                let revision = revision.clone();
                 move || {
                     let keep = gateway_status::keep(
                         client.clone(),
                         id.clone(),
                         mesh.clone(),
-                        tags.clone(),
+                        revision.clone(),
+                        (tags.clone(), handover),
                     );
                     vec![keep]
                 }
@@ -270,7 +274,7 @@ pub(super) fn leader_work(
                         id.clone(),
                         mesh.clone(),
                         inject.clone(),
-                        tags.clone(),
+                        (tags.clone(), handover),
                     );
                     vec![keep]
                 }

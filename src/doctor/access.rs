@@ -10,6 +10,7 @@ use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::PostParams;
@@ -62,7 +63,8 @@ fn list_and_watch<K: k8s_openapi::Resource>(namespace: Option<&str>) -> [Access;
 /// Every permission meshpilot uses in a cluster: what `sources::kube::watch_cluster` watches
 /// (everywhere), TokenReviews (`security::authn`), SubjectAccessReviews (`security::secret_access`),
 /// and in the config cluster the Istio kinds
-/// (`sources::kube_config`) and the `istio` mesh ConfigMap of the system namespace.
+/// (`sources::kube_config`), the `istio` mesh ConfigMap of the system namespace, and its Leases
+/// (which control planes run: `sources::revision_tags`).
 pub fn needed(config_cluster: bool, system_namespace: &str) -> Vec<Access> {
     let mut needed: Vec<Access> = [
         list_and_watch::<Namespace>(None),
@@ -89,6 +91,7 @@ pub fn needed(config_cluster: bool, system_namespace: &str) -> Vec<Access> {
             }
         }
         needed.extend(list_and_watch::<ConfigMap>(Some(system_namespace)));
+        needed.extend(list_and_watch::<Lease>(Some(system_namespace)));
     }
     needed
 }
@@ -178,6 +181,8 @@ mod tests {
         assert!(config
             .contains(&"watch authorizationpolicies.security.istio.io (cluster-wide)".to_string()));
         assert!(config.contains(&"list configmaps (in namespace istio-system)".to_string()));
-        assert_eq!(config.len(), remote.len() + 2 * ConfigKind::ALL.len() + 2);
+        assert!(config
+            .contains(&"watch leases.coordination.k8s.io (in namespace istio-system)".to_string()));
+        assert_eq!(config.len(), remote.len() + 2 * ConfigKind::ALL.len() + 4);
     }
 }

@@ -5,6 +5,7 @@
 
 mod access;
 mod clock;
+mod gateway_owners;
 mod gateways;
 mod networks;
 mod probe;

@@ -45,6 +45,8 @@ pub struct Details {
     pub ca_root: Option<(String, String)>,
     /// The revisions installed and the namespaces each serves (config cluster only).
     pub revisions: Vec<Check>,
+    /// Who manages each Gateway (config cluster only).
+    pub gateway_owners: Vec<Check>,
 }
 
 /// What to ask a cluster.
@@ -164,6 +166,19 @@ pub async fn details(client: &Client, ask: &Ask<'_>) -> Details {
         }
         false => Vec::new(),
     };
+    let gateway_owners = match ask.config_cluster {
+        true => {
+            let check = super::gateway_owners::check(client, ask.namespace);
+            (tokio::time::timeout(t, check).await).unwrap_or_else(|_| {
+                let wait = humantime::format_duration(t);
+                vec![Check::warn(
+                    "gateway owners",
+                    format!("Gateways and control planes not listed within {wait}"),
+                )]
+            })
+        }
+        false => Vec::new(),
+    };
     Details {
         access,
         system,
@@ -171,6 +186,7 @@ pub async fn details(client: &Client, ask: &Ask<'_>) -> Details {
         services,
         ca_root,
         revisions,
+        gateway_owners,
     }
 }
 

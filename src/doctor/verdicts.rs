@@ -59,6 +59,7 @@ pub async fn assemble(inputs: &Inputs<'_>, clusters: Vec<Probed>) -> Report {
                 inputs.sha,
             ));
             checks.extend(details.revisions.iter().cloned());
+            checks.extend(details.gateway_owners.iter().cloned());
         }
         report.clusters.push(ClusterReport {
             id,

@@ -32,10 +32,12 @@ use crate::istio::gateway_api::{
     KubernetesGateway, GATEWAY_NAME_LABEL, GROUP, MANAGED_BY_EAST_WEST_CONTROLLER,
     MANAGED_BY_GATEWAY_CONTROLLER, MANAGED_BY_MESH_CONTROLLER, MANAGED_LABEL, NAME_OVERRIDE,
 };
-use crate::istio::{ConfigObject, Origin, Spec};
+use crate::istio::revision::REVISION_LABEL;
+use crate::istio::{ConfigKey, ConfigObject, Origin, Spec};
 use crate::model::gateway_api::status::ObjectStatus;
 use crate::model::waypoints::WaypointClass;
 use crate::model::{ClusterId, Mesh, MeshSnapshot, LABEL_NETWORK};
+use crate::sources::gateway_owners::{Handover, Inputs, Turn};
 use crate::sources::revision_tags::RevisionTags;
 
 /// The Gateway's annotations istiod reads to name what it deploys, and the Service's type.
@@ -208,7 +210,9 @@ fn deployment(
             "latest".to_string(),
         ),
     ]);
+    // Which revision rendered it, as istiod's kube-gateway.yaml says (`doctor` reads it).
     let pod_annotations = BTreeMap::from([
+        (REVISION_LABEL.to_string(), config.revision.to_string()),
         (
             "prometheus.io/path".to_string(),
             "/stats/prometheus".to_string(),
@@ -291,57 +295,104 @@ fn container_port(name: &str, port: i32) -> ContainerPort {
     }
 }
 
-/// Keeps the deployments of the config cluster's managed Gateways while this replica leads.
+/// What was last applied for a Gateway, by (plural, name): applied again only when it changes.
+type Applied = HashMap<(&'static str, String), Value>;
+
+/// Keeps the deployments of the config cluster's managed Gateways this revision owns while this
+/// replica leads, taking one over from another control plane only after `handover` (see
+/// `sources::gateway_owners`).
 pub fn keep(
     client: Client,
     cluster: ClusterId,
     mesh: Arc<Mesh>,
     config: InjectConfig,
-    tags: RevisionTags,
+    (tags, handover): (RevisionTags, Duration),
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        // What was last applied, by (plural, namespace, name): applied again only when it changes.
-        let mut applied: HashMap<(&'static str, String, String), Value> = HashMap::new();
+        let mut applied: HashMap<ConfigKey, Applied> = HashMap::new();
+        let mut handover = Handover::new(handover);
         let mut last: Option<(Arc<MeshSnapshot>, u64)> = None;
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
+            // Until every store has listed, nothing is known to be ours.
+            let Some(owners) = tags.view() else { continue };
             let snapshot = mesh.snapshot();
-            let owners = tags.fingerprint();
-            if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == owners) {
+            let digest = owners.digest();
+            if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == digest) {
                 continue;
             }
             let config = InjectConfig {
                 mesh: snapshot.config.mesh().clone(),
                 ..config.clone()
             };
-            let scope = (cluster.clone(), tags.clone());
-            match apply_all(&client, &scope, &snapshot, &config, &mut applied).await {
-                true => last = Some((snapshot, owners)),
-                false => tokio::time::sleep(RETRY_AFTER).await,
+            let scope = Scope {
+                cluster: &cluster,
+                owners: &owners,
+                revision: config.revision.as_str(),
+            };
+            let pass = apply_all(
+                &client,
+                &scope,
+                &snapshot,
+                &config,
+                &mut handover,
+                &mut applied,
+            );
+            match pass.await {
+                Ended::Done => last = Some((snapshot, digest)),
+                // A handover is due: looked at again next tick.
+                Ended::Waiting => last = None,
+                Ended::Failed => tokio::time::sleep(RETRY_AFTER).await,
             }
         }
     })
 }
 
-/// Applies what every managed Gateway deploys; whether every call succeeded.
+/// Whose Gateways a pass deploys.
+struct Scope<'a> {
+    cluster: &'a ClusterId,
+    owners: &'a Inputs,
+    revision: &'a str,
+}
+
+/// How a pass ended.
+enum Ended {
+    Done,
+    Waiting,
+    Failed,
+}
+
+/// Applies what every managed Gateway this revision owns deploys.
 async fn apply_all(
     client: &Client,
-    (cluster, tags): &(ClusterId, RevisionTags),
+    scope: &Scope<'_>,
     snapshot: &MeshSnapshot,
     config: &InjectConfig,
-    applied: &mut HashMap<(&'static str, String, String), Value>,
-) -> bool {
-    let mut all = true;
+    handover: &mut Handover,
+    applied: &mut HashMap<ConfigKey, Applied>,
+) -> Ended {
+    let (mut all, mut waiting) = (true, false);
     let ours = &snapshot.config.gateway_api().status;
+    applied.retain(|key, _| ours.contains_key(key));
+    handover.retain(|key| ours.contains_key(key));
     for (key, status) in ours {
         let Some(object) = snapshot.config.get(key) else {
             continue;
         };
-        let from_cluster = matches!(&object.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str());
+        let from_cluster = matches!(&object.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == scope.cluster.as_str());
         let refused = snapshot.config.gateway_api().ambient_refused.contains(key);
-        let owned = tags.owns(&object.meta.labels, &key.namespace);
-        if !from_cluster || !owned || refused || !matches!(status, ObjectStatus::Gateway(_)) {
+        if !from_cluster || refused || !matches!(status, ObjectStatus::Gateway(_)) {
             continue;
+        }
+        let claim = (scope.owners).claim(scope.revision, &object.meta.labels, &key.namespace);
+        match handover.turn(key, claim) {
+            Turn::Write => {}
+            turn => {
+                // Another may write it now: once ours again, everything is written anew.
+                applied.remove(key);
+                waiting |= turn == Turn::Wait;
+                continue;
+            }
         }
         let waypoint = snapshot
             .config
@@ -364,13 +415,14 @@ async fn apply_all(
                 json(&manifests.service),
             ),
         ];
+        let applied = applied.entry(key.clone()).or_default();
         for ((plural, resource), wanted) in objects {
             let Some(wanted) = wanted else { continue };
             let name = wanted["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let slot = (plural, key.namespace.to_string(), name.clone());
+            let slot = (plural, name.clone());
             if applied.get(&slot) == Some(&wanted) {
                 continue;
             }
@@ -388,7 +440,11 @@ async fn apply_all(
             }
         }
     }
-    all
+    match (all, waiting) {
+        (false, _) => Ended::Failed,
+        (true, true) => Ended::Waiting,
+        (true, false) => Ended::Done,
+    }
 }
 
 fn resource(

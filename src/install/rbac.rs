@@ -144,7 +144,7 @@ pub fn control_plane_binding(namespace: &str, revision: &Revision) -> ClusterRol
 }
 
 /// In the system namespace only: remote-cluster kubeconfigs and CA keys (Secrets), the leader
-/// Leases.
+/// Leases (all watched: a held `istio-gateway-deployment-<revision>` shows a running istiod).
 pub fn control_plane_namespace_role(namespace: &str, revision: &Revision) -> Role {
     Role {
         metadata: meta(&control_plane_role_name(revision), Some(namespace)),
@@ -157,7 +157,7 @@ pub fn control_plane_namespace_role(namespace: &str, revision: &Revision) -> Rol
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
-                &["get", "create", "update"],
+                &["get", "list", "watch", "create", "update"],
             ),
         ]),
     }

@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use super::gateway_owners::{Handover, Inputs, Turn};
 use super::revision_tags::RevisionTags;
-use crate::istio::{ConfigKey, ConfigKind, Origin};
+use crate::istio::{ConfigKey, ConfigKind, Origin, Revision};
 use crate::model::gateway_api::status::ObjectStatus;
 use crate::model::{ClusterId, Mesh, MeshSnapshot};
 
@@ -29,54 +30,104 @@ const RETRY_AFTER: Duration = Duration::from_secs(30);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Keeps the status of the config cluster's Gateway API objects this revision owns current
-/// while this replica leads (istiod's status writer asks `IsMine` too).
+/// while this replica leads (istiod's status writer asks `IsMine` too), taking one over from
+/// another control plane only after `handover` (see `gateway_owners`).
 pub fn keep(
     client: Client,
     cluster: ClusterId,
     mesh: Arc<Mesh>,
-    tags: RevisionTags,
+    revision: Revision,
+    (tags, handover): (RevisionTags, Duration),
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut resources: HashMap<ConfigKind, ApiResource> = HashMap::new();
         // What was written, without transition times: rewritten only when it changes.
         let mut written: HashMap<ConfigKey, Value> = HashMap::new();
+        let mut handover = Handover::new(handover);
         let mut last: Option<(Arc<MeshSnapshot>, u64)> = None;
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
+            // Until every store has listed, nothing is known to be ours.
+            let Some(owners) = tags.view() else { continue };
             let snapshot = mesh.snapshot();
-            let owners = tags.fingerprint();
-            if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == owners) {
+            let digest = owners.digest();
+            if (last.as_ref()).is_some_and(|(l, o)| Arc::ptr_eq(l, &snapshot) && *o == digest) {
                 continue;
             }
-            let scope = (cluster.clone(), tags.clone());
-            let done =
-                write_changed(&client, &scope, &snapshot, &mut resources, &mut written).await;
-            match done {
-                true => last = Some((snapshot, owners)),
-                false => tokio::time::sleep(RETRY_AFTER).await,
+            let scope = Scope {
+                cluster: &cluster,
+                owners: &owners,
+                revision: revision.as_str(),
+            };
+            let pass = Pass {
+                resources: &mut resources,
+                written: &mut written,
+                handover: &mut handover,
+            };
+            match write_changed(&client, &scope, &snapshot, pass).await {
+                Ended::Done => last = Some((snapshot, digest)),
+                // A handover is due: looked at again next tick.
+                Ended::Waiting => last = None,
+                Ended::Failed => tokio::time::sleep(RETRY_AFTER).await,
             }
         }
     })
 }
 
-/// Writes every status that differs from the one last written; whether all writes succeeded.
+/// Whose objects a pass writes.
+struct Scope<'a> {
+    cluster: &'a ClusterId,
+    owners: &'a Inputs,
+    revision: &'a str,
+}
+
+/// What a pass keeps between passes.
+struct Pass<'a> {
+    resources: &'a mut HashMap<ConfigKind, ApiResource>,
+    written: &'a mut HashMap<ConfigKey, Value>,
+    handover: &'a mut Handover,
+}
+
+/// How a pass ended.
+enum Ended {
+    Done,
+    Waiting,
+    Failed,
+}
+
+/// Writes every status of ours that differs from the one last written.
 async fn write_changed(
     client: &Client,
-    (cluster, tags): &(ClusterId, RevisionTags),
+    scope: &Scope<'_>,
     snapshot: &MeshSnapshot,
-    resources: &mut HashMap<ConfigKind, ApiResource>,
-    written: &mut HashMap<ConfigKey, Value>,
-) -> bool {
-    let mut all = true;
+    pass: Pass<'_>,
+) -> Ended {
+    let Pass {
+        resources,
+        written,
+        handover,
+    } = pass;
+    let (mut all, mut waiting) = (true, false);
     let statuses = &snapshot.config.gateway_api().status;
     written.retain(|key, _| statuses.contains_key(key));
+    handover.retain(|key| statuses.contains_key(key));
     for (key, status) in statuses {
-        let ours = snapshot.config.get(key).is_some_and(|o| {
-            matches!(&o.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == cluster.as_str())
-                && tags.owns(&o.meta.labels, &key.namespace)
-        });
-        if !ours {
+        let Some(object) = snapshot.config.get(key) else {
             continue;
+        };
+        let from_cluster = matches!(&object.meta.origin, Origin::Kubernetes { cluster: c, .. } if c.as_str() == scope.cluster.as_str());
+        if !from_cluster {
+            continue;
+        }
+        let claim = (scope.owners).claim(scope.revision, &object.meta.labels, &key.namespace);
+        match handover.turn(key, claim) {
+            Turn::Write => {}
+            turn => {
+                // Another may write it now: once ours again, it is written anew.
+                written.remove(key);
+                waiting |= turn == Turn::Wait;
+                continue;
+            }
         }
         let mut status: ObjectStatus = status.clone();
         status.check_backends(|host| snapshot.services.get(host).is_some());
@@ -120,7 +171,11 @@ async fn write_changed(
             }
         }
     }
-    all
+    match (all, waiting) {
+        (false, _) => Ended::Failed,
+        (true, true) => Ended::Waiting,
+        (true, false) => Ended::Done,
+    }
 }
 
 /// The status with every condition's `lastTransitionTime` (which the API requires) set to now:

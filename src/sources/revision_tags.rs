@@ -2,35 +2,51 @@
 //! pkg/revisions/tag_watcher.go, default_watcher.go): the tags pointing at each revision
 //! (webhook configurations and Services labelled `istio.io/tag`), the `default` tag's target
 //! (`istio-revision-tag-default`), the default revision (`istiod-default-validator`'s label) and
-//! namespaces' `istio.io/rev` labels. Watched on the config cluster into reflector stores, read
-//! where a decision is made.
+//! namespaces' `istio.io/rev` labels; and which other control planes run: istiod pods
+//! (`app=istiod`, `istio.io/rev`) and the Leases of the system namespace. Watched on the config
+//! cluster into reflector stores, read as [`Inputs`] where a decision is made, and only once every
+//! store has listed: before that, an empty store would read as "nobody else runs".
 
-use std::collections::BTreeMap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::istio::revision::{DEFAULT, REVISION_LABEL, TAG_LABEL};
+use super::gateway_owners::Inputs;
+use crate::istio::revision::{REVISION_LABEL, TAG_LABEL};
 use crate::istio::Revision;
 use crate::kube_client::retried;
+use crate::leader::{GATEWAY_DEPLOYMENT, LEASE_NAME};
 
 /// The `default` tag's webhook configuration (its name has no namespace suffix in istiod's
 /// tag watcher).
 pub const DEFAULT_TAG_WEBHOOK: &str = "istio-revision-tag-default";
 /// The validator that names the default revision.
 pub const DEFAULT_VALIDATOR: &str = "istiod-default-validator";
+/// What selects istiod's pods (and meshpilot's, which carry istiod's labels).
+pub const ISTIOD_PODS: &str = "app=istiod";
+/// istiod's Lease duration (pilot/pkg/leaderelection/leaderelection.go), for a Lease that names
+/// none.
+const ISTIOD_LEASE_DURATION: Duration = Duration::from_secs(30);
 
-/// The config cluster's tags and revision labels, kept current.
+/// A Lease's version as last read, and when that version was first read.
+type Seen = (Option<String>, Instant);
+
+/// The config cluster's tags, revision labels and control planes, kept current.
 #[derive(Clone)]
 pub struct RevisionTags {
     revision: Revision,
@@ -38,6 +54,13 @@ pub struct RevisionTags {
     validators: Store<ValidatingWebhookConfiguration>,
     services: Store<Service>,
     namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+    leases: Store<Lease>,
+    /// Whether every store has listed.
+    ready: watch::Receiver<bool>,
+    /// Each Lease's last version seen, and when it was first seen: a holder is alive while its
+    /// record changes within its duration, by our clock (client-go's rule; clocks differ).
+    renewals: Arc<Mutex<HashMap<String, Seen>>>,
     default_tag: watch::Receiver<Option<Revision>>,
 }
 
@@ -53,12 +76,28 @@ impl RevisionTags {
         let (validators, validator_writer) = reflector::store();
         let (services, service_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
+        let (pods, pod_writer) = reflector::store();
+        let (leases, lease_writer) = reflector::store();
         let (default_tx, default_tag) = watch::channel(None);
+        let (ready_tx, ready) = watch::channel(false);
         let store = webhooks.clone();
         let webhook_api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
         let webhook_events = retried(watcher::watcher(webhook_api, tagged.clone()))
             .reflect(webhook_writer)
             .touched_objects();
+        let tags = Self {
+            revision,
+            webhooks,
+            validators,
+            services,
+            namespaces,
+            pods,
+            leases,
+            ready,
+            renewals: Arc::default(),
+            default_tag,
+        };
+        let listed = tags.clone();
         let tasks = vec![
             tokio::spawn(async move {
                 let mut events = webhook_events.boxed();
@@ -88,20 +127,40 @@ impl RevisionTags {
                 service_writer,
             ),
             drain(
-                Api::<Namespace>::all(client),
+                Api::<Namespace>::all(client.clone()),
                 watcher::Config::default().labels(REVISION_LABEL),
                 namespace_writer,
             ),
+            drain(
+                Api::<Pod>::namespaced(client.clone(), system_namespace),
+                watcher::Config::default().labels(ISTIOD_PODS),
+                pod_writer,
+            ),
+            drain(
+                Api::<Lease>::namespaced(client, system_namespace),
+                watcher::Config::default(),
+                lease_writer,
+            ),
+            tokio::spawn(async move {
+                if listed.all_listed().await {
+                    ready_tx.send_replace(true);
+                }
+            }),
         ];
-        let tags = Self {
-            revision,
-            webhooks,
-            validators,
-            services,
-            namespaces,
-            default_tag,
-        };
         (tags, tasks)
+    }
+
+    /// Waits until every store has listed; false if a watch ended first.
+    async fn all_listed(&self) -> bool {
+        let lists = tokio::join!(
+            self.webhooks.wait_until_ready(),
+            self.validators.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+            self.pods.wait_until_ready(),
+            self.leases.wait_until_ready(),
+        );
+        matches!(lists, (Ok(()), Ok(()), Ok(()), Ok(()), Ok(()), Ok(())))
     }
 
     /// The revision the `default` tag points at, now and as it changes (istiod's leader
@@ -110,81 +169,99 @@ impl RevisionTags {
         self.default_tag.clone()
     }
 
-    /// Our revision's name and every tag pointing at it.
-    pub fn my_tags(&self) -> BTreeSet<String> {
-        let ours = |labels: &BTreeMap<String, String>| {
-            (labels.get(REVISION_LABEL).map(String::as_str) == Some(self.revision.as_str()))
-                .then(|| labels.get(TAG_LABEL).cloned())
-                .flatten()
-        };
-        let mut tags: BTreeSet<String> = (self.webhooks.state().iter())
-            .filter_map(|w| ours(w.labels()))
-            .chain(
-                self.services
-                    .state()
-                    .iter()
-                    .filter_map(|s| ours(s.labels())),
-            )
-            .collect();
-        tags.insert(self.revision.to_string());
-        tags
-    }
-
-    /// Whether an object (a Gateway API object) is this revision's to act on, as istiod's
-    /// `IsMine`: the revision or tag named on the object, else on its namespace. An object naming
-    /// none (or `default`) belongs to the revision the `default` tag points at, else to the
-    /// default revision — one owner, where istiod lets both the unrevisioned istiod and the tag's
-    /// target claim it (istio/istio issue 54280). A cluster-scoped object naming none is
-    /// everyone's, as in istiod (no namespace to ask).
-    pub fn owns(&self, labels: &BTreeMap<String, String>, namespace: &str) -> bool {
-        let selected = match labels.get(REVISION_LABEL) {
-            Some(rev) => rev.clone(),
-            None if namespace.is_empty() => return true,
-            None => self.namespace_revision(namespace),
-        };
-        match selected.is_empty() || selected == DEFAULT {
-            true => match default_tag_of(&self.webhooks) {
-                Some(target) => target == self.revision,
-                None => self.is_default_revision(),
-            },
-            false => self.my_tags().contains(&selected),
+    /// What decides who owns what, this revision counted among the running meshpilots; None
+    /// until every store has listed.
+    pub fn view(&self) -> Option<Inputs> {
+        if !*self.ready.borrow() {
+            return None;
         }
-    }
-
-    /// A digest of everything [`Self::owns`] reads: work done per owned object is redone when
-    /// it changes (a tag moved, a namespace relabelled), not only when config does.
-    pub fn fingerprint(&self) -> u64 {
-        let namespaces: BTreeMap<String, String> = (self.namespaces.state().iter())
-            .map(|ns| (ns.name_any(), self.namespace_revision(&ns.name_any())))
+        let tag = |labels: &BTreeMap<String, String>| {
+            let revision = labels.get(REVISION_LABEL).filter(|r| !r.is_empty())?;
+            Some((labels.get(TAG_LABEL)?.clone(), revision.clone()))
+        };
+        let revision_of = |labels: &BTreeMap<String, String>| {
+            labels.get(REVISION_LABEL).cloned().unwrap_or_default()
+        };
+        let mut inputs = Inputs {
+            tags: (self.webhooks.state().iter())
+                .filter_map(|w| tag(w.labels()))
+                .chain(self.services.state().iter().filter_map(|s| tag(s.labels())))
+                .collect(),
+            default_tag: (self
+                .webhooks
+                .get(&reflector::ObjectRef::new(DEFAULT_TAG_WEBHOOK)))
+            .map(|w| revision_of(w.labels())),
+            default_validator: (self
+                .validators
+                .get(&reflector::ObjectRef::new(DEFAULT_VALIDATOR)))
+            .map(|v| revision_of(v.labels())),
+            namespaces: (self.namespaces.state().iter())
+                .map(|ns| (ns.name_any(), revision_of(ns.labels())))
+                .collect(),
+            ..Default::default()
+        };
+        let held = self.held_leases();
+        inputs.meshpilots = (held.keys())
+            .filter_map(|name| meshpilot_of(name))
+            .chain([self.revision.to_string()])
             .collect();
-        let state = format!(
-            "{:?}{:?}{}{namespaces:?}",
-            self.my_tags(),
-            default_tag_of(&self.webhooks),
-            self.is_default_revision()
-        );
-        crate::text::stable_hash(&state)
-    }
-
-    fn namespace_revision(&self, namespace: &str) -> String {
-        let key = reflector::ObjectRef::new(namespace);
-        (self.namespaces.get(&key))
-            .and_then(|ns| ns.labels().get(REVISION_LABEL).cloned())
-            .unwrap_or_default()
-    }
-
-    /// Whether `istiod-default-validator` names this revision. Without one (meshpilot's own
-    /// installs render none), the `default` revision is the default, as an unrevisioned
-    /// istiod's installation would make it.
-    fn is_default_revision(&self) -> bool {
-        let key = reflector::ObjectRef::new(DEFAULT_VALIDATOR);
-        match self.validators.get(&key) {
-            Some(validator) => {
-                validator.labels().get(REVISION_LABEL).map(String::as_str)
-                    == Some(self.revision.as_str())
+        let mut istiods: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for pod in self.pods.state() {
+            let phase = (pod.status.as_ref()).and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
             }
-            None => self.revision.is_default(),
+            let revision = pod.labels().get(REVISION_LABEL).cloned();
+            let revision = revision.unwrap_or_else(|| crate::istio::revision::DEFAULT.into());
+            let why = format!("pod {}", pod.name_any());
+            istiods.entry(revision).or_default().insert(why);
         }
+        for (name, holder) in &held {
+            if let Some(revision) = name.strip_prefix(&format!("{GATEWAY_DEPLOYMENT}-")) {
+                let why = format!("Lease {name} held by {holder}");
+                istiods.entry(revision.to_string()).or_default().insert(why);
+            }
+        }
+        inputs.istiods = (istiods.into_iter())
+            .filter(|(rev, _)| !inputs.meshpilots.contains(rev))
+            .map(|(rev, why)| (rev, why.into_iter().collect::<Vec<_>>().join(", ")))
+            .collect();
+        Some(inputs)
+    }
+
+    /// The Leases whose holder is alive, by name: holder.
+    fn held_leases(&self) -> BTreeMap<String, String> {
+        let leases = self.leases.state();
+        let mut renewals = self.renewals.lock();
+        renewals.retain(|name, _| leases.iter().any(|l| l.name_any() == *name));
+        let mut held = BTreeMap::new();
+        for lease in leases {
+            let name = lease.name_any();
+            let version = lease.resource_version();
+            let seen = renewals
+                .entry(name.clone())
+                .or_insert_with(|| (version.clone(), Instant::now()));
+            if seen.0 != version {
+                *seen = (version, Instant::now());
+            }
+            let spec = lease.spec.clone().unwrap_or_default();
+            let duration = (spec.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or(ISTIOD_LEASE_DURATION, Duration::from_secs);
+            let holder = spec.holder_identity.unwrap_or_default();
+            if !holder.is_empty() && seen.1.elapsed() < duration {
+                held.insert(name, holder);
+            }
+        }
+        held
+    }
+}
+
+/// The meshpilot revision whose leader Lease this is (`meshpilot-leader[-<revision>]`).
+fn meshpilot_of(lease: &str) -> Option<String> {
+    match lease.strip_prefix(LEASE_NAME)? {
+        "" => Some(crate::istio::revision::DEFAULT.into()),
+        rest => rest.strip_prefix('-').map(str::to_string),
     }
 }
 
@@ -221,4 +298,20 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leader_leases_name_meshpilot_revisions() {
+        assert_eq!(meshpilot_of("meshpilot-leader").as_deref(), Some("default"));
+        assert_eq!(
+            meshpilot_of("meshpilot-leader-canary").as_deref(),
+            Some("canary")
+        );
+        assert_eq!(meshpilot_of("meshpilot-leaderx"), None);
+        assert_eq!(meshpilot_of("istio-gateway-deployment-default"), None);
+    }
 }

@@ -15,14 +15,18 @@ use tokio::net::TcpStream;
 
 pub mod ads;
 pub mod config_source;
+pub mod fidelity_corpus;
 pub mod gateway_certs;
 pub mod hbone;
 pub mod https;
+pub mod istiod_gateways;
+pub mod istiod_lock;
 pub mod jwt;
 pub mod nds;
 pub mod netns;
 pub mod pair;
 pub mod primary;
+pub mod recorded_istiod;
 pub mod sds;
 #[allow(unused_imports)] // each test binary uses its own subset
 pub use ads::{AdsClient, DeltaClient, Received};
