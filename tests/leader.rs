@@ -372,6 +372,14 @@ async fn a_terminated_leader_hands_over_at_once() {
         async move { (holder.as_deref() == Some("a")).then_some(()) }
     })
     .await;
+    // istiod's locks, competed for under meshpilot's own leadership: a takes every one.
+    wait_for("a holds istiod's locks", TAKEOVER_BOUND, || {
+        let held = istiod_locks(&api)
+            .iter()
+            .all(|(_, holder)| holder.as_deref() == Some("a"));
+        async move { held.then_some(()) }
+    })
+    .await;
     let b = replica(kubeconfig.path(), "b");
     ready(&b).await;
 
@@ -405,4 +413,48 @@ async fn a_terminated_leader_hands_over_at_once() {
         .position(|w| w.object["spec"]["holderIdentity"] == "b")
         .expect("b took the Lease");
     assert!(taken > released, "b took the Lease before a released it");
+    // a's shutdown gave up istiod's locks too (b, still running, never writes an empty holder).
+    for (lock, holder) in istiod_locks(&api) {
+        let released = (log.iter())
+            .any(|w| w.name == lock && lock_holder(&w.object).is_some_and(|h| h.is_empty()));
+        assert!(
+            released,
+            "a did not release {lock} (now held by {holder:?})"
+        );
+    }
+}
+
+/// istiod's locks of the default revision (pilot/pkg/leaderelection/leaderelection.go) with
+/// their holders: ConfigMaps keep client-go's record in an annotation, Leases in their spec.
+fn istiod_locks(api: &TestApiServer) -> Vec<(&'static str, Option<String>)> {
+    let config_maps = [
+        "istio-namespace-controller-election",
+        "istio-ip-autoallocate",
+    ];
+    let leases = [
+        "istio-gateway-deployment-default",
+        "istio-gateway-status-leader-default",
+    ];
+    let of_maps = config_maps.map(|name| {
+        let object = api.get("ConfigMap", "istio-system", name);
+        (name, object.as_ref().and_then(lock_holder))
+    });
+    let of_leases = leases.map(|name| {
+        let object = api.get("Lease", "istio-system", name);
+        (name, object.as_ref().and_then(lock_holder))
+    });
+    of_maps.into_iter().chain(of_leases).collect()
+}
+
+/// A lock object's holder identity: the ConfigMap annotation's record or the Lease's spec.
+fn lock_holder(object: &Value) -> Option<String> {
+    let annotation = &object["metadata"]["annotations"]["control-plane.alpha.kubernetes.io/leader"];
+    let record: Value = match annotation.as_str() {
+        Some(text) => serde_json::from_str(text).ok()?,
+        None => object["spec"].clone(),
+    };
+    record["holderIdentity"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| record.is_object().then(String::new))
 }

@@ -18,7 +18,7 @@ use self::inputs::Inputs;
 use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::kube_client::RemoteClients;
-use crate::leader::Leader;
+use crate::leader::{HeldLocks, Leader};
 use crate::listen::BindError;
 use crate::metrics::Metrics;
 use crate::model::ClusterId;
@@ -92,6 +92,8 @@ pub struct Running {
     inputs: Inputs,
     /// With a Kubernetes config cluster: the election deciding who does the one-replica work.
     leader: Option<Leader>,
+    /// istiod's locks competed for under that leadership, released at shutdown.
+    held_locks: HeldLocks,
 }
 
 impl Running {
@@ -130,6 +132,13 @@ impl Running {
             if flushed.is_err() {
                 warn!("remote cluster snapshots not written within {SHUTDOWN_STEP:?}");
             }
+        }
+        // istiod's locks first: whoever takes them next does not wait for them to expire.
+        if tokio::time::timeout(SHUTDOWN_STEP, self.held_locks.release_all())
+            .await
+            .is_err()
+        {
+            warn!("istiod's locks not released within {SHUTDOWN_STEP:?}");
         }
         if let Some(leader) = self.leader.take() {
             if tokio::time::timeout(SHUTDOWN_STEP, leader.release())
@@ -191,13 +200,14 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         &mut supervisor,
     )
     .await?;
+    let held_locks = HeldLocks::default();
     trust::leader_work(
         &args,
         config_cluster,
         leader.as_ref(),
         &ca,
         aggregate,
-        &mut supervisor,
+        (&held_locks, &mut supervisor),
     );
     let webhook_addr = serving::webhook(&args, aggregate, serving_cert, &mut supervisor).await?;
     let http_addr =
@@ -216,5 +226,6 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         drain_duration: args.drain_duration,
         inputs,
         leader,
+        held_locks,
     })
 }

@@ -12,7 +12,7 @@ use crate::aggregate::Aggregate;
 use crate::config::DiscoveryArgs;
 use crate::install::gateway_deployment;
 use crate::kube_client::ClusterClients;
-use crate::leader::{self, Leader, LeaderConfig, LockKind};
+use crate::leader::{self, HeldLocks, Leader, LeaderConfig, LockKind};
 use crate::metrics::Metrics;
 use crate::model::ClusterId;
 use crate::security::authn::Authenticator;
@@ -177,7 +177,7 @@ pub(super) fn leader_work(
     leader: Option<&Leader>,
     ca: &SharedCa,
     aggregate: &Arc<Aggregate>,
-    supervisor: &mut Supervisor,
+    (held, supervisor): (&HeldLocks, &mut Supervisor),
 ) {
     let (Some(c), Some(leader)) = (config_cluster, leader) else {
         return;
@@ -198,6 +198,7 @@ pub(super) fn leader_work(
         mesh.snapshot().config.mesh().clone(),
     );
     let args = args.clone();
+    let held = held.clone();
     supervisor.adopt(
         "leader work",
         leader::run_while_leading(leader.leading(), move || {
@@ -234,7 +235,7 @@ pub(super) fn leader_work(
                 }
             };
             let lock = cluster_wide(leader::NAMESPACE_CONTROLLER);
-            work.push(leader::while_holding(client.clone(), lock, publish));
+            work.push(leader::while_holding(client.clone(), lock, &held, publish));
             let allocate = {
                 let (client, id, mesh) = (client.clone(), id.clone(), mesh.clone());
                 move || {
@@ -246,7 +247,7 @@ pub(super) fn leader_work(
                 }
             };
             let lock = cluster_wide(leader::IP_AUTOALLOCATE);
-            work.push(leader::while_holding(client.clone(), lock, allocate));
+            work.push(leader::while_holding(client.clone(), lock, &held, allocate));
             let status = {
                 let (client, id, mesh, tags) =
                     (client.clone(), id.clone(), mesh.clone(), tags.clone());
@@ -263,7 +264,7 @@ pub(super) fn leader_work(
                 }
             };
             let lock = per_revision(leader::GATEWAY_STATUS);
-            work.push(leader::while_holding(client.clone(), lock, status));
+            work.push(leader::while_holding(client.clone(), lock, &held, status));
             let deploy = {
                 let (client, id, mesh, tags) =
                     (client.clone(), id.clone(), mesh.clone(), tags.clone());
@@ -280,7 +281,7 @@ pub(super) fn leader_work(
                 }
             };
             let lock = per_revision(leader::GATEWAY_DEPLOYMENT);
-            work.push(leader::while_holding(client.clone(), lock, deploy));
+            work.push(leader::while_holding(client.clone(), lock, &held, deploy));
             work
         }),
     );

@@ -9,7 +9,12 @@
 
 mod lock;
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use kube::{Api, Client};
 use thiserror::Error;
@@ -150,7 +155,7 @@ impl Leader {
     pub async fn release(self) {
         self.task.abort();
         if let Err(e) = self.lease.release().await {
-            warn!(error = %e, "could not release the leader Lease");
+            warn!(lock = %self.lease.config.name, error = %e, "could not release the lock");
         }
     }
 }
@@ -333,17 +338,65 @@ where
 
 /// Work that also needs one of istiod's locks, for use inside leader work: the lock is competed
 /// for while the returned task runs and the work runs while it is held; aborting the task stops
-/// both (the lock then expires unless renewed by someone else).
-pub fn while_holding<F>(client: Client, config: LeaderConfig, start: F) -> JoinHandle<()>
+/// both (the lock then expires unless renewed by someone else). While it runs, the election is
+/// in `held`, so a shutdown releases the lock at once rather than leaving it to expire.
+pub fn while_holding<F>(
+    client: Client,
+    config: LeaderConfig,
+    held: &HeldLocks,
+    start: F,
+) -> JoinHandle<()>
 where
     F: Fn() -> Vec<JoinHandle<()>> + Send + 'static,
 {
+    let held = held.clone();
     tokio::spawn(async move {
         let election = Leader::start(client, config);
         let _work = Tasks(vec![run_while_leading(election.leading(), start)]);
-        let _election = election;
+        let _registered = held.add(election);
         std::future::pending::<()>().await;
     })
+}
+
+/// The locks of istiod's that this replica competes for (under its own leadership): what a
+/// shutdown hands over at once, as istiod's `ReleaseOnCancel` does.
+#[derive(Clone, Default)]
+pub struct HeldLocks {
+    elections: Arc<Mutex<BTreeMap<u64, Leader>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl HeldLocks {
+    /// Keeps `election` until the returned guard is dropped (which stops it).
+    fn add(&self, election: Leader) -> Registered {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.elections.lock().insert(id, election);
+        Registered {
+            held: self.clone(),
+            id,
+        }
+    }
+
+    /// Stops competing for every lock and releases those this replica holds.
+    pub async fn release_all(&self) {
+        let elections = std::mem::take(&mut *self.elections.lock());
+        for election in elections.into_values() {
+            election.release().await;
+        }
+    }
+}
+
+/// An election kept in [`HeldLocks`] while its work runs.
+struct Registered {
+    held: HeldLocks,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // Dropping the election stops competing; the lock expires unless renewed by another.
+        self.held.elections.lock().remove(&self.id);
+    }
 }
 
 /// Tasks aborted when dropped, so aborting the supervisor stops its work as well.
