@@ -179,6 +179,12 @@ impl Aggregate {
         for cluster in self.clusters() {
             cluster.resync();
         }
+        self.refresh_gateways();
+    }
+
+    /// Re-derives the gateways (from MeshNetworks, their resolved names and the Services labelled
+    /// as gateways) and pushes every service's endpoints when they moved.
+    pub fn refresh_gateways(&self) {
         let gateways_moved = self.mesh.write(|mesh| {
             mesh.refresh_gateways()
                 .then(|| mesh.endpoints.hostnames().cloned().collect())

@@ -17,11 +17,12 @@ use crate::model::{Change, ClusterId, Mesh, Provider, ShardKey};
 use crate::sources::allocated::AllocatedFile;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileWatch};
+use crate::sources::gateway_names;
 use crate::sources::kube::{self as kube_source, KubeWatch};
-use crate::sources::kube_config::{self, ConfigScope, KubeConfigWatch};
+use crate::sources::kube_config::{self, ConfigScope, KubeConfigWatch, MeshConfigMapKeys};
 use crate::sources::mcp::{self, NodeIdentity, SourceStatuses};
 use crate::sources::mesh_config::{self, MeshConfigWatch};
-use crate::sources::networks::{self, NetworksWatch};
+use crate::sources::networks::{self, NetworksSink, NetworksWatch};
 use crate::sources::remote::{RemoteController, RemoteOptions, StaleSnapshots};
 use crate::sources::snapshots::SnapshotStore;
 use crate::supervise::{Health, Supervisor};
@@ -32,7 +33,9 @@ pub(super) struct Inputs {
     pub(super) aggregate: Arc<Aggregate>,
     pub(super) config_cluster: Option<ConfigCluster>,
     mesh_config_watch: Option<MeshConfigWatch>,
-    networks_watch: Option<NetworksWatch>,
+    /// Where MeshNetworks take effect, from `--mesh-networks` or the mesh ConfigMap.
+    networks: NetworksSink,
+    _networks_watch: Option<NetworksWatch>,
     _file_watch: Option<FileWatch>,
     _config_files_watch: Option<ConfigFilesWatch>,
     /// The MCP sources' states.
@@ -105,6 +108,15 @@ pub(super) async fn start(
     };
     let from_cluster =
         sources.is_empty() || !named(|t| *t == SourceAddress::ConfigCluster).is_empty();
+    let (networks, gateway_names) = NetworksSink::new(aggregate.clone());
+    supervisor.spawn(
+        "gateway names",
+        gateway_names::resolve(aggregate.clone(), gateway_names),
+    );
+    let networks_watch = match &args.mesh_networks {
+        Some(path) => Some(networks::watch(path, networks.clone())?),
+        None => None,
+    };
     let config_cluster = match (&args.kubeconfig, args.in_cluster) {
         (None, false) if !sources.is_empty() && from_cluster => {
             return Err(StartError::ConfigSource(
@@ -113,8 +125,12 @@ pub(super) async fn start(
         }
         (None, false) => None,
         (path, _) => {
-            let cluster =
-                config_cluster(args, path.as_deref(), &aggregate, metrics, from_cluster).await?;
+            let mesh_keys = MeshConfigMapKeys {
+                mesh: args.mesh_config.is_none(),
+                networks: args.mesh_networks.is_none().then(|| networks.clone()),
+            };
+            let inputs = (&aggregate, metrics, mesh_keys);
+            let cluster = config_cluster(args, path.as_deref(), inputs, from_cluster).await?;
             Some(cluster.supervised(supervisor))
         }
     };
@@ -126,10 +142,6 @@ pub(super) async fn start(
     for client in clients {
         supervisor.spawn("config source (MCP)", client);
     }
-    let networks_watch = match &args.mesh_networks {
-        Some(path) => Some(networks::watch(path, aggregate.clone())?),
-        None => None,
-    };
     let file_watch = match &args.config_dir {
         Some(dir) => Some(FileClusters::load(dir, aggregate.clone())?.watch()?),
         None => None,
@@ -157,7 +169,8 @@ pub(super) async fn start(
         aggregate,
         config_cluster,
         mesh_config_watch,
-        networks_watch,
+        networks,
+        _networks_watch: networks_watch,
         _file_watch: file_watch,
         _config_files_watch: config_files_watch,
         config_sources,
@@ -192,12 +205,9 @@ impl Inputs {
         })
     }
 
-    /// Where the last error reading `--mesh-networks` is kept.
+    /// Where the last error reading MeshNetworks (file or ConfigMap) is kept.
     pub(super) fn networks_error(&self) -> Arc<parking_lot::Mutex<Option<String>>> {
-        self.networks_watch
-            .as_ref()
-            .map(|w| w.last_error.clone())
-            .unwrap_or_default()
+        self.networks.last_error.clone()
     }
 
     /// Where the last error reading the mesh config (file or ConfigMap) is kept.
@@ -227,8 +237,7 @@ impl ConfigCluster {
 async fn config_cluster(
     args: &DiscoveryArgs,
     kubeconfig: Option<&std::path::Path>,
-    aggregate: &Arc<Aggregate>,
-    metrics: &Metrics,
+    (aggregate, metrics, mesh_keys): (&Arc<Aggregate>, &Metrics, MeshConfigMapKeys),
     istio_config: bool,
 ) -> Result<ConfigCluster, StartError> {
     let client = kube_source::client(kubeconfig).await?;
@@ -255,7 +264,7 @@ async fn config_cluster(
         client.clone(),
         scope,
         aggregate.clone(),
-        args.mesh_config.is_none(),
+        mesh_keys,
         istio_config,
     );
     let options = RemoteOptions {

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use super::rbac::control_plane_account;
 use super::{labels, meta, meta_labelled, Values};
-use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
+use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY, MESH_NETWORKS_KEY};
 use crate::istio::revision::REVISION_LABEL;
 
 /// What selects the revision's pods (Deployment, PodDisruptionBudget, Service): `istio=pilot` for
@@ -61,7 +61,7 @@ pub fn name(values: &Values) -> String {
 }
 
 /// The `istio` ConfigMap: mesh config with the trust domain, root namespace, the proxies'
-/// discovery address and the mesh settings given (`meshConfig.*`).
+/// discovery address and the mesh settings given (`meshConfig.*`), and MeshNetworks.
 pub fn mesh_config(values: &Values) -> Result<ConfigMap, serde_yaml_ng::Error> {
     let mut mesh = json!({
         "trustDomain": values.trust_domain,
@@ -77,10 +77,11 @@ pub fn mesh_config(values: &Values) -> Result<ConfigMap, serde_yaml_ng::Error> {
             Some(&values.namespace),
             labels(&[(REVISION_LABEL, values.revision.as_str())]),
         ),
-        data: Some(BTreeMap::from([(
-            MESH_KEY.to_string(),
-            serde_yaml_ng::to_string(&mesh)?,
-        )])),
+        // MeshNetworks go beside the mesh config, empty until edited, as Istio's chart renders it.
+        data: Some(BTreeMap::from([
+            (MESH_KEY.to_string(), serde_yaml_ng::to_string(&mesh)?),
+            (MESH_NETWORKS_KEY.to_string(), "networks: {}\n".to_string()),
+        ])),
         ..Default::default()
     })
 }

@@ -13,6 +13,8 @@ use super::validate::{self, ensure, Result, ValidationError};
 /// The ConfigMap in the system namespace that carries the mesh config, and its key.
 pub const MESH_CONFIGMAP: &str = "istio";
 pub const MESH_KEY: &str = "mesh";
+/// The mesh ConfigMap's key holding MeshNetworks (istio/istio pkg/config/mesh/kubemesh).
+pub const MESH_NETWORKS_KEY: &str = "meshNetworks";
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]

@@ -50,6 +50,7 @@ pub use service_entry::{ServiceEntry, WorkloadEntry, WorkloadGroup};
 pub use sidecar::Sidecar;
 pub use telemetry::Telemetry;
 pub use validate::ValidationError;
+pub use validate::{is_dns1123_label, is_fqdn};
 pub use virtual_service::VirtualService;
 pub use wasm_plugin::WasmPlugin;
 

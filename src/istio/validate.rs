@@ -61,6 +61,13 @@ pub fn is_dns1123_label(label: &str) -> bool {
         && !label.ends_with('-')
 }
 
+/// A DNS name as istiod's `ValidateFQDN`: DNS-1123 labels (a trailing dot allowed), at most 255
+/// characters.
+pub fn is_fqdn(name: &str) -> bool {
+    let labels = name.strip_suffix('.').unwrap_or(name);
+    !labels.is_empty() && name.len() <= 255 && labels.split('.').all(is_dns1123_label)
+}
+
 /// Istio's host rule: a FQDN or a short name of DNS-1123 labels, optionally prefixed by a single `*`
 /// (a wildcard: `*` alone, or `*.` followed by labels); at most 255 characters.
 pub fn host(field: &str, host: &str) -> Result {

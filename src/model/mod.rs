@@ -33,8 +33,8 @@ pub use endpoint::{Endpoint, Health, Labels, Locality, TlsMode};
 pub use envoy_filters::envoy_filter;
 pub use jwks::{JwksEntry, JwksTable};
 pub use networks::{
-    Gateway, Gateways, MeshNetworks, NetworksError, DEFAULT_GATEWAY_PORT, LABEL_GATEWAY_PORT,
-    LABEL_NETWORK,
+    Gateway, GatewayNames, Gateways, MeshNetworks, NetworksError, DEFAULT_GATEWAY_PORT,
+    LABEL_GATEWAY_PORT, LABEL_NETWORK,
 };
 pub use proxy_configs::{AppliedProxyConfigs, ProxyConfigs};
 pub use routing::{host_match, BoundGateway, HostRoutes};
@@ -128,6 +128,8 @@ pub struct MeshSnapshot {
     pub services: ServiceTable,
     pub endpoints: EndpointIndex,
     pub networks: Arc<MeshNetworks>,
+    /// What the DNS names among MeshNetworks' gateway addresses resolved to.
+    pub gateway_names: Arc<GatewayNames>,
     pub gateways: Arc<Gateways>,
     /// Bumped whenever the gateway set changes; keys cached EDS.
     pub gateways_version: u64,
@@ -155,6 +157,7 @@ impl Default for MeshSnapshot {
             services: ServiceTable::default(),
             endpoints: EndpointIndex::default(),
             networks: Arc::default(),
+            gateway_names: Arc::default(),
             gateways: Arc::default(),
             gateways_version: 0,
             pods_version: 0,
@@ -177,6 +180,16 @@ impl MeshSnapshot {
         true
     }
 
+    /// Replaces what gateways' DNS names resolve to; returns whether it differs. Callers re-derive
+    /// the gateways.
+    pub fn set_gateway_names(&mut self, names: GatewayNames) -> bool {
+        if *self.gateway_names == names {
+            return false;
+        }
+        self.gateway_names = Arc::new(names);
+        true
+    }
+
     /// Rebuilds the gateway set from MeshNetworks and the Services labelled as gateways; returns
     /// whether it changed.
     pub fn refresh_gateways(&mut self) -> bool {
@@ -193,7 +206,7 @@ impl MeshSnapshot {
         let candidates = self.services.definitions(|s| {
             s.labels.contains_key(LABEL_NETWORK) || registry_names.contains(&&*s.hostname)
         });
-        let next = Gateways::build(&self.networks, &candidates);
+        let next = Gateways::build(&self.networks, &self.gateway_names, &candidates);
         if *self.gateways == next {
             return false;
         }

@@ -1,6 +1,7 @@
 //! Istio config from the config cluster's API server: a kube-runtime watcher per kind (the first of
 //! its versions the cluster serves), relists reconciled without a gap, every object validated as the
-//! file source does; and the mesh config from the `istio` ConfigMap of the system namespace.
+//! file source does; and the mesh config and MeshNetworks from the `istio` ConfigMap of the
+//! system namespace.
 //! Objects of namespaces the cluster's discoverySelectors leave out are not read (istiod's
 //! `ENABLE_ENHANCED_RESOURCE_SCOPING`, on by default): each kind starts once the discovered
 //! namespaces are known and relists when they change.
@@ -14,7 +15,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -22,13 +22,14 @@ use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use super::discovery::scoped_watch;
+use super::networks::NetworksSink;
 use crate::aggregate::Aggregate;
-use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY};
+use crate::istio::mesh::{MESH_CONFIGMAP, MESH_KEY, MESH_NETWORKS_KEY};
 use crate::istio::{
     ConfigError, ConfigKey, ConfigKind, ConfigObject, MeshConfig, Origin, Revision,
 };
 use crate::kube_client::retried;
-use crate::model::{ClusterId, ConfigChange, ConfigSource, Refusal};
+use crate::model::{ClusterId, ConfigChange, ConfigSource, MeshNetworks, Refusal};
 use crate::registry::DiscoveredNamespaces;
 use crate::supervise::{OwnedTasks, Supervisor};
 
@@ -66,13 +67,13 @@ pub struct ConfigScope {
     pub system_namespace: String,
 }
 
-/// Starts watching every Istio kind, and (without `--mesh-config`) the revision's mesh ConfigMap
-/// (`istio`, `istio-<revision>`).
+/// Starts watching every Istio kind, and the revision's mesh ConfigMap (`istio`,
+/// `istio-<revision>`) for the keys no file gives.
 pub fn watch(
     client: Client,
     scope: ConfigScope,
     aggregate: Arc<Aggregate>,
-    watch_mesh_config: bool,
+    mesh_keys: MeshConfigMapKeys,
     istio_config: bool,
 ) -> KubeConfigWatch {
     let ConfigScope {
@@ -101,13 +102,15 @@ pub fn watch(
         })
         .collect();
     let mesh_error: Arc<Mutex<Option<String>>> = Arc::default();
-    if watch_mesh_config {
-        tasks.push(tokio::spawn(watch_mesh(
-            client,
-            (system_namespace, revision.suffixed(MESH_CONFIGMAP)),
+    if mesh_keys.any() {
+        let map = MeshConfigMap {
+            namespace: system_namespace,
+            name: revision.suffixed(MESH_CONFIGMAP),
             aggregate,
-            mesh_error.clone(),
-        )));
+            keys: mesh_keys,
+            mesh_error: mesh_error.clone(),
+        };
+        tasks.push(tokio::spawn(map.watch(client)));
     }
     let mut owned = OwnedTasks::default();
     for task in tasks {
@@ -315,45 +318,79 @@ fn key_of(kind: ConfigKind, object: &DynamicObject) -> Option<ConfigKey> {
     })
 }
 
-/// The revision's mesh ConfigMap's `mesh` key, as istiod reads it when no mesh config file is
-/// mounted (`istio`, `istio-<revision>`: istio/istio pilot/pkg/bootstrap/mesh.go).
-async fn watch_mesh(
-    client: Client,
-    (namespace, name): (String, String),
+/// What the revision's mesh ConfigMap (`istio`, `istio-<revision>`) is read for, as istiod reads
+/// it when no file is mounted (pilot/pkg/bootstrap/mesh.go `getConfigurationSources`): its
+/// `mesh` key unless `--mesh-config` is given, its `meshNetworks` key unless `--mesh-networks`
+/// is — each independently of the other.
+pub struct MeshConfigMapKeys {
+    pub mesh: bool,
+    pub networks: Option<NetworksSink>,
+}
+
+impl MeshConfigMapKeys {
+    fn any(&self) -> bool {
+        self.mesh || self.networks.is_some()
+    }
+}
+
+/// Reads the revision's mesh ConfigMap on every change, its deletion included.
+struct MeshConfigMap {
+    namespace: String,
+    name: String,
     aggregate: Arc<Aggregate>,
-    last_error: Arc<Mutex<Option<String>>>,
-) {
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let defaults = aggregate.mesh().naming.mesh_defaults();
-    let mut maps = retried(watcher::watcher(api, config))
-        .applied_objects()
-        .boxed();
-    while let Some(map) = maps.next().await {
-        let map = match map {
-            Ok(map) => map,
-            Err(e) => {
-                warn!(error = %e, "mesh ConfigMap watch error");
-                continue;
+    keys: MeshConfigMapKeys,
+    mesh_error: Arc<Mutex<Option<String>>>,
+}
+
+impl MeshConfigMap {
+    async fn watch(self, client: Client) {
+        let api: Api<ConfigMap> = Api::namespaced(client, &self.namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let mut events = retried(watcher::watcher(api, config)).boxed();
+        // A relist's answer: the ConfigMap, or None when it is gone.
+        let mut listed: Option<ConfigMap> = None;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => listed = None,
+                Ok(Event::InitApply(map)) => listed = Some(map),
+                Ok(Event::InitDone) => self.read(listed.take().as_ref()),
+                Ok(Event::Apply(map)) => self.read(Some(&map)),
+                Ok(Event::Delete(_)) => self.read(None),
+                Err(e) => warn!(error = %e, configmap = %self.name, "mesh ConfigMap watch error"),
             }
-        };
-        let text = map
-            .data
-            .as_ref()
-            .and_then(|d| d.get(MESH_KEY))
-            .cloned()
-            .unwrap_or_default();
-        match MeshConfig::parse(&text, &defaults) {
-            Ok(mesh) => {
-                *last_error.lock() = None;
-                if aggregate.set_mesh_config(mesh) {
-                    info!(namespace, configmap = name, "mesh config changed");
+        }
+    }
+
+    /// Applies each key read; a refused one keeps what is in force and is reported.
+    fn read(&self, map: Option<&ConfigMap>) {
+        let (namespace, name) = (&self.namespace, &self.name);
+        let value = |key: &str| map.and_then(|m| m.data.as_ref()).and_then(|d| d.get(key));
+        if self.keys.mesh {
+            let defaults = self.aggregate.mesh().naming.mesh_defaults();
+            let text = value(MESH_KEY).map(String::as_str).unwrap_or_default();
+            match MeshConfig::parse(text, &defaults) {
+                Ok(mesh) => {
+                    *self.mesh_error.lock() = None;
+                    if self.aggregate.set_mesh_config(mesh) {
+                        info!(namespace, configmap = name, "mesh config changed");
+                    }
+                }
+                Err(e) => {
+                    let message = format!("ConfigMap {namespace}/{name}, key {MESH_KEY}: {e}");
+                    error!(error = %message, "mesh config refused; keeping the last good one");
+                    *self.mesh_error.lock() = Some(message);
                 }
             }
-            Err(e) => {
-                let message = format!("ConfigMap {namespace}/{name}, key {MESH_KEY}: {e}");
-                error!(error = %message, "mesh config refused; keeping the last good one");
-                *last_error.lock() = Some(message);
+        }
+        if let Some(sink) = &self.keys.networks {
+            let origin = format!("ConfigMap {namespace}/{name}, key {MESH_NETWORKS_KEY}");
+            // No ConfigMap or no key means no networks, as istiod's `NewNetworksCollection`.
+            let text = value(MESH_NETWORKS_KEY)
+                .map(String::as_str)
+                .unwrap_or_default();
+            match MeshNetworks::parse(text) {
+                Ok(networks) => sink.accept(networks, &origin),
+                Err(e) => sink.refuse(format!("{origin}: {e}")),
             }
         }
     }

@@ -7,6 +7,7 @@ pub mod auto_registration;
 pub mod config_files;
 pub mod discovery;
 pub mod file;
+pub mod gateway_names;
 pub mod gateway_owners;
 pub mod gateway_status;
 mod holders;
