@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use thiserror::Error;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::istio::label_selector::LabelSelector;
 use crate::istio::{ConfigKey, ConfigKind, MeshConfig};
@@ -255,6 +255,7 @@ impl Aggregate {
 
     /// Replaces the mesh config; a change is a full push. Returns whether it changed.
     pub fn set_mesh_config(&self, mesh_config: MeshConfig) -> bool {
+        let notes = mesh_config.not_applied.clone();
         let selectors = mesh_config.discovery_selectors.clone();
         self.discovery_selectors.send_if_modified(|current| {
             let changed = *current != selectors;
@@ -270,6 +271,9 @@ impl Aggregate {
             changed
         });
         if changed {
+            for note in &notes {
+                warn!("mesh config field {}: {}", note.field, note.why);
+            }
             self.emit(Change::full());
         }
         changed

@@ -92,6 +92,7 @@ pub(super) fn mesh(state: &DebugContext) -> Value {
     let snapshot = state.aggregate.mesh().snapshot();
     serde_json::json!({
         "meshConfig": **snapshot.config.mesh(),
+        "notApplied": snapshot.config.mesh().not_applied,
         "clusterLocalHosts": snapshot.config.cluster_local_hosts().hosts(),
         "last_error": *state.mesh_config_error.lock(),
     })

@@ -48,9 +48,9 @@ pub const BUILT_IN_PROMETHEUS: &str = "prometheus";
 
 /// `zipkin`, `opentelemetry`, `datadog` or `skywalking`: where spans go, a service of the mesh
 /// (`[<namespace>/]<host>`). Fields of these providers meshpilot does not build (headers, timeouts,
-/// an HTTP exporter, resource detectors, samplers, access tokens) are refused, not dropped.
+/// an HTTP exporter, resource detectors, samplers, access tokens) are reported as not applied.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+#[serde(rename_all = "camelCase", default)]
 pub struct TracingService {
     pub service: String,
     pub port: u32,
@@ -63,7 +63,7 @@ pub struct TracingService {
 
 /// `envoyOtelAls`: access logs over OpenTelemetry's log service, to a service of the mesh.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+#[serde(rename_all = "camelCase", default)]
 pub struct OtelAccessLogService {
     pub service: String,
     pub port: u32,
@@ -73,7 +73,7 @@ pub struct OtelAccessLogService {
 
 /// `envoyHttpAls` / `envoyTcpAls`: Envoy's gRPC access log service.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+#[serde(rename_all = "camelCase", default)]
 pub struct GrpcAccessLogService {
     pub service: String,
     pub port: u32,
@@ -86,7 +86,7 @@ pub struct GrpcAccessLogService {
 
 /// `envoyFileAccessLog`: Envoy's file access log.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+#[serde(rename_all = "camelCase", default)]
 pub struct FileAccessLog {
     /// Empty: /dev/stdout.
     pub path: String,
@@ -95,7 +95,7 @@ pub struct FileAccessLog {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct LogFormat {
     pub text: String,
     /// JSON keys and their command operators.

@@ -202,28 +202,29 @@ fn walk(
     Ok(())
 }
 
+/// The known name `name` most likely misspells: at most two edits away, case aside.
+pub fn closest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    let name = name.to_ascii_lowercase();
+    known
+        .iter()
+        .filter(|k| !k.starts_with(['[', '{']))
+        .map(|k| {
+            (
+                strsim::damerau_levenshtein(&name, &k.to_ascii_lowercase()),
+                *k,
+            )
+        })
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
 fn unknown_field(steps: &[Step], known: &[&str]) -> ValidationError {
     let message = match steps.last() {
-        Some(Step::Key(name)) => {
-            let guess = known
-                .iter()
-                .filter(|k| !k.starts_with(['[', '{']))
-                .map(|k| {
-                    (
-                        strsim::damerau_levenshtein(
-                            &name.to_ascii_lowercase(),
-                            &k.to_ascii_lowercase(),
-                        ),
-                        k,
-                    )
-                })
-                .filter(|(distance, _)| *distance <= 2)
-                .min();
-            match guess {
-                Some((_, k)) => format!("unknown field {} (did you mean {k}?)", Quoted(name)),
-                None => format!("unknown field {}", Quoted(name)),
-            }
-        }
+        Some(Step::Key(name)) => match closest(name, known) {
+            Some(k) => format!("unknown field {} (did you mean {k}?)", Quoted(name)),
+            None => format!("unknown field {}", Quoted(name)),
+        },
         _ => "a list where the schema has none".to_string(),
     };
     ValidationError::at(display(steps), message)

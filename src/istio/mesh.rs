@@ -7,6 +7,7 @@ use super::destination_rule::{ClientTls, LocalityLbSetting, TlsMode};
 use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
 use super::label_selector::LabelSelector;
+use super::mesh_fields::{self, FieldNote};
 use super::service_settings::ServiceSettings;
 use super::validate::{self, ensure, Result, ValidationError};
 
@@ -58,6 +59,9 @@ pub struct MeshConfig {
     /// Hosts whose endpoints reach only their own cluster's proxies (`clusterLocal`), beyond
     /// istiod's defaults, or taken back from them.
     pub service_settings: Vec<ServiceSettings>,
+    /// What of the mesh config as given meshpilot does not apply, by field.
+    #[serde(skip)]
+    pub not_applied: Vec<FieldNote>,
 }
 
 /// One of `configSources`: an address and, for `xds://`, how to reach it.
@@ -237,6 +241,7 @@ impl Default for MeshConfig {
             config_sources: Vec::new(),
             discovery_selectors: Vec::new(),
             service_settings: Vec::new(),
+            not_applied: Vec::new(),
         }
     }
 }
@@ -309,13 +314,17 @@ impl MeshConfig {
         };
         let given = |field: &str| value.get(field).is_some();
         let (root_given, trust_given) = (given("rootNamespace"), given("trustDomain"));
-        let mut mesh: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+        let mut unread = Vec::new();
+        let mut note = |path: serde_ignored::Path| unread.push(super::steps(&path));
+        let ignoring = serde_ignored::Deserializer::new(value.clone(), &mut note);
+        let mut mesh: Self = serde_path_to_error::deserialize(ignoring).map_err(|e| {
             let path = e.path().to_string();
             ValidationError::at(
                 crate::text::clip(&path),
                 crate::text::clip(&e.into_inner().to_string()),
             )
         })?;
+        mesh.not_applied = mesh_fields::notes(&value, &unread);
         if !root_given {
             mesh.root_namespace = defaults.root_namespace.clone();
         }

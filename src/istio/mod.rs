@@ -13,6 +13,7 @@ pub mod gateway_api;
 pub mod label_selector;
 pub mod mcp;
 pub mod mesh;
+pub mod mesh_fields;
 pub mod proxy_config;
 pub mod revision;
 pub mod security;
@@ -592,7 +593,7 @@ fn typed<T: DeserializeOwned>(
 }
 
 /// The steps from the spec to an ignored field.
-fn steps(path: &serde_ignored::Path) -> Vec<fields::Step> {
+pub(super) fn steps(path: &serde_ignored::Path) -> Vec<fields::Step> {
     use serde_ignored::Path;
     let (parent, step) = match path {
         Path::Root => return Vec::new(),
