@@ -406,7 +406,8 @@ impl TestApiServer {
         *self.running.lock() = Some(self.serve(listener));
     }
 
-    /// How many requests of a kind were made: `list:<plural>`, `watch:<plural>` (and
+    /// How many requests of a kind were made: `list:<plural>` for unselected lists,
+    /// `list:<plural>?<labelSelector>` for selected ones, `watch:<plural>` (and
     /// `watch:<plural>?<labelSelector>` for a selected watch), `tokenreview`, ….
     pub fn request_count(&self, what: &str) -> u64 {
         self.shared.requests.lock().get(what).copied().unwrap_or(0)
@@ -654,7 +655,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                         count(&shared, format!("watch:{}?{selector}", target.kind.plural));
                     }
                 }
-                false => count(&shared, format!("list:{}", target.kind.plural)),
+                false => match query.get("labelSelector") {
+                    Some(selector) => {
+                        count(&shared, format!("list:{}?{selector}", target.kind.plural))
+                    }
+                    None => count(&shared, format!("list:{}", target.kind.plural)),
+                },
             }
             if shared.failing.load(Ordering::SeqCst) {
                 return status_error(
