@@ -58,8 +58,8 @@ async fn compared(xds: SocketAddr, proxy: &Path, accepted: &Accepted) -> Found {
 /// lines its differences needed, marked in `used`.
 async fn scenario(name: &str, accepted: &Accepted, used: &mut [bool], report: &mut String) {
     let dir = fixture(name);
-    let (_api, _work, mp) = serving(name).await;
-    let xds = SocketAddr::from(([127, 0, 0, 1], mp.xds_addr.port()));
+    let served = serving(name).await;
+    let xds = SocketAddr::from(([127, 0, 0, 1], served.mp.xds_addr.port()));
     let mut proxies = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let proxy = entry.unwrap().path();
@@ -192,12 +192,12 @@ fn paths(report: &Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_accepted_list_explains_does_not_hide_other_changes() {
     // A gateway's TLS listener without its TLS inspector (it routes by SNI).
-    let (_api, _work, mp) = serving("ingress-gateway").await;
+    let served = serving("ingress-gateway").await;
     let proxy = "istio-ingressgateway-46fc5";
     let dump = edited_dump("ingress-gateway", proxy, "lds.json", "0.0.0.0_8443", |l| {
         l.as_object_mut().unwrap().remove("listener_filters");
     });
-    let report = reported(dump.path(), &mp).await;
+    let report = reported(dump.path(), &served.mp).await;
     let found = paths(&report);
     assert!(
         found
@@ -207,7 +207,7 @@ async fn what_the_accepted_list_explains_does_not_hide_other_changes() {
     );
 
     // An inbound mTLS chain at TLS 1.3 only.
-    let (_api, _work, mp) = serving("security").await;
+    let served = serving("security").await;
     let dump = edited_dump(
         "security",
         "ledger-v1-7a178",
@@ -223,7 +223,7 @@ async fn what_the_accepted_list_explains_does_not_hide_other_changes() {
                 json!({"tls_minimum_protocol_version": "TLSv1_3"});
         },
     );
-    let found = paths(&reported(dump.path(), &mp).await);
+    let found = paths(&reported(dump.path(), &served.mp).await);
     assert!(
         found
             .iter()
@@ -232,7 +232,7 @@ async fn what_the_accepted_list_explains_does_not_hide_other_changes() {
     );
 
     // Another panic threshold for an outlier-detecting cluster.
-    let (_api, _work, mp) = serving("locality-outlier").await;
+    let served = serving("locality-outlier").await;
     let proxy = std::fs::read_dir(fixture("locality-outlier"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -258,7 +258,7 @@ async fn what_the_accepted_list_explains_does_not_hide_other_changes() {
     let dump = edited_dump("locality-outlier", &proxy, "cds.json", &cluster, |c| {
         c["common_lb_config"]["healthy_panic_threshold"] = json!({"value": 50});
     });
-    let found = paths(&reported(dump.path(), &mp).await);
+    let found = paths(&reported(dump.path(), &served.mp).await);
     assert!(
         found
             .iter()

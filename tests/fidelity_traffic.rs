@@ -445,6 +445,33 @@ spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080, targetPort: 9090}}]}}
     )
     .await;
     assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
+    // The VIP's HTTP has a route of its own, `<host>:<port>`, as istiod's: any Host header sent
+    // to the address reaches the service (the port's shared route would pass an unknown name
+    // through to the VIP itself).
+    let route = port
+        .filter_chains
+        .iter()
+        .find(|c| {
+            c.filter_chain_match
+                .as_ref()
+                .is_some_and(|m| m.application_protocols.iter().any(|a| a == "http/1.1"))
+        })
+        .and_then(common::ads::rds_route);
+    assert_eq!(
+        route.as_deref(),
+        Some("plain.default.svc.cluster.local:8080")
+    );
+    let body = curl_echo(
+        &pair,
+        &[
+            "-H",
+            "Host: elsewhere.example",
+            "http://10.96.88.88:8080/any",
+        ],
+        "/any",
+    )
+    .await;
+    assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
 
     // Bytes that are not HTTP reach the application as they were sent: its own HTTP server
     // answers them, quoting them (a connection manager on either side would have refused them).

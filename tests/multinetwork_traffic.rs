@@ -6,8 +6,9 @@
 //! cross-network Gateway (AUTO_PASSTHROUGH) alone: its proxy does not carry the
 //! `istio: eastwestgateway` label meshpilot otherwise falls back to. The same backend is also a
 //! headless service's pod (`db-0`): the application resolves its own name through the agent's DNS
-//! (the name table) and reaches it through the gateway too. Needs root (network namespaces,
-//! iptables).
+//! (the name table) and reaches it through the gateway too. A TLS client that is no mesh proxy,
+//! naming the same SNI without Istio's mTLS ALPN, is closed by the gateway. Needs root (network
+//! namespaces, iptables).
 
 mod common;
 
@@ -310,6 +311,53 @@ async fn request_crosses_networks_through_the_east_west_gateway() {
         "the gateway's listener has a TLS context: it would terminate TLS instead of passing it through"
     );
     assert!(server.counter("listener.0.0.0.0_15006.ssl.handshake").await >= 1);
+
+    // A TLS client that is no mesh proxy, reaching the gateway's public address and naming the
+    // service's mesh SNI: without Istio's mTLS ALPN it matches no chain and is closed during its
+    // handshake, never forwarded (istiod's AUTO_PASSTHROUGH chains match the ALPN too).
+    let forwarded = format!("cluster.{sni}.upstream_cx_total");
+    let before = gateway.counter(&forwarded).await;
+    let outsider = |alpn: &str| {
+        let gateway = format!("{GATEWAY_IP}:15443");
+        client_ns
+            .command("timeout")
+            .args(["10", "openssl", "s_client", "-connect", &gateway])
+            .args(["-servername", &sni, "-alpn", alpn])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("openssl runs")
+    };
+    let refused = outsider("h2");
+    assert!(
+        !refused.status.success(),
+        "a non-mesh TLS client completed its handshake: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+    assert!(
+        gateway
+            .counter("listener.0.0.0.0_15443.no_filter_chain_match")
+            .await
+            >= 1,
+        "the gateway matched a chain for a non-mesh client"
+    );
+    assert_eq!(
+        gateway.counter(&forwarded).await,
+        before,
+        "the gateway forwarded a non-mesh client"
+    );
+    // Naming Istio's ALPN gets it forwarded: the backend's sidecar then refuses it, as it shows no
+    // mesh certificate.
+    outsider("istio");
+    wait_for("forwarded to the backend, refused there", BOUND, || async {
+        let forwarded = gateway.counter(&forwarded).await > before;
+        let refused = server
+            .stat("listener.0.0.0.0_15006.ssl.fail_verify_no_cert")
+            .await
+            .unwrap_or_default()
+            >= 1;
+        (forwarded && refused).then_some(())
+    })
+    .await;
 
     // The headless pod by its own name: the agent resolves it to an allocated address, which the
     // client's sidecar sends through the gateway to that one pod.

@@ -822,11 +822,11 @@ async fn istiods_lock_stays_with_the_default_revision_until_the_tag_moves() {
 /// corpus's files; a load balancer then given to meshpilot only is named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_istiod_reads_what_a_real_istiod_answered() {
-    use common::fidelity_corpus::{fixture, proxies, serving, yaml_docs};
+    use common::fidelity_corpus::{fixture, proxies, serving, yaml_docs, Serving};
     use common::istiod_gateways::client_as;
     use common::recorded_istiod::RecordedIstiod;
 
-    let (api, work, mp) = serving("bookinfo-sidecar").await;
+    let Serving { api, work, mp, .. } = serving("bookinfo-sidecar").await;
     api.apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
         "metadata": {"name": "meshpilot", "namespace": "istio-system"}}));
     let reviewer = User::service_account("istio-system", "istiod");

@@ -186,10 +186,17 @@ fn kind_of(type_name: &str, name: &str, router: bool, sides: [Option<&Value>; 2]
             _ => "sidecar-port",
         },
         "rds" if router => "gateway",
-        "rds" if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) => "sidecar-port",
+        "rds" if is_port(name) || name.rsplit_once(':').is_some_and(|(_, p)| is_port(p)) => {
+            "sidecar-port"
+        }
         "rds" if name.starts_with("inbound|") || name == "InboundPassthroughCluster" => "inbound",
         _ => "other",
     }
+}
+
+/// A sidecar's outbound route is named by its port, or `<host>:<port>` for one sniffed service.
+fn is_port(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether a listener has a chain matching TLS: by server name or transport protocol.

@@ -8,8 +8,8 @@ use serde_json::{json, Map, Value};
 /// What is read as the same, and why Envoy treats it so.
 pub const EQUIVALENCES: &[(&str, &str)] = &[
     (
-        "outbound listeners `<address>_<port>` read as chains of `0.0.0.0_<port>` matching that address; a folded listener's own listener fields (filters, limits, options) that differ from the port listener's are kept as `<field>@<address>` and compared",
-        "the original-destination hand-off picks the exact address's listener first, as a chain's address match is picked before the port's others",
+        "outbound listeners `<address>_<port>` read as chains of `0.0.0.0_<port>` matching that address, their default chain as a chain matching the address alone (and the address and each transport protocol that its other chains narrow further, by ALPN or server name); a folded listener's own listener fields (filters, limits, options) that differ from the port listener's are kept as `<field>@<address>` and compared",
+        "the original-destination hand-off picks the exact address's listener first, as a chain's address match is picked before the port's others; Envoy narrows a connection level by level and never goes back, so the address listener's default catches what its chains narrowed to and then missed",
     ),
     (
         "`match_subject_alt_names` read as `match_typed_subject_alt_names` (URI for `scheme://` values, DNS otherwise)",
@@ -28,7 +28,7 @@ pub const EQUIVALENCES: &[(&str, &str)] = &[
         "only TLS carries a server name",
     ),
     (
-        "a locality group without endpoints, as none",
+        "a locality group without endpoints, as none (a list of only such, as no list)",
         "it receives nothing",
     ),
     (
@@ -88,6 +88,8 @@ pub fn listeners(listeners: &BTreeMap<String, Value>) -> BTreeMap<String, Value>
             .as_array()
             .into_iter()
             .flatten()
+            .cloned()
+            .chain(default_as_chains(listener))
             .map(|chain| {
                 let mut chain = chain.clone();
                 if let Some(fields) = chain.as_object_mut() {
@@ -112,6 +114,50 @@ pub fn listeners(listeners: &BTreeMap<String, Value>) -> BTreeMap<String, Value>
         default_chain(listener);
     }
     out
+}
+
+/// An address listener's default chain, as the chains that take its connections once folded into
+/// the port's listener: one matching nothing more than the address (added to by the fold), and one
+/// per transport protocol that the listener's chains narrow further.
+fn default_as_chains(listener: &Value) -> Vec<Value> {
+    let Some(default) = listener
+        .get("default_filter_chain")
+        .filter(|d| !d.is_null())
+    else {
+        return Vec::new();
+    };
+    let matches: Vec<&Map<String, Value>> = listener["filter_chains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["filter_chain_match"].as_object())
+        .collect();
+    let mut transports: Vec<&Value> = matches
+        .iter()
+        .filter(|m| m.len() > 1)
+        .filter_map(|m| m.get("transport_protocol"))
+        .collect();
+    transports.dedup();
+    let alone = |t: &Value| {
+        matches
+            .iter()
+            .any(|m| m.len() == 1 && m.get("transport_protocol") == Some(t))
+    };
+    let with_match = |m: Value| {
+        let mut chain = default.clone();
+        if let Some(fields) = chain.as_object_mut() {
+            fields.insert("filter_chain_match".to_string(), m);
+        }
+        chain
+    };
+    std::iter::once(with_match(json!({})))
+        .chain(
+            transports
+                .into_iter()
+                .filter(|t| !alone(t))
+                .map(|t| with_match(json!({"transport_protocol": t}))),
+        )
+        .collect()
 }
 
 /// What a listener holds beyond its name, address and chains: its listener filters, buffer limits,
@@ -220,7 +266,13 @@ pub fn encodings(v: &Value) -> Value {
                         out.insert("string_match".to_string(), json!({ new.unwrap_or(old): v }));
                     }
                     _ => {
-                        out.insert(k.clone(), encodings(v));
+                        let encoded = encodings(v);
+                        // A list whose every item read as none is no list.
+                        let emptied = v.as_array().is_some_and(|a| !a.is_empty())
+                            && encoded.as_array().is_some_and(Vec::is_empty);
+                        if !emptied {
+                            out.insert(k.clone(), encoded);
+                        }
                     }
                 }
             }
@@ -298,5 +350,44 @@ mod tests {
             "filter_chain_match": {"prefix_ranges": [{"address_prefix": "0.0.0.0", "prefix_len": 0}]}});
         let new = json!({"match_typed_subject_alt_names": [{"san_type": "URI", "matcher": {"exact": "spiffe://td/ns/a/sa/b"}}]});
         assert_eq!(encodings(&old), encodings(&new));
+    }
+
+    #[test]
+    fn an_address_listeners_default_chain_takes_what_its_chains_narrowed_to() {
+        let vip = json!({
+            "name": "10.96.0.40_15021", "traffic_direction": "OUTBOUND", "bind_to_port": false,
+            "address": {"socket_address": {"address": "10.96.0.40", "port_value": 15021}},
+            "filter_chains": [{"filter_chain_match": {
+                "transport_protocol": "raw_buffer", "application_protocols": ["http/1.1"]},
+                "filters": [{"name": "hcm"}]}],
+            "default_filter_chain": {"filters": [{"name": "tcp"}]},
+        });
+        let merged = listeners(&BTreeMap::from([("10.96.0.40_15021".to_string(), vip)]));
+        let chains = merged["0.0.0.0_15021"]["filter_chains"].as_array().unwrap();
+        let read: Vec<(Value, &str)> = chains
+            .iter()
+            .map(|c| {
+                let mut m = c["filter_chain_match"].clone();
+                m.as_object_mut().unwrap().remove("prefix_ranges");
+                (m, c["filters"][0]["name"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (
+                    json!({"transport_protocol": "raw_buffer", "application_protocols": ["http/1.1"]}),
+                    "hcm"
+                ),
+                (json!({}), "tcp"),
+                (json!({"transport_protocol": "raw_buffer"}), "tcp"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_list_of_empty_localities_is_no_list() {
+        let istiod = json!({"cluster_name": "a", "endpoints": [{"locality": {"zone": "z"}}]});
+        assert_eq!(encodings(&istiod), json!({"cluster_name": "a"}));
     }
 }

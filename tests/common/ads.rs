@@ -166,3 +166,21 @@ impl<Req, Resp: prost::Message + Default + std::fmt::Debug> AdsStream<Req, Resp>
         }
     }
 }
+
+/// The RDS route a chain's connection manager asks for, if its last filter is one.
+pub fn rds_route(
+    chain: &envoy_types::pb::envoy::config::listener::v3::FilterChain,
+) -> Option<String> {
+    use envoy_types::pb::envoy::config::listener::v3::filter::ConfigType;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        http_connection_manager::RouteSpecifier, HttpConnectionManager,
+    };
+    let Some(ConfigType::TypedConfig(any)) = chain.filters.last()?.config_type.as_ref() else {
+        return None;
+    };
+    let hcm = <HttpConnectionManager as prost::Message>::decode(&any.value[..]).ok()?;
+    match hcm.route_specifier? {
+        RouteSpecifier::Rds(rds) => Some(rds.route_config_name),
+        _ => None,
+    }
+}

@@ -22,7 +22,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, UInt32Va
 
 use super::common::{ads_awaited, seconds, socket};
 use super::gateway_tls;
-use super::generation::{Generation, Target};
+use super::generation::{Generation, ProxyKind, Target};
 use super::locality;
 use super::names::{
     outbound_sni, parse_outbound, parse_sni_cluster, subset_cluster, BLACKHOLE,
@@ -72,8 +72,8 @@ pub(super) fn list(g: &Generation<'_>, needs: &ClusterNeeds) -> Arc<SharedList> 
                 if needs.outbound {
                     names.extend(names_of(g, &service, false));
                 }
-                if needs.sni && service.resolution == Resolution::ClientSideLb {
-                    names.extend(names_of(g, &service, true));
+                if needs.sni {
+                    names.extend(sni_names(g, &service));
                 }
             }
             if needs.fixed {
@@ -99,9 +99,19 @@ const LIST_READS: Traits = Traits::of(&[Trait::Scope, Trait::Rules])
     .with(CLUSTER_READS)
     .with(FIXED_READS);
 
+/// An east-west gateway's clusters of a service, by SNI: as istiod's
+/// `buildOutboundSniDnatClusters` (pilot/pkg/networking/core/cluster.go), none for a mesh-external
+/// service and none for UDP ports, whatever the service's resolution.
+pub(super) fn sni_names(g: &Generation<'_>, service: &Service) -> Vec<String> {
+    match service.mesh_external {
+        true => Vec::new(),
+        false => names_of(g, service, true),
+    }
+}
+
 /// A service's clusters for this proxy: one per port and subset of the rule that applies, named
-/// `outbound|…` or, for an east-west gateway, by SNI.
-pub(super) fn names_of(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<String> {
+/// `outbound|…` or, for an east-west gateway, by SNI (no UDP port).
+fn names_of(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<String> {
     let subsets: Vec<String> = g
         .destination_rule(service)
         .map(|r| r.rule.subsets.iter().map(|s| s.name.clone()).collect())
@@ -115,6 +125,7 @@ pub(super) fn names_of(g: &Generation<'_>, service: &Service, sni: bool) -> Vec<
         .ports
         .iter()
         .filter(|p| g.sees(service, p.port))
+        .filter(|p| !sni || p.protocol != Protocol::Udp)
         .flat_map(|p| {
             std::iter::once("")
                 .chain(subsets.iter().map(String::as_str))
@@ -153,13 +164,19 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         );
     }
     if let Some(parsed) = parse_sni_cluster(name) {
-        g.target(&parsed)?;
+        let target = g.target(&parsed)?;
+        let udp = target.service.port(target.port)?.protocol == Protocol::Udp;
+        if target.service.mesh_external || udp {
+            return None;
+        }
+        let keys = target.rule.as_ref().map(|r| r.keys.clone());
+        // Built from the service and the rule alone: nothing of the proxy.
         return g.cached(
             ResourceType::Cluster,
             name,
-            (Traits::NONE, &()),
+            (Traits::NONE, &keys),
             [g.services_version(), 0, 0, g.config_version()],
-            || Some(Resource::encode(name, &sni_cluster(name))),
+            || Some(Resource::encode(name, &sni_cluster(g, name, &target))),
         );
     }
     if ![BLACKHOLE, PASSTHROUGH, INBOUND_PASSTHROUGH].contains(&name) {
@@ -238,74 +255,20 @@ const NEVER_CLEANED_SECS: i64 = 9_223_372_035;
 /// An outbound cluster: its discovery by resolution, the rule's policy, then TLS.
 fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) -> Cluster {
     let service = &target.service;
-    let mesh = g.mesh_config();
-    let mut cluster = Cluster {
-        name: name.to_string(),
-        connect_timeout: Some(mesh.connect_timeout.to_proto()),
-        ..Default::default()
-    };
-    match service.resolution {
-        Resolution::ClientSideLb => {
-            cluster.cluster_discovery_type =
-                Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
-            cluster.eds_cluster_config = Some(EdsClusterConfig {
-                eds_config: Some(ads_awaited()),
-                service_name: name.to_string(),
-            });
-        }
-        Resolution::Passthrough => {
-            cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
-                DiscoveryType::OriginalDst as i32,
-            ));
-            cluster.lb_policy = LbPolicy::ClusterProvided as i32;
-        }
-        Resolution::Dns { round_robin } => {
-            let kind = match round_robin {
-                true => DiscoveryType::LogicalDns,
-                false => DiscoveryType::StrictDns,
-            };
-            cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(kind as i32));
-            cluster.dns_lookup_family = DnsLookupFamily::V4Only as i32;
-            // As istiod: the mesh's refresh rate, bounded by the records' own TTL (fields Envoy
-            // deprecated for its DNS cluster extension, which istiod does not use either).
-            #[allow(deprecated)]
-            {
-                cluster.dns_refresh_rate = Some(mesh.dns_refresh_rate.to_proto());
-                cluster.respect_dns_ttl = true;
-            }
-            cluster.load_assignment = Some(dns_assignment(name, service, target.port));
-        }
+    let (mut cluster, effective) = service_cluster(g, name, target, false);
+    let http2 = speaks_http2(service, target.port);
+    // Sidecars and waypoints sniff a port without a protocol, so its upstream speaks as the
+    // client did; routers do not sniff (istiod's `setUpstreamProtocol`).
+    let sniffing = matches!(g.kind(), Some(ProxyKind::Sidecar | ProxyKind::Waypoint));
+    let auto = service
+        .port(target.port)
+        .is_some_and(|p| p.protocol == Protocol::Unsupported);
+    if sniffing && auto && cluster.typed_extension_protocol_options.is_empty() {
+        cluster.typed_extension_protocol_options = policy::sniffed_protocol();
     }
-    let protocol = service.port(target.port).map(|p| p.protocol);
-    let http = protocol.is_some_and(Protocol::is_http);
-    let http2 = protocol.is_some_and(|p| p.is_http() && p != Protocol::Http);
-    let effective = match &target.rule {
-        Some(rule) => Effective::of(
-            &rule.rule,
-            target.subset.as_ref().map(|s| s.name.as_str()),
-            target.port,
-        ),
-        None => Effective::default(),
-    };
-    policy::apply(&mut cluster, &effective, http, http2);
     // Proxyless gRPC balances round robin (or by a rule's hash); it refuses Envoy's default.
     if g.generator() == Generator::Grpc && cluster.lb_policy == LbPolicy::LeastRequest as i32 {
         cluster.lb_policy = LbPolicy::RoundRobin as i32;
-    }
-    let locality = locality::setting(
-        effective.load_balancer.as_ref(),
-        mesh.locality_lb_setting.as_ref(),
-    );
-    if locality::weights_localities(locality, effective.outlier_detection.is_some()) {
-        let common = cluster
-            .common_lb_config
-            .get_or_insert_with(Default::default);
-        common.locality_config_specifier = Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(
-            Default::default(),
-        ));
-    }
-    if cluster.typed_extension_protocol_options.is_empty() && http2 {
-        cluster.typed_extension_protocol_options = policy::http2_only();
     }
     // Only Istio's stats read these: plain proxies are not sent the bytes.
     if let Some(stats) = g.istio_stats() {
@@ -351,6 +314,99 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
         }
     }
     cluster
+}
+
+/// What an outbound cluster and an east-west gateway's SNI cluster share (istiod's `buildCluster`
+/// and `applyTrafficPolicy`, pilot/pkg/networking/core/cluster_builder.go and
+/// cluster_traffic_policy.go): discovery by the service's resolution (`eds_passthrough`: a
+/// service without a resolution by EDS, as istiod's `convertResolution` does for routers), the
+/// mesh's connect timeout, the rule's load balancer, connection pool and outlier detection,
+/// locality weighting and HTTP/2 toward HTTP/2 and gRPC ports. Its TLS is the caller's.
+fn service_cluster(
+    g: &Generation<'_>,
+    name: &str,
+    target: &Target,
+    eds_passthrough: bool,
+) -> (Cluster, Effective) {
+    let service = &target.service;
+    let mesh = g.mesh_config();
+    let mut cluster = Cluster {
+        name: name.to_string(),
+        connect_timeout: Some(mesh.connect_timeout.to_proto()),
+        ..Default::default()
+    };
+    let resolution = match service.resolution {
+        Resolution::Passthrough if eds_passthrough => Resolution::ClientSideLb,
+        resolution => resolution,
+    };
+    match resolution {
+        Resolution::ClientSideLb => {
+            cluster.cluster_discovery_type =
+                Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
+            cluster.eds_cluster_config = Some(EdsClusterConfig {
+                eds_config: Some(ads_awaited()),
+                service_name: name.to_string(),
+            });
+        }
+        Resolution::Passthrough => {
+            cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32,
+            ));
+            cluster.lb_policy = LbPolicy::ClusterProvided as i32;
+        }
+        Resolution::Dns { round_robin } => {
+            let kind = match round_robin {
+                true => DiscoveryType::LogicalDns,
+                false => DiscoveryType::StrictDns,
+            };
+            cluster.cluster_discovery_type = Some(ClusterDiscoveryType::Type(kind as i32));
+            cluster.dns_lookup_family = DnsLookupFamily::V4Only as i32;
+            // As istiod: the mesh's refresh rate, bounded by the records' own TTL (fields Envoy
+            // deprecated for its DNS cluster extension, which istiod does not use either).
+            #[allow(deprecated)]
+            {
+                cluster.dns_refresh_rate = Some(mesh.dns_refresh_rate.to_proto());
+                cluster.respect_dns_ttl = true;
+            }
+            cluster.load_assignment = Some(dns_assignment(name, service, target.port));
+        }
+    }
+    let http = service
+        .port(target.port)
+        .is_some_and(|p| p.protocol.is_http());
+    let http2 = speaks_http2(service, target.port);
+    let effective = match &target.rule {
+        Some(rule) => Effective::of(
+            &rule.rule,
+            target.subset.as_ref().map(|s| s.name.as_str()),
+            target.port,
+        ),
+        None => Effective::default(),
+    };
+    policy::apply(&mut cluster, &effective, http, http2);
+    let locality = locality::setting(
+        effective.load_balancer.as_ref(),
+        mesh.locality_lb_setting.as_ref(),
+    );
+    if locality::weights_localities(locality, effective.outlier_detection.is_some()) {
+        let common = cluster
+            .common_lb_config
+            .get_or_insert_with(Default::default);
+        common.locality_config_specifier = Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(
+            Default::default(),
+        ));
+    }
+    if cluster.typed_extension_protocol_options.is_empty() && http2 {
+        cluster.typed_extension_protocol_options = policy::http2_only();
+    }
+    (cluster, effective)
+}
+
+/// Whether the service's port is HTTP/2 (HTTP2 or gRPC): its clusters speak it upstream.
+fn speaks_http2(service: &Service, port: u16) -> bool {
+    service
+        .port(port)
+        .is_some_and(|p| p.protocol.is_http() && p.protocol != Protocol::Http)
 }
 
 /// What Istio's stats read of the destination (istiod's `addTelemetryMetadata`, which sets it for
@@ -470,18 +526,11 @@ fn dns_assignment(name: &str, service: &Service, port: u16) -> ClusterLoadAssign
     }
 }
 
-/// An east-west gateway's cluster for one SNI: EDS, plain TCP — the TLS inside is passed through.
-fn sni_cluster(name: &str) -> Cluster {
-    Cluster {
-        name: name.to_string(),
-        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
-        eds_cluster_config: Some(EdsClusterConfig {
-            eds_config: Some(ads_awaited()),
-            service_name: name.to_string(),
-        }),
-        connect_timeout: Some(seconds(CONNECT_TIMEOUT_SECS)),
-        ..Default::default()
-    }
+/// An east-west gateway's cluster for one SNI: built as an outbound cluster, the rule's policy
+/// but its TLS applied (istiod's `SniDnatClusterMode`), plain TCP: the TLS inside is passed
+/// through. A service without a resolution is reached by EDS, as on any router.
+fn sni_cluster(g: &Generation<'_>, name: &str, target: &Target) -> Cluster {
+    service_cluster(g, name, target, true).0
 }
 
 /// A STATIC cluster without endpoints (the black hole, or one given its address after).

@@ -64,7 +64,14 @@ pub fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     };
     let target = g.target(&parsed)?;
     let service = target.service;
-    if service.resolution != Resolution::ClientSideLb {
+    // A gateway's SNI cluster of a service without a resolution is by EDS too (istiod's
+    // `convertResolution` for routers).
+    let by_eds = match service.resolution {
+        Resolution::ClientSideLb => true,
+        Resolution::Passthrough => gateway,
+        Resolution::Dns { .. } => false,
+    };
+    if !by_eds {
         return None;
     }
     let shards = g.mesh.endpoints.get(&service.key()).cloned();
@@ -211,6 +218,10 @@ struct Sent {
     /// Wide, so sums cannot overflow; fitted into Envoy's u32 by [`fit_weights`].
     weight: u64,
     metadata: Metadata,
+    /// An east-west gateway's address carries no health (UNKNOWN, which Envoy balances to as a
+    /// healthy host), as istiod's `EndpointsByNetworkFilter` builds it
+    /// (pilot/pkg/xds/ep_filters.go).
+    gateway: bool,
 }
 
 fn assignment(
@@ -308,6 +319,7 @@ fn assignment(
                 port: ep.port,
                 weight: scale.saturating_mul(u64::from(ep.weight.max(1))),
                 metadata: endpoint_metadata(mtls(ep), &telemetry_workload(ep, &service.namespace)),
+                gateway: false,
             }));
     }
     for ((level, locality, network), count) in remote {
@@ -329,6 +341,7 @@ fn assignment(
                         TlsMode::Istio,
                         &format!(";;;;{}", gw.cluster.as_ref().map_or("", |c| c.as_str())),
                     ),
+                    gateway: true,
                 }),
             }
         }
@@ -428,7 +441,10 @@ fn lb_endpoint(sent: Sent) -> LbEndpoint {
             address: Some(socket(&sent.address.to_string(), sent.port)),
             ..Default::default()
         })),
-        health_status: HealthStatus::Healthy as i32,
+        health_status: match sent.gateway {
+            true => HealthStatus::Unknown as i32,
+            false => HealthStatus::Healthy as i32,
+        },
         metadata: Some(sent.metadata),
         load_balancing_weight: Some(UInt32Value {
             value: clamp_u32(sent.weight),
@@ -506,6 +522,7 @@ mod tests {
             port: 80,
             weight,
             metadata: Metadata::default(),
+            gateway: false,
         }
     }
 

@@ -317,7 +317,7 @@ impl Generation<'_> {
     }
 
     /// The addresses the proxy knows a service by: its own cluster's VIPs when the service has some
-    /// there, else every cluster's; a ServiceEntry host that declares none by its allocated
+    /// there, else one other cluster's (as istiod); a ServiceEntry host that declares none by its allocated
     /// addresses (of the proxy's IP families) when the proxy's agent captures DNS, as it resolves
     /// the host to them (istiod's rule). Listeners match and the name table resolves these.
     pub(super) fn service_addresses(&self, service: &Service) -> Vec<IpAddr> {
@@ -325,14 +325,18 @@ impl Generation<'_> {
             .cluster()
             .and_then(|c| service.cluster_vips.get(c))
             .filter(|vips| !vips.is_empty());
-        let mut vips: Vec<IpAddr> = match own {
-            Some(v) => v.clone(),
-            // A cluster-local Kubernetes service is its own cluster's only.
-            None if service.registry == Registry::Kubernetes && self.cluster_local(service) => {
-                Vec::new()
-            }
-            None => service.cluster_vips.values().flatten().copied().collect(),
+        // Else istiod's `DefaultAddress`: the address of the registry that listed the service
+        // first, the config cluster's before remotes' (pilot/pkg/model/service.go
+        // `GetAddressForProxy`, pilot/pkg/serviceregistry/aggregate/controller.go `Services`).
+        let default = || {
+            let local = self.mesh.credentials.local();
+            (service.cluster_vips.get(local).into_iter())
+                .chain(service.cluster_vips.values())
+                .find(|vips| !vips.is_empty())
+                .cloned()
+                .unwrap_or_default()
         };
+        let mut vips: Vec<IpAddr> = own.cloned().unwrap_or_else(default);
         vips.retain(|ip| !ip.is_unspecified());
         if let Some((v4, v6)) = self.allocated_view().filter(|_| vips.is_empty()) {
             let families = |ip: &IpAddr| if ip.is_ipv4() { v4 } else { v6 };

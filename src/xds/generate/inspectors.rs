@@ -28,6 +28,17 @@ const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
 /// `plaintextHTTPALPNs`; HTTP/1.0 is not matched, so it passes through as TCP).
 pub(super) const PLAINTEXT_HTTP_ALPN: &[&str] = &["http/1.1", "h2c"];
 
+/// Every ALPN Istio's clients offer over mTLS (istiod's `allIstioMtlsALPNs`,
+/// pilot/pkg/networking/core/listener.go): a declared inbound port and an east-west gateway's
+/// passthrough chains serve any of them.
+pub(super) const ALL_MTLS_ALPN: &[&str] = &[
+    "istio",
+    "istio-peer-exchange",
+    "istio-http/1.0",
+    "istio-http/1.1",
+    "istio-h2",
+];
+
 /// Reads SNI and the transport protocol for filter chain matches, everywhere on the listener.
 pub(super) fn tls_inspector() -> ListenerFilter {
     listener_filter(

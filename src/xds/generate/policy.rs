@@ -306,6 +306,22 @@ pub fn downstream_protocol() -> HashMap<String, Any> {
     })
 }
 
+/// The protocol of a sidecar's cluster of a port without a declared protocol: whatever the
+/// sniffed downstream spoke (istiod's `setUseDownstreamProtocol`, called from
+/// `setUpstreamProtocol` for auto-detected ports, pilot/pkg/networking/core/cluster_builder.go).
+pub fn sniffed_protocol() -> HashMap<String, Any> {
+    protocol_options(HttpProtocolOptions {
+        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(Http2ProtocolOptions::default()),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    })
+}
+
 fn http2_options(max_concurrent_streams: Option<i32>) -> Http2ProtocolOptions {
     Http2ProtocolOptions {
         max_concurrent_streams: max_concurrent_streams.map(|v| UInt32Value {

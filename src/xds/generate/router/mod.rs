@@ -11,7 +11,8 @@
 //!   own SNI (`outbound_.<port>_.<subset>_.<host>`): an east-west gateway.
 //!
 //! A router no Gateway selects but labelled `istio: eastwestgateway` gets the AUTO_PASSTHROUGH
-//! listener on 15443 (a fallback for meshes that never applied the cross-network Gateway).
+//! listener on 15443 for hosts `*.local` (a fallback for meshes that never applied Istio's
+//! cross-network Gateway, whose hosts these are).
 
 mod servers;
 
@@ -40,7 +41,7 @@ use super::filters::{
 };
 use super::gateway_tls;
 use super::generation::Generation;
-use super::inspectors::tls_inspector;
+use super::inspectors::{tls_inspector, ALL_MTLS_ALPN};
 use super::istio_stats::tcp_chain;
 use super::names::{parse_port, port_listener_name};
 use super::routes::{answering_all, cluster_for, http_routes, RouteContext};
@@ -48,12 +49,15 @@ use super::security::WorkloadSecurity;
 use super::wasm::ListenerClass;
 use crate::istio::gateway::ServerTlsMode;
 use crate::istio::virtual_service::RouteDestination;
-use crate::model::Resolution;
+use crate::model::host_match;
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::{Listing, Resource, SharedList};
 
 /// The port of Istio's cross-network (AUTO_PASSTHROUGH) server.
 const EAST_WEST_PORT: u16 = 15443;
+/// The hosts the labelled fallback forwards: those of Istio's cross-network Gateway
+/// (samples/multicluster/expose-services.yaml).
+const EAST_WEST_HOSTS: &[&str] = &["*.local"];
 const HTTP_ALPN: [&str; 2] = ["h2", "http/1.1"];
 
 /// Every cluster or listener. A router's listeners are its own (built through the per-resource
@@ -144,23 +148,22 @@ fn listener(
 ) -> Option<Arc<Resource>> {
     let name = port_listener_name(port);
     let chains = if by_port.is_empty() {
-        (port == EAST_WEST_PORT && labelled_east_west(g)).then(|| auto_passthrough_chains(g))?
+        (port == EAST_WEST_PORT && labelled_east_west(g)).then(|| {
+            let mut chains = Chains::default();
+            chains.auto_passthrough(auto_passthrough_chains(g, EAST_WEST_HOSTS));
+            chains
+        })?
     } else {
         port_chains(g, &name, by_port.get(&port)?)
     };
-    let inspect = chains.iter().any(|c| {
-        c.filter_chain_match
-            .as_ref()
-            .is_some_and(|m| !m.transport_protocol.is_empty() || !m.server_names.is_empty())
-    });
     let listener = Listener {
         name: name.clone(),
         address: Some(socket("0.0.0.0", port)),
-        listener_filters: match inspect {
+        listener_filters: match chains.inspect {
             true => vec![tls_inspector()],
             false => Vec::new(),
         },
-        filter_chains: chains,
+        filter_chains: chains.chains,
         // As istiod marks a gateway's listeners.
         traffic_direction: TrafficDirection::Outbound as i32,
         access_log: g.access_logs().listener(Side::Gateway),
@@ -170,31 +173,33 @@ fn listener(
 }
 
 /// Filter chains whose matches Envoy would reject as duplicates are left out (logged): the first
-/// server to claim an SNI name, or the plaintext default, keeps it.
+/// server to claim an SNI name, or to take every connection, keeps it.
 #[derive(Default)]
 struct Chains {
     chains: Vec<FilterChain>,
     sni_taken: BTreeSet<String>,
-    any_sni_taken: bool,
-    plaintext_taken: bool,
+    /// A chain without a match (plaintext, or TLS for any server name) takes every connection.
+    all_taken: bool,
+    /// A server is matched by what a TLS ClientHello says: the TLS inspector reads it (istiod adds
+    /// it for any server with SNI hosts, `*` included: `buildGatewayListener`).
+    inspect: bool,
 }
 
 impl Chains {
+    /// A TLS server's chain for its SNI names; none (`*`) matches nothing in particular, so, as
+    /// istiod's `toFilterChainMatch` leaves it without a match, it takes plaintext too.
     fn tls(&mut self, names: Vec<String>, mut chain: FilterChain) {
-        let wanted = names.len();
+        self.inspect = true;
+        if names.is_empty() {
+            self.match_all(chain);
+            return;
+        }
         let names: Vec<String> = names
             .into_iter()
             .filter(|n| self.sni_taken.insert(n.clone()))
             .collect();
-        let conflict = match wanted {
-            0 => std::mem::replace(&mut self.any_sni_taken, true),
-            _ => names.is_empty(),
-        };
-        if conflict {
-            debug!(
-                chain = chain.name,
-                "gateway server conflicts with an earlier one on its port"
-            );
+        if names.is_empty() {
+            conflict(&chain);
             return;
         }
         chain.filter_chain_match = Some(FilterChainMatch {
@@ -205,19 +210,38 @@ impl Chains {
         self.chains.push(chain);
     }
 
-    fn plaintext(&mut self, chain: FilterChain) {
-        if std::mem::replace(&mut self.plaintext_taken, true) {
-            debug!(
-                chain = chain.name,
-                "gateway server conflicts with an earlier one on its port"
-            );
-            return;
+    /// AUTO_PASSTHROUGH chains, their matches as built: one SNI name each.
+    fn auto_passthrough(&mut self, chains: Vec<FilterChain>) {
+        self.inspect = true;
+        for chain in chains {
+            let names = chain
+                .filter_chain_match
+                .as_ref()
+                .map(|m| m.server_names.as_slice())
+                .unwrap_or_default();
+            match names.iter().all(|n| self.sni_taken.insert(n.clone())) {
+                true => self.chains.push(chain),
+                false => conflict(&chain),
+            }
         }
-        self.chains.push(chain);
+    }
+
+    fn match_all(&mut self, chain: FilterChain) {
+        match std::mem::replace(&mut self.all_taken, true) {
+            true => conflict(&chain),
+            false => self.chains.push(chain),
+        }
     }
 }
 
-fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -> Vec<FilterChain> {
+fn conflict(chain: &FilterChain) {
+    debug!(
+        chain = chain.name,
+        "gateway server conflicts with an earlier one on its port"
+    );
+}
+
+fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -> Chains {
     let security = WorkloadSecurity::for_workload(g.mesh, g.namespace(), g.labels());
     let mut chains = Chains::default();
     let plugins = g.wasm_plugins();
@@ -234,7 +258,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                 ..Default::default()
             };
             match ps.is_plain_http() {
-                true => chains.plaintext(chain),
+                true => chains.match_all(chain),
                 false => {
                     let socket = ps
                         .server
@@ -254,14 +278,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
         }
         match mode {
             Some(ServerTlsMode::AutoPassthrough) => {
-                for chain in auto_passthrough_chains(g) {
-                    let names = chain
-                        .filter_chain_match
-                        .clone()
-                        .unwrap_or_default()
-                        .server_names;
-                    chains.tls(names, chain);
-                }
+                chains.auto_passthrough(auto_passthrough_chains(g, &ps.sni_hosts()));
             }
             Some(ServerTlsMode::Passthrough) => {
                 for (names, filter) in passthrough_routes(g, ps) {
@@ -298,7 +315,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                 };
                 let wasm = plugins.network(ListenerClass::Gateway, port);
                 filters.splice(0..0, security.network_filters(wasm));
-                chains.plaintext(FilterChain {
+                chains.match_all(FilterChain {
                     name,
                     filters,
                     ..Default::default()
@@ -306,7 +323,7 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
             }
         }
     }
-    chains.chains
+    chains
 }
 
 /// The connection manager of an HTTP server: the workload's security filters and WasmPlugins,
@@ -398,16 +415,20 @@ fn passthrough_routes(g: &Generation<'_>, ps: &PortServer<'_>) -> Vec<(Vec<Strin
 }
 
 /// Mesh mTLS arriving from other networks, routed by its SNI to the service's endpoints here and
-/// never terminated.
-fn auto_passthrough_chains(g: &Generation<'_>) -> Vec<FilterChain> {
+/// never terminated (istiod's `builtAutoPassthroughFilterChains`,
+/// pilot/pkg/networking/core/gateway.go): a chain per SNI cluster of each service whose host the
+/// server's `hosts` cover (namespaces ignored), matched by the SNI and Istio's mTLS ALPN alone, so
+/// a TLS client that is no mesh proxy finds no chain and is closed.
+fn auto_passthrough_chains<H: AsRef<str>>(g: &Generation<'_>, hosts: &[H]) -> Vec<FilterChain> {
     g.routable_services()
         .iter()
-        .filter(|s| s.resolution == Resolution::ClientSideLb)
-        .flat_map(|s| clusters::names_of(g, s, true))
+        .filter(|s| (hosts.iter()).any(|h| host_match(h.as_ref(), &s.hostname).is_some()))
+        .flat_map(|s| clusters::sni_names(g, s))
         .map(|sni| FilterChain {
             name: sni.clone(),
             filter_chain_match: Some(FilterChainMatch {
                 server_names: vec![sni.clone()],
+                application_protocols: ALL_MTLS_ALPN.iter().map(|a| a.to_string()).collect(),
                 ..Default::default()
             }),
             filters: tcp_chain(

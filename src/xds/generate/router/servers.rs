@@ -92,6 +92,15 @@ impl PortServer<'_> {
         }
     }
 
+    /// The hosts an AUTO_PASSTHROUGH server forwards, in any namespace (istiod's
+    /// `GetSNIHostsForServer`, pilot/pkg/model/gateway.go, drops the `<ns>/`).
+    pub(super) fn sni_hosts(&self) -> Vec<&str> {
+        let hosts = self.server.hosts.iter();
+        hosts
+            .map(|h| h.split_once('/').map_or(h.as_str(), |(_, host)| host))
+            .collect()
+    }
+
     /// The bound VirtualServices with a host this server admits.
     pub(super) fn virtual_services(&self) -> impl Iterator<Item = (&str, &VirtualService)> {
         self.bound

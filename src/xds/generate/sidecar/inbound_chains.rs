@@ -11,21 +11,13 @@ use envoy_types::pb::google::protobuf::UInt32Value;
 
 use crate::istio::security::peer::MtlsMode;
 use crate::model::Protocol;
-use crate::xds::generate::inspectors::PLAINTEXT_HTTP_ALPN;
+use crate::xds::generate::inspectors::{ALL_MTLS_ALPN, PLAINTEXT_HTTP_ALPN};
 use crate::xds::generate::tls;
 
 /// What Istio's clients offer over mTLS for HTTP (the `istio.alpn` filter's).
 const MTLS_HTTP_ALPN: &[&str] = &["istio-http/1.0", "istio-http/1.1", "istio-h2"];
 /// What Istio's clients offer over mTLS for TCP.
 const MTLS_TCP_ALPN: &[&str] = &["istio-peer-exchange", "istio"];
-/// Any of Istio's: a declared port knows its protocol, so any mTLS client is served.
-const ALL_MTLS_ALPN: &[&str] = &[
-    "istio",
-    "istio-peer-exchange",
-    "istio-http/1.0",
-    "istio-http/1.1",
-    "istio-h2",
-];
 
 const TLS: &str = "tls";
 const RAW: &str = "raw_buffer";

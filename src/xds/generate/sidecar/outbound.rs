@@ -1,6 +1,6 @@
 //! The sidecar's outbound listeners: `virtualOutbound` on 15001 hands connections, by original
 //! destination, to per-port listeners `0.0.0.0_<port>` that are not bound themselves — HTTP,
-//! told by sniffing, via RDS route `<port>`; TCP services matched by VIP (TLS ones without an
+//! told by sniffing, via RDS route `<port>` (`<host>:<port>` for a sniffed service); TCP services matched by VIP (TLS ones without an
 //! address by SNI) and proxied to their cluster (or as their VirtualService's TCP routes say).
 
 use std::collections::BTreeSet;
@@ -140,18 +140,20 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
     if services.is_empty() {
         return None;
     }
-    // Ports without a declared protocol are sniffed too: HTTP is routed, anything else proxied
-    // as TCP (istiod's `buildSidecarOutboundListener` for protocol auto-detection).
+    // The port's HTTP chain serves services declared HTTP, and sniffed ones without an address;
+    // a sniffed service with addresses has a chain (and a route) of its own, the rest of its
+    // bytes proxied as TCP (istiod's `buildSidecarOutboundListener` for protocol auto-detection).
     let has_http = services.iter().any(|s| {
-        s.port(port)
-            .is_some_and(|p| p.protocol.is_http() || sniffed(s, p.protocol))
+        s.port(port).is_some_and(|p| {
+            p.protocol.is_http() || (sniffed(s, p.protocol) && g.service_addresses(s).is_empty())
+        })
     });
-    let http_filters = || {
+    let http_filters = |stat_prefix: &str, route: &str| {
         let mut filters = g
             .wasm_plugins()
             .network(ListenerClass::Outbound, port)
             .all();
-        filters.push(http_filter(g, name, port));
+        filters.push(http_filter(g, stat_prefix, port, route));
         filters
     };
     let mut pods = 0;
@@ -262,16 +264,19 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
                 continue;
             }
         };
-        // Its addresses' HTTP, by sniffing: an address match outranks the port's plain HTTP chain.
+        // Its addresses' HTTP, by sniffing, routed by the service's own route `<host>:<port>`
+        // whatever the Host header says; stats named as istiod's listener of its address.
         if sniffed(service, protocol) && !filter_chain_match.prefix_ranges.is_empty() {
             let prefix_ranges = filter_chain_match.prefix_ranges.clone();
+            let stat_prefix = format!("{}_{port}", prefix_ranges[0].address_prefix);
+            let route = format!("{}:{port}", service.hostname);
             filter_chains.push(FilterChain {
                 name: format!("{cluster}-http"),
                 filter_chain_match: Some(FilterChainMatch {
                     prefix_ranges: prefix_ranges.clone(),
                     ..http_match()
                 }),
-                filters: http_filters(),
+                filters: http_filters(&stat_prefix, &route),
                 ..Default::default()
             });
             // Envoy narrows a connection down level by level and never goes back: once the HTTP
@@ -299,7 +304,7 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         filter_chains.push(FilterChain {
             name: format!("{name}-http"),
             filter_chain_match: Some(http_match()),
-            filters: http_filters(),
+            filters: http_filters(name, &port.to_string()),
             ..Default::default()
         });
     }
@@ -354,12 +359,13 @@ fn tcp_filters(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) 
     )
 }
 
-/// The connection manager of a port's HTTP services, routed by RDS route `<port>`.
-fn http_filter(g: &Generation<'_>, name: &str, port: u16) -> Filter {
+/// The connection manager of HTTP services, routed by RDS `route` (`<port>`, or `<host>:<port>`
+/// for one sniffed service), its stats prefixed `outbound_<stat_prefix>`.
+fn http_filter(g: &Generation<'_>, stat_prefix: &str, port: u16, route: &str) -> Filter {
     let side = Side::SidecarOutbound;
     let mut hcm = outbound_hcm(
-        &format!("outbound_{name}"),
-        rds(&port.to_string()),
+        &format!("outbound_{stat_prefix}"),
+        rds(route),
         g.access_logs().of(side),
     );
     g.tracing().of(side).apply(&mut hcm);

@@ -1,6 +1,9 @@
-//! The sidecar's route configurations `<port>`: a virtual host per HTTP service on that port, with
+//! The sidecar's route configurations: `<port>`, a virtual host per HTTP service on that port, with
 //! the names Kubernetes clients use, routed as the VirtualServices for the host say, and a catch-all
-//! as the outbound traffic policy says.
+//! as the outbound traffic policy says; and `<host>:<port>`, the one virtual host of a service whose
+//! port is sniffed, for any name, as its addresses' HTTP chain asks (istiod's
+//! `buildSidecarOutboundHTTPRouteConfig` and `getVirtualHostsForSniffedServicePort`,
+//! pilot/pkg/networking/core/httproute.go).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,22 +25,38 @@ use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
 
 pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
-    let port = parse_port(name)?;
-    // The route of a port the proxy has no listener for (a name it made up, or one its listener
-    // has just gone from) is answered as istiod does, but not cached: such names are unbounded.
-    if !super::has_port_listener(g, port) {
-        return g.finish(
-            ResourceType::Route,
-            Resource::encode(name, &sidecar_routes(g, name, port)),
-        );
+    let (host, port) = match name.rsplit_once(':') {
+        Some((host, port)) => (Some(host), parse_port(port)?),
+        None => (None, parse_port(name)?),
+    };
+    let routes = || match host {
+        Some(_) => sniffed_routes(g, name, port),
+        None => port_routes(g, name, port),
+    };
+    // The route of a port the proxy has no listener for, or of a host it has no sniffed service
+    // of (a name it made up, or one its listener has just gone from), is answered as istiod does,
+    // but not cached: such names are unbounded.
+    let known = super::has_port_listener(g, port)
+        && host.is_none_or(|h| sniffed_service(g, h, port).is_some());
+    if !known {
+        return g.finish(ResourceType::Route, Resource::encode(name, &routes()));
     }
     g.cached(
         ResourceType::Route,
         name,
         (ROUTE_READS, &()),
         [g.services_version(), 0, 0, g.config_version()],
-        || Some(Resource::encode(name, &sidecar_routes(g, name, port))),
+        || Some(Resource::encode(name, &routes())),
     )
+}
+
+/// The service of this host whose port the proxy sniffs.
+fn sniffed_service(g: &Generation<'_>, host: &str, port: u16) -> Option<Arc<Service>> {
+    g.routable_services().into_iter().find(|s| {
+        *s.hostname == *host
+            && s.port(port)
+                .is_some_and(|p| super::outbound::sniffed(s, p.protocol))
+    })
 }
 
 /// What a sidecar's route configuration reads of the proxy: the services it sees (their short
@@ -54,10 +73,38 @@ const ROUTE_READS: Traits = Traits::of(&[
     Trait::Allocated,
 ]);
 
-fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration {
+fn port_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration {
+    let mut virtual_hosts = virtual_hosts(g, port);
+    virtual_hosts.push(catch_all(g.outbound_mode()));
+    route_configuration(name, virtual_hosts)
+}
+
+/// The port's virtual host that answers `<host>:<port>`, for any name (a sniffed connection was
+/// for that service's address, whatever its Host header says); no catch-all.
+fn sniffed_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration {
+    let mut virtual_hosts: Vec<VirtualHost> = virtual_hosts(g, port)
+        .into_iter()
+        .filter(|v| v.domains.iter().any(|d| d == name))
+        .collect();
+    if let [only] = virtual_hosts.as_mut_slice() {
+        only.domains = vec!["*".to_string()];
+    }
+    route_configuration(name, virtual_hosts)
+}
+
+fn route_configuration(name: &str, virtual_hosts: Vec<VirtualHost>) -> RouteConfiguration {
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// A virtual host per HTTP (or sniffed) service the proxy sees on the port.
+fn virtual_hosts(g: &Generation<'_>, port: u16) -> Vec<VirtualHost> {
     let mut taken = HashSet::new();
-    let mut virtual_hosts: Vec<VirtualHost> = g
-        .routable_services()
+    g.routable_services()
         .iter()
         .filter(|s| {
             let http = s
@@ -97,14 +144,7 @@ fn sidecar_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfigurati
                 vhost
             })
         })
-        .collect();
-    virtual_hosts.push(catch_all(g.outbound_mode()));
-    RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        ..Default::default()
-    }
+        .collect()
 }
 
 /// The host names a client in the proxy's namespace may use: the FQDN, the short forms Kubernetes DNS
