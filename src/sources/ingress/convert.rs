@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 
 use super::api::{Backend, HttpPath, Ingress, IngressSpec};
 use super::class::Settings;
+use super::paths::{rank, uri, Uri};
 use crate::istio::virtual_service::{INGRESS_SEMANTICS, ROUTE_SEMANTICS};
 use crate::istio::{is_dns1123_label, is_fqdn, ConfigObject, Origin, NETWORKING_GROUP};
 
@@ -46,13 +47,6 @@ pub struct Converted {
     pub problems: BTreeMap<String, Vec<(String, String)>>,
 }
 
-/// A route's path match: the VirtualService `uri`, or none (any path).
-#[derive(Clone, Debug, PartialEq)]
-enum Uri {
-    Exact(String),
-    Prefix(String),
-}
-
 #[derive(Clone, Debug)]
 struct Route {
     uri: Option<Uri>,
@@ -60,17 +54,6 @@ struct Route {
 }
 
 impl Route {
-    /// istiod's order key (`sortHTTPRoutes`): the matched string's length, then Exact first; a
-    /// route matching any path has length 0.
-    fn rank(&self) -> (std::cmp::Reverse<usize>, bool) {
-        let (len, exact) = match &self.uri {
-            Some(Uri::Exact(p)) => (p.len(), true),
-            Some(Uri::Prefix(p)) => (p.len(), false),
-            None => (0, false),
-        };
-        (std::cmp::Reverse(len), !exact)
-    }
-
     fn to_json(&self) -> Value {
         let mut route = json!({"route": [{"destination": self.destination, "weight": 100}]});
         match &self.uri {
@@ -245,52 +228,6 @@ fn route(path: &HttpPath, namespace: &str, ctx: &Context<'_>) -> Result<Route, (
     Ok(Route { uri, destination })
 }
 
-/// How a path matches: Exact and Prefix as written; ImplementationSpecific (or none) as istiod's
-/// `createFallbackStringMatch`: any path for "", `*`, `/*` and `.*`, a prefix for one ending in
-/// `/*` or `.*`, else exact. Regular expressions are refused rather than matched literally.
-fn uri(path: &HttpPath) -> Result<Option<Uri>, String> {
-    let p = path.path.as_str();
-    let kind = path
-        .path_type
-        .as_deref()
-        .unwrap_or("ImplementationSpecific");
-    let any = ["", "*", "/*", ".*"];
-    if kind == "ImplementationSpecific" && any.contains(&p) {
-        return Ok(None);
-    }
-    if !p.starts_with('/') {
-        return Err(format!("{p:?} is not an absolute path"));
-    }
-    if p.contains(['?', '#']) {
-        return Err(format!(
-            "{p:?} holds a query or fragment, which no path has"
-        ));
-    }
-    match kind {
-        "Exact" => Ok(Some(Uri::Exact(p.into()))),
-        "Prefix" => Ok(Some(Uri::Prefix(p.into()))),
-        "ImplementationSpecific" => {
-            let (rest, prefix) = match p.strip_suffix(".*").or_else(|| p.strip_suffix("/*")) {
-                Some(rest) => (rest, true),
-                None => (p, false),
-            };
-            if rest.contains(['*', '[', ']', '(', ')', '|', '^', '$', '\\', '{', '}']) {
-                return Err(format!(
-                    "{p:?} reads as a regular expression, which is not supported: an \
-                     ImplementationSpecific path is exact, or a prefix when it ends in /* or .*"
-                ));
-            }
-            Ok(Some(match prefix {
-                true => Uri::Prefix(rest.into()),
-                false => Uri::Exact(rest.into()),
-            }))
-        }
-        other => Err(format!(
-            "pathType {other:?} is not Exact, Prefix or ImplementationSpecific"
-        )),
-    }
-}
-
 /// A backend as a route destination: a Service of the Ingress's namespace at its port, by
 /// number or by name (looked up in the Service, as istiod does).
 fn destination(
@@ -346,7 +283,7 @@ fn virtual_service<'a>(
         .first()
         .copied()
         .or_else(|| routes.defaults.first().map(|(i, _)| *i))?;
-    routes.routes.sort_by_key(Route::rank);
+    routes.routes.sort_by_key(|r| rank(&r.uri));
     let http: Vec<Value> = (routes.routes.iter())
         .chain(routes.defaults.iter().map(|(_, r)| r))
         .map(Route::to_json)

@@ -12,6 +12,7 @@ mod api;
 mod class;
 mod convert;
 mod held;
+mod paths;
 pub mod status;
 
 use std::sync::Arc;
