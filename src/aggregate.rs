@@ -56,18 +56,22 @@ pub struct Aggregate {
     changes: UnboundedSender<Change>,
     /// The mesh config's `discoverySelectors`, for every Kubernetes cluster's watches.
     discovery_selectors: tokio::sync::watch::Sender<Vec<LabelSelector>>,
+    /// The mesh config in force, for sources that derive config from it.
+    mesh_config: tokio::sync::watch::Sender<Arc<MeshConfig>>,
 }
 
 impl Aggregate {
     /// Returns the controller and the single stream of changes from all its registries.
     pub fn new(mesh: Arc<Mesh>) -> (Arc<Self>, UnboundedReceiver<Change>) {
         let (changes, rx) = mpsc::unbounded_channel();
-        let selectors = mesh.snapshot().config.mesh().discovery_selectors.clone();
+        let mesh_config = mesh.snapshot().config.mesh().clone();
+        let selectors = mesh_config.discovery_selectors.clone();
         let aggregate = Self {
             mesh,
             clusters: RwLock::default(),
             changes,
             discovery_selectors: tokio::sync::watch::Sender::new(selectors),
+            mesh_config: tokio::sync::watch::Sender::new(mesh_config),
         };
         (Arc::new(aggregate), rx)
     }
@@ -75,6 +79,11 @@ impl Aggregate {
     /// The discovery selectors in force, and each change of them.
     pub fn discovery_selectors(&self) -> tokio::sync::watch::Receiver<Vec<LabelSelector>> {
         self.discovery_selectors.subscribe()
+    }
+
+    /// The mesh config in force, and each change of it.
+    pub fn mesh_config(&self) -> tokio::sync::watch::Receiver<Arc<MeshConfig>> {
+        self.mesh_config.subscribe()
     }
 
     pub fn mesh(&self) -> &Arc<Mesh> {
@@ -274,6 +283,8 @@ impl Aggregate {
             for note in &notes {
                 warn!("mesh config field {}: {}", note.field, note.why);
             }
+            let current = self.mesh.snapshot().config.mesh().clone();
+            self.mesh_config.send_replace(current);
             self.emit(Change::full());
         }
         changed

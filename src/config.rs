@@ -166,6 +166,15 @@ pub struct DiscoveryArgs {
     )]
     pub system_namespace: String,
 
+    /// Namespace of the Gateways made from Kubernetes Ingresses, of the gateways serving them and
+    /// of the ingress Service whose addresses their status reports (istiod's K8S_INGRESS_NS).
+    #[arg(
+        long,
+        env = "MESHPILOT_INGRESS_NAMESPACE",
+        default_value = "istio-system"
+    )]
+    pub ingress_namespace: String,
+
     /// Quiet period before a push (e.g. `100ms`); `0s` pushes every change at once.
     #[arg(long, env = "MESHPILOT_DEBOUNCE_AFTER", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub debounce_after: Duration,

@@ -430,6 +430,7 @@ fn istiod_locks(api: &TestApiServer) -> Vec<(&'static str, Option<String>)> {
     let config_maps = [
         "istio-namespace-controller-election",
         "istio-ip-autoallocate",
+        "istio-leader",
     ];
     let leases = [
         "istio-gateway-deployment-default",

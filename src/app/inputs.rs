@@ -18,6 +18,7 @@ use crate::sources::allocated::AllocatedFile;
 use crate::sources::config_files::{ConfigFiles, ConfigFilesWatch};
 use crate::sources::file::{FileClusters, FileWatch};
 use crate::sources::gateway_names;
+use crate::sources::ingress::{self, IngressScope, IngressWatch};
 use crate::sources::kube::{self as kube_source, KubeWatch};
 use crate::sources::kube_config::{self, ConfigScope, KubeConfigWatch, MeshConfigMapKeys};
 use crate::sources::mcp::{self, NodeIdentity, SourceStatuses};
@@ -51,6 +52,8 @@ pub(super) struct ConfigCluster {
     pub(super) client: kube::Client,
     watch: KubeWatch,
     pub(super) config: KubeConfigWatch,
+    /// Kubernetes Ingresses, served as istiod's ingress controller serves them.
+    pub(super) ingress: IngressWatch,
     pub(super) remotes: RemoteController,
 }
 
@@ -192,6 +195,10 @@ impl Inputs {
             .config_cluster
             .as_ref()
             .map(|c| c.config.synced_check());
+        let ingress_listed = self
+            .config_cluster
+            .as_ref()
+            .map(|c| c.ingress.synced_check());
         // MCP sources' first sync is waited for as long as remote clusters' is.
         let sources = self.config_sources.clone();
         let give_up = std::time::Instant::now() + self.sync_timeout;
@@ -201,6 +208,7 @@ impl Inputs {
                 && loaded.all_loaded()
                 && secrets_listed.as_ref().is_none_or(|s| *s.borrow())
                 && config_listed.as_ref().is_none_or(|listed| listed())
+                && ingress_listed.as_ref().is_none_or(|listed| listed())
                 && (sources.lock().iter().all(|s| s.synced) || std::time::Instant::now() > give_up)
         })
     }
@@ -229,6 +237,8 @@ impl ConfigCluster {
         self.watch.supervise(supervisor, "config cluster watch");
         self.config
             .supervise(supervisor, "config cluster Istio config watch");
+        self.ingress
+            .supervise(supervisor, "config cluster Ingress watch");
         self.remotes.supervise(supervisor);
         self
     }
@@ -254,6 +264,13 @@ async fn config_cluster(
     let discovered = registry.discovered().clone();
     let watch =
         kube_source::watch_cluster(client.clone(), registry, aggregate.discovery_selectors());
+    let ingress_scope = IngressScope {
+        cluster: id.clone(),
+        discovered: discovered.clone(),
+        namespace: args.ingress_namespace.clone(),
+        domain_suffix: args.domain_suffix.clone(),
+    };
+    let ingress = ingress::watch(client.clone(), ingress_scope, aggregate.clone());
     let scope = ConfigScope {
         cluster: id.clone(),
         discovered,
@@ -281,6 +298,7 @@ async fn config_cluster(
         client,
         watch,
         config,
+        ingress,
         remotes,
     })
 }

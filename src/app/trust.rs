@@ -23,7 +23,7 @@ use crate::security::rotation::{self, SharedCa};
 use crate::security::tls::ServingCert;
 use crate::security::trust;
 use crate::sources::revision_tags::RevisionTags;
-use crate::sources::{allocation_status, gateway_status};
+use crate::sources::{allocation_status, gateway_status, ingress};
 use crate::supervise::Supervisor;
 use crate::webhook::ca_bundle;
 
@@ -166,9 +166,10 @@ pub(super) fn serving_cert(
 }
 
 /// While leading our Lease: the webhooks' caBundles kept current; and, each while also holding
-/// istiod's lock for it, the root published in every namespace's `istio-ca-root-cert` and
-/// allocated addresses recorded in ServiceEntries' status (cluster-wide ConfigMap locks, which
-/// the default tag's revision takes over), the Gateway API's status written and its managed
+/// istiod's lock for it, the root published in every namespace's `istio-ca-root-cert`,
+/// allocated addresses recorded in ServiceEntries' status and served Ingresses' status written
+/// (cluster-wide ConfigMap locks, which the default tag's revision takes over), the Gateway API's
+/// status written and its managed
 /// Gateways deployed (per-revision Leases), for the objects this revision owns and no running
 /// istiod claims (`sources::gateway_owners`).
 pub(super) fn leader_work(
@@ -183,6 +184,7 @@ pub(super) fn leader_work(
         return;
     };
     let (client, id, remotes) = (c.client.clone(), c.id.clone(), c.remotes.clients());
+    let served_ingresses = c.ingress.served();
     let mesh = aggregate.mesh().clone();
     let clusters = aggregate.clone();
     let discovered_of: trust::DiscoveredOf =
@@ -248,6 +250,27 @@ pub(super) fn leader_work(
             };
             let lock = cluster_wide(leader::IP_AUTOALLOCATE);
             work.push(leader::while_holding(client.clone(), lock, &held, allocate));
+            let ingress_status = {
+                let (client, served, tags) =
+                    (client.clone(), served_ingresses.clone(), tags.clone());
+                let revision = revision.clone();
+                move || {
+                    let keep = ingress::status::keep(
+                        client.clone(),
+                        served.clone(),
+                        revision.clone(),
+                        tags.clone(),
+                    );
+                    vec![keep]
+                }
+            };
+            let lock = cluster_wide(leader::INGRESS_CONTROLLER);
+            work.push(leader::while_holding(
+                client.clone(),
+                lock,
+                &held,
+                ingress_status,
+            ));
             let status = {
                 let (client, id, mesh, tags) =
                     (client.clone(), id.clone(), mesh.clone(), tags.clone());

@@ -1,7 +1,7 @@
 //! Config in force: Istio objects (`/debug/configz`, istiod's Kubernetes-object shape), mesh
 //! config, mesh networks and JWT key sources.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::DebugContext;
 
@@ -72,12 +72,14 @@ pub(super) fn configz(state: &DebugContext) -> Value {
         })
     }));
     out.extend(config.refusals().map(|(source, refusal)| {
+        let (kind, namespace, name) = match (&refusal.key, &refusal.subject) {
+            (Some(k), _) => (json!(k.kind), json!(k.namespace), json!(k.name)),
+            (None, Some(s)) => (json!(s.kind), json!(s.namespace), json!(s.name)),
+            (None, None) => (json!(refusal.kind), Value::Null, Value::Null),
+        };
         serde_json::json!({
-            "kind": refusal.kind,
-            "metadata": {
-                "name": refusal.key.as_ref().map(|k| &k.name),
-                "namespace": refusal.key.as_ref().map(|k| &k.namespace),
-            },
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace},
             "source": refusal.origin,
             "configSource": source,
             "status": "refused",

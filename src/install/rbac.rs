@@ -123,6 +123,17 @@ pub fn control_plane_role(revision: &Revision) -> ClusterRole {
                 ],
                 &["update", "patch"],
             ),
+            // Kubernetes Ingresses of Istio's class, served and their status written.
+            rule(
+                &["networking.k8s.io"],
+                &["ingresses", "ingressclasses"],
+                READ,
+            ),
+            rule(
+                &["networking.k8s.io"],
+                &["ingresses/status"],
+                &["update", "patch"],
+            ),
             // Dry-run only: proves the validation webhook refuses invalid config.
             rule(&["networking.istio.io"], &["destinationrules"], &["create"]),
             rule(

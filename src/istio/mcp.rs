@@ -166,7 +166,9 @@ pub fn from_object(object: &ConfigObject) -> Result<Resource, McpError> {
         | Origin::Mcp {
             resource_version, ..
         } => resource_version.clone(),
-        Origin::File { .. } | Origin::AutoRegistered { .. } => String::new(),
+        Origin::File { .. } | Origin::AutoRegistered { .. } | Origin::Ingress { .. } => {
+            String::new()
+        }
     };
     Ok(Resource {
         metadata: Some(Metadata {

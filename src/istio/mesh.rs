@@ -62,6 +62,26 @@ pub struct MeshConfig {
     /// What of the mesh config as given meshpilot does not apply, by field.
     #[serde(skip)]
     pub not_applied: Vec<FieldNote>,
+    /// Kubernetes Ingress: the `kubernetes.io/ingress.class` annotation value served.
+    pub ingress_class: String,
+    /// Which Ingresses are served: those of the class (STRICT), those naming no class too
+    /// (DEFAULT), none (OFF).
+    pub ingress_controller_mode: IngressControllerMode,
+    /// The `istio` label of the gateway proxies serving Ingresses.
+    pub ingress_selector: String,
+    /// The Service of the system's ingress gateway, whose addresses Ingresses' status reports.
+    pub ingress_service: String,
+}
+
+/// `ingressControllerMode` (istio.io/api mesh/v1alpha1 config.proto `IngressControllerMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum IngressControllerMode {
+    Unspecified,
+    Off,
+    Default,
+    #[default]
+    Strict,
 }
 
 /// One of `configSources`: an address and, for `xds://`, how to reach it.
@@ -242,6 +262,10 @@ impl Default for MeshConfig {
             discovery_selectors: Vec::new(),
             service_settings: Vec::new(),
             not_applied: Vec::new(),
+            ingress_class: "istio".into(),
+            ingress_controller_mode: IngressControllerMode::Strict,
+            ingress_selector: String::new(),
+            ingress_service: "istio-ingressgateway".into(),
         }
     }
 }
@@ -456,6 +480,18 @@ mod tests {
         assert!(mesh.enable_auto_mtls);
         assert_eq!(mesh.outbound_traffic_policy.mode, OutboundMode::AllowAny);
         assert_eq!(mesh.connect_timeout.as_std().as_secs(), 10);
+        // pkg/config/mesh/mesh.go DefaultMeshConfig.
+        assert_eq!(mesh.ingress_class, "istio");
+        assert_eq!(mesh.ingress_controller_mode, IngressControllerMode::Strict);
+        assert_eq!(
+            (
+                mesh.ingress_selector.as_str(),
+                mesh.ingress_service.as_str()
+            ),
+            ("", "istio-ingressgateway")
+        );
+        let mesh = MeshConfig::parse("ingressControllerMode: DEFAULT", &defaults("x")).unwrap();
+        assert_eq!(mesh.ingress_controller_mode, IngressControllerMode::Default);
     }
 
     #[test]

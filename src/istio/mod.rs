@@ -309,6 +309,12 @@ pub enum Origin {
         source: String,
         resource_version: String,
     },
+    /// Made from Kubernetes Ingresses of a cluster (`<namespace>/<name>`, oldest first), as
+    /// istiod's ingress controller makes its Gateways and VirtualServices.
+    Ingress {
+        cluster: String,
+        ingresses: Vec<String>,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -324,6 +330,9 @@ impl fmt::Display for Origin {
                 source,
                 resource_version,
             } => write!(f, "{source}, version {resource_version}"),
+            Origin::Ingress { cluster, ingresses } => {
+                write!(f, "cluster {cluster}, Ingress {}", ingresses.join(", "))
+            }
         }
     }
 }

@@ -8,6 +8,13 @@ use super::duration::Duration;
 use super::validate::{self, ensure, Result};
 use crate::text::Quoted;
 
+/// istiod's annotation giving a VirtualService the route semantics of the API it was made from
+/// (pkg/config/constants `InternalRouteSemantics`), and the value for Kubernetes Ingresses: a
+/// prefix then matches whole path segments (pilot/pkg/networking/core/route/route.go
+/// `translateRouteMatch`).
+pub const ROUTE_SEMANTICS: &str = "internal.istio.io/route-semantics";
+pub const INGRESS_SEMANTICS: &str = "ingress";
+
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VirtualService {

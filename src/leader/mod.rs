@@ -31,9 +31,11 @@ use lock::{LockApi, Record};
 /// meshpilot's own Lease (`meshpilot-leader-<revision>` for a named revision).
 pub const LEASE_NAME: &str = "meshpilot-leader";
 /// istiod's cluster-wide ConfigMap locks (pilot/pkg/leaderelection/leaderelection.go): root
-/// certificate ConfigMaps, allocated ServiceEntry addresses.
+/// certificate ConfigMaps, allocated ServiceEntry addresses, Ingress status.
 pub const NAMESPACE_CONTROLLER: &str = "istio-namespace-controller-election";
 pub const IP_AUTOALLOCATE: &str = "istio-ip-autoallocate";
+/// istiod's cluster-wide lock for writing Kubernetes Ingresses' status (its legacy name).
+pub const INGRESS_CONTROLLER: &str = "istio-leader";
 /// istiod's per-revision Leases (named `<name>-<revision>`): Gateway deployments and status.
 pub const GATEWAY_DEPLOYMENT: &str = "istio-gateway-deployment";
 pub const GATEWAY_STATUS: &str = "istio-gateway-status-leader";

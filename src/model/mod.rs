@@ -25,7 +25,9 @@ mod workloads;
 
 pub use allocation::Allocations;
 pub use config::gateway_api;
-pub use config::{AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal};
+pub use config::{
+    AppliedRule, ConfigChange, ConfigDelta, ConfigSource, ConfigStore, Refusal, Subject,
+};
 pub use credentials::{
     CredentialError, CredentialKey, Credentials, SecretMaterial, CA_SUFFIX as CREDENTIAL_CA_SUFFIX,
 };

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use super::config::ConfigStore;
 use super::sidecar_scope::EgressScope;
-use crate::istio::virtual_service::{Destination, HttpMatch, HttpRoute, TcpRoute, TlsRoute};
+use crate::istio::virtual_service::{
+    Destination, HttpMatch, HttpRoute, StringMatch, TcpRoute, TlsRoute, INGRESS_SEMANTICS,
+    ROUTE_SEMANTICS,
+};
 use crate::istio::{ConfigKey, ConfigKind, ConfigObject, Gateway, Spec, VirtualService};
 
 /// The routes one host has for a proxy, destinations fully qualified.
@@ -143,7 +146,9 @@ impl ConfigStore {
         routes.keys.push(object.key.clone());
         for route in &vs.http {
             match &route.delegate {
-                None => routes.http.push(self.qualified(route.clone(), ns)),
+                None => routes
+                    .http
+                    .push(self.qualified(with_semantics(object, route), ns)),
                 Some(delegate) => {
                     let key = ConfigKey {
                         kind: ConfigKind::VirtualService,
@@ -246,7 +251,7 @@ impl ConfigStore {
                         qualified.http = vs
                             .http
                             .iter()
-                            .map(|r| self.qualified(r.clone(), ns))
+                            .map(|r| self.qualified(with_semantics(o, r), ns))
                             .collect();
                         for route in &mut qualified.tcp {
                             for d in &mut route.route {
@@ -269,6 +274,25 @@ impl ConfigStore {
             })
             .collect()
     }
+}
+
+/// A route as its VirtualService's route semantics read it: one made from an Ingress matches a
+/// prefix (but `/`) by whole path segments, trailing slashes aside.
+fn with_semantics(object: &ConfigObject, route: &HttpRoute) -> HttpRoute {
+    let mut route = route.clone();
+    let semantics = object.meta.annotations.get(ROUTE_SEMANTICS);
+    if semantics.map(String::as_str) != Some(INGRESS_SEMANTICS) {
+        return route;
+    }
+    for m in &mut route.matches {
+        if let Some(StringMatch::Prefix(prefix)) = &m.uri {
+            let segments = prefix.trim_end_matches('/');
+            if !segments.is_empty() {
+                m.uri = Some(StringMatch::PathSeparatedPrefix(segments.to_string()));
+            }
+        }
+    }
+    route
 }
 
 /// A delegate's matches within its root route's: each pair combined, the delegate's conditions

@@ -40,7 +40,9 @@ const LABEL_AUTO_ALLOCATE: &str = "networking.istio.io/enable-autoallocate-ip";
 pub(super) fn source_cluster(object: &ConfigObject) -> ClusterId {
     match &object.meta.origin {
         Origin::File { .. } | Origin::AutoRegistered { .. } => ClusterId::new(FILES_CLUSTER),
-        Origin::Kubernetes { cluster, .. } => ClusterId::new(cluster),
+        Origin::Kubernetes { cluster, .. } | Origin::Ingress { cluster, .. } => {
+            ClusterId::new(cluster)
+        }
         Origin::Mcp { .. } => ClusterId::new(MCP_CLUSTER),
     }
 }

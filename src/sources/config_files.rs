@@ -283,6 +283,7 @@ impl ConfigFiles {
 fn refusal(key: Option<ConfigKey>, path: &str, document: usize, error: String) -> Refusal {
     Refusal {
         kind: key.as_ref().map(|k| k.kind),
+        subject: None,
         key,
         origin: Origin::File {
             path: path.to_string(),

@@ -284,6 +284,7 @@ fn convert(cluster: &ClusterId, object: &DynamicObject) -> Option<(ConfigKey, Co
             error!(error = %e, %origin, "config object refused; keeping its last good version");
             let refusal = Refusal {
                 kind: Some(key.kind),
+                subject: None,
                 key: Some(key.clone()),
                 origin,
                 error: e.to_string(),

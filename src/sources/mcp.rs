@@ -367,6 +367,7 @@ fn refusal(source: &str, kind: ConfigKind, key: Option<ConfigKey>, error: String
     Refusal {
         key,
         kind: Some(kind),
+        subject: None,
         origin: Origin::Mcp {
             source: source.to_string(),
             resource_version: String::new(),

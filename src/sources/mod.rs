@@ -11,6 +11,7 @@ pub mod gateway_names;
 pub mod gateway_owners;
 pub mod gateway_status;
 mod holders;
+pub mod ingress;
 pub mod jwks;
 pub mod kube;
 pub mod kube_config;

@@ -24,6 +24,9 @@ pub use destination_rules::AppliedRule;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ConfigSource {
+    /// Gateways and VirtualServices made from the config cluster's Kubernetes Ingresses: any
+    /// object of another source with the same name wins.
+    Ingress,
     /// WorkloadEntries of proxies registered into WorkloadGroups.
     AutoRegistration,
     Files,
@@ -33,7 +36,8 @@ pub enum ConfigSource {
 }
 
 impl ConfigSource {
-    const ALL: [ConfigSource; 4] = [
+    const ALL: [ConfigSource; 5] = [
+        Self::Ingress,
         Self::AutoRegistration,
         Self::Files,
         Self::Mcp,
@@ -59,8 +63,19 @@ pub struct Refusal {
     pub key: Option<ConfigKey>,
     /// Its kind, also when it could not be named.
     pub kind: Option<ConfigKind>,
+    /// A Kubernetes object that is no Istio config (an Ingress, an IngressClass), when it is one.
+    pub subject: Option<Subject>,
     pub origin: Origin,
     pub error: String,
+}
+
+/// A Kubernetes object a source reads beside Istio's config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Subject {
+    pub kind: &'static str,
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
+    pub name: String,
 }
 
 #[derive(Clone, Debug)]

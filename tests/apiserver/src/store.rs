@@ -252,6 +252,21 @@ pub const KINDS: &[ResourceKind] = &[
         api_version: "gateway.networking.k8s.io/v1beta1",
         namespaced: true,
     },
+    // Kubernetes Ingress, which istiod serves for its class.
+    ResourceKind {
+        plural: "ingresses",
+        group: "networking.k8s.io",
+        kind: "Ingress",
+        api_version: "networking.k8s.io/v1",
+        namespaced: true,
+    },
+    ResourceKind {
+        plural: "ingressclasses",
+        group: "networking.k8s.io",
+        kind: "IngressClass",
+        api_version: "networking.k8s.io/v1",
+        namespaced: false,
+    },
     ResourceKind {
         plural: "endpointslices",
         group: "discovery.k8s.io",
