@@ -3,13 +3,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::destination_rule::{ClientTls, LocalityLbSetting, TlsMode};
+use super::destination_rule::{
+    ClientTls, H2UpgradePolicy, LocalityLbSetting, TcpKeepalive, TlsMode,
+};
 use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
 use super::label_selector::LabelSelector;
 use super::mesh_fields::{self, FieldNote};
+use super::mesh_traffic::{PathNormalization, TlsConfig};
 use super::service_settings::ServiceSettings;
 use super::validate::{self, ensure, Result, ValidationError};
+use super::virtual_service::HttpRetry;
 
 /// The ConfigMap in the system namespace that carries the mesh config, and its key.
 pub const MESH_CONFIGMAP: &str = "istio";
@@ -59,6 +63,22 @@ pub struct MeshConfig {
     /// Hosts whose endpoints reach only their own cluster's proxies (`clusterLocal`), beyond
     /// istiod's defaults, or taken back from them.
     pub service_settings: Vec<ServiceSettings>,
+    /// How request paths are normalised on every connection manager.
+    pub path_normalization: PathNormalization,
+    /// Keepalive on every upstream connection (a DestinationRule's own fields win).
+    pub tcp_keepalive: Option<TcpKeepalive>,
+    /// How long a sniffing listener waits for the client's first bytes (0: until they come).
+    pub protocol_detection_timeout: Duration,
+    /// `UPGRADE`: HTTP/1.1 to HTTP ports' upstreams goes as HTTP/2 unless a rule says not to.
+    pub h2_upgrade_policy: H2UpgradePolicy,
+    /// Retries of routes that name none (Istio's default policy when absent).
+    pub default_http_retry_policy: Option<HttpRetry>,
+    /// Inbound mTLS parameters.
+    #[serde(rename = "meshMTLS")]
+    pub mesh_mtls: TlsConfig,
+    /// Patterns of the clusters' stat names (empty: the cluster's name).
+    pub inbound_cluster_stat_name: String,
+    pub outbound_cluster_stat_name: String,
     /// What of the mesh config as given meshpilot does not apply, by field.
     #[serde(skip)]
     pub not_applied: Vec<FieldNote>,
@@ -261,6 +281,14 @@ impl Default for MeshConfig {
             config_sources: Vec::new(),
             discovery_selectors: Vec::new(),
             service_settings: Vec::new(),
+            path_normalization: PathNormalization::default(),
+            tcp_keepalive: None,
+            protocol_detection_timeout: Duration(std::time::Duration::ZERO),
+            h2_upgrade_policy: H2UpgradePolicy::Default,
+            default_http_retry_policy: None,
+            mesh_mtls: TlsConfig::default(),
+            inbound_cluster_stat_name: String::new(),
+            outbound_cluster_stat_name: String::new(),
             not_applied: Vec::new(),
             ingress_class: "istio".into(),
             ingress_controller_mode: IngressControllerMode::Strict,
@@ -402,6 +430,9 @@ impl MeshConfig {
                 "with accessLogEncoding JSON it must be a JSON object of command operators",
             )?;
         }
+        self.mesh_mtls
+            .validate_mesh_mtls()
+            .map_err(|e| e.under("meshMTLS"))?;
         for (i, selector) in self.discovery_selectors.iter().enumerate() {
             selector
                 .validate()

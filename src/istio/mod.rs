@@ -14,6 +14,7 @@ pub mod label_selector;
 pub mod mcp;
 pub mod mesh;
 pub mod mesh_fields;
+pub mod mesh_traffic;
 pub mod proxy_config;
 pub mod revision;
 pub mod security;

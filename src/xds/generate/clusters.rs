@@ -29,6 +29,7 @@ use super::names::{
     INBOUND_PASSTHROUGH, PASSTHROUGH,
 };
 use super::policy::{self, Effective};
+use super::stat_names;
 use super::tls;
 use super::traits::{Trait, Traits};
 use crate::istio::destination_rule::TlsMode as ClientTlsMode;
@@ -186,7 +187,8 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         ResourceType::Cluster,
         name,
         (FIXED_READS, &()),
-        [g.services_version(), 0, 0, 0],
+        // The mesh's keepalive applies to them too.
+        [g.services_version(), 0, 0, g.config_version()],
         || Some(Resource::encode(name, &fixed(g, name)?)),
     )
 }
@@ -206,6 +208,9 @@ fn fixed(g: &Generation<'_>, name: &str) -> Option<Cluster> {
         },
         _ => return None,
     };
+    if name != BLACKHOLE {
+        policy::apply_keepalive(&mut cluster, g.mesh_config().tcp_keepalive.as_ref(), None);
+    }
     // As istiod: the passthrough to other destinations exchanges metadata, the inbound one not.
     let exchange = g.istio_stats().filter(|_| name == PASSTHROUGH);
     if let Some(stats) = exchange {
@@ -266,6 +271,11 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
     if sniffing && auto && cluster.typed_extension_protocol_options.is_empty() {
         cluster.typed_extension_protocol_options = policy::sniffed_protocol();
     }
+    let subset = target.subset.as_ref().map_or("", |s| s.name.as_str());
+    let pattern = &g.mesh_config().outbound_cluster_stat_name;
+    if let Some(stat) = stat_names::of(pattern, service, subset, target.port, 0) {
+        cluster.alt_stat_name = stat_names::delimited(stat);
+    }
     // Proxyless gRPC balances round robin (or by a rule's hash); it refuses Envoy's default.
     if g.generator() == Generator::Grpc && cluster.lb_policy == LbPolicy::LeastRequest as i32 {
         cluster.lb_policy = LbPolicy::RoundRobin as i32;
@@ -276,7 +286,6 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
         cluster.filters.push(stats.cluster_filter());
     }
     if g.generator() == Generator::Envoy {
-        let subset = target.subset.as_ref().map_or("", |s| s.name.as_str());
         let sni = outbound_sni(target.port, subset, &service.hostname);
         match &effective.tls {
             Some(t) if t.mode == ClientTlsMode::Disable => {}
@@ -383,7 +392,7 @@ fn service_cluster(
         ),
         None => Effective::default(),
     };
-    policy::apply(&mut cluster, &effective, http, http2);
+    policy::apply(&mut cluster, &effective, g.mesh_policy(), http, http2);
     let locality = locality::setting(
         effective.load_balancer.as_ref(),
         mesh.locality_lb_setting.as_ref(),

@@ -20,6 +20,7 @@ use envoy_types::util::pack_any;
 use super::common::ads_awaited;
 use super::istio_stats::SideStats;
 use super::names::BLACKHOLE;
+use crate::istio::mesh_traffic::Normalization;
 
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
 /// The `server` header Istio's proxies answer with (istiod's default `proxyHeaders`).
@@ -38,8 +39,7 @@ pub(super) fn rds(route_name: &str) -> RouteSpecifier {
 
 /// A connection manager with the router as its only HTTP filter, and the settings istiod gives
 /// every one (`buildHTTPConnectionManager`, pilot/pkg/networking/core/listener_builder.go): paths
-/// normalised before routes and policies see them (`/a/../admin` is `/admin`), escaped slashes
-/// kept; no idle timeout on streams (long polls and gRPC streams stay); WebSocket upgrades; a
+/// normalised as the mesh says once it is a filter ([`hcm_filter`]); no idle timeout on streams (long polls and gRPC streams stay); WebSocket upgrades; a
 /// `100-continue` answered by the upstream.
 pub(super) fn hcm(
     stat_prefix: &str,
@@ -50,10 +50,8 @@ pub(super) fn hcm(
         stat_prefix: stat_prefix.to_string(),
         route_specifier: Some(routes),
         access_log: logs.to_vec(),
-        normalize_path: Some(BoolValue { value: true }),
         // Said outright, as istiod does; routers set it.
         use_remote_address: Some(BoolValue { value: false }),
-        path_with_escaped_slashes_action: PathWithEscapedSlashesAction::KeepUnchanged as i32,
         stream_idle_timeout: Some(Duration {
             seconds: 0,
             nanos: 0,
@@ -98,13 +96,37 @@ pub(super) fn outbound_hcm(
     hcm
 }
 
-/// A connection manager as a listener's network filter, with Istio's stats filters when the
-/// proxy gets them.
-pub(super) fn hcm_filter(mut hcm: HttpConnectionManager, stats: Option<&SideStats>) -> Filter {
+/// A connection manager as a listener's network filter, its paths normalised as the mesh says,
+/// with Istio's stats filters when the proxy gets them.
+pub(super) fn hcm_filter(
+    mut hcm: HttpConnectionManager,
+    stats: Option<&SideStats>,
+    paths: Normalization,
+) -> Filter {
+    normalize_paths(&mut hcm, paths);
     if let Some(stats) = stats {
         stats.add_to(&mut hcm);
     }
     network_filter(HTTP_CONNECTION_MANAGER, pack_any(hcm))
+}
+
+/// Mesh `pathNormalization` (istiod's `buildHTTPConnectionManager`,
+/// pilot/pkg/networking/core/listener_builder.go): BASE normalises (RFC 3986), MERGE_SLASHES also
+/// merges `//`, DECODE_AND_MERGE_SLASHES also decodes escaped slashes; NONE leaves paths be.
+fn normalize_paths(hcm: &mut HttpConnectionManager, paths: Normalization) {
+    let (normalize, merge, escaped) = match paths {
+        Normalization::None => (false, false, PathWithEscapedSlashesAction::KeepUnchanged),
+        Normalization::Default | Normalization::Base => {
+            (true, false, PathWithEscapedSlashesAction::KeepUnchanged)
+        }
+        Normalization::MergeSlashes => (true, true, PathWithEscapedSlashesAction::KeepUnchanged),
+        Normalization::DecodeAndMergeSlashes => {
+            (true, true, PathWithEscapedSlashesAction::UnescapeAndForward)
+        }
+    };
+    hcm.normalize_path = Some(BoolValue { value: normalize });
+    hcm.merge_slashes = merge;
+    hcm.path_with_escaped_slashes_action = escaped as i32;
 }
 
 pub(super) fn network_filter(name: &str, config: Any) -> Filter {

@@ -18,6 +18,7 @@ use super::common::ads;
 use super::{sds, tls};
 use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
 use crate::istio::gateway::{ServerTls, ServerTlsMode};
+use crate::istio::mesh_traffic::TlsConfig;
 
 /// Whether a server's TLS mode ends TLS at the gateway (the others pass it through).
 pub fn terminates(mode: ServerTlsMode) -> bool {
@@ -34,7 +35,8 @@ pub fn server_socket(
     trust_domains: &[String],
 ) -> TransportSocket {
     if settings.mode == ServerTlsMode::IstioMutual {
-        return tls::inbound_socket(trust_domains, tls::INBOUND_HTTP_ALPN);
+        // `meshMTLS` is for workloads' inbound mTLS only (istiod's `BuildInboundTLS` callers).
+        return tls::inbound_socket(trust_domains, tls::INBOUND_HTTP_ALPN, &TlsConfig::default());
     }
     let verify_clients = matches!(
         settings.mode,

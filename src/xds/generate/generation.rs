@@ -16,12 +16,14 @@ use super::cache::ResourceCache;
 use super::envoy_filter::{Patched, ProxyPatches};
 use super::istio_stats::{default_plan, IstioStats, SideStats, DEFAULT_ISTIO_STATS};
 use super::names::{self, ClusterName};
+use super::policy::MeshPolicy;
 use super::providers::report_unbuilt;
 use super::tracer::{ProxyTracing, TracingInputs};
 use super::traits::{Trait, Traits};
 use super::wasm::ProxyPlugins;
-use crate::istio::destination_rule::Subset;
+use crate::istio::destination_rule::{H2UpgradePolicy, Subset};
 use crate::istio::mesh::OutboundMode;
+use crate::istio::mesh_traffic::Normalization;
 use crate::istio::{ConfigObject, MeshConfig, VirtualService};
 use crate::model::topology::{self, Topology};
 use crate::model::{
@@ -440,6 +442,20 @@ impl Generation<'_> {
 
     pub(super) fn mesh_config(&self) -> &MeshConfig {
         self.mesh.config.mesh()
+    }
+
+    /// What the mesh sets on every cluster a traffic policy shapes.
+    pub(super) fn mesh_policy(&self) -> MeshPolicy<'_> {
+        let mesh = self.mesh_config();
+        MeshPolicy {
+            tcp_keepalive: mesh.tcp_keepalive.as_ref(),
+            h2_upgrade: mesh.h2_upgrade_policy == H2UpgradePolicy::Upgrade,
+        }
+    }
+
+    /// How the mesh normalises request paths on every connection manager.
+    pub(super) fn path_normalization(&self) -> Normalization {
+        self.mesh_config().path_normalization.normalization
     }
 
     /// The trust domains whose workloads this proxy accepts as peers: the mesh's and its aliases

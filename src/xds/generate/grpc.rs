@@ -117,7 +117,8 @@ fn route_config(name: &str, host: &str, port: u16) -> RouteConfiguration {
             name,
             domains,
             &outbound_cluster(port, host),
-            DefaultRoute::Outbound,
+            // Istio's default retries, as before; gRPC libraries apply only their own.
+            DefaultRoute::Outbound(None),
         )],
         ..Default::default()
     }

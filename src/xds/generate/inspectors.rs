@@ -92,6 +92,19 @@ pub(super) fn for_chains<'c>(
     filters
 }
 
+/// How long an outbound listener waits for its inspectors: the mesh's `protocolDetectionTimeout`
+/// where the HTTP inspector sniffs, no limit otherwise (istiod's `buildListenerFromEntry`,
+/// pilot/pkg/networking/core/listener.go).
+pub(super) fn outbound_timeout(
+    filters: &[ListenerFilter],
+    detection: crate::istio::duration::Duration,
+) -> envoy_types::pb::google::protobuf::Duration {
+    match filters.iter().any(|f| f.name == HTTP_INSPECTOR) {
+        true => detection.to_proto(),
+        false => Default::default(),
+    }
+}
+
 /// Where an inspector must not run. Chains for any port (0) decide the default: when they need
 /// it, it is off on the ports that do not; when they do not, it runs only on the ports that do.
 fn disabled_on(

@@ -34,6 +34,7 @@ mod routes;
 mod sds;
 pub mod security;
 mod sidecar;
+mod stat_names;
 pub mod tls;
 mod tracer;
 mod traits;

@@ -26,8 +26,9 @@ use envoy_types::util::pack_any;
 
 use crate::istio::destination_rule::{
     ClientTls, ConnectionPool, DestinationRule, H2UpgradePolicy, LoadBalancer, OutlierDetection,
-    SimpleLb, TrafficPolicy,
+    SimpleLb, TcpKeepalive as KeepaliveSpec, TrafficPolicy,
 };
+use crate::istio::duration::Duration;
 
 /// The four parts of a traffic policy in force for one cluster.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -109,14 +110,30 @@ impl Effective {
 /// says otherwise (Envoy's own defaults, 1024, throttle busy meshes).
 const UNLIMITED: u32 = u32::MAX;
 
-/// Applies the load balancer, connection pool and outlier detection of `policy` to `cluster`.
-/// `http` tells whether the port carries HTTP (protocol options apply), `http2` whether upstream
-/// speaks HTTP/2 already. A cluster to the original destination keeps its load balancer.
-pub fn apply(cluster: &mut Cluster, policy: &Effective, http: bool, http2: bool) {
+/// What the mesh config sets on every cluster a traffic policy shapes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MeshPolicy<'a> {
+    /// `tcpKeepalive`: each field a rule's own keepalive leaves unset.
+    pub tcp_keepalive: Option<&'a KeepaliveSpec>,
+    /// `h2UpgradePolicy: UPGRADE`: HTTP ports upgrade unless a rule says otherwise.
+    pub h2_upgrade: bool,
+}
+
+/// Applies the load balancer, connection pool and outlier detection of `policy` to `cluster`,
+/// over the mesh's defaults. `http` tells whether the port carries HTTP (protocol options apply),
+/// `http2` whether upstream speaks HTTP/2 already. A cluster to the original destination keeps
+/// its load balancer.
+pub fn apply(
+    cluster: &mut Cluster,
+    policy: &Effective,
+    mesh: MeshPolicy<'_>,
+    http: bool,
+    http2: bool,
+) {
     if cluster.lb_policy != LbPolicy::ClusterProvided as i32 {
         apply_load_balancer(cluster, policy.load_balancer.as_ref());
     }
-    apply_connection_pool(cluster, policy.connection_pool.as_ref(), http, http2);
+    apply_connection_pool(cluster, policy.connection_pool.as_ref(), mesh, http, http2);
     if let Some(outlier) = &policy.outlier_detection {
         apply_outlier(cluster, outlier);
     }
@@ -164,6 +181,7 @@ fn apply_load_balancer(cluster: &mut Cluster, lb: Option<&LoadBalancer>) {
 fn apply_connection_pool(
     cluster: &mut Cluster,
     pool: Option<&ConnectionPool>,
+    mesh: MeshPolicy<'_>,
     http: bool,
     http2: bool,
 ) {
@@ -178,20 +196,11 @@ fn apply_connection_pool(
     if let Some(timeout) = tcp.and_then(|t| t.connect_timeout) {
         cluster.connect_timeout = Some(timeout.to_proto());
     }
-    if let Some(keepalive) = tcp.and_then(|t| t.tcp_keepalive.as_ref()) {
-        cluster.upstream_connection_options = Some(UpstreamConnectionOptions {
-            tcp_keepalive: Some(TcpKeepalive {
-                keepalive_probes: keepalive.probes.map(|value| UInt32Value { value }),
-                keepalive_time: keepalive.time.map(|d| UInt32Value {
-                    value: u32::try_from(d.as_std().as_secs()).unwrap_or(u32::MAX),
-                }),
-                keepalive_interval: keepalive.interval.map(|d| UInt32Value {
-                    value: u32::try_from(d.as_std().as_secs()).unwrap_or(u32::MAX),
-                }),
-            }),
-            ..Default::default()
-        });
-    }
+    apply_keepalive(
+        cluster,
+        mesh.tcp_keepalive,
+        tcp.and_then(|t| t.tcp_keepalive.as_ref()),
+    );
     let idle_timeout = http_settings
         .and_then(|h| h.idle_timeout)
         .or(tcp.and_then(|t| t.idle_timeout));
@@ -208,7 +217,12 @@ fn apply_connection_pool(
             .map(|d| d.to_proto()),
         ..Default::default()
     };
-    let upgrade = http_settings.and_then(|h| h.h2_upgrade_policy) == Some(H2UpgradePolicy::Upgrade);
+    // A rule's own policy first, else the mesh's for HTTP ports (istiod's `shouldH2Upgrade`).
+    let upgrade = match http_settings.and_then(|h| h.h2_upgrade_policy) {
+        Some(H2UpgradePolicy::Upgrade) => true,
+        Some(H2UpgradePolicy::DoNotUpgrade) => false,
+        Some(H2UpgradePolicy::Default) | None => mesh.h2_upgrade,
+    };
     let use_client = http_settings.and_then(|h| h.use_client_protocol) == Some(true);
     let concurrent = http_settings
         .and_then(|h| h.max_concurrent_streams)
@@ -249,6 +263,36 @@ fn apply_connection_pool(
         ..Default::default()
     };
     cluster.typed_extension_protocol_options = protocol_options(options);
+}
+
+/// TCP keepalive on the cluster's upstream connections: the mesh's `tcpKeepalive`, each field a
+/// rule's keepalive sets replacing it (istiod's `applyTCPKeepalive`,
+/// pilot/pkg/networking/core/cluster.go); any keepalive at all turns SO_KEEPALIVE on.
+pub fn apply_keepalive(
+    cluster: &mut Cluster,
+    mesh: Option<&KeepaliveSpec>,
+    rule: Option<&KeepaliveSpec>,
+) {
+    if mesh.is_none() && rule.is_none() {
+        return;
+    }
+    let field = |f: &dyn Fn(&KeepaliveSpec) -> Option<u32>| {
+        rule.and_then(f)
+            .or_else(|| mesh.and_then(f))
+            .map(|value| UInt32Value { value })
+    };
+    let seconds = |d: &Option<Duration>| {
+        d.as_ref()
+            .map(|d| u32::try_from(d.as_std().as_secs()).unwrap_or(u32::MAX))
+    };
+    cluster.upstream_connection_options = Some(UpstreamConnectionOptions {
+        tcp_keepalive: Some(TcpKeepalive {
+            keepalive_probes: field(&|k| k.probes.filter(|p| *p > 0)),
+            keepalive_time: field(&|k| seconds(&k.time)),
+            keepalive_interval: field(&|k| seconds(&k.interval)),
+        }),
+        ..Default::default()
+    });
 }
 
 /// Circuit breakers at these limits, each unlimited where unset (istiod's
@@ -488,7 +532,13 @@ trafficPolicy:
 ",
         );
         let mut c = Cluster::default();
-        apply(&mut c, &Effective::of(&dr, None, 80), true, false);
+        apply(
+            &mut c,
+            &Effective::of(&dr, None, 80),
+            MeshPolicy::default(),
+            true,
+            false,
+        );
         assert_eq!(c.lb_policy, LbPolicy::RingHash as i32);
         let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
         assert_eq!(t.max_connections.as_ref().unwrap().value, 100);
@@ -509,5 +559,55 @@ trafficPolicy:
         assert!(c
             .typed_extension_protocol_options
             .contains_key("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"));
+    }
+
+    #[test]
+    fn the_mesh_keepalive_under_the_rules_and_its_upgrade_unless_the_rule_declines() {
+        let dr = rule(
+            "
+host: r
+trafficPolicy:
+  connectionPool:
+    tcp: {tcpKeepalive: {time: 10s}}
+    http: {h2UpgradePolicy: DO_NOT_UPGRADE}
+",
+        );
+        let mesh_keepalive = KeepaliveSpec {
+            probes: Some(3),
+            time: Some(Duration(std::time::Duration::from_secs(7200))),
+            interval: None,
+        };
+        let mesh = MeshPolicy {
+            tcp_keepalive: Some(&mesh_keepalive),
+            h2_upgrade: true,
+        };
+        let mut c = Cluster::default();
+        apply(&mut c, &Effective::of(&dr, None, 80), mesh, true, false);
+        let k = c
+            .upstream_connection_options
+            .unwrap()
+            .tcp_keepalive
+            .unwrap();
+        assert_eq!(k.keepalive_probes.map(|v| v.value), Some(3));
+        assert_eq!(
+            k.keepalive_time.map(|v| v.value),
+            Some(10),
+            "the rule's time"
+        );
+        assert_eq!(k.keepalive_interval, None);
+        assert!(
+            c.typed_extension_protocol_options.is_empty(),
+            "not upgraded"
+        );
+
+        let mut upgraded = Cluster::default();
+        apply(&mut upgraded, &Effective::default(), mesh, true, false);
+        assert!(!upgraded.typed_extension_protocol_options.is_empty());
+        let mut tcp = Cluster::default();
+        apply(&mut tcp, &Effective::default(), mesh, false, false);
+        assert!(
+            tcp.typed_extension_protocol_options.is_empty(),
+            "TCP ports stay"
+        );
     }
 }

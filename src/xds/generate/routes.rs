@@ -39,7 +39,7 @@ use super::filters::{CORS_FILTER, FAULT_FILTER};
 use super::generation::Generation;
 use super::names::subset_cluster;
 use crate::istio::virtual_service::{
-    Destination, HeaderOperations, Headers, HttpMatch, HttpRoute, Percent, StringMatch,
+    Destination, HeaderOperations, Headers, HttpMatch, HttpRetry, HttpRoute, Percent, StringMatch,
     UnmatchedPreflights,
 };
 
@@ -88,11 +88,11 @@ pub fn http_routes(ctx: &RouteContext<'_, '_>, routes: &[HttpRoute]) -> Vec<Rout
 }
 
 /// Which of istiod's default routes a virtual host gets (pilot/pkg/networking/core/route/route.go).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum DefaultRoute {
-    /// To a service (`BuildDefaultHTTPOutboundRoute`): the default retries, no timeout, and the
-    /// client's `grpc-timeout` honoured.
-    Outbound,
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum DefaultRoute<'a> {
+    /// To a service (`BuildDefaultHTTPOutboundRoute`): the mesh's `defaultHttpRetryPolicy` (else
+    /// Istio's default retries), no timeout, and the client's `grpc-timeout` honoured.
+    Outbound(Option<&'a HttpRetry>),
     /// To the passthrough cluster (`allow_any`, `buildCatchAllVirtualHost`): no retries, no
     /// timeout.
     Passthrough,
@@ -107,7 +107,7 @@ pub(super) fn virtual_host(
     name: &str,
     domains: Vec<String>,
     cluster: &str,
-    kind: DefaultRoute,
+    kind: DefaultRoute<'_>,
 ) -> VirtualHost {
     let mut action = RouteAction {
         cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.to_string())),
@@ -116,8 +116,8 @@ pub(super) fn virtual_host(
         ..Default::default()
     };
     match kind {
-        DefaultRoute::Outbound => {
-            action.retry_policy = retry_policy(&HttpRoute::default());
+        DefaultRoute::Outbound(mesh_retries) => {
+            action.retry_policy = retry_policy(&HttpRoute::default(), mesh_retries);
             set_grpc_timeout(&mut action);
         }
         DefaultRoute::Passthrough => set_grpc_timeout(&mut action),
@@ -367,7 +367,10 @@ fn action(ctx: &RouteContext<'_, '_>, route: &HttpRoute) -> route::Action {
         cluster_specifier: Some(cluster_specifier),
         // No timeout unless the route names one, as Istio: long streams must not be cut.
         timeout: Some(route.timeout.map_or(proto_duration(0, 0), |t| t.to_proto())),
-        retry_policy: retry_policy(route),
+        retry_policy: retry_policy(
+            route,
+            ctx.g.mesh_config().default_http_retry_policy.as_ref(),
+        ),
         prefix_rewrite: rewrite
             .filter(|r| r.uri_regex_rewrite.is_none())
             .map(|r| r.uri.clone())
@@ -434,9 +437,10 @@ pub fn cluster_for(ctx: &RouteContext<'_, '_>, destination: &Destination) -> Str
 /// cancelled streams, each to another host); none for `attempts: 0`. As istiod's `ConvertPolicy`
 /// (pilot/pkg/networking/core/route/retry/retry.go), which since 1.24 no longer retries 503s by
 /// default: an application's 503 may have had effects.
-pub fn retry_policy(route: &HttpRoute) -> Option<RetryPolicy> {
-    let retries = route.retries.as_ref();
-    if retries.is_some_and(|r| r.attempts == 0) {
+pub fn retry_policy(route: &HttpRoute, mesh_retries: Option<&HttpRetry>) -> Option<RetryPolicy> {
+    // The route's own, else the mesh's `defaultHttpRetryPolicy`, else Istio's default.
+    let retries = route.retries.as_ref().or(mesh_retries);
+    if retries.is_some_and(|r| r.attempts <= 0) {
         return None;
     }
     let retry_on = retries

@@ -20,6 +20,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, BoolValue, Duration, Struct
 use envoy_types::util::pack_any;
 
 use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
+use crate::istio::mesh_traffic::{TlsConfig, TlsVersion};
 
 /// SDS secret names and cluster of istio-proxy's agent.
 pub const WORKLOAD_SECRET: &str = "default";
@@ -290,15 +291,28 @@ fn accept_trust_domains(context: &mut CommonTlsContext, trust_domains: &[String]
 pub const INBOUND_HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
 pub const INBOUND_TCP_ALPN: &[&str] = &["istio-peer-exchange", "h2", "http/1.1"];
 
-/// A workload's mTLS server, as istiod's `BuildInboundTLS`: the workload certificate, a client
-/// certificate required from one of the mesh's trust domains, TLS 1.2 to 1.3 with istiod's
-/// ciphers.
-pub fn inbound_socket(trust_domains: &[String], alpn: &[&str]) -> TransportSocket {
+/// A workload's mTLS server, as istiod's `BuildInboundTLS` (pilot/pkg/security/authn/utils):
+/// the workload certificate, a client certificate required from one of the mesh's trust domains,
+/// TLS 1.2 (1.3 where the mesh's `meshMTLS` says) to 1.3, with istiod's ciphers unless `meshMTLS`
+/// names its own.
+pub fn inbound_socket(
+    trust_domains: &[String],
+    alpn: &[&str],
+    mesh_mtls: &TlsConfig,
+) -> TransportSocket {
     let mut context = common(&[], alpn);
     accept_trust_domains(&mut context, trust_domains);
+    let ciphers = match mesh_mtls.cipher_suites.is_empty() {
+        true => INBOUND_CIPHERS.iter().map(|c| c.to_string()).collect(),
+        false => mesh_mtls.cipher_suites.clone(),
+    };
+    let mut params = upstream_tls_params();
+    if mesh_mtls.min_protocol_version == TlsVersion::V1_3 {
+        params.tls_minimum_protocol_version = tls_parameters::TlsProtocol::TlSv13 as i32;
+    }
     context.tls_params = Some(TlsParameters {
-        cipher_suites: INBOUND_CIPHERS.iter().map(|c| c.to_string()).collect(),
-        ..upstream_tls_params()
+        cipher_suites: ciphers,
+        ..params
     });
     let tls = DownstreamTlsContext {
         common_tls_context: Some(context),

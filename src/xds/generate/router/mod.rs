@@ -347,7 +347,7 @@ fn http_filter(g: &Generation<'_>, route: &str, port: u16, security: &WorkloadSe
     g.tracing().of(Side::Gateway).apply(&mut hcm);
     let wasm = g.wasm_plugins().http(ListenerClass::Gateway, port);
     hcm.http_filters.splice(0..0, security.http_filters(wasm));
-    hcm_filter(hcm, g.stats(Side::Gateway))
+    hcm_filter(hcm, g.stats(Side::Gateway), g.path_normalization())
 }
 
 fn targets(

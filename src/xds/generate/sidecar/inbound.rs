@@ -14,11 +14,11 @@ use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::Ori
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
     ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails,
 };
-use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
 use crate::istio::sidecar::IngressEndpoint;
-use crate::model::{IngressPort, Protocol, ServiceKey};
+use crate::model::{IngressPort, Protocol, Service, ServiceKey};
 use crate::xds::generate::access_log::Side;
 use crate::xds::generate::clusters::{assignment_at, pipe, static_cluster, to_workload};
 use crate::xds::generate::common::socket;
@@ -34,6 +34,7 @@ use crate::xds::generate::names::{
 use crate::xds::generate::policy;
 use crate::xds::generate::routes::{virtual_host, DefaultRoute};
 use crate::xds::generate::security::WorkloadSecurity;
+use crate::xds::generate::stat_names;
 use crate::xds::generate::wasm::{ListenerClass, Phased};
 use crate::xds::protocol::ResourceType;
 use crate::xds::wire::Resource;
@@ -102,7 +103,7 @@ fn listener(g: &Generation<'_>) -> Listener {
         address: Some(socket("0.0.0.0", INBOUND_PORT)),
         listener_filters,
         // mesh `protocolDetectionTimeout` (0s: sniffing waits for the client's first bytes).
-        listener_filters_timeout: Some(Duration::default()),
+        listener_filters_timeout: Some(g.mesh_config().protocol_detection_timeout.to_proto()),
         continue_on_listener_filters_timeout: true,
         filter_chains,
         traffic_direction: TrafficDirection::Inbound as i32,
@@ -176,7 +177,7 @@ fn chains(
             name,
             filter_chain_match: Some(option.matching(port)),
             filters: filters.clone(),
-            transport_socket: option.socket(&trust_domains),
+            transport_socket: option.socket(&trust_domains, &g.mesh_config().mesh_mtls),
             ..Default::default()
         });
     }
@@ -244,7 +245,7 @@ fn http_filter(
     if matches!(protocol, Protocol::Http2 | Protocol::Grpc) {
         hcm.http2_protocol_options = Some(Default::default());
     }
-    hcm_filter(hcm, g.stats(Side::SidecarInbound))
+    hcm_filter(hcm, g.stats(Side::SidecarInbound), g.path_normalization())
 }
 
 /// The proxy's own clusters: one `inbound|<port>||` per port of its workload.
@@ -288,7 +289,39 @@ pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     if protocol == Protocol::Unsupported {
         cluster.typed_extension_protocol_options = policy::downstream_protocol();
     }
+    policy::apply_keepalive(&mut cluster, g.mesh_config().tcp_keepalive.as_ref(), None);
+    // Named after the first service the port serves, as istiod's `buildInboundCluster`.
+    let pattern = &g.mesh_config().inbound_cluster_stat_name;
+    let stat = service_of(g, port).and_then(|(service, service_port)| {
+        stat_names::of(pattern, &service, "", service_port, port)
+    });
+    if let Some(stat) = stat {
+        cluster.alt_stat_name = stat_names::delimited(stat);
+    }
     g.finish(ResourceType::Cluster, Resource::encode(name, &cluster))
+}
+
+/// The first service (and its port) whose endpoint at the proxy's addresses is this target port.
+fn service_of(g: &Generation<'_>, target_port: u16) -> Option<(Arc<Service>, u16)> {
+    g.addresses().iter().find_map(|ip| {
+        g.mesh
+            .endpoints
+            .services_at(ip)
+            .into_iter()
+            .find_map(|key| {
+                let service = g.service(&key.hostname)?.clone();
+                let shards = g.mesh.endpoints.get(&key)?;
+                let port = shards
+                    .endpoints()
+                    .filter(|e| e.address == *ip && e.port == target_port)
+                    .find_map(|e| {
+                        let ports = service.ports.iter();
+                        ports.clone().find(|p| *p.name == *e.service_port_name)
+                    })?
+                    .port;
+                Some((service, port))
+            })
+    })
 }
 
 /// The ingress ports of the proxy's Sidecar (none without one, or one declaring none).

@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::config::core::v3::TransportSocket;
 use envoy_types::pb::envoy::config::listener::v3::FilterChainMatch;
 use envoy_types::pb::google::protobuf::UInt32Value;
 
+use crate::istio::mesh_traffic::TlsConfig;
 use crate::istio::security::peer::MtlsMode;
 use crate::model::Protocol;
 use crate::xds::generate::inspectors::{ALL_MTLS_ALPN, PLAINTEXT_HTTP_ALPN};
@@ -121,13 +122,17 @@ impl ChainOption {
     }
 
     /// The workload's mTLS server, where the chain terminates it.
-    pub(super) fn socket(&self, trust_domains: &[String]) -> Option<TransportSocket> {
+    pub(super) fn socket(
+        &self,
+        trust_domains: &[String],
+        mesh_mtls: &TlsConfig,
+    ) -> Option<TransportSocket> {
         self.mtls.then(|| {
             let alpn = match self.http {
                 true => tls::INBOUND_HTTP_ALPN,
                 false => tls::INBOUND_TCP_ALPN,
             };
-            tls::inbound_socket(trust_domains, alpn)
+            tls::inbound_socket(trust_domains, alpn, mesh_mtls)
         })
     }
 }

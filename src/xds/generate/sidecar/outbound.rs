@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener,
 };
-use envoy_types::pb::google::protobuf::{BoolValue, Duration, UInt32Value};
+use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 
 use super::tls_routes;
 use crate::model::{Protocol, Service};
@@ -25,6 +25,7 @@ use crate::xds::generate::inspectors::{self, PLAINTEXT_HTTP_ALPN};
 use crate::xds::generate::istio_stats::tcp_chain;
 use crate::xds::generate::names::{outbound_cluster, BLACKHOLE, VIRTUAL_OUTBOUND};
 use crate::xds::generate::routes::{cluster_for, RouteContext};
+use crate::xds::generate::stat_names;
 use crate::xds::generate::wasm::ListenerClass;
 
 const OUTBOUND_PORT: u16 = 15001;
@@ -319,13 +320,14 @@ pub(super) fn port_listener(g: &Generation<'_>, name: &str, port: u16) -> Option
         ..Default::default()
     });
     let listener_filters = inspectors::for_chains(&filter_chains);
+    let detection = g.mesh_config().protocol_detection_timeout;
     Some(Listener {
         name: name.to_string(),
         address: Some(socket("0.0.0.0", port)),
         bind_to_port: Some(BoolValue { value: false }),
-        listener_filters,
         // mesh `protocolDetectionTimeout` (0s: sniffing waits for the client's first bytes).
-        listener_filters_timeout: Some(Duration::default()),
+        listener_filters_timeout: Some(inspectors::outbound_timeout(&listener_filters, detection)),
+        listener_filters,
         continue_on_listener_filters_timeout: true,
         filter_chains,
         default_filter_chain: Some(default_chain),
@@ -371,7 +373,7 @@ fn http_filter(g: &Generation<'_>, stat_prefix: &str, port: u16, route: &str) ->
     g.tracing().of(side).apply(&mut hcm);
     let wasm = g.wasm_plugins().http(ListenerClass::Outbound, port).all();
     hcm.http_filters.splice(0..0, wasm);
-    hcm_filter(hcm, g.stats(side))
+    hcm_filter(hcm, g.stats(side), g.path_normalization())
 }
 
 /// A TCP service's proxying: the first VirtualService TCP route that applies on this port (its
@@ -382,8 +384,13 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
     let tls = service
         .port(port)
         .is_some_and(|p| matches!(p.protocol, Protocol::Tls | Protocol::Https));
+    // Stats under the mesh's `outboundClusterStatName`, else the cluster's name (istiod's
+    // `buildOutboundNetworkFiltersWithSingleDestination`, pilot/pkg/networking/core/networkfilter.go).
+    let pattern = &g.mesh_config().outbound_cluster_stat_name;
+    let stat_prefix = stat_names::of(pattern, service, "", port, 0);
+    let stat_prefix = stat_prefix.as_deref().unwrap_or(cluster);
     if tls {
-        return tcp_proxy_filter(cluster, cluster, logs);
+        return tcp_proxy_filter(stat_prefix, cluster, logs);
     }
     let routes = g.mesh_routes(&service.hostname, g.egress_scope(port));
     let route = routes.as_ref().and_then(|r| {
@@ -401,7 +408,7 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
         })
     });
     let Some(route) = route else {
-        return tcp_proxy_filter(cluster, cluster, logs);
+        return tcp_proxy_filter(stat_prefix, cluster, logs);
     };
     let ctx = RouteContext {
         g,

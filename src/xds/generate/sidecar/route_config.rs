@@ -123,7 +123,7 @@ fn virtual_hosts(g: &Generation<'_>, port: u16) -> Vec<VirtualHost> {
                     &format!("{}:{port}", s.hostname),
                     domains,
                     &outbound_cluster(port, &s.hostname),
-                    DefaultRoute::Outbound,
+                    DefaultRoute::Outbound(g.mesh_config().default_http_retry_policy.as_ref()),
                 );
                 // A VirtualService for the host replaces the default route.
                 let ctx = RouteContext {

@@ -45,6 +45,7 @@ use super::clusters::{
     FORWARD_INNER_CONNECT,
 };
 use super::Served;
+use crate::istio::mesh_traffic::Normalization;
 use crate::model::waypoints::HBONE_PORT;
 use crate::model::Service;
 use crate::xds::generate::access_log::Side;
@@ -196,7 +197,10 @@ fn http_processing(
     before_router.extend(wasm.rest);
     manager.http_filters.splice(0..0, before_router);
     let stats = g.stats(Side::SidecarInbound);
-    processing(name, vec![hcm_filter(manager, stats)])
+    processing(
+        name,
+        vec![hcm_filter(manager, stats, g.path_normalization())],
+    )
 }
 
 /// Ends mTLS and HTTP/2 CONNECT on 15008; each tunnel's payload goes to the cluster its authority
@@ -282,7 +286,8 @@ fn connect_terminate(served: &Served, trust_domains: &[String]) -> Listener {
         address: Some(socket("0.0.0.0", HBONE_PORT)),
         filter_chains: vec![FilterChain {
             name: "default".into(),
-            filters: vec![hcm_filter(manager, None)],
+            // A tunnel carries no request paths of its own.
+            filters: vec![hcm_filter(manager, None, Normalization::Default)],
             transport_socket: Some(hbone_downstream(trust_domains)),
             ..Default::default()
         }],

@@ -75,7 +75,13 @@ impl Served {
 /// cluster, as istiod's `getWaypointDestinationCluster`.
 fn http_routes(g: &Generation<'_>, served: &Served, service: &Service, port: u16) -> Vec<Route> {
     let own = inbound_vip_cluster(port, "http", &service.hostname);
-    let mut routes = virtual_host("default", Vec::new(), &own, DefaultRoute::Outbound).routes;
+    let mut routes = virtual_host(
+        "default",
+        Vec::new(),
+        &own,
+        DefaultRoute::Outbound(g.mesh_config().default_http_retry_policy.as_ref()),
+    )
+    .routes;
     let ctx = RouteContext {
         g,
         port,

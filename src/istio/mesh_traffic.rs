@@ -1,0 +1,127 @@
+//! The mesh config's settings for what every proxy is sent (istio.io/api mesh/v1alpha1
+//! `MeshConfig`): path normalization, inbound mTLS parameters and the cluster stat name patterns.
+
+use serde::{Deserialize, Serialize};
+
+use super::validate::{ensure, Result};
+
+/// `pathNormalization`: how request paths are normalised before routes and policies see them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PathNormalization {
+    pub normalization: Normalization,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Normalization {
+    /// BASE, as istiod reads it.
+    #[default]
+    Default,
+    None,
+    Base,
+    MergeSlashes,
+    DecodeAndMergeSlashes,
+}
+
+/// `meshMTLS` (and `tlsDefaults`): Istio's `MeshConfig.TLSConfig`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TlsConfig {
+    pub min_protocol_version: TlsVersion,
+    pub ecdh_curves: Vec<String>,
+    pub cipher_suites: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum TlsVersion {
+    #[default]
+    #[serde(rename = "TLS_AUTO")]
+    Auto,
+    #[serde(rename = "TLSV1_2")]
+    V1_2,
+    #[serde(rename = "TLSV1_3")]
+    V1_3,
+}
+
+impl TlsConfig {
+    /// As istiod's validation of `meshMTLS` (pkg/config/validation): curves are not configurable
+    /// for mesh mTLS.
+    pub fn validate_mesh_mtls(&self) -> Result {
+        ensure(
+            self.ecdh_curves.is_empty(),
+            "ecdhCurves",
+            "is not configurable for mesh mTLS",
+        )
+    }
+}
+
+/// A service as the stat name patterns read it (istiod's `telemetry.BuildStatPrefix`,
+/// pilot/pkg/networking/telemetry/telemetry.go).
+pub struct StatNameParts<'a> {
+    pub hostname: &'a str,
+    /// A Kubernetes Service's name and namespace; None for other registries.
+    pub kubernetes: Option<(&'a str, &'a str)>,
+    pub subset: &'a str,
+    pub port: u16,
+    pub port_name: &'a str,
+    /// The inbound cluster's port; 0 outbound.
+    pub target_port: u16,
+}
+
+/// `inboundClusterStatName` / `outboundClusterStatName` with their variables replaced, in
+/// istiod's order.
+pub fn stat_name(pattern: &str, parts: &StatNameParts<'_>) -> String {
+    let (service, name) = match parts.kubernetes {
+        Some((name, namespace)) => (format!("{name}.{namespace}"), name.to_string()),
+        None => (parts.hostname.to_string(), parts.hostname.to_string()),
+    };
+    pattern
+        .replace("%SERVICE%", &service)
+        .replace("%SERVICE_NAME%", &name)
+        .replace("%SERVICE_FQDN%", parts.hostname)
+        .replace("%SUBSET_NAME%", parts.subset)
+        .replace("%TARGET_PORT%", &parts.target_port.to_string())
+        .replace("%SERVICE_PORT%", &parts.port.to_string())
+        .replace("%SERVICE_PORT_NAME%", parts.port_name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_names_as_istiod_builds_them() {
+        let parts = StatNameParts {
+            hostname: "web.shop.svc.cluster.local",
+            kubernetes: Some(("web", "shop")),
+            subset: "v1",
+            port: 80,
+            port_name: "http",
+            target_port: 0,
+        };
+        assert_eq!(
+            stat_name("%SERVICE%_%SERVICE_PORT_NAME%_%SERVICE_PORT%", &parts),
+            "web.shop_http_80"
+        );
+        assert_eq!(
+            stat_name("%SERVICE_FQDN%|%SUBSET_NAME%|%SERVICE_NAME%", &parts),
+            "web.shop.svc.cluster.local|v1|web"
+        );
+        let entry = StatNameParts {
+            kubernetes: None,
+            hostname: "api.example.com",
+            ..parts
+        };
+        assert_eq!(stat_name("%SERVICE%", &entry), "api.example.com");
+    }
+
+    #[test]
+    fn mesh_tls_reads_istios_names() {
+        let tls: TlsConfig =
+            serde_yaml_ng::from_str("{minProtocolVersion: TLSV1_3, cipherSuites: [A]}").unwrap();
+        assert_eq!(tls.min_protocol_version, TlsVersion::V1_3);
+        let curves: TlsConfig = serde_yaml_ng::from_str("{ecdhCurves: [P-256]}").unwrap();
+        assert!(curves.validate_mesh_mtls().is_err());
+    }
+}
