@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::ads::fetch;
 use common::*;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::transport_socket;
 use envoy_types::pb::envoy::config::core::v3::{Node, TcpKeepalive};
 use envoy_types::pb::envoy::config::listener::v3::{filter, FilterChain, Listener};
 use envoy_types::pb::envoy::config::route::v3::{route, RouteConfiguration};
@@ -19,7 +20,8 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    tls_parameters::TlsProtocol, DownstreamTlsContext,
+    common_tls_context::ValidationContextType, tls_parameters::TlsProtocol, DownstreamTlsContext,
+    TlsParameters, UpstreamTlsContext,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::UpstreamProtocolOptions, HttpProtocolOptions,
@@ -342,4 +344,157 @@ async fn merged_slashes_and_tls_1_3_in_real_traffic() {
     let said = String::from_utf8_lossy(&refused.stderr).to_string()
         + &String::from_utf8_lossy(&refused.stdout);
     assert!(said.contains("protocol version"), "{said}");
+}
+
+/// A gateway with two TLS servers, one naming its own ciphers, and a DestinationRule originating
+/// TLS to web's database port.
+const TLS_CONFIG: &str = "
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: ['*']
+    tls: {mode: SIMPLE, serverCertificate: /etc/certs/cert.pem, privateKey: /etc/certs/key.pem, cipherSuites: [ECDHE-RSA-AES256-GCM-SHA384]}
+  - port: {number: 8443, name: https-b, protocol: HTTPS}
+    hosts: ['*']
+    tls: {mode: SIMPLE, serverCertificate: /etc/certs/cert.pem, privateKey: /etc/certs/key.pem}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: web, namespace: shop}
+spec:
+  host: web.shop.svc.cluster.local
+  trafficPolicy:
+    portLevelSettings:
+    - port: {number: 5432}
+      tls: {mode: SIMPLE, caCertificates: /etc/ca.pem}
+";
+
+const TLS_MESH: &str = "
+tlsDefaults: {ecdhCurves: [P-256], cipherSuites: [ECDHE-ECDSA-AES128-GCM-SHA256], minProtocolVersion: TLSV1_3}
+inboundTrafficPolicy: {mode: LOCALHOST}
+caCertificates: [{pem: '', trustDomains: [partner.example]}]
+";
+
+fn downstream_params(chain: &FilterChain) -> Option<TlsParameters> {
+    let socket = chain.transport_socket.as_ref()?;
+    let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+        return None;
+    };
+    DownstreamTlsContext::decode(&any.value[..])
+        .ok()?
+        .common_tls_context?
+        .tls_params
+}
+
+/// `tlsDefaults` under gateways' servers and DestinationRule TLS, `inboundTrafficPolicy:
+/// LOCALHOST`, and the trust domains of `caCertificates` accepted on inbound mTLS.
+#[tokio::test]
+async fn tls_defaults_localhost_delivery_and_extra_trust_domains() {
+    let mesh = mesh(TLS_MESH).await;
+    let config = mesh._dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    write_atomic(&config.join("tls.yaml"), TLS_CONFIG);
+    let xds = mesh.mp.xds_addr;
+    let router = labelled_node(
+        "router~10.1.0.9~gw-0.shop~shop.svc.cluster.local",
+        &[("CLUSTER_ID", "c1")],
+        &[("istio", "ingressgateway")],
+    );
+    let listeners = wait_for("the gateway's two servers", BOUND, || {
+        let router = router.clone();
+        async move {
+            let listeners: Vec<Listener> = fetch(xds, router, LDS, &[]).await;
+            (listeners.len() == 2).then_some(listeners)
+        }
+    })
+    .await;
+    let params = |name: &str| {
+        let listener = named(&listeners, name, |l| &l.name);
+        downstream_params(&listener.filter_chains[0]).expect("TLS parameters")
+    };
+    let own = params("0.0.0.0_443");
+    assert_eq!(
+        own.cipher_suites,
+        ["ECDHE-RSA-AES256-GCM-SHA384"],
+        "the server's own"
+    );
+    assert_eq!(own.ecdh_curves, ["P-256"]);
+    assert_eq!(own.tls_minimum_protocol_version, TlsProtocol::TlSv13 as i32);
+    let defaulted = params("0.0.0.0_8443");
+    assert_eq!(defaulted.cipher_suites, ["ECDHE-ECDSA-AES128-GCM-SHA256"]);
+    assert_eq!(
+        defaulted.tls_minimum_protocol_version,
+        TlsProtocol::TlSv13 as i32
+    );
+
+    let clusters: Vec<Cluster> = fetch(xds, sidecar(), CDS, &[]).await;
+    let db = named(&clusters, WEB_DB, |c| &c.name);
+    let Some(transport_socket::ConfigType::TypedConfig(any)) = db
+        .transport_socket
+        .as_ref()
+        .and_then(|s| s.config_type.clone())
+    else {
+        panic!("no TLS toward the database: {db:?}");
+    };
+    let upstream = UpstreamTlsContext::decode(&any.value[..]).unwrap();
+    let params = upstream.common_tls_context.unwrap().tls_params.unwrap();
+    assert_eq!(params.ecdh_curves, ["P-256"]);
+    assert_eq!(params.cipher_suites, ["ECDHE-ECDSA-AES128-GCM-SHA256"]);
+    assert_eq!(
+        params.tls_minimum_protocol_version,
+        TlsProtocol::TlSv12 as i32,
+        "the minimum is not applied upstream"
+    );
+
+    // LOCALHOST: the inbound cluster is the workload on 127.0.0.1, not the pod's address.
+    let inbound = clusters
+        .iter()
+        .find(|c| c.name.starts_with("inbound|8080|"))
+        .expect("the inbound cluster");
+    assert!(inbound.upstream_bind_config.is_none());
+    let assignment = format!("{:?}", inbound.load_assignment);
+    assert!(
+        assignment.contains("127.0.0.1") && assignment.contains("8080"),
+        "{assignment}"
+    );
+
+    let listeners: Vec<Listener> = fetch(xds, sidecar(), LDS, &[]).await;
+    let inbound = named(&listeners, "virtualInbound", |l| &l.name);
+    let accepted: Vec<String> = inbound
+        .filter_chains
+        .iter()
+        .filter_map(|c| {
+            let socket = c.transport_socket.as_ref()?;
+            let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+                return None;
+            };
+            let context = DownstreamTlsContext::decode(&any.value[..]).ok()?;
+            let validation = context.common_tls_context?.validation_context_type?;
+            let ValidationContextType::CombinedValidationContext(combined) = validation else {
+                return None;
+            };
+            Some(format!(
+                "{:?}",
+                combined
+                    .default_validation_context?
+                    .match_typed_subject_alt_names
+            ))
+        })
+        .collect();
+    assert!(!accepted.is_empty(), "no inbound mTLS chain");
+    for sans in &accepted {
+        assert!(sans.contains("spiffe://partner.example/"), "{sans}");
+        assert!(sans.contains("spiffe://cluster.local/"), "{sans}");
+    }
+
+    let view = get_json(mesh.mp.http_addr, "/debug/mesh").await;
+    let reported = view["notApplied"].to_string();
+    assert!(
+        !reported.contains("caCertificates[0]"),
+        "no root given: {reported}"
+    );
 }

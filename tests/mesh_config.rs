@@ -116,10 +116,10 @@ async fn a_misspelt_field_is_logged_with_the_name_it_means() {
 
     write_atomic(
         Path::new(&mesh),
-        "tlsDefaults: {minProtocolVersion: TLSV1_3}\n",
+        "defaultInboundHttpRetryPolicy: {attempts: 1}\n",
     );
     wait_for("the change", BOUND, || {
-        logged("mesh config field tlsDefaults: not applied")
+        logged("mesh config field defaultInboundHttpRetryPolicy: not applied")
     })
     .await;
 }

@@ -10,7 +10,7 @@ use super::duration::Duration;
 use super::extension_provider::{self, ExtensionProvider};
 use super::label_selector::LabelSelector;
 use super::mesh_fields::{self, FieldNote};
-use super::mesh_traffic::{PathNormalization, TlsConfig};
+use super::mesh_traffic::{CertificateData, InboundTrafficPolicy, PathNormalization, TlsConfig};
 use super::service_settings::ServiceSettings;
 use super::validate::{self, ensure, Result, ValidationError};
 use super::virtual_service::HttpRetry;
@@ -76,6 +76,12 @@ pub struct MeshConfig {
     /// Inbound mTLS parameters.
     #[serde(rename = "meshMTLS")]
     pub mesh_mtls: TlsConfig,
+    /// Roots beyond the mesh's own; their trust domains are accepted from peers.
+    pub ca_certificates: Vec<CertificateData>,
+    /// Where sidecars deliver inbound traffic: the pod's address, or localhost.
+    pub inbound_traffic_policy: InboundTrafficPolicy,
+    /// TLS parameters of gateways' servers and of TLS DestinationRules originate, under their own.
+    pub tls_defaults: TlsConfig,
     /// Patterns of the clusters' stat names (empty: the cluster's name).
     pub inbound_cluster_stat_name: String,
     pub outbound_cluster_stat_name: String,
@@ -287,6 +293,9 @@ impl Default for MeshConfig {
             h2_upgrade_policy: H2UpgradePolicy::Default,
             default_http_retry_policy: None,
             mesh_mtls: TlsConfig::default(),
+            tls_defaults: TlsConfig::default(),
+            inbound_traffic_policy: InboundTrafficPolicy::default(),
+            ca_certificates: Vec::new(),
             inbound_cluster_stat_name: String::new(),
             outbound_cluster_stat_name: String::new(),
             not_applied: Vec::new(),
@@ -377,6 +386,18 @@ impl MeshConfig {
             )
         })?;
         mesh.not_applied = mesh_fields::notes(&value, &unread);
+        for (i, entry) in mesh.ca_certificates.iter().enumerate() {
+            mesh.not_applied
+                .extend(
+                    entry
+                        .unapplied_parts()
+                        .into_iter()
+                        .map(|(part, why)| FieldNote {
+                            field: format!("caCertificates[{i}].{part}"),
+                            why: why.to_string(),
+                        }),
+                );
+        }
         if !root_given {
             mesh.root_namespace = defaults.root_namespace.clone();
         }

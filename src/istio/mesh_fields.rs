@@ -46,12 +46,12 @@ pub const MESH_FIELDS: &[(&str, Treatment)] = &[
     ("disableEnvoyListenerLog", Applied),
     ("defaultConfig", Applied),
     ("outboundTrafficPolicy", Applied),
-    ("inboundTrafficPolicy", NotApplied("inbound traffic is passed through to the pod's address (PASSTHROUGH)")),
+    ("inboundTrafficPolicy", Applied),
     ("configSources", Applied),
     ("enableAutoMtls", Applied),
     ("trustDomain", Applied),
     ("trustDomainAliases", Applied),
-    ("caCertificates", NotApplied("proxies trust the mesh's own root only")),
+    ("caCertificates", Applied),
     ("defaultServiceExportTo", Applied),
     ("defaultVirtualServiceExportTo", Applied),
     ("defaultDestinationRuleExportTo", Applied),
@@ -76,7 +76,7 @@ pub const MESH_FIELDS: &[(&str, Treatment)] = &[
     ("defaultHttpRetryPolicy", Applied),
     ("defaultInboundHttpRetryPolicy", NotApplied("inbound routes keep Istio's default retries")),
     ("meshMTLS", Applied),
-    ("tlsDefaults", NotApplied("gateways and DestinationRules keep Istio's TLS parameters")),
+    ("tlsDefaults", Applied),
     ("defaultTrafficPolicy", NotApplied("clusters take a DestinationRule's traffic policy only")),
     ("serviceEntryVisibility", NotApplied("ServiceEntry visibility policies are not implemented")),
     ("mixerCheckServer", Removed),
@@ -266,21 +266,21 @@ mod tests {
     #[test]
     fn known_fields_not_applied_say_why_and_applied_ones_say_nothing() {
         let notes = notes_of(
-            "tlsDefaults: {minProtocolVersion: TLSV1_3}\nmixerAddress: x\nca: {address: y}\nconnectTimeout: 3s\ndefaultConfig: {gatewayTopology: {numTrustedProxies: 1}, drainDuration: 5s}\n",
+            "defaultInboundHttpRetryPolicy: {attempts: 1}\nmixerAddress: x\nca: {address: y}\nconnectTimeout: 3s\ndefaultConfig: {gatewayTopology: {numTrustedProxies: 1}, drainDuration: 5s}\n",
         );
         let fields: Vec<&str> = notes.iter().map(|(f, _)| f.as_str()).collect();
         assert_eq!(
             fields,
             [
                 "ca",
+                "defaultInboundHttpRetryPolicy",
                 "mixerAddress",
-                "tlsDefaults",
                 "defaultConfig.gatewayTopology"
             ]
         );
         assert!(notes[0].1.contains("nor read by istiod"), "{notes:?}");
-        assert!(notes[1].1.starts_with("removed"), "{notes:?}");
-        assert!(notes[2].1.starts_with("not applied: "), "{notes:?}");
+        assert!(notes[1].1.starts_with("not applied: "), "{notes:?}");
+        assert!(notes[2].1.starts_with("removed"), "{notes:?}");
     }
 
     #[test]

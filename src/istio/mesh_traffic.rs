@@ -24,6 +24,55 @@ pub enum Normalization {
     DecodeAndMergeSlashes,
 }
 
+/// `inboundTrafficPolicy`: where a sidecar delivers inbound traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct InboundTrafficPolicy {
+    pub mode: InboundMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum InboundMode {
+    /// To the address the connection was for (the pod's own).
+    #[default]
+    Passthrough,
+    /// To the workload on localhost.
+    Localhost,
+}
+
+/// One of `caCertificates`: a root beyond the mesh's own, and the trust domains it vouches for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CertificateData {
+    pub pem: String,
+    pub spiffe_bundle_url: String,
+    pub cert_signers: Vec<String>,
+    pub trust_domains: Vec<String>,
+}
+
+impl CertificateData {
+    /// What of the entry is not applied: istiod distributes extra roots to proxies only when run
+    /// with `ISTIO_MULTIROOT_MESH=true`, off by default (pilot/pkg/bootstrap/server.go
+    /// `initWorkloadTrustBundle`), and reads `certSigners` only for a Kubernetes CSR signer.
+    pub fn unapplied_parts(&self) -> Vec<(&'static str, &'static str)> {
+        let mut out = Vec::new();
+        if !self.pem.is_empty() || !self.spiffe_bundle_url.is_empty() {
+            out.push((
+                "root",
+                "not applied: istiod sends extra roots to proxies only with ISTIO_MULTIROOT_MESH=true (off by default); its trustDomains are accepted",
+            ));
+        }
+        if !self.cert_signers.is_empty() {
+            out.push((
+                "certSigners",
+                "not applied: meshpilot signs with its own CA, not a Kubernetes CSR signer",
+            ));
+        }
+        out
+    }
+}
+
 /// `meshMTLS` (and `tlsDefaults`): Istio's `MeshConfig.TLSConfig`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -123,5 +172,16 @@ mod tests {
         assert_eq!(tls.min_protocol_version, TlsVersion::V1_3);
         let curves: TlsConfig = serde_yaml_ng::from_str("{ecdhCurves: [P-256]}").unwrap();
         assert!(curves.validate_mesh_mtls().is_err());
+    }
+
+    #[test]
+    fn extra_roots_are_named_as_not_applied_their_trust_domains_not() {
+        let entry: CertificateData =
+            serde_yaml_ng::from_str("{pem: abc, trustDomains: [partner.example]}").unwrap();
+        let parts: Vec<&str> = entry.unapplied_parts().iter().map(|p| p.0).collect();
+        assert_eq!(parts, ["root"]);
+        let domains_only: CertificateData =
+            serde_yaml_ng::from_str("{trustDomains: [partner.example]}").unwrap();
+        assert!(domains_only.unapplied_parts().is_empty());
     }
 }

@@ -286,6 +286,7 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
         cluster.filters.push(stats.cluster_filter());
     }
     if g.generator() == Generator::Envoy {
+        let tls_defaults = &g.mesh_config().tls_defaults;
         let sni = outbound_sni(target.port, subset, &service.hostname);
         match &effective.tls {
             Some(t) if t.mode == ClientTlsMode::Disable => {}
@@ -304,12 +305,16 @@ fn outbound(g: &Generation<'_>, name: &str, target: &Target, sans: &[String]) ->
             // originates TLS at gateways, which read it over SDS; sidecars, which may not read
             // it, get no TLS from it.
             Some(t) if !t.credential_name.is_empty() && g.is_router() => {
-                cluster.transport_socket =
-                    Some(gateway_tls::origination_socket(t, &service.hostname));
+                cluster.transport_socket = Some(gateway_tls::origination_socket(
+                    t,
+                    &service.hostname,
+                    tls_defaults,
+                ));
             }
             Some(t) if !t.credential_name.is_empty() => {}
             Some(t) => {
-                cluster.transport_socket = Some(tls::upstream_files(t, &service.hostname));
+                cluster.transport_socket =
+                    Some(tls::upstream_files(t, &service.hostname, tls_defaults));
             }
             None => match auto_mtls(g, service, target.port) {
                 AutoMtls::Istio => {

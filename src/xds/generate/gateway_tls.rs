@@ -18,7 +18,7 @@ use super::common::ads;
 use super::{sds, tls};
 use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
 use crate::istio::gateway::{ServerTls, ServerTlsMode};
-use crate::istio::mesh_traffic::TlsConfig;
+use crate::istio::mesh_traffic::{TlsConfig, TlsVersion};
 
 /// Whether a server's TLS mode ends TLS at the gateway (the others pass it through).
 pub fn terminates(mode: ServerTlsMode) -> bool {
@@ -28,11 +28,13 @@ pub fn terminates(mode: ServerTlsMode) -> bool {
     )
 }
 
-/// The transport socket of a server that terminates TLS.
+/// The transport socket of a server that terminates TLS, its parameters the mesh's
+/// `tlsDefaults` under the server's own.
 pub fn server_socket(
     settings: &ServerTls,
     alpn: &[&str],
     trust_domains: &[String],
+    defaults: &TlsConfig,
 ) -> TransportSocket {
     if settings.mode == ServerTlsMode::IstioMutual {
         // `meshMTLS` is for workloads' inbound mTLS only (istiod's `BuildInboundTLS` callers).
@@ -44,7 +46,7 @@ pub fn server_socket(
     );
     let mut common = CommonTlsContext {
         alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
-        tls_params: tls_params(settings),
+        tls_params: tls_params(settings, defaults),
         ..Default::default()
     };
     let sans = tls::san_matchers(&settings.subject_alt_names);
@@ -100,9 +102,16 @@ pub fn server_socket(
 /// MUTUAL presents the Secret's certificate (`kubernetes://<name>`); both modes verify the server
 /// against the Secret's CA (`kubernetes://<name>-cacert`: Secret `<name>-cacert`, else the Secret's
 /// `ca.crt`) and the rule's subjectAltNames, unless `insecureSkipVerify`.
-pub fn origination_socket(settings: &ClientTls, default_sni: &str) -> TransportSocket {
+pub fn origination_socket(
+    settings: &ClientTls,
+    default_sni: &str,
+    defaults: &TlsConfig,
+) -> TransportSocket {
     let name = &settings.credential_name;
     let mut common = CommonTlsContext::default();
+    if !defaults.ecdh_curves.is_empty() || !defaults.cipher_suites.is_empty() {
+        common.tls_params = Some(tls::upstream_defaults(tls::upstream_tls_params(), defaults));
+    }
     if settings.mode == ClientTlsMode::Mutual {
         common.tls_certificate_sds_secret_configs = vec![over_ads(sds::resource_name(name, false))];
     }
@@ -149,7 +158,10 @@ fn file(path: &str) -> DataSource {
     }
 }
 
-fn tls_params(settings: &ServerTls) -> Option<TlsParameters> {
+/// The mesh's `tlsDefaults` first (curves, ciphers, a minimum version but TLS_AUTO), then each
+/// parameter the server sets itself (istiod's `applyDownstreamTLSDefaults` and
+/// `applyServerTLSSettings`, pilot/pkg/networking/core/listener.go `BuildListenerTLSContext`).
+fn tls_params(settings: &ServerTls, defaults: &TlsConfig) -> Option<TlsParameters> {
     let version = |v: &str| match v {
         "TLSV1_0" => TlsProtocol::TlSv10,
         "TLSV1_1" => TlsProtocol::TlSv11,
@@ -157,11 +169,23 @@ fn tls_params(settings: &ServerTls) -> Option<TlsParameters> {
         "TLSV1_3" => TlsProtocol::TlSv13,
         _ => TlsProtocol::TlsAuto,
     } as i32;
-    let params = TlsParameters {
-        tls_minimum_protocol_version: version(&settings.min_protocol_version),
-        tls_maximum_protocol_version: version(&settings.max_protocol_version),
-        cipher_suites: settings.cipher_suites.clone(),
+    let mut params = TlsParameters {
+        ecdh_curves: defaults.ecdh_curves.clone(),
+        cipher_suites: defaults.cipher_suites.clone(),
+        tls_minimum_protocol_version: match defaults.min_protocol_version {
+            TlsVersion::Auto => TlsProtocol::TlsAuto,
+            TlsVersion::V1_2 => TlsProtocol::TlSv12,
+            TlsVersion::V1_3 => TlsProtocol::TlSv13,
+        } as i32,
         ..Default::default()
     };
+    let auto = TlsProtocol::TlsAuto as i32;
+    if version(&settings.min_protocol_version) != auto {
+        params.tls_minimum_protocol_version = version(&settings.min_protocol_version);
+    }
+    params.tls_maximum_protocol_version = version(&settings.max_protocol_version);
+    if !settings.cipher_suites.is_empty() {
+        params.cipher_suites = settings.cipher_suites.clone();
+    }
     (params != TlsParameters::default()).then_some(params)
 }

@@ -458,14 +458,22 @@ impl Generation<'_> {
         self.mesh_config().path_normalization.normalization
     }
 
-    /// The trust domains whose workloads this proxy accepts as peers: the mesh's and its aliases
-    /// (istiod's `TrustDomainsForValidation`).
+    /// The trust domains whose workloads this proxy accepts as peers: the mesh's, its aliases and
+    /// those of `caCertificates` (istiod's `TrustDomainsForValidation`,
+    /// pilot/pkg/networking/plugin/authn/util.go).
     pub(super) fn trust_domains(&self) -> Vec<String> {
         let mesh = self.mesh_config();
-        std::iter::once(&mesh.trust_domain)
+        let extra = mesh.ca_certificates.iter().flat_map(|c| &c.trust_domains);
+        let mut domains: Vec<String> = Vec::new();
+        for domain in std::iter::once(&mesh.trust_domain)
             .chain(&mesh.trust_domain_aliases)
-            .cloned()
-            .collect()
+            .chain(extra)
+        {
+            if !domains.contains(domain) {
+                domains.push(domain.clone());
+            }
+        }
+        domains
     }
 
     /// The proxy's `outboundTrafficPolicy`: its Sidecar's, else the mesh's.

@@ -100,6 +100,19 @@ fn common(sans: &[String], alpn: &[&str]) -> CommonTlsContext {
 /// ISTIO_MUTUAL to every endpoint: the workload's certificate, the mesh root, a SAN check.
 /// TLS 1.2 to 1.3 upstream (Envoy's client default stops at 1.2), as istiod's
 /// `defaultUpstreamCommonTLSContext` (pilot/pkg/networking/core/cluster_tls.go).
+/// The mesh's `tlsDefaults` on TLS a DestinationRule originates: its curves and ciphers, each
+/// where given; its minimum version is not applied upstream (istiod's `applyTLSDefaults`,
+/// pilot/pkg/networking/core/cluster_tls.go).
+pub(super) fn upstream_defaults(mut params: TlsParameters, defaults: &TlsConfig) -> TlsParameters {
+    if !defaults.ecdh_curves.is_empty() {
+        params.ecdh_curves = defaults.ecdh_curves.clone();
+    }
+    if !defaults.cipher_suites.is_empty() {
+        params.cipher_suites = defaults.cipher_suites.clone();
+    }
+    params
+}
+
 pub(super) fn upstream_tls_params() -> TlsParameters {
     TlsParameters {
         tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12 as i32,
@@ -156,13 +169,13 @@ pub fn upstream_istio(sni: String, sans: &[String], http2: bool) -> TransportSoc
 }
 
 /// SIMPLE or MUTUAL TLS to a destination with its own certificates (DestinationRule files).
-pub fn upstream_files(tls: &ClientTls, default_sni: &str) -> TransportSocket {
+pub fn upstream_files(tls: &ClientTls, default_sni: &str, defaults: &TlsConfig) -> TransportSocket {
     let file = |path: &str| DataSource {
         specifier: Some(data_source::Specifier::Filename(path.to_string())),
         ..Default::default()
     };
     let mut context = CommonTlsContext {
-        tls_params: Some(upstream_tls_params()),
+        tls_params: Some(upstream_defaults(upstream_tls_params(), defaults)),
         ..Default::default()
     };
     if tls.mode == ClientTlsMode::Mutual && !tls.client_certificate.is_empty() {

@@ -260,11 +260,10 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
             match ps.is_plain_http() {
                 true => chains.match_all(chain),
                 false => {
-                    let socket = ps
-                        .server
-                        .tls
-                        .as_ref()
-                        .map(|t| gateway_tls::server_socket(t, &HTTP_ALPN, &g.trust_domains()));
+                    let socket = ps.server.tls.as_ref().map(|t| {
+                        let defaults = &g.mesh_config().tls_defaults;
+                        gateway_tls::server_socket(t, &HTTP_ALPN, &g.trust_domains(), defaults)
+                    });
                     chains.tls(
                         ps.server_names(),
                         FilterChain {
@@ -296,11 +295,10 @@ fn port_chains(g: &Generation<'_>, listener: &str, servers: &[PortServer<'_>]) -
                 };
                 let wasm = plugins.network(ListenerClass::Gateway, port);
                 filters.splice(0..0, security.network_filters(wasm));
-                let socket = ps
-                    .server
-                    .tls
-                    .as_ref()
-                    .map(|t| gateway_tls::server_socket(t, &[], &g.trust_domains()));
+                let socket = ps.server.tls.as_ref().map(|t| {
+                    let defaults = &g.mesh_config().tls_defaults;
+                    gateway_tls::server_socket(t, &[], &g.trust_domains(), defaults)
+                });
                 let chain = FilterChain {
                     name,
                     filters,

@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::google::protobuf::{BoolValue, UInt32Value};
 use envoy_types::util::pack_any;
 
+use crate::istio::mesh_traffic::InboundMode;
 use crate::istio::sidecar::IngressEndpoint;
 use crate::model::{IngressPort, Protocol, Service, ServiceKey};
 use crate::xds::generate::access_log::Side;
@@ -276,6 +277,16 @@ pub(super) fn cluster(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
             };
             Cluster {
                 load_assignment: Some(assignment_at(name, address)),
+                circuit_breakers: Some(policy::unlimited_circuit_breakers()),
+                ..static_cluster(name)
+            }
+        }
+        // Mesh `inboundTrafficPolicy: LOCALHOST`: to the workload on localhost, a static
+        // cluster without the 127.0.0.6 source (istiod's `buildInboundCluster`).
+        None if g.mesh_config().inbound_traffic_policy.mode == InboundMode::Localhost => {
+            let localhost = if v6 { "::1" } else { "127.0.0.1" };
+            Cluster {
+                load_assignment: Some(assignment_at(name, socket(localhost, port))),
                 circuit_breakers: Some(policy::unlimited_circuit_breakers()),
                 ..static_cluster(name)
             }
