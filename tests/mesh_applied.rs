@@ -498,3 +498,37 @@ async fn tls_defaults_localhost_delivery_and_extra_trust_domains() {
         "no root given: {reported}"
     );
 }
+
+/// Real traffic under `inboundTrafficPolicy: LOCALHOST`: an application listening on localhost
+/// only is reached through its sidecar (under PASSTHROUGH the pod's address is, and it is not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn localhost_delivery_reaches_an_application_on_localhost() {
+    use common::pair::Workloads;
+    let mesh_config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        mesh_config.path(),
+        "inboundTrafficPolicy: {mode: LOCALHOST}\n",
+    )
+    .unwrap();
+    let path = mesh_config.path().to_str().unwrap();
+    let mut pair = Workloads::start_bare("lh", 249, &["--mesh-config", path], "").await;
+    pair.server_ns.serve_http_echo_at("127.0.0.1:8080");
+    let _client = pair
+        .client_sidecar(workload_certs(&pair.mp, "default", "client"))
+        .await;
+    let server = pair
+        .server_sidecar(workload_certs(&pair.mp, "default", "server"))
+        .await;
+    let body = wait_for("an answer from the application on localhost", BOUND, || {
+        let output = pair.as_client_app("curl", &["-s", "-m", "3", "http://10.96.77.77:8080/lh"]);
+        async move { serde_json::from_slice::<serde_json::Value>(&output.stdout).ok() }
+    })
+    .await;
+    assert_eq!(body["path"], "/lh", "{body}");
+    assert!(
+        server
+            .counter("cluster.inbound|8080||.upstream_cx_total")
+            .await
+            >= 1
+    );
+}
