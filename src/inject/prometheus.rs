@@ -232,7 +232,8 @@ mod tests {
         assert_eq!(annotations, merged());
         // Another status port: the old annotations are the application's now.
         let mut annotations = merged();
-        assert!(matches!(apply(&mut annotations, &mesh, 15030), Err(_)));
+        let e = apply(&mut annotations, &mesh, 15030).unwrap_err();
+        assert!(e.to_string().contains("reserved for Istio"), "{e}");
         for port in ["http", "0", "70000", "015020", "15090", "16001"] {
             let mut annotations = pod(&[(PORT, port)]);
             let e = apply(&mut annotations, &mesh, 15020).unwrap_err();
