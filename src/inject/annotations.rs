@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Map, Value};
 
 use super::{InjectConfig, InjectError};
+use crate::istio::mesh::{self, port_field};
 use crate::istio::ProxyConfig;
 use crate::model::AppliedProxyConfigs;
 use crate::text::{clip, Quoted};
@@ -39,9 +40,6 @@ const PROXY_MEMORY: &str = "sidecar.istio.io/proxyMemory";
 const PROXY_CPU_LIMIT: &str = "sidecar.istio.io/proxyCPULimit";
 const PROXY_MEMORY_LIMIT: &str = "sidecar.istio.io/proxyMemoryLimit";
 
-/// Istio's default status port (pilot-agent), excluded from inbound capture.
-pub const STATUS_PORT_DEFAULT: u16 = 15020;
-
 /// What the annotations and the proxy config say about one pod's sidecar.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -57,6 +55,8 @@ pub struct Settings {
     pub exclude_interfaces: Option<String>,
     /// 0: no readiness probe.
     pub status_port: u16,
+    /// Where the agent serves health and merged metrics: the proxy config's `statusPort`.
+    pub agent_status_port: u16,
     pub readiness_delay: i32,
     pub readiness_period: i32,
     pub readiness_failures: i32,
@@ -97,12 +97,14 @@ impl Settings {
                 "must be REDIRECT, TPROXY or NONE",
             ));
         }
+        let agent_status_port = agent_status_port(&proxy_config, get(PROXY_CONFIG))?;
+        // Istio's template defaults it to a Helm value meshpilot lacks: where the agent listens.
         let status_port = match get(STATUS_PORT) {
             Some(v) => v
                 .trim()
                 .parse::<u16>()
                 .map_err(|_| invalid(STATUS_PORT, v, "must be a port number (0 disables)"))?,
-            None => STATUS_PORT_DEFAULT,
+            None => agent_status_port,
         };
         let seconds = |name: &str, default: i32| match get(name) {
             Some(v) => v
@@ -137,6 +139,7 @@ impl Settings {
             kubevirt_interfaces: get(KUBEVIRT_INTERFACES).map(str::to_string),
             exclude_interfaces: get(EXCLUDE_INTERFACES).map(str::to_string),
             status_port,
+            agent_status_port,
             readiness_delay: seconds(READINESS_DELAY, 0)?,
             readiness_period: seconds(READINESS_PERIOD, 15)?,
             readiness_failures: seconds(READINESS_FAILURES, 4)?,
@@ -269,6 +272,24 @@ fn proxy_config(
         merge(&mut merged, overlay_of(workload));
     }
     Ok(merged)
+}
+
+/// `statusPort` of the merged proxy config (the mesh's was checked on acceptance, so a bad one
+/// is the pod's annotation's).
+fn agent_status_port(
+    proxy_config: &Map<String, Value>,
+    annotation: Option<&str>,
+) -> Result<u16, InjectError> {
+    match proxy_config.get("statusPort") {
+        None => Ok(mesh::STATUS_PORT),
+        Some(_) => port_field(proxy_config, "statusPort").ok_or_else(|| {
+            invalid(
+                PROXY_CONFIG,
+                annotation.unwrap_or_default(),
+                "statusPort must be a port number (1-65535)",
+            )
+        }),
+    }
 }
 
 fn merge(into: &mut Map<String, Value>, from: Map<String, Value>) {

@@ -8,6 +8,7 @@ mod annotations;
 pub mod offline;
 mod pod;
 mod policy;
+mod prometheus;
 mod sidecar;
 
 use std::sync::Arc;

@@ -4,13 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::annotations::{Settings, PROXY_OVERRIDES, STATUS};
 use super::policy::injection_required;
+use super::prometheus::{self, Merge, SCRAPE_ENV};
 use super::sidecar::{build, Placement, INIT_CONTAINER, PROXY_CONTAINER};
 use super::{InjectConfig, InjectError, Overrides, Workload};
 use crate::istio::revision::REVISION_LABEL;
@@ -63,6 +64,7 @@ pub fn inject(
     if !injection_required(meta, spec, namespace) {
         return Ok(Outcome::Skipped);
     }
+    let scrape_env = proxy_env(spec, SCRAPE_ENV);
     let previously = strip(meta, spec)?;
     let user_proxy = spec
         .containers
@@ -93,10 +95,25 @@ pub fn inject(
             .unwrap_or_else(|| config.cluster_id.clone()),
         network,
     };
+    let merge = prometheus::apply(annotations(meta), &config.mesh, settings.agent_status_port)?;
     let sidecar = build(&settings, config, &placement, spec, workload);
     let mut proxy = sidecar.proxy;
     if let Some(user) = &user_proxy {
         proxy = overlay(&proxy, user)?;
+    }
+    // istiod appends it after the template; a re-injected pod keeps the one it had, which
+    // istiod's injector would drop, leaving the agent without the application's metrics.
+    let scrape_env = match merge {
+        Merge::Moved(env) => env,
+        Merge::AlreadyMerged if previously => scrape_env,
+        Merge::AlreadyMerged | Merge::Off => None,
+    };
+    if let Some(value) = scrape_env {
+        proxy.env.get_or_insert_with(Vec::new).push(EnvVar {
+            name: SCRAPE_ENV.into(),
+            value: Some(value),
+            value_from: None,
+        });
     }
 
     spec.containers.retain(|c| c.name != PROXY_CONTAINER);
@@ -161,6 +178,13 @@ pub fn inject(
         serde_json::to_string(&status).unwrap_or_default(),
     );
     Ok(Outcome::Injected)
+}
+
+/// The value of a variable of the pod's istio-proxy container.
+fn proxy_env(spec: &PodSpec, name: &str) -> Option<String> {
+    let proxy = spec.containers.iter().find(|c| c.name == PROXY_CONTAINER)?;
+    let var = proxy.env.iter().flatten().find(|e| e.name == name)?;
+    var.value.clone()
 }
 
 fn annotations(meta: &mut ObjectMeta) -> &mut BTreeMap<String, String> {

@@ -92,7 +92,7 @@ pub fn build(
             ..Default::default()
         });
     }
-    let init = (settings.interception_mode != "NONE").then(|| init_container(settings));
+    let init = (settings.interception_mode != "NONE").then(|| init_container(settings, config));
     Sidecar {
         init,
         proxy,
@@ -225,18 +225,21 @@ fn proxy_security(tproxy: bool) -> SecurityContext {
     }
 }
 
-/// `istio-iptables` with the capture settings; runs as root with NET_ADMIN and NET_RAW.
-fn init_container(settings: &Settings) -> Container {
+/// `istio-iptables` with the capture settings, redirecting to the mesh's listen ports (where
+/// `virtualOutbound` and `virtualInbound` are); runs as root with NET_ADMIN and NET_RAW.
+fn init_container(settings: &Settings, config: &InjectConfig) -> Container {
     let excluded = match settings.exclude_inbound_ports.as_str() {
         "" => "15090,15021".to_string(),
         ports => format!("15090,15021,{ports}"),
     };
+    let outbound = config.mesh.proxy_listen_port.to_string();
+    let inbound = config.mesh.proxy_inbound_listen_port.to_string();
     let mut args: Vec<String> = [
         "istio-iptables",
         "-p",
-        "15001",
+        &outbound,
         "-z",
-        "15006",
+        &inbound,
         "-u",
         "1337",
         "-m",

@@ -20,10 +20,19 @@ pub const MESH_CONFIGMAP: &str = "istio";
 pub const MESH_KEY: &str = "mesh";
 /// The mesh ConfigMap's key holding MeshNetworks (istio/istio pkg/config/mesh/kubemesh).
 pub const MESH_NETWORKS_KEY: &str = "meshNetworks";
+/// Istio's defaults of `proxyListenPort`, `proxyInboundListenPort` and `defaultConfig.statusPort`
+/// (pkg/config/mesh/mesh.go `DefaultMeshConfig`, `DefaultProxyConfig`).
+pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
+pub const INBOUND_CAPTURE_PORT: u16 = 15006;
+pub const STATUS_PORT: u16 = 15020;
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct MeshConfig {
+    /// Where iptables sends a sidecar's outbound connections: `virtualOutbound`'s port.
+    pub proxy_listen_port: u16,
+    /// Where iptables sends a sidecar's inbound connections: `virtualInbound`'s port.
+    pub proxy_inbound_listen_port: u16,
     pub trust_domain: String,
     pub trust_domain_aliases: Vec<String>,
     /// Where mesh-wide config lives (DestinationRule fallbacks, mesh-wide policies).
@@ -85,6 +94,9 @@ pub struct MeshConfig {
     /// Patterns of the clusters' stat names (empty: the cluster's name).
     pub inbound_cluster_stat_name: String,
     pub outbound_cluster_stat_name: String,
+    /// Injection moves a pod's Prometheus scrape annotations to the agent, which serves the
+    /// application's metrics merged with Envoy's (a pod annotation decides first).
+    pub enable_prometheus_merge: bool,
     /// What of the mesh config as given meshpilot does not apply, by field.
     #[serde(skip)]
     pub not_applied: Vec<FieldNote>,
@@ -265,6 +277,8 @@ pub enum AccessLogEncoding {
 impl Default for MeshConfig {
     fn default() -> Self {
         Self {
+            proxy_listen_port: OUTBOUND_CAPTURE_PORT,
+            proxy_inbound_listen_port: INBOUND_CAPTURE_PORT,
             trust_domain: "cluster.local".into(),
             trust_domain_aliases: Vec::new(),
             root_namespace: "istio-system".into(),
@@ -298,6 +312,7 @@ impl Default for MeshConfig {
             ca_certificates: Vec::new(),
             inbound_cluster_stat_name: String::new(),
             outbound_cluster_stat_name: String::new(),
+            enable_prometheus_merge: true,
             not_applied: Vec::new(),
             ingress_class: "istio".into(),
             ingress_controller_mode: IngressControllerMode::Strict,
@@ -334,6 +349,12 @@ pub struct ProxyConfig {
 }
 
 impl ProxyConfig {
+    /// `statusPort`: where the agent serves health checks and the merged Prometheus metrics.
+    /// Validated on acceptance; Istio's default when absent.
+    pub fn status_port(&self) -> u16 {
+        port_field(&self.rest, "statusPort").unwrap_or(STATUS_PORT)
+    }
+
     /// `tracing.sampling` of the proxies' defaults: a percentage, 0 (or absent) meaning unset.
     pub fn trace_sampling(&self) -> Option<f64> {
         let sampling = self.rest.get("tracing")?.get("sampling")?.as_f64()?;
@@ -349,6 +370,12 @@ impl ProxyConfig {
             .as_u64()?;
         u32::try_from(length).ok().filter(|l| *l != 0)
     }
+}
+
+/// A port field of a proxy config in its JSON form: None when absent or not a port.
+pub fn port_field(config: &serde_json::Map<String, serde_json::Value>, name: &str) -> Option<u16> {
+    let port = config.get(name)?.as_u64()?;
+    u16::try_from(port).ok().filter(|p| *p != 0)
 }
 
 impl MeshConfig {
@@ -430,6 +457,7 @@ impl MeshConfig {
             "dnsRefreshRate",
             "must be at least 1ms",
         )?;
+        self.validate_ports()?;
         validate::export_to("defaultServiceExportTo", &self.default_service_export_to)?;
         validate::export_to(
             "defaultVirtualServiceExportTo",
@@ -480,6 +508,50 @@ impl MeshConfig {
             "at most one fs:// directory",
         )?;
         extension_provider::validate(&self.extension_providers)
+    }
+
+    /// The capture ports and the agent's status port (istiod's `ValidateMeshConfig` refuses a
+    /// `proxyListenPort` or `statusPort` outside 1..65535). Stricter than istiod: the inbound
+    /// port too, and the capture ports apart from each other and from the ports Envoy and the
+    /// agent listen on, which a listener bound to them would collide with.
+    fn validate_ports(&self) -> Result {
+        let proxy = &self.default_config.rest;
+        for name in ["statusPort", "proxyAdminPort"] {
+            if let Some(given) = proxy.get(name) {
+                ensure(
+                    port_field(proxy, name).is_some(),
+                    &format!("defaultConfig.{name}"),
+                    format!("port number {given} must be in the range 1..65535"),
+                )?;
+            }
+        }
+        let status = self.default_config.status_port();
+        let admin = port_field(proxy, "proxyAdminPort").unwrap_or(15000);
+        let taken = [
+            (admin, "Envoy's admin port (defaultConfig.proxyAdminPort)"),
+            (15021, "Envoy's health port"),
+            (15090, "Envoy's Prometheus port"),
+            (status, "the agent's status port (defaultConfig.statusPort)"),
+        ];
+        let capture = [
+            ("proxyListenPort", self.proxy_listen_port),
+            ("proxyInboundListenPort", self.proxy_inbound_listen_port),
+        ];
+        for (field, port) in capture {
+            ensure(
+                port != 0,
+                field,
+                "port number 0 must be in the range 1..65535",
+            )?;
+            if let Some((_, what)) = taken.iter().find(|(p, _)| *p == port) {
+                return Err(ValidationError::at(field, format!("{port} is {what}")));
+            }
+        }
+        ensure(
+            self.proxy_listen_port != self.proxy_inbound_listen_port,
+            "proxyInboundListenPort",
+            "must differ from proxyListenPort: both listeners bind it",
+        )
     }
 
     /// An extension provider by name, matched without regard to case as istiod does, with Istio's
@@ -606,5 +678,47 @@ connectTimeout: 5s
             e.unwrap_err().field,
             "configSources[0].tlsSettings.insecureSkipVerify"
         );
+    }
+
+    #[test]
+    fn capture_and_status_ports_default_to_istio_s_and_are_refused_by_field() {
+        let mesh = MeshConfig::parse("", &defaults("x")).unwrap();
+        assert_eq!(
+            (mesh.proxy_listen_port, mesh.proxy_inbound_listen_port),
+            (15001, 15006)
+        );
+        assert_eq!(mesh.default_config.status_port(), 15020);
+        assert!(mesh.enable_prometheus_merge);
+        let mesh = MeshConfig::parse(
+            "proxyListenPort: 16001\nproxyInboundListenPort: 16006\ndefaultConfig: {statusPort: 16020}",
+            &defaults("x"),
+        )
+        .unwrap();
+        assert_eq!(
+            (mesh.proxy_listen_port, mesh.proxy_inbound_listen_port),
+            (16001, 16006)
+        );
+        assert_eq!(mesh.default_config.status_port(), 16020);
+        for (yaml, field) in [
+            ("proxyListenPort: 0", "proxyListenPort"),
+            ("proxyListenPort: 70000", "proxyListenPort"),
+            ("proxyListenPort: -1", "proxyListenPort"),
+            ("proxyInboundListenPort: 0", "proxyInboundListenPort"),
+            ("proxyInboundListenPort: 15001", "proxyInboundListenPort"),
+            ("proxyListenPort: 15021", "proxyListenPort"),
+            (
+                "proxyInboundListenPort: 16020\ndefaultConfig: {statusPort: 16020}",
+                "proxyInboundListenPort",
+            ),
+            ("defaultConfig: {statusPort: 0}", "defaultConfig.statusPort"),
+            ("defaultConfig: {statusPort: x}", "defaultConfig.statusPort"),
+            (
+                "defaultConfig: {proxyAdminPort: 65536}",
+                "defaultConfig.proxyAdminPort",
+            ),
+        ] {
+            let e = MeshConfig::parse(yaml, &defaults("x")).unwrap_err();
+            assert!(e.field.starts_with(field), "{yaml}: {e}");
+        }
     }
 }

@@ -27,8 +27,8 @@ use Treatment::{Applied, NotApplied, Removed, Unread};
 
 /// MeshConfig's fields, 1.14 and current, in the proto's order; then the removed ones.
 pub const MESH_FIELDS: &[(&str, Treatment)] = &[
-    ("proxyListenPort", NotApplied("sidecars capture outbound traffic on 15001, Istio's default")),
-    ("proxyInboundListenPort", NotApplied("sidecars capture inbound traffic on 15006, Istio's default")),
+    ("proxyListenPort", Applied),
+    ("proxyInboundListenPort", Applied),
     ("proxyHttpPort", NotApplied("no HTTP proxy listener is built for sidecars")),
     ("connectTimeout", Applied),
     ("hboneIdleTimeout", NotApplied("HBONE connection pools keep Envoy's idle timeout")),
@@ -66,7 +66,7 @@ pub const MESH_FIELDS: &[(&str, Treatment)] = &[
     ("thriftConfig", Removed),
     ("serviceSettings", Applied),
     ("serviceScopeConfigs", NotApplied("ambient mode's service scopes are not implemented")),
-    ("enablePrometheusMerge", NotApplied("injection does not merge the application's metrics into the proxy's")),
+    ("enablePrometheusMerge", Applied),
     ("verifyCertificateAtClient", Unread("deprecated; proxies verify servers' certificates as DestinationRules say")),
     ("ca", Unread("no Istio component reads it")),
     ("extensionProviders", Applied),

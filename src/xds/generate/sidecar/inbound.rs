@@ -1,7 +1,7 @@
-//! The sidecar's inbound side: `virtualInbound` on 15006, where iptables sends connections to the
-//! workload, with filter chains per port of the workload as its PeerAuthentication says (the
-//! table in `inbound_chains`), each with the workload's authentication and authorization filters,
-//! and one cluster per port to the workload.
+//! The sidecar's inbound side: `virtualInbound` on the mesh's `proxyInboundListenPort` (15006),
+//! where iptables sends connections to the workload, with filter chains per port of the workload
+//! as its PeerAuthentication says (the table in `inbound_chains`), each with the workload's
+//! authentication and authorization filters, and one cluster per port to the workload.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -42,7 +42,6 @@ use crate::xds::wire::Resource;
 
 use super::inbound_chains::{options, ChainOption, Class};
 
-const INBOUND_PORT: u16 = 15006;
 /// Passthrough chains that serve HTTP (the others are named `virtualInbound`).
 const PASSTHROUGH_HTTP_CHAIN: &str = "virtualInbound-catchall-http";
 
@@ -56,7 +55,7 @@ pub(super) fn virtual_inbound(g: &Generation<'_>) -> Option<Arc<Resource>> {
 }
 
 /// istiod's layout (`buildInboundListeners`, pilot/pkg/networking/core/listener_inbound.go): a
-/// chain that refuses connections to 15006 itself (a loop), the chains of each declared port,
+/// chain that refuses connections to the listen port itself (a loop), the chains of each declared port,
 /// then passthrough chains for every other port, as the mTLS mode of each says.
 fn listener(g: &Generation<'_>) -> Listener {
     let security = WorkloadSecurity::for_workload(g.mesh, g.namespace(), g.labels());
@@ -101,7 +100,7 @@ fn listener(g: &Generation<'_>) -> Listener {
     listener_filters.extend(inspectors::for_chains(&filter_chains));
     Listener {
         name: VIRTUAL_INBOUND.to_string(),
-        address: Some(socket("0.0.0.0", INBOUND_PORT)),
+        address: Some(socket("0.0.0.0", g.mesh_config().proxy_inbound_listen_port)),
         listener_filters,
         // mesh `protocolDetectionTimeout` (0s: sniffing waits for the client's first bytes).
         listener_filters_timeout: Some(g.mesh_config().protocol_detection_timeout.to_proto()),
@@ -184,13 +183,13 @@ fn chains(
     }
 }
 
-/// Connections to 15006 itself would loop back into this listener: refused.
+/// Connections to the listen port itself would loop back into this listener: refused.
 fn blackhole(g: &Generation<'_>) -> FilterChain {
     FilterChain {
         name: "virtualInbound-blackhole".to_string(),
         filter_chain_match: Some(FilterChainMatch {
             destination_port: Some(UInt32Value {
-                value: u32::from(INBOUND_PORT),
+                value: u32::from(g.mesh_config().proxy_inbound_listen_port),
             }),
             ..Default::default()
         }),
@@ -392,5 +391,32 @@ fn route_config(port: u16, cluster: &str, protocol: Protocol) -> RouteConfigurat
         )],
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::istio::MeshConfig;
+    use crate::model::MeshSnapshot;
+    use crate::xds::generate::cache::ResourceCache;
+    use crate::xds::proxy::{tests::node, Proxy};
+
+    #[test]
+    fn virtual_inbound_listens_and_guards_the_mesh_s_inbound_listen_port() {
+        let mut mesh = MeshSnapshot::default();
+        mesh.config.set_mesh(MeshConfig {
+            proxy_inbound_listen_port: 16006,
+            ..MeshConfig::default()
+        });
+        let cache = ResourceCache::default();
+        let id = "sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local";
+        let proxy = Proxy::from_node(Some(&node(id, &[]))).expect("a proxy");
+        let listener = listener(&Generation::new(&mesh, &cache, &proxy));
+        assert_eq!(listener.address, Some(socket("0.0.0.0", 16006)));
+        let guard = &listener.filter_chains[0];
+        assert_eq!(guard.name, "virtualInbound-blackhole");
+        let port = (guard.filter_chain_match.as_ref()).and_then(|m| m.destination_port.as_ref());
+        assert_eq!(port.map(|p| p.value), Some(16006));
     }
 }

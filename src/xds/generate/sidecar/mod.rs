@@ -1,10 +1,11 @@
 //! A sidecar's configuration, laid out as Istio's so iptables-captured traffic works:
-//! - outbound: `virtualOutbound` on 15001 hands connections, by original destination, to per-port
-//!   listeners `0.0.0.0_<port>` that are not bound themselves — HTTP by sniffing via RDS route
-//!   `<port>`, TCP services matched by VIP or SNI — over the clusters of the services it sees and
-//!   Istio's fixed ones;
-//! - inbound: `virtualInbound` on 15006, filter chains per port of the proxy's own workload, to
-//!   one `inbound|<port>||` cluster each, and passthrough chains for every other port.
+//! - outbound: `virtualOutbound` on the mesh's `proxyListenPort` (15001) hands connections, by
+//!   original destination, to per-port listeners `0.0.0.0_<port>` that are not bound themselves —
+//!   HTTP by sniffing via RDS route `<port>`, TCP services matched by VIP or SNI — over the
+//!   clusters of the services it sees and Istio's fixed ones;
+//! - inbound: `virtualInbound` on the mesh's `proxyInboundListenPort` (15006), filter chains per
+//!   port of the proxy's own workload, to one `inbound|<port>||` cluster each, and passthrough
+//!   chains for every other port.
 
 mod inbound;
 mod inbound_chains;

@@ -1,7 +1,8 @@
-//! The sidecar's outbound listeners: `virtualOutbound` on 15001 hands connections, by original
-//! destination, to per-port listeners `0.0.0.0_<port>` that are not bound themselves — HTTP,
-//! told by sniffing, via RDS route `<port>` (`<host>:<port>` for a sniffed service); TCP services matched by VIP (TLS ones without an
-//! address by SNI) and proxied to their cluster (or as their VirtualService's TCP routes say).
+//! The sidecar's outbound listeners: `virtualOutbound` on the mesh's `proxyListenPort` (15001)
+//! hands connections, by original destination, to per-port listeners `0.0.0.0_<port>` that are not
+//! bound themselves — HTTP, told by sniffing, via RDS route `<port>` (`<host>:<port>` for a sniffed
+//! service); TCP services matched by VIP (TLS ones without an address by SNI) and proxied to their
+//! cluster (or as their VirtualService's TCP routes say).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -28,18 +29,17 @@ use crate::xds::generate::routes::{cluster_for, RouteContext};
 use crate::xds::generate::stat_names;
 use crate::xds::generate::wasm::ListenerClass;
 
-const OUTBOUND_PORT: u16 = 15001;
-
 /// Connections to addresses no listener claims go to `fallback`: PassthroughCluster with mesh
 /// config `outboundTrafficPolicy: ALLOW_ANY`, BlackHoleCluster with REGISTRY_ONLY. Connections
-/// to 15001 itself would loop back here: refused (istiod's `blackholeFilterChain`).
+/// to the listen port itself would loop back here: refused (istiod's `blackholeFilterChain`).
 pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
     let logs = g.access_logs();
+    let port = g.mesh_config().proxy_listen_port;
     let blackhole = FilterChain {
         name: "virtualOutbound-blackhole".to_string(),
         filter_chain_match: Some(FilterChainMatch {
             destination_port: Some(UInt32Value {
-                value: u32::from(OUTBOUND_PORT),
+                value: u32::from(port),
             }),
             ..Default::default()
         }),
@@ -52,7 +52,7 @@ pub(super) fn virtual_outbound(g: &Generation<'_>) -> Listener {
     };
     Listener {
         name: VIRTUAL_OUTBOUND.to_string(),
-        address: Some(socket("0.0.0.0", OUTBOUND_PORT)),
+        address: Some(socket("0.0.0.0", port)),
         use_original_dst: Some(BoolValue { value: true }),
         filter_chains: vec![
             blackhole,
@@ -421,4 +421,30 @@ fn tcp_route(g: &Generation<'_>, service: &Service, port: u16, cluster: &str) ->
         .map(|d| (cluster_for(&ctx, &d.destination), d.weight.unwrap_or(0)))
         .collect();
     weighted_tcp_proxy(cluster, &targets, logs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::istio::MeshConfig;
+    use crate::model::MeshSnapshot;
+    use crate::xds::generate::cache::ResourceCache;
+    use crate::xds::proxy::{tests::node, Proxy};
+
+    #[test]
+    fn virtual_outbound_listens_and_guards_the_mesh_s_listen_port() {
+        let mut mesh = MeshSnapshot::default();
+        mesh.config.set_mesh(MeshConfig {
+            proxy_listen_port: 16001,
+            ..MeshConfig::default()
+        });
+        let cache = ResourceCache::default();
+        let id = "sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local";
+        let proxy = Proxy::from_node(Some(&node(id, &[]))).expect("a proxy");
+        let listener = virtual_outbound(&Generation::new(&mesh, &cache, &proxy));
+        assert_eq!(listener.address, Some(socket("0.0.0.0", 16001)));
+        let guard = listener.filter_chains[0].filter_chain_match.as_ref();
+        let port = guard.and_then(|m| m.destination_port.as_ref());
+        assert_eq!(port.map(|p| p.value), Some(16001));
+    }
 }
