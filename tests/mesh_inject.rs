@@ -257,4 +257,23 @@ async fn capture_ports_and_metrics_merge_follow_the_mesh_config() {
     // The agent's port is left uncaptured, as the status port is.
     let excluded = iptables_arg(&injected, "-d");
     assert!(excluded.split(',').any(|p| p == "15030"), "{excluded}");
+    const REWRITE: &str = "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
+    assert_eq!(proxy_env(&injected, REWRITE), None);
+
+    // Inbound traffic to localhost: the agent is told to rewrite probes there too.
+    write_atomic(
+        &mesh_config,
+        &format!(
+            "{MESH}inboundTrafficPolicy: {{mode: LOCALHOST}}
+"
+        ),
+    );
+    wait_for("the localhost rewrite", BOUND, || {
+        let (mp, pod) = (&mp, pod(app.clone()));
+        async move {
+            let injected = inject(mp, &pod).await.ok()?;
+            (proxy_env(&injected, REWRITE).as_deref() == Some("true")).then_some(())
+        }
+    })
+    .await;
 }

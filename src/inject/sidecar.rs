@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::annotations::Settings;
 use super::{InjectConfig, Workload};
+use crate::istio::mesh_traffic::InboundMode;
 
 pub const PROXY_CONTAINER: &str = "istio-proxy";
 pub const INIT_CONTAINER: &str = "istio-init";
@@ -180,10 +181,16 @@ fn mesh_env(config: &InjectConfig) -> Vec<EnvVar> {
         "" => trust_domain,
         id => id,
     };
-    vec![
+    let mut env = vec![
         value("ISTIO_META_MESH_ID", mesh_id),
         value("TRUST_DOMAIN", trust_domain),
-    ]
+    ];
+    // Inbound traffic goes to localhost: the agent rewrites probes of the pod's address to it too
+    // (Istio's injection template, `InboundTrafficPolicyMode` in pkg/kube/inject/inject.go).
+    if config.mesh.inbound_traffic_policy.mode == InboundMode::Localhost {
+        env.push(value("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "true"));
+    }
+    env
 }
 
 fn metadata_env(settings: &Settings) -> Vec<EnvVar> {
