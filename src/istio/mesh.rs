@@ -482,6 +482,9 @@ impl MeshConfig {
         self.mesh_mtls
             .validate_mesh_mtls()
             .map_err(|e| e.under("meshMTLS"))?;
+        self.tls_defaults
+            .validate_names()
+            .map_err(|e| e.under("tlsDefaults"))?;
         for (i, selector) in self.discovery_selectors.iter().enumerate() {
             selector
                 .validate()

@@ -93,6 +93,35 @@ pub enum TlsVersion {
     V1_3,
 }
 
+/// The cipher suites and curves Envoy's BoringSSL knows, as istiod lists them
+/// (pkg/config/security/security.go `ValidCipherSuites`, `ValidECDHCurves`).
+const CIPHER_SUITES: &[&str] = &[
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "ECDHE-RSA-CHACHA20-POLY1305",
+    "ECDHE-ECDSA-AES128-SHA",
+    "ECDHE-RSA-AES128-SHA",
+    "ECDHE-ECDSA-AES256-SHA",
+    "ECDHE-RSA-AES256-SHA",
+    "AES128-GCM-SHA256",
+    "AES256-GCM-SHA384",
+    "AES128-SHA",
+    "AES256-SHA",
+    "DES-CBC3-SHA",
+];
+const ECDH_CURVES: &[&str] = &[
+    "P-224",
+    "P-256",
+    "P-521",
+    "P-384",
+    "X25519",
+    "X25519Kyber768Draft00",
+    "X25519MLKEM768",
+];
+
 impl TlsConfig {
     /// As istiod's validation of `meshMTLS` (pkg/config/validation): curves are not configurable
     /// for mesh mTLS.
@@ -101,7 +130,37 @@ impl TlsConfig {
             self.ecdh_curves.is_empty(),
             "ecdhCurves",
             "is not configurable for mesh mTLS",
-        )
+        )?;
+        self.validate_names()
+    }
+
+    /// A cipher suite or curve Envoy does not know would have every listener or cluster it lands
+    /// on refused by the proxies: istiod drops them (`FilterCipherSuites`) or warns; refusing
+    /// names them instead, the last good mesh config kept. An expression starting with an
+    /// operator (`-`, `+`, `!`, `[`) is BoringSSL's and passes, as in istiod.
+    pub fn validate_names(&self) -> Result {
+        for (i, suite) in self.cipher_suites.iter().enumerate() {
+            let expression = suite.chars().next().is_some_and(|c| !c.is_alphanumeric());
+            ensure(
+                suite == "ALL" || expression || CIPHER_SUITES.contains(&suite.as_str()),
+                &format!("cipherSuites[{i}]"),
+                format!(
+                    "{:?} is not a cipher suite Envoy knows",
+                    crate::text::clip(suite)
+                ),
+            )?;
+        }
+        for (i, curve) in self.ecdh_curves.iter().enumerate() {
+            ensure(
+                ECDH_CURVES.contains(&curve.as_str()),
+                &format!("ecdhCurves[{i}]"),
+                format!(
+                    "{:?} is not an ECDH curve Envoy knows",
+                    crate::text::clip(curve)
+                ),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -168,10 +227,24 @@ mod tests {
     #[test]
     fn mesh_tls_reads_istios_names() {
         let tls: TlsConfig =
-            serde_yaml_ng::from_str("{minProtocolVersion: TLSV1_3, cipherSuites: [A]}").unwrap();
+            serde_yaml_ng::from_str("{minProtocolVersion: TLSV1_3, cipherSuites: [AES128-SHA]}")
+                .unwrap();
         assert_eq!(tls.min_protocol_version, TlsVersion::V1_3);
+        assert!(tls.validate_mesh_mtls().is_ok());
         let curves: TlsConfig = serde_yaml_ng::from_str("{ecdhCurves: [P-256]}").unwrap();
         assert!(curves.validate_mesh_mtls().is_err());
+        assert!(curves.validate_names().is_ok());
+        let unknown: TlsConfig =
+            serde_yaml_ng::from_str("{cipherSuites: [AES128-SHA, RC4-MD5], ecdhCurves: [P-999]}")
+                .unwrap();
+        let error = unknown.validate_names().unwrap_err().to_string();
+        assert!(
+            error.contains("cipherSuites[1]") && error.contains("RC4-MD5"),
+            "{error}"
+        );
+        let expression: TlsConfig =
+            serde_yaml_ng::from_str("{cipherSuites: ['[AES128-SHA|AES256-SHA]', ALL]}").unwrap();
+        assert!(expression.validate_names().is_ok());
     }
 
     #[test]
