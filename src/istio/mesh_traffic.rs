@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tls_names;
 use super::validate::{ensure, Result};
 
 /// `pathNormalization`: how request paths are normalised before routes and policies see them.
@@ -93,35 +94,6 @@ pub enum TlsVersion {
     V1_3,
 }
 
-/// The cipher suites and curves Envoy's BoringSSL knows, as istiod lists them
-/// (pkg/config/security/security.go `ValidCipherSuites`, `ValidECDHCurves`).
-const CIPHER_SUITES: &[&str] = &[
-    "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "ECDHE-RSA-AES128-GCM-SHA256",
-    "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "ECDHE-RSA-AES256-GCM-SHA384",
-    "ECDHE-ECDSA-CHACHA20-POLY1305",
-    "ECDHE-RSA-CHACHA20-POLY1305",
-    "ECDHE-ECDSA-AES128-SHA",
-    "ECDHE-RSA-AES128-SHA",
-    "ECDHE-ECDSA-AES256-SHA",
-    "ECDHE-RSA-AES256-SHA",
-    "AES128-GCM-SHA256",
-    "AES256-GCM-SHA384",
-    "AES128-SHA",
-    "AES256-SHA",
-    "DES-CBC3-SHA",
-];
-const ECDH_CURVES: &[&str] = &[
-    "P-224",
-    "P-256",
-    "P-521",
-    "P-384",
-    "X25519",
-    "X25519Kyber768Draft00",
-    "X25519MLKEM768",
-];
-
 impl TlsConfig {
     /// As istiod's validation of `meshMTLS` (pkg/config/validation): curves are not configurable
     /// for mesh mTLS.
@@ -140,9 +112,8 @@ impl TlsConfig {
     /// operator (`-`, `+`, `!`, `[`) is BoringSSL's and passes, as in istiod.
     pub fn validate_names(&self) -> Result {
         for (i, suite) in self.cipher_suites.iter().enumerate() {
-            let expression = suite.chars().next().is_some_and(|c| !c.is_alphanumeric());
             ensure(
-                suite == "ALL" || expression || CIPHER_SUITES.contains(&suite.as_str()),
+                tls_names::known_cipher_suite(suite),
                 &format!("cipherSuites[{i}]"),
                 format!(
                     "{:?} is not a cipher suite Envoy knows",
@@ -152,7 +123,7 @@ impl TlsConfig {
         }
         for (i, curve) in self.ecdh_curves.iter().enumerate() {
             ensure(
-                ECDH_CURVES.contains(&curve.as_str()),
+                tls_names::known_ecdh_curve(curve),
                 &format!("ecdhCurves[{i}]"),
                 format!(
                     "{:?} is not an ECDH curve Envoy knows",

@@ -22,6 +22,7 @@ pub mod service_entry;
 pub mod service_settings;
 pub mod sidecar;
 pub mod telemetry;
+pub mod tls_names;
 mod validate;
 pub mod virtual_service;
 pub mod wasm_plugin;

@@ -19,6 +19,8 @@ use super::{sds, tls};
 use crate::istio::destination_rule::{ClientTls, TlsMode as ClientTlsMode};
 use crate::istio::gateway::{ServerTls, ServerTlsMode};
 use crate::istio::mesh_traffic::{TlsConfig, TlsVersion};
+use crate::istio::tls_names;
+use tracing::warn;
 
 /// Whether a server's TLS mode ends TLS at the gateway (the others pass it through).
 pub fn terminates(mode: ServerTlsMode) -> bool {
@@ -184,8 +186,17 @@ fn tls_params(settings: &ServerTls, defaults: &TlsConfig) -> Option<TlsParameter
         params.tls_minimum_protocol_version = version(&settings.min_protocol_version);
     }
     params.tls_maximum_protocol_version = version(&settings.max_protocol_version);
-    if !settings.cipher_suites.is_empty() {
-        params.cipher_suites = settings.cipher_suites.clone();
+    // Suites Envoy does not know are left out, as istiod's `FilterCipherSuites` does (gateway.go),
+    // rather than have the proxy refuse the listener.
+    let (suites, unknown) = tls_names::filter_cipher_suites(&settings.cipher_suites);
+    if !unknown.is_empty() {
+        warn!(
+            ?unknown,
+            "gateway server cipher suites Envoy does not know left out"
+        );
+    }
+    if !suites.is_empty() {
+        params.cipher_suites = suites;
     }
     (params != TlsParameters::default()).then_some(params)
 }
