@@ -37,7 +37,7 @@ use crate::istio::{ConfigKey, ConfigObject, Origin, Spec};
 use crate::model::gateway_api::status::ObjectStatus;
 use crate::model::waypoints::WaypointClass;
 use crate::model::{ClusterId, Mesh, MeshSnapshot, LABEL_NETWORK};
-use crate::sources::gateway_owners::{Handover, Inputs, Turn};
+use crate::sources::gateway_owners::{Ended, Handover, Scope, Turn};
 use crate::sources::revision_tags::RevisionTags;
 
 /// The Gateway's annotations istiod reads to name what it deploys, and the Service's type.
@@ -348,20 +348,6 @@ pub fn keep(
     })
 }
 
-/// Whose Gateways a pass deploys.
-struct Scope<'a> {
-    cluster: &'a ClusterId,
-    owners: &'a Inputs,
-    revision: &'a str,
-}
-
-/// How a pass ended.
-enum Ended {
-    Done,
-    Waiting,
-    Failed,
-}
-
 /// Applies what every managed Gateway this revision owns deploys.
 async fn apply_all(
     client: &Client,
@@ -440,11 +426,7 @@ async fn apply_all(
             }
         }
     }
-    match (all, waiting) {
-        (false, _) => Ended::Failed,
-        (true, true) => Ended::Waiting,
-        (true, false) => Ended::Done,
-    }
+    Ended::of(all, waiting)
 }
 
 fn resource(

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::model::ClusterId;
 use crate::istio::revision::{DEFAULT, REVISION_LABEL};
 use crate::istio::ConfigKey;
 
@@ -177,6 +178,32 @@ impl Inputs {
     /// changes (a tag moved, a namespace relabelled, a control plane started or stopped).
     pub fn digest(&self) -> u64 {
         crate::text::stable_hash(&format!("{self:?}"))
+    }
+}
+
+/// Whose objects a pass over the owned Gateway objects writes (their status, their deployments).
+pub struct Scope<'a> {
+    pub cluster: &'a ClusterId,
+    pub owners: &'a Inputs,
+    pub revision: &'a str,
+}
+
+/// How such a pass ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Done,
+    /// Every write went through, but some object waits for its handover.
+    Waiting,
+    Failed,
+}
+
+impl Ended {
+    pub fn of(all_written: bool, waiting: bool) -> Self {
+        match (all_written, waiting) {
+            (false, _) => Ended::Failed,
+            (true, true) => Ended::Waiting,
+            (true, false) => Ended::Done,
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::gateway_owners::{Handover, Inputs, Turn};
+use super::gateway_owners::{Ended, Handover, Scope, Turn};
 use super::revision_tags::RevisionTags;
 use crate::istio::{ConfigKey, ConfigKind, Origin, Revision};
 use crate::model::gateway_api::status::ObjectStatus;
@@ -74,25 +74,11 @@ pub fn keep(
     })
 }
 
-/// Whose objects a pass writes.
-struct Scope<'a> {
-    cluster: &'a ClusterId,
-    owners: &'a Inputs,
-    revision: &'a str,
-}
-
 /// What a pass keeps between passes.
 struct Pass<'a> {
     resources: &'a mut HashMap<ConfigKind, ApiResource>,
     written: &'a mut HashMap<ConfigKey, Value>,
     handover: &'a mut Handover,
-}
-
-/// How a pass ended.
-enum Ended {
-    Done,
-    Waiting,
-    Failed,
 }
 
 /// Writes every status of ours that differs from the one last written.
@@ -171,11 +157,7 @@ async fn write_changed(
             }
         }
     }
-    match (all, waiting) {
-        (false, _) => Ended::Failed,
-        (true, true) => Ended::Waiting,
-        (true, false) => Ended::Done,
-    }
+    Ended::of(all, waiting)
 }
 
 /// The status with every condition's `lastTransitionTime` (which the API requires) set to now:
