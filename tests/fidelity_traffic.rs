@@ -64,19 +64,6 @@ endpoints:
     )
 }
 
-/// What the echo server answers the client application's `curl <args>`, once it answers for
-/// `path`.
-async fn curl_echo(pair: &Workloads, args: &[&str], path: &str) -> serde_json::Value {
-    wait_for(&format!("an answer for {path}"), BOUND, || {
-        let output = pair.as_client_app("curl", &[&["-s", "-m", "3"], args].concat());
-        async move {
-            let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-            (body["path"] == path).then_some(body)
-        }
-    })
-    .await
-}
-
 /// istiod delivers inbound traffic to the address it was sent to, from 127.0.0.6; an application
 /// that listens on its pod IP only (not on localhost) is reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,7 +226,7 @@ spec:
         &key,
         "https://api.example.com/by-sni",
     ];
-    let body = curl_echo(&pair, &args, "/by-sni").await;
+    let body = pair.curl_echo(&args, "/by-sni").await;
     assert_eq!(body["server"], pair.server_ip().as_str());
     let via = client
         .counter("cluster.outbound|443||api.example.com.upstream_cx_total")
@@ -362,7 +349,7 @@ spec: {{clusterIP: None, ports: [{{name: tcp-db, port: 7000}}]}}
     assert_eq!(ranges[0].address_prefix, server_ip);
 
     let url = format!("http://{server_ip}:7000/headless");
-    let body = curl_echo(&pair, &[&url], "/headless").await;
+    let body = pair.curl_echo(&[&url], "/headless").await;
     assert_eq!(body["server"], server_ip.as_str(), "{body}");
 }
 
@@ -438,12 +425,9 @@ spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080, targetPort: 9090}}]}}
     assert!(tcp, "no TCP chain for the VIP's other bytes: {port:?}");
 
     let host = "Host: plain.default.svc.cluster.local:8080";
-    let body = curl_echo(
-        &pair,
-        &["-H", host, "http://10.96.88.88:8080/plain"],
-        "/plain",
-    )
-    .await;
+    let body = pair
+        .curl_echo(&["-H", host, "http://10.96.88.88:8080/plain"], "/plain")
+        .await;
     assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
     // The VIP's HTTP has a route of its own, `<host>:<port>`, as istiod's: any Host header sent
     // to the address reaches the service (the port's shared route would pass an unknown name
@@ -461,16 +445,16 @@ spec: {{clusterIP: 10.96.88.88, ports: [{{port: 8080, targetPort: 9090}}]}}
         route.as_deref(),
         Some("plain.default.svc.cluster.local:8080")
     );
-    let body = curl_echo(
-        &pair,
-        &[
-            "-H",
-            "Host: elsewhere.example",
-            "http://10.96.88.88:8080/any",
-        ],
-        "/any",
-    )
-    .await;
+    let body = pair
+        .curl_echo(
+            &[
+                "-H",
+                "Host: elsewhere.example",
+                "http://10.96.88.88:8080/any",
+            ],
+            "/any",
+        )
+        .await;
     assert_eq!(body["headers"]["x-routed"], "by-virtual-service", "{body}");
 
     // Bytes that are not HTTP reach the application as they were sent: its own HTTP server

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::model::ClusterId;
 use crate::istio::revision::{DEFAULT, REVISION_LABEL};
 use crate::istio::ConfigKey;
+use crate::model::ClusterId;
 
 /// Everything the decision reads, as listed on the config cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -248,21 +248,18 @@ impl Workloads {
     /// The echo server's answer to the client application calling the service by name and VIP,
     /// as a Kubernetes client would.
     pub async fn call(&self) -> serde_json::Value {
-        wait_for("a response through both sidecars", BOUND, || {
-            let output = self.as_client_app(
-                "curl",
-                &[
-                    "-s",
-                    "-m",
-                    "3",
-                    "-H",
-                    "Host: echo.default.svc.cluster.local:8080",
-                    "http://10.96.77.77:8080/hello",
-                ],
-            );
+        let host = "Host: echo.default.svc.cluster.local:8080";
+        self.curl_echo(&["-H", host, "http://10.96.77.77:8080/hello"], "/hello")
+            .await
+    }
+
+    /// The echo's answer to the client application's curl with `args`, once one reports `path`.
+    pub async fn curl_echo(&self, args: &[&str], path: &str) -> serde_json::Value {
+        wait_for(&format!("an answer for {path}"), BOUND, || {
+            let output = self.as_client_app("curl", &[&["-s", "-m", "3"], args].concat());
             async move {
                 let body: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-                (body["path"] == "/hello").then_some(body)
+                (body["path"] == path).then_some(body)
             }
         })
         .await
