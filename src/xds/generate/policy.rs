@@ -229,13 +229,7 @@ fn apply_connection_pool(
         .filter(|v| *v > 0);
     let h2 = http2 || (http && upgrade);
     let protocol = match (use_client, h2) {
-        (true, _) => Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
-            UseDownstreamHttpConfig {
-                http_protocol_options: Some(Http1ProtocolOptions::default()),
-                http2_protocol_options: Some(http2_options(concurrent)),
-                ..Default::default()
-            },
-        )),
+        (true, _) => Some(as_downstream(http2_options(concurrent))),
         (false, true) => Some(UpstreamProtocolOptions::ExplicitHttpConfig(
             ExplicitHttpConfig {
                 protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(http2_options(
@@ -339,13 +333,7 @@ pub fn downstream_protocol() -> HashMap<String, Any> {
             }),
             ..Default::default()
         }),
-        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
-            UseDownstreamHttpConfig {
-                http_protocol_options: Some(Http1ProtocolOptions::default()),
-                http2_protocol_options: Some(Http2ProtocolOptions::default()),
-                ..Default::default()
-            },
-        )),
+        upstream_protocol_options: Some(as_downstream(Http2ProtocolOptions::default())),
         ..Default::default()
     })
 }
@@ -355,13 +343,16 @@ pub fn downstream_protocol() -> HashMap<String, Any> {
 /// `setUpstreamProtocol` for auto-detected ports, pilot/pkg/networking/core/cluster_builder.go).
 pub fn sniffed_protocol() -> HashMap<String, Any> {
     protocol_options(HttpProtocolOptions {
-        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
-            UseDownstreamHttpConfig {
-                http_protocol_options: Some(Http1ProtocolOptions::default()),
-                http2_protocol_options: Some(Http2ProtocolOptions::default()),
-                ..Default::default()
-            },
-        )),
+        upstream_protocol_options: Some(as_downstream(Http2ProtocolOptions::default())),
+        ..Default::default()
+    })
+}
+
+/// HTTP/1.1 or HTTP/2 upstream, as the downstream spoke.
+fn as_downstream(http2: Http2ProtocolOptions) -> UpstreamProtocolOptions {
+    UpstreamProtocolOptions::UseDownstreamProtocolConfig(UseDownstreamHttpConfig {
+        http_protocol_options: Some(Http1ProtocolOptions::default()),
+        http2_protocol_options: Some(http2),
         ..Default::default()
     })
 }
