@@ -29,15 +29,16 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
         Some((host, port)) => (Some(host), parse_port(port)?),
         None => (None, parse_port(name)?),
     };
-    let routes = || match host {
-        Some(_) => sniffed_routes(g, name, port),
+    // A host's route is its sniffed service's, found once.
+    let service = host.map(|h| sniffed_service(g, h, port));
+    let routes = || match &service {
+        Some(service) => sniffed_routes(g, name, port, service.as_deref()),
         None => port_routes(g, name, port),
     };
     // The route of a port the proxy has no listener for, or of a host it has no sniffed service
     // of (a name it made up, or one its listener has just gone from), is answered as istiod does,
     // but not cached: such names are unbounded.
-    let known = super::has_port_listener(g, port)
-        && host.is_none_or(|h| sniffed_service(g, h, port).is_some());
+    let known = super::has_port_listener(g, port) && service.as_ref().is_none_or(Option::is_some);
     if !known {
         return g.finish(ResourceType::Route, Resource::encode(name, &routes()));
     }
@@ -50,12 +51,13 @@ pub(super) fn build(g: &Generation<'_>, name: &str) -> Option<Arc<Resource>> {
     )
 }
 
-/// The service of this host whose port the proxy sniffs.
+/// The service of this host whose port the proxy sniffs (and sees).
 fn sniffed_service(g: &Generation<'_>, host: &str, port: u16) -> Option<Arc<Service>> {
     g.routable_services().into_iter().find(|s| {
         *s.hostname == *host
             && s.port(port)
                 .is_some_and(|p| super::outbound::sniffed(s, p.protocol))
+            && g.sees(s, port)
     })
 }
 
@@ -79,17 +81,17 @@ fn port_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration 
     route_configuration(name, virtual_hosts)
 }
 
-/// The port's virtual host that answers `<host>:<port>`, for any name (a sniffed connection was
-/// for that service's address, whatever its Host header says); no catch-all.
-fn sniffed_routes(g: &Generation<'_>, name: &str, port: u16) -> RouteConfiguration {
-    let mut virtual_hosts: Vec<VirtualHost> = virtual_hosts(g, port)
-        .into_iter()
-        .filter(|v| v.domains.iter().any(|d| d == name))
-        .collect();
-    if let [only] = virtual_hosts.as_mut_slice() {
-        only.domains = vec!["*".to_string()];
-    }
-    route_configuration(name, virtual_hosts)
+/// The sniffed service's virtual host, for any name (the connection was for the service's
+/// address, whatever its Host header says); no catch-all. istiod selects it among the port's
+/// virtual hosts (`getVirtualHostsForSniffedServicePort`); only its own is built here.
+fn sniffed_routes(
+    g: &Generation<'_>,
+    name: &str,
+    port: u16,
+    service: Option<&Service>,
+) -> RouteConfiguration {
+    let virtual_hosts = service.map(|s| service_vhost(g, s, port, vec!["*".to_string()]));
+    route_configuration(name, virtual_hosts.into_iter().collect())
 }
 
 fn route_configuration(name: &str, virtual_hosts: Vec<VirtualHost>) -> RouteConfiguration {
@@ -118,33 +120,39 @@ fn virtual_hosts(g: &Generation<'_>, port: u16) -> Vec<VirtualHost> {
                 .into_iter()
                 .filter(|d| taken.insert(d.clone()))
                 .collect();
-            (!domains.is_empty()).then(|| {
-                let mut vhost = virtual_host(
-                    &format!("{}:{port}", s.hostname),
-                    domains,
-                    &outbound_cluster(port, &s.hostname),
-                    DefaultRoute::Outbound(g.mesh_config().default_http_retry_policy.as_ref()),
-                );
-                // A VirtualService for the host replaces the default route.
-                let ctx = RouteContext {
-                    g,
-                    port,
-                    gateway: None,
-                };
-                let scope = g.egress_scope(port);
-                let mut routed = false;
-                if let Some(routes) = g.mesh_routes(&s.hostname, scope) {
-                    let routes = http_routes(&ctx, &routes.http);
-                    if !routes.is_empty() {
-                        vhost.routes = routes;
-                        routed = true;
-                    }
-                }
-                set_hash_policy(g, s, port, &mut vhost, routed);
-                vhost
-            })
+            (!domains.is_empty()).then(|| service_vhost(g, s, port, domains))
         })
         .collect()
+}
+
+/// A service's virtual host on the port: its default route, or its VirtualService's routes.
+fn service_vhost(
+    g: &Generation<'_>,
+    service: &Service,
+    port: u16,
+    domains: Vec<String>,
+) -> VirtualHost {
+    let mut vhost = virtual_host(
+        &format!("{}:{port}", service.hostname),
+        domains,
+        &outbound_cluster(port, &service.hostname),
+        DefaultRoute::Outbound(g.mesh_config().default_http_retry_policy.as_ref()),
+    );
+    let ctx = RouteContext {
+        g,
+        port,
+        gateway: None,
+    };
+    let mut routed = false;
+    if let Some(routes) = g.mesh_routes(&service.hostname, g.egress_scope(port)) {
+        let routes = http_routes(&ctx, &routes.http);
+        if !routes.is_empty() {
+            vhost.routes = routes;
+            routed = true;
+        }
+    }
+    set_hash_policy(g, service, port, &mut vhost, routed);
+    vhost
 }
 
 /// The host names a client in the proxy's namespace may use: the FQDN, the short forms Kubernetes DNS
