@@ -212,6 +212,21 @@ async fn mesh_fields_reach_what_proxies_are_sent() {
         .find_map(|c| typed(c, "envoy.filters.network.tcp_proxy"))
         .expect("the TCP chain");
     assert_eq!(proxy.stat_prefix, "web.shop_tcp-db_5432");
+    // So do an east-west gateway's AUTO_PASSTHROUGH chains (istiod's gateway.go).
+    let east_west = labelled_node(
+        "router~10.1.0.8~ew-0.istio-system~istio-system.svc.cluster.local",
+        &[("CLUSTER_ID", "c1")],
+        &[("istio", "eastwestgateway")],
+    );
+    let gateway: Vec<Listener> = fetch(xds, east_west, LDS, &[]).await;
+    let passthrough = named(&gateway, "0.0.0.0_15443", |l| &l.name);
+    let chain = named(
+        &passthrough.filter_chains,
+        "outbound_.80_._.web.shop.svc.cluster.local",
+        |c| &c.name,
+    );
+    let proxy: TcpProxy = typed(chain, "envoy.filters.network.tcp_proxy").expect("a TCP proxy");
+    assert_eq!(proxy.stat_prefix, "web.shop_http_80");
 
     let clusters: Vec<Cluster> = fetch(xds, sidecar(), CDS, &[]).await;
     let http = named(&clusters, WEB_HTTP, |c| &c.name);

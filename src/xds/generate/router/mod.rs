@@ -43,9 +43,10 @@ use super::gateway_tls;
 use super::generation::Generation;
 use super::inspectors::{tls_inspector, ALL_MTLS_ALPN};
 use super::istio_stats::tcp_chain;
-use super::names::{parse_port, port_listener_name};
+use super::names::{parse_port, parse_sni_cluster, port_listener_name};
 use super::routes::{answering_all, cluster_for, http_routes, RouteContext};
 use super::security::WorkloadSecurity;
+use super::stat_names;
 use super::wasm::ListenerClass;
 use crate::istio::gateway::ServerTlsMode;
 use crate::istio::virtual_service::RouteDestination;
@@ -421,20 +422,31 @@ fn auto_passthrough_chains<H: AsRef<str>>(g: &Generation<'_>, hosts: &[H]) -> Ve
     g.routable_services()
         .iter()
         .filter(|s| (hosts.iter()).any(|h| host_match(h.as_ref(), &s.hostname).is_some()))
-        .flat_map(|s| clusters::sni_names(g, s))
-        .map(|sni| FilterChain {
-            name: sni.clone(),
-            filter_chain_match: Some(FilterChainMatch {
-                server_names: vec![sni.clone()],
-                application_protocols: ALL_MTLS_ALPN.iter().map(|a| a.to_string()).collect(),
+        .flat_map(|s| {
+            clusters::sni_names(g, s)
+                .into_iter()
+                .map(move |sni| (s, sni))
+        })
+        .map(|(service, sni)| {
+            // Stats under the mesh's `outboundClusterStatName`, else the cluster's name.
+            let pattern = &g.mesh_config().outbound_cluster_stat_name;
+            let stat_prefix = parse_sni_cluster(&sni)
+                .and_then(|c| stat_names::of(pattern, service, c.subset, c.port, 0))
+                .unwrap_or_else(|| sni.clone());
+            FilterChain {
+                name: sni.clone(),
+                filter_chain_match: Some(FilterChainMatch {
+                    server_names: vec![sni.clone()],
+                    application_protocols: ALL_MTLS_ALPN.iter().map(|a| a.to_string()).collect(),
+                    ..Default::default()
+                }),
+                filters: tcp_chain(
+                    g.stats(Side::Gateway),
+                    Vec::new(),
+                    tcp_proxy_filter(&stat_prefix, &sni, g.access_logs().of(Side::Gateway)),
+                ),
                 ..Default::default()
-            }),
-            filters: tcp_chain(
-                g.stats(Side::Gateway),
-                Vec::new(),
-                tcp_proxy_filter(&sni, &sni, g.access_logs().of(Side::Gateway)),
-            ),
-            ..Default::default()
+            }
         })
         .collect()
 }
