@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "istio/mcp/v1alpha1/resource.proto",
             "istio/workload/workload.proto",
             "istio/security/authorization.proto",
+            "istio/mesh/v1alpha1/proxy.proto",
         ],
         ["proto"],
     )?;

@@ -14,6 +14,7 @@ use crate::istio::label_selector::LabelSelector;
 use crate::istio::{ConfigKey, ConfigKind, MeshConfig};
 use crate::model::{
     Audience, Change, ClusterId, ConfigChange, ConfigSource, JwksTable, Mesh, Refusal, ShardKey,
+    TrustBundle,
 };
 use crate::registry::{entry_workloads, service_entries, ClusterRegistry, SyncState};
 
@@ -302,6 +303,27 @@ impl Aggregate {
                 ..Change::default()
             });
         }
+    }
+
+    /// Publishes the trust bundle; every proxy is pushed (as istiod's forced push on a trust
+    /// anchor update). Returns whether it changed.
+    pub fn set_trust_bundle(&self, bundle: TrustBundle) -> bool {
+        let changed = self.mesh.write(|mesh| {
+            if mesh.trust_bundle.as_deref() == Some(&bundle) {
+                return false;
+            }
+            mesh.trust_bundle = Some(Arc::new(bundle));
+            mesh.trust_bundle_version += 1;
+            true
+        });
+        if changed {
+            self.emit(Change {
+                full: true,
+                names_kept: true,
+                ..Change::default()
+            });
+        }
+        changed
     }
 
     fn emit(&self, change: Change) {

@@ -199,6 +199,20 @@ pub struct DiscoveryArgs {
     #[arg(long, env = "MESHPILOT_JWKS_REFRESH_INTERVAL", default_value = "20m", value_parser = humantime::parse_duration)]
     pub jwks_refresh_interval: Duration,
 
+    /// Sends proxies the mesh's trust bundle over PCDS: the CA's roots, the mesh config's
+    /// `caCertificates` and their SPIFFE bundles' (istiod's `ISTIO_MULTIROOT_MESH`); Istio's agent
+    /// asks for it when started with `PROXY_CONFIG_XDS_AGENT=true`.
+    #[arg(long, env = "MESHPILOT_MULTIROOT_MESH")]
+    pub multiroot_mesh: bool,
+
+    /// How often the mesh config's SPIFFE bundle endpoints are fetched again (istiod: 30 minutes).
+    #[arg(long, env = "MESHPILOT_SPIFFE_BUNDLE_REFRESH_INTERVAL", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub spiffe_bundle_refresh_interval: Duration,
+
+    /// How long one SPIFFE bundle fetch may take (istiod: 10 seconds).
+    #[arg(long, env = "MESHPILOT_SPIFFE_BUNDLE_FETCH_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub spiffe_bundle_fetch_timeout: Duration,
+
     /// How long one JWT key fetch may take.
     #[arg(long, env = "MESHPILOT_JWKS_FETCH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub jwks_fetch_timeout: Duration,
@@ -337,6 +351,7 @@ impl DiscoveryArgs {
             trust_domain: self.trust_domain.clone(),
             system_namespace: self.system_namespace.clone(),
             cluster_id: crate::model::ClusterId::new(&self.cluster_id),
+            multiroot_mesh: self.multiroot_mesh,
         }
     }
 }

@@ -187,6 +187,7 @@ pub async fn start(args: DiscoveryArgs) -> Result<Running, StartError> {
         &mut supervisor,
     )
     .await?;
+    trust::trust_bundle(&args, aggregate, &ca, &mut supervisor);
     let authn = trust::authenticator(&args, config_cluster);
     let serving_cert = trust::serving_cert(&args, &ca, &mut supervisor)?;
     let nodes = trust::node_authorizer(&args, aggregate);

@@ -1,6 +1,7 @@
 //! Identity and leadership: the Lease election, the CA (its keys from a directory, the config
 //! cluster or the state directory; a self-signed root kept rotated), callers' authentication, the
-//! serving certificate, and the work only the leader does (root ConfigMaps, webhook caBundles).
+//! serving certificate, the trust bundle sent to proxies, and the work only the leader does (root
+//! ConfigMaps, webhook caBundles).
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use crate::security::rotation::{self, SharedCa};
 use crate::security::tls::ServingCert;
 use crate::security::trust;
 use crate::sources::revision_tags::RevisionTags;
+use crate::sources::trust_bundle::{self, TrustBundleOptions};
 use crate::sources::{allocation_status, gateway_status, ingress};
 use crate::supervise::Supervisor;
 use crate::webhook::ca_bundle;
@@ -103,6 +105,24 @@ pub(super) async fn ca(
 }
 
 /// Who a caller is: its client certificate, else its token reviewed by its cluster.
+/// With `--multiroot-mesh`: the trust bundle proxies are sent over PCDS, kept current.
+pub(super) fn trust_bundle(
+    args: &DiscoveryArgs,
+    aggregate: &Arc<Aggregate>,
+    ca: &Arc<SharedCa>,
+    supervisor: &mut Supervisor,
+) {
+    if !args.multiroot_mesh {
+        return;
+    }
+    let options = TrustBundleOptions {
+        refresh: args.spiffe_bundle_refresh_interval,
+        timeout: args.spiffe_bundle_fetch_timeout,
+    };
+    let task = trust_bundle::start(aggregate.clone(), ca.roots(), options);
+    supervisor.adopt("trust bundle", task);
+}
+
 pub(super) fn authenticator(
     args: &DiscoveryArgs,
     config_cluster: Option<&ConfigCluster>,

@@ -89,12 +89,14 @@ pub(super) fn configz(state: &DebugContext) -> Value {
     Value::Array(out)
 }
 
-/// The mesh config in force and why a newer one is refused, if it is.
+/// The mesh config in force and why a newer one is refused, if it is; the trust bundle sent to
+/// proxies (with `--multiroot-mesh`) by source, with each SPIFFE endpoint's last fetch.
 pub(super) fn mesh(state: &DebugContext) -> Value {
     let snapshot = state.aggregate.mesh().snapshot();
     serde_json::json!({
         "meshConfig": **snapshot.config.mesh(),
         "notApplied": snapshot.config.mesh().not_applied,
+        "trustBundle": snapshot.trust_bundle,
         "clusterLocalHosts": snapshot.config.cluster_local_hosts().hosts(),
         "last_error": *state.mesh_config_error.lock(),
     })

@@ -100,6 +100,10 @@ pub struct MeshConfig {
     /// What of the mesh config as given meshpilot does not apply, by field.
     #[serde(skip)]
     pub not_applied: Vec<FieldNote>,
+    /// The installation's `--multiroot-mesh` (istiod's `ISTIO_MULTIROOT_MESH`): whether
+    /// `caCertificates`' roots are sent to proxies (PCDS). Not a field of Istio's MeshConfig.
+    #[serde(skip)]
+    pub multiroot_mesh: bool,
     /// Kubernetes Ingress: the `kubernetes.io/ingress.class` annotation value served.
     pub ingress_class: String,
     /// Which Ingresses are served: those of the class (STRICT), those naming no class too
@@ -314,6 +318,7 @@ impl Default for MeshConfig {
             outbound_cluster_stat_name: String::new(),
             enable_prometheus_merge: true,
             not_applied: Vec::new(),
+            multiroot_mesh: false,
             ingress_class: "istio".into(),
             ingress_controller_mode: IngressControllerMode::Strict,
             ingress_selector: String::new(),
@@ -413,17 +418,15 @@ impl MeshConfig {
             )
         })?;
         mesh.not_applied = mesh_fields::notes(&value, &unread);
+        mesh.multiroot_mesh = defaults.multiroot_mesh;
         for (i, entry) in mesh.ca_certificates.iter().enumerate() {
             mesh.not_applied
-                .extend(
-                    entry
-                        .unapplied_parts()
-                        .into_iter()
-                        .map(|(part, why)| FieldNote {
-                            field: format!("caCertificates[{i}].{part}"),
-                            why: why.to_string(),
-                        }),
-                );
+                .extend(entry.unapplied_parts(mesh.multiroot_mesh).into_iter().map(
+                    |(part, why)| FieldNote {
+                        field: format!("caCertificates[{i}].{part}"),
+                        why: why.to_string(),
+                    },
+                ));
         }
         if !root_given {
             mesh.root_namespace = defaults.root_namespace.clone();
@@ -499,6 +502,11 @@ impl MeshConfig {
             entry
                 .validate()
                 .map_err(|e| e.under(&format!("serviceSettings[{i}]")))?;
+        }
+        for (i, entry) in self.ca_certificates.iter().enumerate() {
+            entry
+                .validate()
+                .map_err(|e| e.under(&format!("caCertificates[{i}]")))?;
         }
         let directories = self
             .config_sources

@@ -137,7 +137,7 @@ pub const PROXY_FIELDS: &[(&str, Treatment)] = &[
     ("readinessProbe", NotApplied("WorkloadEntries' health is not probed")),
     ("proxyStatsMatcher", Applied),
     ("holdApplicationUntilProxyStarts", Applied),
-    ("caCertificatesPem", NotApplied("extra roots are not sent to proxies")),
+    ("caCertificatesPem", NotApplied("set by the control plane, not read from config (istiod neither): the trust bundle PCDS sends under --multiroot-mesh, from caCertificates")),
     ("image", Applied),
     ("privateKeyProvider", NotApplied("SDS sends keys without a private key provider")),
     ("proxyHeaders", NotApplied("listeners set Istio's default headers")),

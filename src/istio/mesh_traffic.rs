@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::tls_names;
-use super::validate::{ensure, Result};
+use super::validate::{ensure, Result, ValidationError};
 
 /// `pathNormalization`: how request paths are normalised before routes and policies see them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -53,15 +53,16 @@ pub struct CertificateData {
 }
 
 impl CertificateData {
-    /// What of the entry is not applied: istiod distributes extra roots to proxies only when run
+    /// What of the entry is not applied. istiod distributes extra roots to proxies only when run
     /// with `ISTIO_MULTIROOT_MESH=true`, off by default (pilot/pkg/bootstrap/server.go
-    /// `initWorkloadTrustBundle`), and reads `certSigners` only for a Kubernetes CSR signer.
-    pub fn unapplied_parts(&self) -> Vec<(&'static str, &'static str)> {
+    /// `initWorkloadTrustBundle`): meshpilot with `--multiroot-mesh`. `certSigners` is read only
+    /// for a Kubernetes CSR signer.
+    pub fn unapplied_parts(&self, roots_distributed: bool) -> Vec<(&'static str, &'static str)> {
         let mut out = Vec::new();
-        if !self.pem.is_empty() || !self.spiffe_bundle_url.is_empty() {
+        if !roots_distributed && (!self.pem.is_empty() || !self.spiffe_bundle_url.is_empty()) {
             out.push((
                 "root",
-                "not applied: istiod sends extra roots to proxies only with ISTIO_MULTIROOT_MESH=true (off by default); its trustDomains are accepted",
+                "not applied: extra roots reach proxies only with --multiroot-mesh (istiod: ISTIO_MULTIROOT_MESH=true, off by default); its trustDomains are accepted",
             ));
         }
         if !self.cert_signers.is_empty() {
@@ -71,6 +72,39 @@ impl CertificateData {
             ));
         }
         out
+    }
+
+    /// `pem` and `spiffeBundleUrl` are one of (istio.io/api `CertificateData.certificate_data`);
+    /// a PEM holds CA certificates only; a URL is an https:// one (istiod adds the scheme when
+    /// none is written: pkg/spiffe/spiffe.go `RetrieveSpiffeBundleRootCerts`).
+    pub fn validate(&self) -> Result {
+        ensure(
+            self.pem.is_empty() || self.spiffe_bundle_url.is_empty(),
+            "pem",
+            "pem and spiffeBundleUrl are one of: give either",
+        )?;
+        if !self.pem.is_empty() {
+            super::trust_anchor::ca_certificates(&self.pem)
+                .map_err(|e| ValidationError::at("pem", crate::text::clip(&e)))?;
+        }
+        if !self.spiffe_bundle_url.is_empty() {
+            let url = self.bundle_url();
+            let parsed = url.parse::<http::Uri>();
+            ensure(
+                parsed.is_ok_and(|u| u.host().is_some_and(|h| !h.is_empty())),
+                "spiffeBundleUrl",
+                format!("{}: not an https URL", crate::text::clip(&url)),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The SPIFFE bundle endpoint, https:// added when no scheme is written, as istiod does.
+    pub fn bundle_url(&self) -> String {
+        match self.spiffe_bundle_url.starts_with("https://") {
+            true => self.spiffe_bundle_url.clone(),
+            false => format!("https://{}", self.spiffe_bundle_url),
+        }
     }
 }
 
@@ -219,13 +253,43 @@ mod tests {
     }
 
     #[test]
-    fn extra_roots_are_named_as_not_applied_their_trust_domains_not() {
+    fn extra_roots_are_not_applied_without_multiroot_their_trust_domains_always() {
         let entry: CertificateData =
             serde_yaml_ng::from_str("{pem: abc, trustDomains: [partner.example]}").unwrap();
-        let parts: Vec<&str> = entry.unapplied_parts().iter().map(|p| p.0).collect();
+        let parts: Vec<&str> = entry.unapplied_parts(false).iter().map(|p| p.0).collect();
         assert_eq!(parts, ["root"]);
+        assert!(entry.unapplied_parts(true).is_empty());
         let domains_only: CertificateData =
             serde_yaml_ng::from_str("{trustDomains: [partner.example]}").unwrap();
-        assert!(domains_only.unapplied_parts().is_empty());
+        assert!(domains_only.unapplied_parts(false).is_empty());
+    }
+
+    #[test]
+    fn a_root_is_a_ca_pem_or_a_bundle_url_not_both() {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let root = params
+            .self_signed(&rcgen::KeyPair::generate().unwrap())
+            .unwrap()
+            .pem();
+        let entry = |pem: &str, url: &str| CertificateData {
+            pem: pem.into(),
+            spiffe_bundle_url: url.into(),
+            ..Default::default()
+        };
+        assert!(entry(&root, "").validate().is_ok());
+        assert!(entry("", "bundle.example:8443/bundle").validate().is_ok());
+        assert_eq!(
+            entry("", "bundle.example/b").bundle_url(),
+            "https://bundle.example/b"
+        );
+        let both = entry(&root, "bundle.example").validate().unwrap_err();
+        assert!(both.to_string().contains("one of"), "{both}");
+        let junk = entry("abc", "").validate().unwrap_err().to_string();
+        assert!(
+            junk.contains("pem") && junk.contains("no PEM certificate"),
+            "{junk}"
+        );
+        assert!(entry("", "https:// bad").validate().is_err());
     }
 }

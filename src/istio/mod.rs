@@ -23,6 +23,7 @@ pub mod service_settings;
 pub mod sidecar;
 pub mod telemetry;
 pub mod tls_names;
+pub mod trust_anchor;
 mod validate;
 pub mod virtual_service;
 pub mod wasm_plugin;

@@ -12,8 +12,8 @@ use crate::text::clip;
 
 /// The xDS types the metrics count, by their short names, in the order of their indexes
 /// ([`XdsType::index`]).
-pub const XDS_TYPES: [&str; 10] = [
-    "cds", "eds", "lds", "rds", "sds", "nds", "ecds", "wds", "wads", "mcp",
+pub const XDS_TYPES: [&str; 11] = [
+    "cds", "eds", "lds", "rds", "sds", "nds", "ecds", "wds", "wads", "pcds", "mcp",
 ];
 
 /// An xDS type as the metrics know it: its place in [`XDS_TYPES`].
@@ -82,8 +82,8 @@ impl XdsMetrics {
         let rejects = XDS_TYPES
             .iter()
             .map(|ty| {
-                // istiod has no reject gauge for SDS, NDS, ECDS or its config (MCP) types.
-                if matches!(*ty, "sds" | "nds" | "ecds" | "mcp") {
+                // istiod has no reject gauge for SDS, NDS, ECDS, PCDS or its config (MCP) types.
+                if matches!(*ty, "sds" | "nds" | "ecds" | "pcds" | "mcp") {
                     return None;
                 }
                 let name = format!("pilot_xds_{ty}_reject");

@@ -19,6 +19,7 @@ mod shards;
 mod sidecar_scope;
 mod telemetry;
 pub mod topology;
+mod trust_bundle;
 mod wasm_plugins;
 pub mod waypoints;
 mod workloads;
@@ -51,6 +52,7 @@ pub use sidecar_scope::{hosts_overlap, EgressScope, IngressPort, SidecarScope};
 pub use telemetry::{
     ActiveLog, AppliedTelemetry, LogDecision, MetricOverride, MetricsPlan, TraceDecision, TraceSpec,
 };
+pub use trust_bundle::{SpiffeBundle, TrustBundle};
 pub use wasm_plugins::wasm_plugin;
 pub use waypoints::{UseWaypoint, Waypoint};
 pub use workloads::{entry_uid, pod_uid, Workload, WorkloadTable};
@@ -149,6 +151,11 @@ pub struct MeshSnapshot {
     pub allocations: Allocations,
     /// Every cluster's pods, for ambient mode's workload discovery.
     pub workloads: WorkloadTable,
+    /// The roots proxies are sent over PCDS; none unless the installation distributes them
+    /// (`--multiroot-mesh`).
+    pub trust_bundle: Option<Arc<TrustBundle>>,
+    /// Bumped whenever the trust bundle changes; stamps the PCDS resource.
+    pub trust_bundle_version: u64,
 }
 
 impl Default for MeshSnapshot {
@@ -168,6 +175,8 @@ impl Default for MeshSnapshot {
             credentials: Credentials::default(),
             allocations: Allocations::default(),
             workloads: WorkloadTable::default(),
+            trust_bundle: None,
+            trust_bundle_version: 0,
         }
     }
 }
@@ -373,6 +382,8 @@ pub struct MeshNaming {
     pub system_namespace: String,
     /// The cluster meshpilot runs in: where gateway credentials are looked up after the gateway's own.
     pub cluster_id: ClusterId,
+    /// `--multiroot-mesh`: the mesh config's extra roots are sent to proxies (PCDS).
+    pub multiroot_mesh: bool,
 }
 
 impl Default for MeshNaming {
@@ -382,6 +393,7 @@ impl Default for MeshNaming {
             trust_domain: "cluster.local".into(),
             system_namespace: "istio-system".into(),
             cluster_id: ClusterId::new("Kubernetes"),
+            multiroot_mesh: false,
         }
     }
 }
@@ -391,9 +403,13 @@ impl MeshNaming {
         Hostname::from(format!("{name}.{namespace}.svc.{}", self.domain_suffix).as_str())
     }
 
-    /// Istio's mesh config defaults for this installation (its trust domain and root namespace).
+    /// Istio's mesh config defaults for this installation (its trust domain and root namespace),
+    /// and whether it distributes extra roots.
     pub fn mesh_defaults(&self) -> MeshConfig {
-        MeshConfig::defaults_for(&self.trust_domain, &self.system_namespace)
+        MeshConfig {
+            multiroot_mesh: self.multiroot_mesh,
+            ..MeshConfig::defaults_for(&self.trust_domain, &self.system_namespace)
+        }
     }
 
     /// The (name, namespace) of a Kubernetes Service's hostname; None for any other host.

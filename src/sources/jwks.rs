@@ -8,25 +8,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::web_fetch::{get, http_client, retry_after, sleep_until, HttpClient};
 use crate::aggregate::Aggregate;
 use crate::istio::security::jwks;
 use crate::model::policies::JwksSource;
 use crate::model::{Audience, JwksEntry, JwksTable};
-
-/// Largest key set or discovery document accepted.
-const MAX_DOCUMENT: usize = 1 << 20;
-/// First retry of a failed fetch; doubled each time, up to the refresh interval.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy, Debug)]
 pub struct JwksOptions {
@@ -35,8 +26,6 @@ pub struct JwksOptions {
     /// How long one request may take.
     pub timeout: Duration,
 }
-
-type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// The running resolver: wake it when RequestAuthentications change.
 pub struct JwksResolver {
@@ -109,9 +98,7 @@ async fn run(aggregate: Arc<Aggregate>, options: JwksOptions, resolver: Arc<Jwks
                 Err(error) => {
                     let failures = schedule.failures.entry(source.clone()).or_default();
                     *failures = failures.saturating_add(1);
-                    let backoff = FIRST_RETRY
-                        .saturating_mul(1 << (*failures - 1).min(16))
-                        .min(options.refresh);
+                    let backoff = retry_after(*failures, options.refresh);
                     schedule.due.insert(source.clone(), now + backoff);
                     warn!(source = ?source, %error, retry_in = ?backoff, "JWT keys not fetched; keeping the last good ones");
                     JwksEntry {
@@ -138,13 +125,6 @@ async fn run(aggregate: Arc<Aggregate>, options: JwksOptions, resolver: Arc<Jwks
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 fn union(a: Audience, b: Audience) -> Audience {
     match (a, b) {
         (Audience::Namespaces(mut a), Audience::Namespaces(b)) => {
@@ -153,23 +133,6 @@ fn union(a: Audience, b: Audience) -> Audience {
         }
         _ => Audience::Everyone,
     }
-}
-
-fn http_client() -> HttpClient {
-    // The system's roots, as istiod uses them; a missing bundle only makes HTTPS sources fail.
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    let tls = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Client::builder(TokioExecutor::new()).build(connector)
 }
 
 /// The source's key set (checked) and the URI it came from.
@@ -197,44 +160,6 @@ async fn fetch(
     let keys = get(client, &uri, timeout).await?;
     jwks::check(&keys).map_err(|e| format!("{uri}: not a key set: {e}"))?;
     Ok((uri, keys))
-}
-
-async fn get(client: &HttpClient, uri: &str, timeout: Duration) -> Result<String, String> {
-    let request = http::Request::get(uri)
-        .header(http::header::ACCEPT, "application/json")
-        .body(Empty::new())
-        .map_err(|e| format!("{uri}: {e}"))?;
-    let exchange = async {
-        let response = client
-            .request(request)
-            .await
-            .map_err(|e| format!("GET {uri}: {}", error_chain(&e)))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(format!("GET {uri}: {status}"));
-        }
-        let body = Limited::new(response.into_body(), MAX_DOCUMENT)
-            .collect()
-            .await
-            .map_err(|e| format!("GET {uri}: {e}"))?
-            .to_bytes();
-        String::from_utf8(body.to_vec()).map_err(|_| format!("GET {uri}: not UTF-8"))
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| format!("GET {uri}: no answer within {timeout:?}"))?
-}
-
-/// An error with its causes ("connection refused" sits a few levels down).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    crate::text::clip(&text)
 }
 
 #[cfg(test)]

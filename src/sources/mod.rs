@@ -22,4 +22,6 @@ pub mod networks;
 pub mod remote;
 pub mod revision_tags;
 pub mod snapshots;
+pub mod trust_bundle;
 pub mod watch;
+mod web_fetch;

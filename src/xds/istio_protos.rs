@@ -1,6 +1,7 @@
 //! Istio's own messages, generated from proto/: the stats filter's `stats.PluginConfig` and
 //! `udpa.type.v1.TypedStruct`, in which istiod wraps the configs whose protos upstream Envoy does
-//! not carry (peer metadata exchange); MCP's resource; ztunnel's workloads and authorizations.
+//! not carry (peer metadata exchange); MCP's resource; ztunnel's workloads and authorizations; the
+//! trust bundle PCDS sends (`istio.mesh.v1alpha1.ProxyConfig`).
 
 #![allow(clippy::all)]
 
@@ -22,4 +23,8 @@ pub mod workload {
 
 pub mod authorization {
     tonic::include_proto!("istio.security");
+}
+
+pub mod mesh {
+    tonic::include_proto!("istio.mesh.v1alpha1");
 }

@@ -14,7 +14,8 @@ use super::wire::Resource;
 
 pub use super::resource_type::{
     ResourceType, ADDRESS_TYPE, AUTHORIZATION_TYPE, CLUSTER_TYPE, ENDPOINT_TYPE,
-    EXTENSION_CONFIG_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE, SECRET_TYPE,
+    EXTENSION_CONFIG_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, PROXY_CONFIG_TYPE, ROUTE_TYPE,
+    SECRET_TYPE,
 };
 
 /// What the server must do with one request.

@@ -215,6 +215,10 @@ pub fn plan(
     // The agent asks for NDS alone (Envoy never does); it follows the listeners.
     let names = (request.names && watched.contains(&ResourceType::NameTable))
         .then_some((ResourceType::NameTable, Scope::All));
+    // The trust bundle follows full pushes (istiod's follow forced ones); the agent keeps an
+    // unchanged bundle as it is.
+    let bundle = (request.full && watched.contains(&ResourceType::ProxyConfig))
+        .then_some((ResourceType::ProxyConfig, Scope::All));
     // Istio config goes to its clients (MCP) when objects of its kind changed.
     let config = watched.iter().filter_map(|t| match t {
         ResourceType::Config(kind, _) if request.configs.contains(kind) => Some((*t, Scope::All)),
@@ -241,6 +245,7 @@ pub fn plan(
         .chain(ambient)
         .chain(extensions)
         .chain(names)
+        .chain(bundle)
         .chain(secrets)
         .chain(config)
         .collect()

@@ -15,6 +15,9 @@ pub const SECRET_TYPE: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 /// Istio's DNS name table, asked for by agents that capture DNS.
 pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+/// The mesh's trust bundle as Istio's agent asks for it (PCDS; istiod's pkg/model/xds.go
+/// `ProxyConfigType`).
+pub const PROXY_CONFIG_TYPE: &str = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig";
 /// Extension configs (ECDS): the filter configs listeners discover by name (WasmPlugins).
 pub const EXTENSION_CONFIG_TYPE: &str =
     "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
@@ -32,6 +35,7 @@ pub enum ResourceType {
     Secret,
     NameTable,
     ExtensionConfig,
+    ProxyConfig,
     Address,
     Authorization,
     /// Istio config over MCP: a kind, at one of its versions (its index among the kind's).
@@ -49,7 +53,7 @@ impl Serialize for ResourceType {
 }
 
 impl ResourceType {
-    pub const ALL: [ResourceType; 9] = [
+    pub const ALL: [ResourceType; 10] = [
         Self::Cluster,
         Self::Endpoint,
         Self::Listener,
@@ -59,6 +63,7 @@ impl ResourceType {
         Self::ExtensionConfig,
         Self::Address,
         Self::Authorization,
+        Self::ProxyConfig,
     ];
 
     pub fn from_url(url: &str) -> Option<Self> {
@@ -72,6 +77,7 @@ impl ResourceType {
             EXTENSION_CONFIG_TYPE => Self::ExtensionConfig,
             ADDRESS_TYPE => Self::Address,
             AUTHORIZATION_TYPE => Self::Authorization,
+            PROXY_CONFIG_TYPE => Self::ProxyConfig,
             url => {
                 let (kind, version) = mcp::parse_type_url(url)?;
                 Self::Config(kind, version)
@@ -90,6 +96,7 @@ impl ResourceType {
             Self::ExtensionConfig => EXTENSION_CONFIG_TYPE,
             Self::Address => ADDRESS_TYPE,
             Self::Authorization => AUTHORIZATION_TYPE,
+            Self::ProxyConfig => PROXY_CONFIG_TYPE,
             Self::Config(kind, version) => mcp::type_urls()
                 .get(&(kind, version))
                 .map_or("", String::as_str),
@@ -108,6 +115,7 @@ impl ResourceType {
             Self::ExtensionConfig => 6,
             Self::Address => 7,
             Self::Authorization => 8,
+            Self::ProxyConfig => 9,
             Self::Config(..) => Self::ALL.len(),
         }
     }
@@ -124,11 +132,12 @@ impl ResourceType {
             // istiod's short names (pilot/pkg/xds/v3/model.go).
             Self::Address => "wds",
             Self::Authorization => "wads",
+            Self::ProxyConfig => "pcds",
             Self::Config(..) => "mcp",
         }
     }
 
-    /// CDS, LDS, NDS, ztunnel's types and Istio config subscribe to everything when no names are
+    /// CDS, LDS, NDS, PCDS, ztunnel's types and Istio config subscribe to everything when no names are
     /// given.
     pub(super) fn wildcard_capable(self) -> bool {
         matches!(
@@ -138,6 +147,7 @@ impl ResourceType {
                 | Self::NameTable
                 | Self::Address
                 | Self::Authorization
+                | Self::ProxyConfig
                 | Self::Config(..)
         )
     }

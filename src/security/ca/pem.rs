@@ -92,19 +92,7 @@ pub(super) fn verify_chain(chain: &[CertificateDer<'_>]) -> Result<(), CaError> 
 }
 
 pub fn to_pem(der: &CertificateDer<'_>) -> String {
-    pem_encode("CERTIFICATE", der)
-}
-
-fn pem_encode(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
+    crate::istio::trust_anchor::pem_certificate(der)
 }
 
 /// The identities (SPIFFE URIs) a certificate carries.

@@ -235,6 +235,7 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
     use prost::Message;
 
     use crate::xds::istio_protos::authorization::Authorization;
+    use crate::xds::istio_protos::mesh::ProxyConfig;
     use crate::xds::istio_protos::workload::Address;
 
     fn equal<M: Message + Default + PartialEq>(a: &[u8], b: &[u8]) -> bool {
@@ -258,6 +259,7 @@ fn same_resource(ty: ResourceType, a: &Resource, b: &Resource) -> bool {
         ResourceType::Route => equal::<RouteConfiguration>(&a.any, &b.any),
         ResourceType::Secret => equal::<Secret>(&a.any, &b.any),
         ResourceType::NameTable => equal::<crate::xds::name_table::NameTable>(&a.any, &b.any),
+        ResourceType::ProxyConfig => equal::<ProxyConfig>(&a.any, &b.any),
         ResourceType::ExtensionConfig => equal::<TypedExtensionConfig>(&a.any, &b.any),
         ResourceType::Config(..) => equal::<crate::istio::mcp::Resource>(&a.any, &b.any),
         ResourceType::Address => equal::<Address>(&a.any, &b.any),

@@ -46,6 +46,7 @@ pub(super) fn all(g: &Generation<'_>, ty: ResourceType) -> Listing {
         | ResourceType::Route
         | ResourceType::Secret
         | ResourceType::NameTable
+        | ResourceType::ProxyConfig
         | ResourceType::ExtensionConfig
         | ResourceType::Address
         | ResourceType::Authorization
@@ -70,6 +71,7 @@ pub(super) fn build(g: &Generation<'_>, ty: ResourceType, name: &str) -> Option<
         ResourceType::Endpoint
         | ResourceType::Secret
         | ResourceType::NameTable
+        | ResourceType::ProxyConfig
         | ResourceType::ExtensionConfig
         | ResourceType::Address
         | ResourceType::Authorization

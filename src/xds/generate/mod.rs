@@ -27,6 +27,7 @@ mod istio_stats;
 mod locality;
 mod mcp;
 pub mod names;
+mod pcds;
 mod policy;
 mod providers;
 mod router;
@@ -60,6 +61,9 @@ impl Generation<'_> {
         if ty == ResourceType::NameTable {
             let table = self.kind().and_then(|_| dns::table(self));
             return Listing::own(table.into_iter().collect());
+        }
+        if ty == ResourceType::ProxyConfig {
+            return Listing::own(pcds::trust_bundle(self).into_iter().collect());
         }
         if let ResourceType::Config(kind, _) = ty {
             return mcp::all(self, kind);
@@ -121,8 +125,8 @@ impl Generation<'_> {
             }
             ResourceType::Endpoint => return eds::build(self, name),
             ResourceType::Secret => return sds::build(self, name),
-            // One unnamed table: a name asks for nothing that exists.
-            ResourceType::NameTable => return None,
+            // One unnamed table or bundle: a name asks for nothing that exists.
+            ResourceType::NameTable | ResourceType::ProxyConfig => return None,
             ResourceType::Config(kind, _) => return mcp::named(self, kind, name),
             ResourceType::Address | ResourceType::Authorization => return None,
             ResourceType::ExtensionConfig => {

@@ -46,6 +46,7 @@ fn sync_prefix(ty: ResourceType) -> Option<&'static str> {
         ResourceType::ExtensionConfig => Some("extensionconfig"),
         ResourceType::Secret
         | ResourceType::NameTable
+        | ResourceType::ProxyConfig
         | ResourceType::Address
         | ResourceType::Authorization
         | ResourceType::Config(..) => None,
