@@ -1,9 +1,11 @@
 //! What the bench harnesses share: meshpilot as a child process on test API servers (`plane`),
 //! simulated proxies' ADS streams (`ads`), the naive fan-out server every figure is set beside
-//! (`naive`), and rounds of one change timed at every client (`rounds`).
+//! (`naive`, with its codec `naive_codec`), and rounds of one change timed at every client
+//! (`rounds`).
 
 pub mod ads;
 pub mod naive;
+pub mod naive_codec;
 pub mod plane;
 pub mod rounds;
 

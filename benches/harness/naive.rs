@@ -1,36 +1,43 @@
-//! The anchor every xDS figure is set beside: the simplest server that could serve the harness's
-//! proxies. Plain tonic and prost, a fixed set of resources (captured from meshpilot, so both send
-//! the same bytes), and when one resource changes every stream watching it is sent that type again:
-//! SotW the whole subscribed list, encoded per stream; Delta the changed resource. No registry, no
-//! model, no shared encodings: the cost a control plane's own work sits on.
+//! The anchor every xDS figure is set beside: the simplest fair server that could serve the
+//! harness's proxies, as a careful first implementation would write it. Plain tonic and prost, a
+//! fixed set of resources (captured from meshpilot, so both send the same bytes), each encoded once
+//! as a `google.protobuf.Any` when it is loaded or changed, its bytes shared by every stream. When
+//! one resource changes every stream watching it is sent that type again: SotW the whole subscribed
+//! list, Delta the changed resource. Each stream has one task and a bounded channel, and writes
+//! each response as its small envelope (version, type URL, nonce; for Delta each resource's name
+//! and version) around the shared bytes (`naive_codec`); no resource is encoded per stream. No
+//! registry, no model, no lists or responses shared between streams: the cost a control plane's
+//! own work sits on.
 //!
 //! It runs as a child process (the bench binary started again as `naive-serve <file>`), so its CPU
 //! and memory are read from /proc like meshpilot's. Changes arrive as lines on its stdin.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::{address, socket_address, Node};
 use envoy_types::pb::envoy::config::endpoint::v3::{lb_endpoint, ClusterLoadAssignment};
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-    Resource as DeltaResource,
+    DeltaDiscoveryRequest, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::google::protobuf::Any;
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ads::{self, Subscription, ADDRESS, CDS, EDS, NDS};
+use super::naive_codec::{AdsCodec, DeltaResource, Envelope};
 
 /// The subcommand the bench binary runs the anchor under.
 pub const SUBCOMMAND: &str = "naive-serve";
@@ -195,15 +202,36 @@ pub fn serve(path: &str) {
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(Naive(state)))
+            .add_service(Naive(state))
             .serve_with_incoming(incoming)
             .await
             .expect("serve");
     });
 }
 
-/// Type URL → name → (version, resource).
-type ByType = HashMap<String, BTreeMap<String, (u64, Any)>>;
+/// One resource as the anchor holds it: its version and its `google.protobuf.Any`, encoded once
+/// when loaded or changed; every stream sent it shares these bytes.
+#[derive(Clone)]
+struct Shared {
+    version: u64,
+    any: Bytes,
+}
+
+impl Shared {
+    fn new(version: u64, any: &Any) -> Shared {
+        Shared {
+            version,
+            any: any.encode_to_vec().into(),
+        }
+    }
+
+    fn decode(&self) -> Any {
+        Any::decode(&self.any[..]).expect("an Any")
+    }
+}
+
+/// Type URL → name → resource.
+type ByType = HashMap<String, BTreeMap<Arc<str>, Shared>>;
 
 /// The resources by type and name, each with a version, and the changes as they happen.
 struct State {
@@ -219,7 +247,7 @@ impl State {
             by_type
                 .entry(any.type_url.clone())
                 .or_default()
-                .insert(name, (1, any));
+                .insert(name.into(), Shared::new(1, &any));
         }
         State {
             resources: RwLock::new(by_type),
@@ -254,7 +282,7 @@ impl State {
             ["cluster", name] => {
                 let mut resources = self.resources.write();
                 let clusters = resources.get_mut(CDS).expect("clusters");
-                let (_, first) = clusters.values().next().expect("a cluster").clone();
+                let first = clusters.values().next().expect("a cluster").decode();
                 let mut cluster = Cluster::decode(&first.value[..]).expect("cluster");
                 cluster.name = name.to_string();
                 if let Some(eds) = cluster.eds_cluster_config.as_mut() {
@@ -264,7 +292,7 @@ impl State {
                     type_url: CDS.to_string(),
                     value: cluster.encode_to_vec(),
                 };
-                clusters.insert(name.to_string(), (1, any));
+                clusters.insert(name.into(), Shared::new(1, &any));
                 Some((CDS, name))
             }
             ["name", host, address] => self.update(NDS, "", |any| {
@@ -306,22 +334,24 @@ impl State {
         change: impl FnOnce(&mut Any),
     ) -> Option<(&'static str, &'a str)> {
         let mut resources = self.resources.write();
-        let (version, any) = resources.get_mut(type_url)?.get_mut(name)?;
-        change(any);
-        *version += 1;
+        let shared = resources.get_mut(type_url)?.get_mut(name)?;
+        let mut any = shared.decode();
+        change(&mut any);
+        *shared = Shared::new(shared.version + 1, &any);
         Some((type_url, name))
     }
 
-    /// The resources of `type_url` named in `names` (all of them for none), with their versions.
-    fn select(&self, type_url: &str, names: &BTreeSet<String>) -> Vec<(String, u64, Any)> {
+    /// The resources of `type_url` named in `names` (all of them for none): their names and
+    /// versions, and their shared bytes (not copied).
+    fn select(&self, type_url: &str, names: &BTreeSet<String>) -> Vec<(Arc<str>, Shared)> {
         let resources = self.resources.read();
         let Some(of_type) = resources.get(type_url) else {
             return Vec::new();
         };
         of_type
             .iter()
-            .filter(|(name, _)| names.is_empty() || names.contains(*name))
-            .map(|(name, (version, any))| (name.clone(), *version, any.clone()))
+            .filter(|(name, _)| names.is_empty() || names.contains(&name[..]))
+            .map(|(name, shared)| (name.clone(), shared.clone()))
             .collect()
     }
 }
@@ -347,8 +377,6 @@ fn resource_name(any: &Any) -> String {
     .expect("a resource the harness knows")
 }
 
-struct Naive(Arc<State>);
-
 /// Type URL → the names a stream watches (none: all of them).
 type Watched = HashMap<String, BTreeSet<String>>;
 
@@ -357,20 +385,18 @@ type Answer = (String, BTreeSet<String>);
 
 /// What SotW and Delta streams differ in.
 trait Variant: Send + 'static {
-    type Request: Send + 'static;
-    type Response: Send + 'static;
+    type Request: Message + Default + Send + 'static;
     /// Updates what the stream watches; what to answer, if anything.
     fn on_request(watched: &mut Watched, request: Self::Request) -> Option<Answer>;
     /// What to send the stream when `name` of `type_url` changed, if it watches it.
     fn on_change(watched: &Watched, type_url: String, name: String) -> Option<Answer>;
-    fn response(state: &State, answer: &Answer, nonce: u64) -> Self::Response;
+    fn response(state: &State, answer: &Answer, nonce: u64) -> Envelope;
 }
 
 struct Sotw;
 
 impl Variant for Sotw {
     type Request = DiscoveryRequest;
-    type Response = DiscoveryResponse;
 
     fn on_request(watched: &mut Watched, request: DiscoveryRequest) -> Option<Answer> {
         let names: BTreeSet<String> = request.resource_names.into_iter().collect();
@@ -387,14 +413,17 @@ impl Variant for Sotw {
         (names.is_empty() || names.contains(&name)).then(|| (type_url, names.clone()))
     }
 
-    fn response(state: &State, (type_url, names): &Answer, nonce: u64) -> DiscoveryResponse {
+    fn response(state: &State, (type_url, names): &Answer, nonce: u64) -> Envelope {
         let resources = state.select(type_url, names);
-        DiscoveryResponse {
-            version_info: resources.iter().map(|(_, v, _)| v).sum::<u64>().to_string(),
-            resources: resources.into_iter().map(|(_, _, any)| any).collect(),
+        Envelope::Sotw {
+            version_info: resources
+                .iter()
+                .map(|(_, r)| r.version)
+                .sum::<u64>()
+                .to_string(),
+            resources: resources.into_iter().map(|(_, r)| r.any).collect(),
             type_url: type_url.clone(),
             nonce: nonce.to_string(),
-            ..Default::default()
         }
     }
 }
@@ -403,7 +432,6 @@ struct Delta;
 
 impl Variant for Delta {
     type Request = DeltaDiscoveryRequest;
-    type Response = DeltaDiscoveryResponse;
 
     fn on_request(watched: &mut Watched, request: DeltaDiscoveryRequest) -> Option<Answer> {
         if request.resource_names_subscribe.is_empty() && !request.response_nonce.is_empty() {
@@ -422,21 +450,19 @@ impl Variant for Delta {
         (names.is_empty() || names.contains(&name)).then(|| (type_url, BTreeSet::from([name])))
     }
 
-    fn response(state: &State, (type_url, names): &Answer, nonce: u64) -> DeltaDiscoveryResponse {
-        DeltaDiscoveryResponse {
+    fn response(state: &State, (type_url, names): &Answer, nonce: u64) -> Envelope {
+        Envelope::Delta {
             resources: state
                 .select(type_url, names)
                 .into_iter()
-                .map(|(name, version, any)| DeltaResource {
+                .map(|(name, r)| DeltaResource {
                     name,
-                    version: version.to_string(),
-                    resource: Some(any),
-                    ..Default::default()
+                    version: r.version.to_string(),
+                    any: r.any,
                 })
                 .collect(),
             type_url: type_url.clone(),
             nonce: nonce.to_string(),
-            ..Default::default()
         }
     }
 }
@@ -445,10 +471,7 @@ impl Variant for Delta {
 fn open<V: Variant>(
     state: Arc<State>,
     mut requests: Streaming<V::Request>,
-) -> ReceiverStream<Result<V::Response, Status>>
-where
-    V::Request: prost::Message + Default,
-{
+) -> ReceiverStream<Result<Envelope, Status>> {
     let (tx, rx) = mpsc::channel(16);
     let mut changes = state.changes.subscribe();
     tokio::spawn(async move {
@@ -479,28 +502,57 @@ where
     ReceiverStream::new(rx)
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Naive {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(open::<Sotw>(
-            self.0.clone(),
-            request.into_inner(),
-        )))
+/// The ADS service, mounted by hand: the generated server is tied to prost's codec, which would
+/// encode every response whole, resources included, per stream.
+#[derive(Clone)]
+struct Naive(Arc<State>);
+
+impl NamedService for Naive {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+}
+
+impl<B> Service<http::Request<B>> for Naive
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(open::<Delta>(
-            self.0.clone(),
-            request.into_inner(),
-        )))
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let state = self.0.clone();
+        match request.uri().path() {
+            SOTW_PATH => Box::pin(method::<Sotw, B>(state, request)),
+            DELTA_PATH => Box::pin(method::<Delta, B>(state, request)),
+            _ => Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) }),
+        }
     }
+}
+
+/// One bidirectional ADS call: requests decoded with prost, responses written by `AdsCodec`.
+async fn method<V: Variant, B>(
+    state: Arc<State>,
+    request: http::Request<B>,
+) -> Result<http::Response<tonic::body::Body>, Infallible>
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    let call = tower::service_fn(move |request: Request<Streaming<V::Request>>| {
+        let stream = open::<V>(state.clone(), request.into_inner());
+        std::future::ready(Ok::<_, Status>(Response::new(stream)))
+    });
+    Ok(Grpc::new(AdsCodec::<V::Request>::default())
+        .streaming(call, request)
+        .await)
 }
