@@ -543,6 +543,7 @@ async fn served(xds: SocketAddr, services: usize) -> Vec<Any> {
 struct Figures {
     initial_sync_s: f64,
     kib_per_proxy: f64,
+    eds_first: f64,
     eds_p50: f64,
     eds_p99: f64,
     eds_max: f64,
@@ -557,10 +558,11 @@ struct Figures {
 
 impl Figures {
     /// (figure, value, unit), in the order they are printed.
-    fn rows(&self) -> [(&'static str, f64, &'static str); 12] {
+    fn rows(&self) -> [(&'static str, f64, &'static str); 13] {
         [
             ("initial sync of every proxy", self.initial_sync_s, "s"),
             ("memory per proxy (slope)", self.kib_per_proxy, "KiB"),
+            ("EDS change to the first proxy served", self.eds_first, "ms"),
             ("EDS convergence p50", self.eds_p50, "ms"),
             ("EDS convergence p99", self.eds_p99, "ms"),
             ("EDS convergence max", self.eds_max, "ms"),
@@ -625,23 +627,31 @@ async fn converge(server: &Server, a: &Args) -> Figures {
 
     // EDS convergence: one endpoint of the hot service (every proxy watches it) changes.
     let (mut p50s, mut p99s, mut maxs, mut cpu_per_msg) = (vec![], vec![], vec![], vec![]);
+    let mut firsts = vec![];
     for r in 1..=a.rounds {
         let (cpu0, _) = proc_stats(pid);
         let messages0 = observed.messages.load(Ordering::Relaxed);
         let latencies = eds_round(server, (&observed, &round), r, a.proxies).await;
+        // The fixed cost of a change (noticing, parsing, deciding) before the fan-out starts.
+        let first = latencies
+            .iter()
+            .min()
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        firsts.push(first);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (cpu1, _) = proc_stats(pid);
         // Each proxy got one response and sent one ACK.
         let messages = (observed.messages.load(Ordering::Relaxed) - messages0) * 2;
         cpu_per_msg.push((cpu1 - cpu0) * 1e6 / messages.max(1) as f64);
         let (p50, p99, max) = percentiles(latencies);
-        println!("  EDS round {r}: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; server CPU {:.1} µs per message", cpu_per_msg.last().unwrap());
+        println!("  EDS round {r}: first {first:.1} ms, p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; server CPU {:.1} µs per message", cpu_per_msg.last().unwrap());
         p50s.push(p50);
         p99s.push(p99);
         maxs.push(max);
     }
     (figures.eds_p50, figures.eds_p99, figures.eds_max) =
         (median(p50s), median(p99s), median(maxs));
+    figures.eds_first = median(firsts);
     figures.us_per_message = median(cpu_per_msg);
     println!(
         "EDS convergence (median of {} rounds): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; server CPU {:.1} µs per proxy message",

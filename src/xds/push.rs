@@ -182,11 +182,12 @@ pub fn moves_names(change: &Change, mesh: &MeshSnapshot) -> (bool, bool) {
 }
 
 /// Which types to send, and which of their resources, for a push to a proxy watching `watched`.
-/// `eds_names` are the EDS resources the proxy subscribes to.
-pub fn plan(
+/// `eds_names` are the EDS resources the proxy subscribes to, read only when the push concerns some
+/// of them and only the concerned ones copied (a wildcard sidecar subscribes to thousands).
+pub fn plan<'n>(
     request: &PushRequest,
     watched: &[ResourceType],
-    eds_names: impl Iterator<Item = String>,
+    eds_names: impl Iterator<Item = &'n str>,
 ) -> Vec<(ResourceType, Scope)> {
     // SDS depends on Secrets alone: a full push for other reasons leaves it be (as istiod).
     let secrets = (request.secrets && watched.contains(&ResourceType::Secret))
@@ -380,7 +381,6 @@ mod tests {
                 "outbound|81||a.ns.svc.cluster.local",
                 "outbound|80||b.ns.svc.cluster.local",
             ]
-            .map(String::from)
             .into_iter()
         };
         let eds_only = PushRequest::from(change(false, &["a.ns.svc.cluster.local"]));
@@ -417,7 +417,6 @@ mod tests {
                 "outbound|80||a.ns.svc.cluster.local",
                 "outbound|80||b.ns.svc.cluster.local",
             ]
-            .map(String::from)
             .into_iter()
         };
         let added = PushRequest::from(change(true, &["c.ns.svc.cluster.local"]));

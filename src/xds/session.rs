@@ -69,12 +69,12 @@ pub trait Session<Req>: Send + Sync {
     );
     fn watched(&self) -> Vec<ResourceType>;
     /// The EDS resources the proxy subscribes to.
-    fn eds_names(&self) -> Vec<String>;
+    fn eds_names(&self) -> Box<dyn Iterator<Item = &str> + '_>;
 
     /// Appends what a push request means for this stream.
     fn push(&mut self, reply: &Reply<'_>, request: &PushRequest, out: &mut Vec<Encoded>) {
-        let (watched, eds) = (self.watched(), self.eds_names());
-        for (ty, scope) in plan(request, &watched, eds.into_iter()) {
+        let planned = plan(request, &self.watched(), self.eds_names());
+        for (ty, scope) in planned {
             self.respond(reply, ty, &scope, false, out);
         }
     }
@@ -279,9 +279,9 @@ impl Session<DiscoveryRequest> for SotwSession {
             .get(&ResourceType::Endpoint)
             .map_or(0, |w| w.generation);
         let stream = &self.stream;
-        let answer = self
-            .common
-            .conclude(ty, action, code, generation, &|| sotw_eds_names(stream));
+        let answer = self.common.conclude(ty, action, code, generation, &|| {
+            sotw_eds_names(stream).map(str::to_string).collect()
+        });
         self.publish_status(ty);
         answer
     }
@@ -321,8 +321,8 @@ impl Session<DiscoveryRequest> for SotwSession {
         self.stream.watches.keys().copied().collect()
     }
 
-    fn eds_names(&self) -> Vec<String> {
-        sotw_eds_names(&self.stream)
+    fn eds_names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(sotw_eds_names(&self.stream))
     }
 }
 
@@ -384,9 +384,9 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             .get(&ResourceType::Endpoint)
             .map_or(0, |w| w.generation);
         let stream = &self.stream;
-        let answer = self
-            .common
-            .conclude(ty, action, code, generation, &|| delta_eds_names(stream));
+        let answer = self.common.conclude(ty, action, code, generation, &|| {
+            delta_eds_names(stream).map(str::to_string).collect()
+        });
         self.publish_status(ty);
         answer
     }
@@ -436,21 +436,21 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
         self.stream.watches.keys().copied().collect()
     }
 
-    fn eds_names(&self) -> Vec<String> {
-        delta_eds_names(&self.stream)
+    fn eds_names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        Box::new(delta_eds_names(&self.stream))
     }
 }
 
-fn sotw_eds_names(stream: &SotwStream) -> Vec<String> {
+fn sotw_eds_names(stream: &SotwStream) -> impl Iterator<Item = &str> {
     let watch = stream.watches.get(&ResourceType::Endpoint);
     watch
-        .map(|w| w.names.iter().cloned().collect())
-        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|w| w.names.iter().map(String::as_str))
 }
 
-fn delta_eds_names(stream: &DeltaStream) -> Vec<String> {
+fn delta_eds_names(stream: &DeltaStream) -> impl Iterator<Item = &str> {
     let watch = stream.watches.get(&ResourceType::Endpoint);
     watch
-        .map(|w| w.subscribed.iter().cloned().collect())
-        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|w| w.subscribed.iter().map(String::as_str))
 }

@@ -95,12 +95,13 @@ pub fn cluster_host(name: &str) -> Option<&str> {
 }
 
 /// Hostnames a change touched → the outbound cluster names (EDS resources) they back.
-pub fn eds_names_for(
+pub fn eds_names_for<'n>(
     hosts: &BTreeSet<Hostname>,
-    subscribed: impl Iterator<Item = String>,
+    subscribed: impl Iterator<Item = &'n str>,
 ) -> BTreeSet<String> {
     subscribed
         .filter(|name| cluster_host(name).is_some_and(|host| hosts.contains(host)))
+        .map(str::to_string)
         .collect()
 }
 
