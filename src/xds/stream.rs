@@ -222,12 +222,16 @@ impl<Req: NodeOf> Stream<Req> {
         let max_age = self.server.options().max_connection_age;
         let deadline =
             (!max_age.is_zero()).then(|| tokio::time::Instant::now() + jittered(max_age));
+        // One timer for the stream's life: made anew in every turn of the loop, it was registered
+        // and removed again for each request and push.
+        let aged = sleep_until_some(deadline);
+        tokio::pin!(aged);
         let mut next = Some(Work::Request(first));
         loop {
             let work = match next.take() {
                 Some(work) => work,
                 None => tokio::select! {
-                    _ = sleep_until_some(deadline) => {
+                    _ = &mut aged => {
                         debug!(proxy = %conn.proxy.id, ?max_age, "maximum connection age reached; ending the stream");
                         return;
                     }
@@ -368,7 +372,13 @@ impl<Req: NodeOf> Stream<Req> {
         let timeout: Duration = self.server.options().send_timeout;
         let started = tokio::time::Instant::now();
         for response in out {
-            match tokio::time::timeout(timeout, self.tx.send(Ok(response))).await {
+            // Usually there is room at once: the timer is armed only for a wait.
+            let response = match self.tx.try_send(Ok(response)) {
+                Ok(()) => continue,
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                Err(mpsc::error::TrySendError::Full(response)) => response,
+            };
+            match tokio::time::timeout(timeout, self.tx.send(response)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return false,
                 Err(_) => {
