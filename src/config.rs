@@ -206,11 +206,11 @@ pub struct DiscoveryArgs {
     pub multiroot_mesh: bool,
 
     /// How often the mesh config's SPIFFE bundle endpoints are fetched again (istiod: 30 minutes).
-    #[arg(long, env = "MESHPILOT_SPIFFE_BUNDLE_REFRESH_INTERVAL", default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "MESHPILOT_SPIFFE_BUNDLE_REFRESH_INTERVAL", default_value = "30m", value_parser = humantime::parse_duration, requires = "multiroot_mesh")]
     pub spiffe_bundle_refresh_interval: Duration,
 
     /// How long one SPIFFE bundle fetch may take (istiod: 10 seconds).
-    #[arg(long, env = "MESHPILOT_SPIFFE_BUNDLE_FETCH_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "MESHPILOT_SPIFFE_BUNDLE_FETCH_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, requires = "multiroot_mesh")]
     pub spiffe_bundle_fetch_timeout: Duration,
 
     /// How long one JWT key fetch may take.
@@ -456,6 +456,27 @@ mod tests {
             Some(PathBuf::from("/home/u/.local/state/meshpilot"))
         );
         assert_eq!(default_state_dir(None, None, None), None);
+    }
+
+    #[test]
+    fn spiffe_bundle_settings_are_refused_without_multiroot_mesh() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            args: DiscoveryArgs,
+        }
+        let parse = |flags: &[&str]| Flags::try_parse_from([&["meshpilot"], flags].concat());
+        let alone = parse(&["--spiffe-bundle-refresh-interval", "1m"]);
+        let error = alone.err().expect("refused").to_string();
+        assert!(error.contains("--multiroot-mesh"), "{error}");
+        assert!(parse(&["--spiffe-bundle-fetch-timeout", "1s"]).is_err());
+        let with = parse(&["--multiroot-mesh", "--spiffe-bundle-fetch-timeout", "1s"]);
+        assert_eq!(
+            with.ok().unwrap().args.spiffe_bundle_fetch_timeout,
+            Duration::from_secs(1)
+        );
+        assert!(parse(&[]).is_ok(), "the defaults alone need no flag");
     }
 }
 

@@ -55,14 +55,8 @@ async fn run(
     let mut mesh_config = aggregate.mesh_config();
     let mut schedule = Schedule::default();
     let mut bundles: BTreeMap<String, SpiffeBundle> = BTreeMap::new();
-    let mut trust_domain = String::new();
     loop {
         let mesh = mesh_config.borrow_and_update().clone();
-        if mesh.trust_domain != trust_domain {
-            // Roots are fetched for the mesh's trust domain: another one is fetched anew.
-            trust_domain = mesh.trust_domain.clone();
-            schedule = Schedule::default();
-        }
         let urls = bundle_urls(&mesh);
         bundles.retain(|url, _| urls.contains(url));
         schedule.due.retain(|url, _| urls.contains(url));
@@ -74,7 +68,7 @@ async fn run(
             .collect();
         let fetched = futures::future::join_all(
             due.iter()
-                .map(|url| fetch(&client, url, &trust_domain, options.timeout)),
+                .map(|url| fetch(&client, url, &mesh.trust_domain, options.timeout)),
         )
         .await;
         for (url, result) in due.into_iter().zip(fetched) {
@@ -126,11 +120,11 @@ async fn run(
     }
 }
 
-/// The mesh config's SPIFFE bundle endpoints.
+/// The mesh config's SPIFFE bundle endpoints (an entry names a PEM or an endpoint, not both).
 fn bundle_urls(mesh: &MeshConfig) -> BTreeSet<String> {
     mesh.ca_certificates
         .iter()
-        .filter(|entry| entry.pem.is_empty() && !entry.spiffe_bundle_url.is_empty())
+        .filter(|entry| !entry.spiffe_bundle_url.is_empty())
         .map(|entry| entry.bundle_url())
         .collect()
 }
