@@ -305,8 +305,8 @@ impl Aggregate {
         }
     }
 
-    /// Publishes the trust bundle; every proxy is pushed (as istiod's forced push on a trust
-    /// anchor update). Returns whether it changed.
+    /// Publishes the trust bundle; the proxies that watch it are sent it. Returns whether it
+    /// changed.
     pub fn set_trust_bundle(&self, bundle: TrustBundle) -> bool {
         let changed = self.mesh.write(|mesh| {
             if mesh.trust_bundle.as_deref() == Some(&bundle) {
@@ -318,8 +318,7 @@ impl Aggregate {
         });
         if changed {
             self.emit(Change {
-                full: true,
-                names_kept: true,
+                trust_bundle: true,
                 ..Change::default()
             });
         }

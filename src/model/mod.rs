@@ -250,6 +250,8 @@ pub struct Change {
     /// A change merged into this one touched every endpoint assignment (see
     /// `touches_all_endpoints`), which the merged services and configs no longer tell.
     pub(crate) all_endpoints: bool,
+    /// The trust bundle changed: the proxies that watch it (PCDS) get it again, and nothing else.
+    pub trust_bundle: bool,
 }
 
 /// The proxies a full push is for.
@@ -304,6 +306,7 @@ impl Change {
             && self.credentials.is_empty()
             && self.configs.is_empty()
             && self.workloads.is_empty()
+            && !self.trust_bundle
     }
 
     /// Whether every endpoint assignment may have changed: config or a mesh-wide setting did. A
@@ -319,6 +322,9 @@ impl Change {
             "config"
         } else if !self.credentials.is_empty() {
             "secret"
+        } else if self.trust_bundle && !self.full && self.services.is_empty() {
+            // istiod's trust bundle update is a global one.
+            "global"
         } else if !self.full {
             "endpoint"
         } else if !self.services.is_empty() {
@@ -343,6 +349,7 @@ impl Change {
             (_, false) => std::mem::take(&mut self.audience),
         };
         self.full |= other.full;
+        self.trust_bundle |= other.trust_bundle;
         self.workloads.extend(other.workloads);
         self.services.extend(other.services);
         self.configs.extend(other.configs);

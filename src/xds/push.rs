@@ -29,6 +29,8 @@ pub struct PushRequest {
     pub secrets: bool,
     /// Its name table (NDS) may have changed.
     pub names: bool,
+    /// The trust bundle (PCDS) changed.
+    pub trust_bundle: bool,
     /// Kinds of Istio config that changed, for clients of the config itself (MCP).
     pub configs: BTreeSet<ConfigKind>,
     /// When the earliest change behind this request happened, and when it was offered to the
@@ -52,6 +54,7 @@ impl PushRequest {
         self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
         self.names |= other.names;
+        self.trust_bundle |= other.trust_bundle;
         self.configs.extend(other.configs);
         self.triggered_at = earliest(self.triggered_at, other.triggered_at);
         self.queued_at = earliest(self.queued_at, other.queued_at);
@@ -216,9 +219,8 @@ pub fn plan<'n>(
     // The agent asks for NDS alone (Envoy never does); it follows the listeners.
     let names = (request.names && watched.contains(&ResourceType::NameTable))
         .then_some((ResourceType::NameTable, Scope::All));
-    // The trust bundle follows full pushes (istiod's follow forced ones); the agent keeps an
-    // unchanged bundle as it is.
-    let bundle = (request.full && watched.contains(&ResourceType::ProxyConfig))
+    // The trust bundle when it changed (istiod sends it on every forced push).
+    let bundle = (request.trust_bundle && watched.contains(&ResourceType::ProxyConfig))
         .then_some((ResourceType::ProxyConfig, Scope::All));
     // Istio config goes to its clients (MCP) when objects of its kind changed.
     let config = watched.iter().filter_map(|t| match t {
@@ -449,5 +451,27 @@ mod tests {
             ],
             "config may change every assignment"
         );
+    }
+
+    #[test]
+    fn the_trust_bundle_goes_alone_and_only_when_it_changed() {
+        let watched = [
+            ResourceType::Cluster,
+            ResourceType::Endpoint,
+            ResourceType::ProxyConfig,
+        ];
+        let bundle = PushRequest {
+            trust_bundle: true,
+            ..Default::default()
+        };
+        let none = std::iter::empty();
+        assert_eq!(
+            plan(&bundle, &watched, none),
+            vec![(ResourceType::ProxyConfig, Scope::All)]
+        );
+        let full = PushRequest::from(Change::full());
+        let planned = plan(&full, &watched, std::iter::empty());
+        assert!(!planned.iter().any(|(t, _)| *t == ResourceType::ProxyConfig));
+        assert!(plan(&bundle, &watched[..2], std::iter::empty()).is_empty());
     }
 }

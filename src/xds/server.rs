@@ -151,9 +151,9 @@ impl Connection {
         services.iter().any(|s| hosts.contains(s))
     }
 
-    /// Whether the proxy's agent asked for its name table.
-    fn watches_names(&self) -> bool {
-        self.status.lock().contains_key(&ResourceType::NameTable)
+    /// Whether the proxy (its agent, for the name table and the trust bundle) watches `ty`.
+    fn watches(&self, ty: ResourceType) -> bool {
+        self.status.lock().contains_key(&ty)
     }
 
     /// Whether it is a client of the config itself (MCP), whatever its namespace.
@@ -395,7 +395,9 @@ impl XdsServer {
                 && change.credentials.iter().any(|k| {
                     *k.namespace == *conn.proxy.namespace || conn.proxy.kind == ProxyType::Router
                 });
-            let names = (full && names_if_full) || (names_everywhere && conn.watches_names());
+            let names = (full && names_if_full)
+                || (names_everywhere && conn.watches(ResourceType::NameTable));
+            let trust_bundle = change.trust_bundle && conn.watches(ResourceType::ProxyConfig);
             let configs = match !kinds.is_empty() && conn.watches_config() {
                 true => kinds.clone(),
                 false => BTreeSet::new(),
@@ -404,6 +406,7 @@ impl XdsServer {
                 || secrets
                 || all_endpoints
                 || names
+                || trust_bundle
                 || addresses.is_some()
                 || !configs.is_empty();
             if wanted || conn.wants_eds_of(&change.services) {
@@ -414,6 +417,7 @@ impl XdsServer {
                     services: change.services.clone(),
                     secrets,
                     names,
+                    trust_bundle,
                     configs,
                     triggered_at: Some(triggered_at),
                     queued_at: Some(queued_at),
