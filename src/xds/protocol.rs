@@ -64,6 +64,18 @@ impl Scope {
             Scope::Names(names) => names.contains(name),
         }
     }
+
+    /// The names of `held` within the scope, in order: found from the smaller side, so a change
+    /// to one name costs a lookup, not a pass over everything a wildcard client holds.
+    pub fn within<'a>(&'a self, held: &'a BTreeSet<String>) -> Vec<&'a String> {
+        match self {
+            Scope::All => held.iter().collect(),
+            Scope::Names(names) if names.len() < held.len() => {
+                names.iter().filter(|n| held.contains(*n)).collect()
+            }
+            Scope::Names(names) => held.iter().filter(|n| names.contains(*n)).collect(),
+        }
+    }
 }
 
 /// What the server holds for one name a client makes it remember, beyond the name's bytes
@@ -103,14 +115,19 @@ pub struct SotwWatch {
 
 impl SotwWatch {
     /// Replaces the names asked for; returns whether any is new.
+    /// Every ACK repeats the names, so the usual case (the same ones) is one ordered comparison,
+    /// with no set built.
     fn set_names(&mut self, names: impl IntoIterator<Item = String>) -> bool {
-        let names: BTreeSet<String> = names.into_iter().collect();
-        let grew = names.iter().any(|n| !self.names.contains(n));
-        if names != self.names {
-            self.held_bytes = names.iter().map(|n| subscribed_cost(n)).sum();
-            self.names = names;
-            self.generation += 1;
+        let mut names: Vec<String> = names.into_iter().collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.iter().eq(self.names.iter()) {
+            return false;
         }
+        let grew = names.iter().any(|n| !self.names.contains(n));
+        self.held_bytes = names.iter().map(|n| subscribed_cost(n)).sum();
+        self.names = names.into_iter().collect();
+        self.generation += 1;
         grew
     }
 }
@@ -295,15 +312,22 @@ impl DeltaWatch {
                 None => changed.push(r.clone()),
             }
         }
-        // Usually every known name is still present: then nothing is removed and no set is built.
+        // The names the client holds within the scope may have gone; usually every one is still
+        // present: then nothing is removed and no set is built.
+        let known_in_scope = |names| held_among(&self.known, names);
+        let held_in_scope = match scope {
+            Scope::All => self.known.len(),
+            Scope::Names(names) => known_in_scope(names).count(),
+        };
         let mut removed: Vec<String> = Vec::new();
-        if still_known < self.known.len() {
+        if still_known < held_in_scope {
             let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
-            removed = self
-                .known
-                .iter()
-                .map(|held| &*held.0.name)
-                .filter(|n| scope.contains(n) && !present.contains(n))
+            let candidates: Vec<&str> = match scope {
+                Scope::All => self.known.iter().map(|held| &*held.0.name).collect(),
+                Scope::Names(names) => known_in_scope(names).collect(),
+            };
+            removed = (candidates.into_iter())
+                .filter(|n| !present.contains(n))
                 .map(str::to_string)
                 .collect();
             removed.sort();
@@ -330,6 +354,14 @@ impl DeltaWatch {
         }
         (changed, removed)
     }
+}
+
+/// The names of `names` the client holds.
+fn held_among<'a>(
+    known: &'a HashSet<Held>,
+    names: &'a BTreeSet<String>,
+) -> impl Iterator<Item = &'a str> + 'a {
+    (names.iter().map(String::as_str)).filter(|n| known.contains(*n))
 }
 
 #[derive(Debug, Default)]
@@ -614,6 +646,31 @@ mod tests {
             (1, 0),
             "b is out of scope, not removed"
         );
+        let (send, removed) = w.diff(&scope, vec![], false);
+        assert!(send.is_empty());
+        assert_eq!(removed, ["a"], "a went, within the scope");
+        assert!(w.known.contains("b") && !w.known.contains("a"));
+    }
+
+    #[test]
+    fn a_scope_picks_the_same_names_from_either_side() {
+        let held: BTreeSet<String> = names(&["a", "b", "c", "d"]).into_iter().collect();
+        assert_eq!(Scope::All.within(&held).len(), 4);
+        let few = names_scope(&["b", "x"]);
+        assert_eq!(few.within(&held), ["b"]);
+        let many = names_scope(&["a", "c", "d", "e", "f", "g"]);
+        assert_eq!(many.within(&held), ["a", "c", "d"]);
+    }
+
+    #[test]
+    fn sotw_ack_naming_the_same_set_in_another_order_is_a_plain_ack() {
+        let mut s = SotwStream::default();
+        s.on_request(Endpoint, names(&["a", "b"]), "", "", None);
+        let first = s.watches[&Endpoint].generation;
+        s.sent(Endpoint, &"v1".into(), &"n1".into(), 2);
+        let again = names(&["b", "a", "b"]);
+        assert_eq!(s.on_request(Endpoint, again, "n1", "v1", None), Action::Ack);
+        assert_eq!(s.watches[&Endpoint].generation, first);
     }
 
     fn names_scope(n: &[&str]) -> Scope {

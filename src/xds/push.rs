@@ -1,6 +1,7 @@
 //! The push pipeline: registry changes → debounce → one merged request per proxy → what to send.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -20,7 +21,8 @@ pub struct PushRequest {
     pub full: bool,
     /// The Addresses (ambient mode's workloads and services) a change may have moved.
     pub addresses: Option<Scope>,
-    pub services: BTreeSet<Hostname>,
+    /// Shared by every proxy a push reaches; copied only when requests merge.
+    pub services: Arc<BTreeSet<Hostname>>,
     /// Every assignment may have changed, not only those of `services` (config or a mesh-wide
     /// setting, or the proxy's own locality). Without it a full push sends the assignments of
     /// `services` alone, as istiod's partial full push does for service changes.
@@ -50,7 +52,9 @@ impl PushRequest {
             (Some(_), Some(_)) => Some(Scope::All),
             (a, b) => a.or(b),
         };
-        self.services.extend(other.services);
+        if !other.services.is_subset(&self.services) {
+            Arc::make_mut(&mut self.services).extend(other.services.iter().cloned());
+        }
         self.all_endpoints |= other.all_endpoints;
         self.secrets |= other.secrets;
         self.names |= other.names;
@@ -263,14 +267,13 @@ mod tests {
             Self {
                 full: change.full,
                 all_endpoints: change.touches_all_endpoints(),
-                services: change.services,
+                services: Arc::new(change.services),
                 secrets: !change.credentials.is_empty(),
                 names: change.full && !change.names_kept,
                 ..Default::default()
             }
         }
     }
-    use std::sync::Arc;
 
     fn change(full: bool, hosts: &[&str]) -> Change {
         Change {

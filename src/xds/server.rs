@@ -365,6 +365,7 @@ impl XdsServer {
             self.cache.prune(snapshot.services.version());
         }
         let mut woken = 0;
+        let services = Arc::new(change.services.clone());
         let everywhere = change.touches_all_endpoints();
         let (names_if_full, names_everywhere) = moves_names(&change, &snapshot);
         let kinds: BTreeSet<ConfigKind> = change.configs.iter().map(|k| k.kind).collect();
@@ -414,7 +415,7 @@ impl XdsServer {
                     full,
                     addresses,
                     all_endpoints,
-                    services: change.services.clone(),
+                    services: services.clone(),
                     secrets,
                     names,
                     trust_bundle,

@@ -302,7 +302,7 @@ impl Session<DiscoveryRequest> for SotwSession {
         let resources = if watch.wildcard {
             g.all(ty)
         } else {
-            Listing::own(g.named(ty, watch.names.iter().filter(|n| scope.contains(n))))
+            Listing::own(g.named(ty, scope.within(&watch.names)))
         };
         let nonce = self.common.server.next_nonce();
         out.push(wire::sotw_response(
@@ -411,10 +411,9 @@ impl Session<DeltaDiscoveryRequest> for DeltaSession {
             // A change to some of what a wildcard subscription holds.
             (g.changed(ty, names), scope.clone())
         } else {
-            let names: BTreeSet<String> = watch
-                .subscribed
-                .iter()
-                .filter(|n| scope.contains(n))
+            let names: BTreeSet<String> = scope
+                .within(&watch.subscribed)
+                .into_iter()
                 .cloned()
                 .collect();
             (g.named(ty, names.iter()), Scope::Names(names))

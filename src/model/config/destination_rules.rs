@@ -62,10 +62,11 @@ impl ConfigStore {
     /// as istiod looks it up: the proxy's namespace first, then the service's, then the root
     /// namespace; only rules exported to the proxy's namespace; the most specific host wins within a
     /// namespace, and several rules for the same host merge (oldest first).
-    pub fn destination_rule(
+    /// `proxy_labels` are asked for only where a rule of its namespace selects workloads.
+    pub fn destination_rule<'l>(
         &self,
         proxy_ns: &str,
-        proxy_labels: &BTreeMap<String, String>,
+        proxy_labels: impl FnOnce() -> &'l BTreeMap<String, String>,
         host: &str,
         service_ns: &str,
     ) -> Option<Arc<AppliedRule>> {
@@ -82,16 +83,17 @@ impl ConfigStore {
     /// As istiod's `SidecarScope.DestinationRule` (pilot/pkg/model/sidecar.go): a rule with a
     /// `workloadSelector` applies only to proxies of its own namespace whose labels it selects,
     /// and before any rule without one; the oldest such rule wins, alone.
-    fn selected_rule(
+    fn selected_rule<'l>(
         &self,
         derived: &Derived,
         proxy_ns: &str,
-        proxy_labels: &BTreeMap<String, String>,
+        proxy_labels: impl FnOnce() -> &'l BTreeMap<String, String>,
         host: &str,
     ) -> Option<Arc<AppliedRule>> {
         if !derived.destination_rules.get(proxy_ns)?.selecting {
             return None;
         }
+        let proxy_labels = proxy_labels();
         let selects = |object: &ConfigObject| match &object.spec {
             Spec::DestinationRule(dr) => dr
                 .workload_selector

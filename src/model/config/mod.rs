@@ -401,7 +401,7 @@ mod tests {
     }
 
     const HOST: &str = "reviews.shop.svc.cluster.local";
-    const NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
     #[test]
     fn a_selecting_rule_applies_only_to_the_workloads_of_its_namespace_it_selects() {
@@ -441,7 +441,9 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            let rule = store.destination_rule(ns, &labels, HOST, "shop").unwrap();
+            let rule = store
+                .destination_rule(ns, || &labels, HOST, "shop")
+                .unwrap();
             rule.keys
                 .iter()
                 .map(|k| k.name.to_string())
@@ -526,7 +528,7 @@ mod tests {
         );
         let applied = |ns: &str| {
             store
-                .destination_rule(ns, &NO_LABELS, HOST, "shop")
+                .destination_rule(ns, || &NO_LABELS, HOST, "shop")
                 .unwrap()
                 .keys[0]
                 .to_string()
@@ -540,7 +542,7 @@ mod tests {
         );
         assert_eq!(
             store
-                .destination_rule("x", &NO_LABELS, "details.x.svc.cluster.local", "x")
+                .destination_rule("x", || &NO_LABELS, "details.x.svc.cluster.local", "x")
                 .unwrap()
                 .keys[0]
                 .to_string(),
@@ -559,7 +561,7 @@ mod tests {
             ],
         );
         let applied = store
-            .destination_rule("shop", &NO_LABELS, HOST, "shop")
+            .destination_rule("shop", || &NO_LABELS, HOST, "shop")
             .unwrap();
         let names: Vec<_> = applied
             .rule

@@ -496,7 +496,7 @@ impl Generation<'_> {
         self.read(Trait::Rules);
         self.mesh.config.destination_rule(
             &self.node.namespace,
-            self.workload_labels(),
+            || self.workload_labels(),
             &service.hostname,
             &service.namespace,
         )

@@ -94,12 +94,18 @@ pub fn cluster_host(name: &str) -> Option<&str> {
         .map(|c| c.host)
 }
 
+/// Changed hosts few enough to be told apart by a name's tail before it is parsed.
+const FEW_HOSTS: usize = 4;
+
 /// Hostnames a change touched → the outbound cluster names (EDS resources) they back.
 pub fn eds_names_for<'n>(
     hosts: &BTreeSet<Hostname>,
     subscribed: impl Iterator<Item = &'n str>,
 ) -> BTreeSet<String> {
+    // Every naming ends with the host: most names are passed over on their last bytes.
+    let few = hosts.len() <= FEW_HOSTS;
     subscribed
+        .filter(|name| !few || hosts.iter().any(|h| name.ends_with(&**h)))
         .filter(|name| cluster_host(name).is_some_and(|host| hosts.contains(host)))
         .map(str::to_string)
         .collect()
@@ -168,5 +174,29 @@ mod tests {
             parse_sni_cluster(&outbound_sni(80, "v2", host)),
             parsed(80, "v2")
         );
+    }
+
+    #[test]
+    fn eds_names_are_those_of_the_changed_hosts_in_any_naming() {
+        let subscribed = [
+            "outbound|80||a.ns.svc.cluster.local",
+            "outbound|80|v1|a.ns.svc.cluster.local",
+            "outbound|80||xa.ns.svc.cluster.local",
+            "outbound_.80_._.a.ns.svc.cluster.local",
+            "inbound-vip|80|http|a.ns.svc.cluster.local",
+            "outbound|80||b.ns.svc.cluster.local",
+            "inbound|80||",
+        ];
+        let expected: BTreeSet<String> = [0, 1, 3, 4].map(|i| subscribed[i].to_string()).into();
+        let hosts = |extra: usize| -> BTreeSet<Hostname> {
+            let others = (0..extra).map(|i| format!("other-{i}.ns.svc.cluster.local"));
+            let all = std::iter::once("a.ns.svc.cluster.local".to_string()).chain(others);
+            all.map(Hostname::from).collect()
+        };
+        // A few hosts are matched by their tails first, many by parsing alone: the same names.
+        for extra in [0, FEW_HOSTS + 1] {
+            let names = eds_names_for(&hosts(extra), subscribed.into_iter());
+            assert_eq!(names, expected, "{extra} other hosts");
+        }
     }
 }
